@@ -1,0 +1,46 @@
+# Two commands on a fresh Debian/Ubuntu machine: `make demo` and `make test`.
+# The venv is made from the system Python: Triton's Python-backend stub links the system
+# libpython and runs the sample models with the venv's packages.
+PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SYSTEM_TOOLS := redis-server wrk
+
+.PHONY: demo test bench lint system-deps clean help
+
+help:
+	@echo "make demo   - create .venv, install, start a local Triton + the gateway, drive a canary"
+	@echo "make test   - create .venv, install, run the whole test suite (starts its own Triton/Redis)"
+	@echo "make bench  - gateway overhead vs direct-to-Triton (HTTP), one run"
+	@echo "make lint   - ruff"
+
+$(STAMP): pyproject.toml
+	@test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test,triton,dev]'
+	@touch $(STAMP)
+
+# Debian packages the tests and the benchmark use, installed only when missing.
+system-deps:
+	@missing=""; for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing"; \
+		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq$$missing >/dev/null; \
+	fi
+
+demo: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/gateway demo
+
+test: $(STAMP) system-deps
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest
+
+bench: $(STAMP) system-deps
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/overhead.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check gateway tests bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

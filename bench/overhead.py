@@ -1,0 +1,158 @@
+"""Gateway overhead against direct-to-Triton, measured in one run.
+
+Starts a local Triton (sample repository) and the gateway (policy qc: 2=80, 3=20), then for
+each body kind (JSON, binary tensors) and concurrency (1, 32) drives the same load with wrk
+for the same fixed time, first straight to Triton and then through the gateway (wrk cannot
+stop after a request count: its threads' stop() still waits out the duration). Prints throughput,
+p50/p99 latency, the gateway's CPU time per request (from /proc, the gateway process only)
+and the ratios gateway/direct.
+
+    make bench                       # or: .venv/bin/python bench/overhead.py --seconds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gateway.local_triton import LocalTriton, free_port  # noqa: E402
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+POLICY = 'policies:\n  qc: {weights: {"2": 80, "3": 20}}\n'
+
+LUA = r"""
+wrk.method = "POST"
+wrk.body = io.open(os.getenv("BENCH_BODY"), "rb"):read("*a")
+local ihcl = os.getenv("BENCH_IHCL")
+if ihcl ~= "" then wrk.headers["Inference-Header-Content-Length"] = ihcl end
+wrk.headers["Content-Type"] = nil
+response = function(status, headers, body)
+  if status ~= 200 then io.stderr:write("status " .. status .. "\n") end
+end
+done = function(summary, latency, requests)
+  io.write(string.format('{"requests": %d, "seconds": %f, "p50_us": %d, "p99_us": %d, "errors": %d}\n',
+    summary.requests, summary.duration / 1e6, latency:percentile(50), latency:percentile(99),
+    summary.errors.status + summary.errors.connect + summary.errors.read + summary.errors.write
+    + summary.errors.timeout))
+end
+"""
+
+
+def bodies(workdir: Path) -> dict[str, tuple[Path, str]]:
+    data = [1.0, 2.0, 3.0, 4.0]
+    as_json = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": data}]})
+    header = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4],
+                                     "parameters": {"binary_data_size": 16}}],
+                         "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]}).encode()
+    import struct
+    binary = header + struct.pack("<4f", *data)
+    (workdir / "json.body").write_text(as_json)
+    (workdir / "binary.body").write_bytes(binary)
+    return {"json": (workdir / "json.body", ""), "binary": (workdir / "binary.body", str(len(header)))}
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+@dataclass
+class Result:
+    rps: float
+    p50_us: int
+    p99_us: int
+    cpu_us: float | None
+    errors: int
+
+
+def run_wrk(url: str, body: Path, ihcl: str, concurrency: int, seconds: float, script: Path,
+            pid: int | None) -> Result:
+    threads = 1 if concurrency == 1 else 2
+    env = dict(os.environ, BENCH_BODY=str(body), BENCH_IHCL=ihcl)
+    before = cpu_seconds(pid) if pid else 0.0
+    out = subprocess.run(["wrk", "-t", str(threads), "-c", str(concurrency), "-d", f"{seconds:g}s", "--timeout", "10s",
+                          "-s", str(script), url], env=env, capture_output=True, text=True, check=True)
+    after = cpu_seconds(pid) if pid else 0.0
+    stats = json.loads(out.stdout.strip().splitlines()[-1])
+    cpu = (after - before) / stats["requests"] * 1e6 if pid else None
+    return Result(stats["requests"] / stats["seconds"], stats["p50_us"], stats["p99_us"], cpu, stats["errors"])
+
+
+def wait_http(url: str, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=5.0, help="seconds of load per measurement (default 5)")
+    parser.add_argument("--access-log", action="store_true", help="also measure with the access log on")
+    args = parser.parse_args()
+    if not shutil.which("wrk"):
+        print("bench: wrk not found (apt-get install wrk, or run `make bench`)", file=sys.stderr)
+        return 2
+    workdir = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
+    script = workdir / "bench.lua"
+    script.write_text(LUA)
+    (workdir / "gateway.yaml").write_text(POLICY)
+    kinds = bodies(workdir)
+    print("starting tritonserver ...", flush=True)
+    with LocalTriton.on_free_ports() as triton:
+        port = free_port()
+        env = dict(os.environ, GATEWAY_PORT=str(port), GATEWAY_TRITON_URL=triton.http_url, GATEWAY_LOG_LEVEL="warning")
+        gateway = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(workdir / "gateway.yaml")],
+                                   env=env)
+        try:
+            wait_http(f"http://127.0.0.1:{port}/readyz")
+            rows = []
+            for kind, (body, ihcl) in kinds.items():
+                for concurrency in (1, 32):
+                    label = f"{kind:<6} c={concurrency:<3}"
+                    print(f"  {label} warm-up and measure ...", flush=True)
+                    for target in (triton.http_url, f"http://127.0.0.1:{port}"):
+                        run_wrk(f"{target}/v2/models/qc/infer", body, ihcl, concurrency, 1, script, None)
+                    direct = run_wrk(f"{triton.http_url}/v2/models/qc/infer", body, ihcl, concurrency,
+                                     args.seconds, script, None)
+                    via = run_wrk(f"http://127.0.0.1:{port}/v2/models/qc/infer", body, ihcl, concurrency,
+                                  args.seconds, script, gateway.pid)
+                    rows.append((label, direct, via))
+        finally:
+            gateway.terminate()
+            gateway.wait(10)
+    print_table(rows, args.seconds)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+def print_table(rows: list[tuple[str, Result, Result]], seconds: float) -> None:
+    print(f"\nHTTP, {seconds:g} s of load per cell, model qc (Python backend), wrk on the same 2 cores")
+    head = (f"{'load':<12} | {'direct rps':>10} {'p50 ms':>7} {'p99 ms':>7} | {'gateway rps':>11} {'p50 ms':>7} "
+            f"{'p99 ms':>7} {'cpu us/req':>10} | {'rps ratio':>9} {'p50 +ms':>7} | errors")
+    print(head)
+    print("-" * len(head))
+    for label, d, g in rows:
+        print(f"{label:<12} | {d.rps:>10.0f} {d.p50_us / 1000:>7.2f} {d.p99_us / 1000:>7.2f} | {g.rps:>11.0f} "
+              f"{g.p50_us / 1000:>7.2f} {g.p99_us / 1000:>7.2f} {g.cpu_us or 0:>10.0f} | {g.rps / d.rps:>9.2f} "
+              f"{(g.p50_us - d.p50_us) / 1000:>7.2f} | {d.errors}/{g.errors}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

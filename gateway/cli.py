@@ -1,0 +1,94 @@
+"""``gateway``: serve, run a local Triton, run the demo, and talk to the admin API.
+
+Every sub-command has ``--help``. Bad settings print one line naming the field and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from gateway import __version__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 2
+    return int(args.handler(args) or 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gateway",
+        description="Traffic-splitting reverse proxy for NVIDIA Triton Inference Server (KServe v2).",
+    )
+    parser.add_argument("--version", action="version", version=f"triton-gateway {__version__}")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the gateway", description=(
+        "Run the gateway. Settings come from GATEWAY_* environment variables, over an optional YAML file; "
+        "the flags below override both. See configs/gateway.yaml for an example."))
+    serve.add_argument("--config", metavar="FILE", help="YAML settings file (policies, timeouts, ...)")
+    serve.add_argument("--host", help="listen address (default 127.0.0.1; GATEWAY_HOST)")
+    serve.add_argument("--port", type=int, help="HTTP port (default 8080; GATEWAY_PORT)")
+    serve.add_argument("--triton-url", help="Triton HTTP URL (default http://127.0.0.1:8000; GATEWAY_TRITON_URL)")
+    serve.set_defaults(handler=_serve)
+
+    triton = commands.add_parser("triton", help="run a local Triton server from the nvidia-pytriton wheel",
+                                 description="Start tritonserver with the sample model repository and wait.")
+    triton.add_argument("--http-port", type=int, default=8000, help="HTTP port; gRPC and metrics use the next two")
+    triton.add_argument("--repository", type=Path, default=None, help="model repository (default: the sample one)")
+    triton.add_argument("--model", action="append", dest="models", help="model to load (repeatable; default: all "
+                        "sample models)")
+    triton.set_defaults(handler=_triton)
+
+    demo = commands.add_parser("demo", help="start Triton and the gateway, drive traffic, print what happened")
+    demo.add_argument("--requests", type=int, default=3000, help="requests to send (default 3000)")
+    demo.add_argument("--keep-running", action="store_true", help="leave Triton and the gateway up afterwards")
+    demo.set_defaults(handler=_demo)
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gateway.settings import Settings, SettingsError
+
+    overrides: dict[str, Any] = {k: v for k, v in (("host", args.host), ("port", args.port),
+                                                   ("triton_url", args.triton_url)) if v is not None}
+    try:
+        settings = Settings.load(args.config, **overrides)
+    except SettingsError as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 2
+    from gateway.server import run
+
+    return run(settings)
+
+
+def _triton(args: argparse.Namespace) -> int:
+    from gateway.local_triton import SAMPLE_MODELS, SAMPLE_REPOSITORY, LocalTriton
+
+    triton = LocalTriton(repository=args.repository or SAMPLE_REPOSITORY, models=tuple(args.models or SAMPLE_MODELS),
+                         http_port=args.http_port, grpc_port=args.http_port + 1, metrics_port=args.http_port + 2)
+    print(f"starting tritonserver on {triton.http_url} (gRPC {triton.grpc_url}) ...", flush=True)
+    with triton:
+        print(f"ready: {', '.join(triton.models)} from {triton.repository}; Ctrl-C stops it", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            print("stopping tritonserver", flush=True)
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from gateway.demo import run_demo
+
+    logging.basicConfig(level=logging.WARNING)
+    return run_demo(requests=args.requests, keep_running=args.keep_running)

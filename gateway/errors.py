@@ -1,0 +1,68 @@
+"""One exception tree for the whole gateway, mapped to responses in one place.
+
+    GatewayError                 status  meaning
+    ├── BadRequest                 400   the client's request cannot be routed as sent
+    ├── NotFound                   404
+    ├── Conflict                   409   e.g. a version that is not READY on Triton
+    ├── PreconditionFailed         412   stale If-Match revision
+    ├── Unauthorized               401
+    └── UpstreamError              502   Triton answered nothing usable
+        ├── UpstreamUnavailable    503   connection refused / cannot connect in time
+        ├── UpstreamTimeout        504   the deadline passed before Triton answered
+        └── ClientGone             499   the client went away; nothing is sent back
+
+Lower-level exceptions (OSError, httptools errors, sqlite3, redis) are translated at their
+own boundary (``upstream.py``, ``store/``) with ``raise Ours(...) from exc``.
+"""
+
+from __future__ import annotations
+
+import json
+
+
+class GatewayError(Exception):
+    status = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def body(self) -> bytes:
+        """Triton's own error shape, so clients need no special case for the gateway."""
+        return json.dumps({"error": self.message}).encode()
+
+
+class BadRequest(GatewayError):
+    status = 400
+
+
+class Unauthorized(GatewayError):
+    status = 401
+
+
+class NotFound(GatewayError):
+    status = 404
+
+
+class Conflict(GatewayError):
+    status = 409
+
+
+class PreconditionFailed(GatewayError):
+    status = 412
+
+
+class UpstreamError(GatewayError):
+    status = 502
+
+
+class UpstreamUnavailable(UpstreamError):
+    status = 503
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+
+
+class ClientGone(UpstreamError):
+    status = 499

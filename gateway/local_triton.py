@@ -1,0 +1,210 @@
+"""A real Triton Inference Server on this machine, from the ``nvidia-pytriton`` wheel.
+
+The wheel ships a complete ``tritonserver`` binary and the Python backend; nothing needs a
+GPU or Docker. :class:`LocalTriton` assembles the backend folder the server expects,
+starts the server in explicit model-control mode on the given ports, waits until it is
+ready and stops it (SIGTERM, then SIGKILL) when asked. Tests, the demo and the benchmarks
+all use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SAMPLE_REPOSITORY = Path(__file__).resolve().parent.parent / "deploy" / "model_repository"
+SAMPLE_MODELS = ("qc", "tok")
+
+
+class TritonUnavailable(RuntimeError):
+    """The wheel is missing, or the server did not become ready."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def free_port_block(count: int = 3) -> int:
+    """A base port such that base..base+count-1 were all free a moment ago."""
+    for _ in range(50):
+        base = free_port()
+        if base + count > 65535:
+            continue
+        try:
+            with contextlib.ExitStack() as stack:
+                for offset in range(count):
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", base + offset))
+            return base
+        except OSError:
+            continue
+    raise TritonUnavailable("no block of free ports found")
+
+
+def _pytriton_root() -> Path:
+    try:
+        import pytriton  # type: ignore[import-untyped]
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise TritonUnavailable("nvidia-pytriton is not installed: pip install 'triton-gateway[triton]'") from exc
+    return Path(pytriton.__file__).resolve().parent
+
+
+def _backend_dir(root: Path, into: Path) -> Path:
+    """Triton wants <dir>/python/ with the backend library, its utils and the stub."""
+    python_dir = into / "python"
+    python_dir.mkdir(parents=True, exist_ok=True)
+    shipped = root / "tritonserver" / "backends" / "python"
+    for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+        shutil.copy2(shipped / name, python_dir / name)
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "tritonserver" / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.exists():
+        raise TritonUnavailable(f"the wheel ships no Python backend stub for Python {version}")
+    shutil.copy2(stub, python_dir / "triton_python_backend_stub")
+    return into
+
+
+@dataclass
+class LocalTriton:
+    """One tritonserver process. Use as a context manager or call start()/stop()."""
+
+    repository: Path = SAMPLE_REPOSITORY
+    models: tuple[str, ...] = SAMPLE_MODELS
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    faults_file: Path | None = None
+    log_file: Path | None = None
+    ready_timeout_s: float = 60.0
+    _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _workdir: Path | None = field(default=None, init=False, repr=False)
+
+    @classmethod
+    def on_free_ports(cls, **kwargs: object) -> LocalTriton:
+        base = free_port_block(3)
+        return cls(http_port=base, grpc_port=base + 1, metrics_port=base + 2, **kwargs)  # type: ignore[arg-type]
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    def command(self, backend_dir: Path) -> list[str]:
+        root = _pytriton_root()
+        cmd = [
+            str(root / "tritonserver" / "bin" / "tritonserver"),
+            f"--model-repository={self.repository}",
+            f"--backend-directory={backend_dir}",
+            "--model-control-mode=explicit",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            "--http-address=127.0.0.1",
+            "--grpc-address=127.0.0.1",
+            "--metrics-address=127.0.0.1",
+            "--exit-timeout-secs=5",
+            "--strict-readiness=false",
+            "--log-verbose=0",
+        ]
+        cmd += [f"--load-model={name}" for name in self.models]
+        return cmd
+
+    def environment(self) -> dict[str, str]:
+        root = _pytriton_root()
+        env = dict(os.environ)
+        libs = root.parent / "nvidia_pytriton.libs"
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(libs), env.get("LD_LIBRARY_PATH", "")) if p)
+        # The stub runs model.py in the system libpython and finds numpy through PATH.
+        env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
+        if self.faults_file is not None:
+            env["TRITON_SAMPLE_FAULTS"] = str(self.faults_file)
+        return env
+
+    def start(self) -> LocalTriton:
+        if self._process is not None:
+            return self
+        self._workdir = Path(tempfile.mkdtemp(prefix="local-triton-"))
+        backend_dir = _backend_dir(_pytriton_root(), self._workdir / "backends")
+        log_path = self.log_file or (self._workdir / "tritonserver.log")
+        with open(log_path, "ab") as log:
+            self._process = subprocess.Popen(
+                self.command(backend_dir),
+                env=self.environment(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.log_path = log_path
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def is_ready(self) -> bool:
+        """Server live and every sample model ready (per model: strict readiness is off)."""
+        try:
+            for path in ["/v2/health/live", *(f"/v2/models/{m}/ready" for m in self.models)]:
+                with urllib.request.urlopen(self.http_url + path, timeout=2) as resp:
+                    if resp.status != 200:
+                        return False
+        except (urllib.error.URLError, OSError):
+            return False
+        return True
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if self._process is not None and self._process.poll() is not None:
+                raise TritonUnavailable(f"tritonserver exited with {self._process.returncode}; log: {self.log_path}")
+            if self.is_ready():
+                return
+            time.sleep(0.2)
+        raise TritonUnavailable(f"tritonserver not ready after {self.ready_timeout_s:.0f}s; log: {self.log_path}")
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(5)
+        if self._workdir is not None and self.log_file is None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    def __enter__(self) -> LocalTriton:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,207 @@
+"""The lean ASGI handler for ``/v2/...``: route, forward bytes, record one sample.
+
+FastAPI's per-route machinery serves the admin API; this hot path is a plain ASGI callable.
+Per request it reads the path, looks the model's policy up in the current snapshot, picks a
+version (only unversioned ``infer`` / ``generate`` / ``generate_stream`` are routed), and
+forwards the body untouched over a pooled keep-alive connection. Nothing here parses a body,
+takes a lock or logs inline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from gateway.errors import ClientGone, GatewayError, UpstreamError
+from gateway.policy_book import PolicyBook
+from gateway.routing import Decision, Reason, WeylDraw, choose
+from gateway.telemetry.recorder import UNKNOWN_MODEL, Outcome, Recorder
+from gateway.upstream import HttpUpstream, UpstreamResponse
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+ROUTED_ACTIONS = frozenset(["infer", "generate", "generate_stream"])
+_DROP_RESPONSE = frozenset([b"connection", b"keep-alive", b"transfer-encoding", b"content-length"])
+_JSON = [(b"content-type", b"application/json")]
+_PINNED = Decision(None, Reason.PINNED)
+_DEFAULT = Decision(None, Reason.DEFAULT)
+_ROUTE_VERSION = b"x-gateway-model-version"
+_ROUTE_REASON = b"x-gateway-route"
+
+
+class HttpProxy:
+    """ASGI app for the KServe-v2 / Triton HTTP API."""
+
+    def __init__(self, book: PolicyBook, upstream: HttpUpstream, recorder: Recorder,
+                 access_log: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.book = book
+        self.upstream = upstream
+        self.recorder = recorder
+        self.access_log = access_log
+        self._draw = WeylDraw(seed=time.monotonic_ns())
+        self._reason_headers: dict[tuple[str | None, str], list[tuple[bytes, bytes]]] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        raw_path: bytes = scope.get("raw_path") or path.encode()
+        model = action = None
+        decision: Decision | None = None
+        if path.startswith("/v2/models/"):
+            parts = path[11:].split("/")
+            if len(parts) == 2 and parts[1] in ROUTED_ACTIONS:
+                model, action = parts
+                decision, raw_path = self._route(model, action, scope, raw_path)
+            elif len(parts) == 4 and parts[1] == "versions" and parts[3] in ROUTED_ACTIONS:
+                model, action = parts[0], parts[3]
+                decision = Decision(parts[2], Reason.PINNED)
+        query = scope["query_string"]
+        target = raw_path + b"?" + query if query else raw_path
+        await self._forward(scope, receive, send, target, model, decision)
+
+    def _route(self, model: str, action: str, scope: Scope, raw_path: bytes) -> tuple[Decision, bytes]:
+        policy = self.book.get(model)
+        if policy is None:
+            return _DEFAULT, raw_path
+        names = policy.header_names
+        found = {name: value for name, value in scope["headers"] if name in names}
+        decision = choose(policy, found, self._draw())
+        raw_model = raw_path[11:].split(b"/", 1)[0]
+        return decision, b"/v2/models/%s/versions/%s/%s" % (raw_model, decision.version.encode(), action.encode())
+
+    async def _forward(self, scope: Scope, receive: Receive, send: Send, target: bytes, model: str | None,
+                       decision: Decision | None) -> None:
+        started = time.perf_counter()
+        message = await receive()
+        body: bytes | AsyncIterator[bytes] = message.get("body", b"")
+        length = None
+        if message.get("more_body"):
+            body = _rest_of_body(body, receive)  # type: ignore[arg-type]
+            length = _content_length(scope["headers"])
+        task = asyncio.current_task()
+        done = [False, False]  # [response fully handed to the server, client went away]
+        watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(receive, task, done)) \
+            if decision is not None and isinstance(body, bytes) else None
+        response: UpstreamResponse | None = None
+        try:
+            response = await self.upstream.request(scope["method"].encode(), target, scope["headers"], body,
+                                                   content_length=length)
+            await self._relay(response, send, decision, done)
+        except GatewayError as exc:
+            if response is not None:  # broke mid-stream: headers are out, just stop
+                response.abort()
+            elif not isinstance(exc, ClientGone):
+                done[0] = True
+                await _send_error(send, exc)
+            self._record(model, decision, started, exc)
+            return
+        except asyncio.CancelledError:
+            if response is not None:
+                response.abort()
+            if done[1] and task is not None:  # our own cancel: the client left, nothing to answer
+                task.uncancel()
+                self._record(model, decision, started, ClientGone("client went away"))
+                return
+            raise
+        finally:
+            if watcher is not None and not watcher.done():
+                done[0] = True
+                watcher.cancel()
+        self._record(model, decision, started, response.status)
+
+    async def _relay(self, response: UpstreamResponse, send: Send, decision: Decision | None, done: list[bool]) -> None:
+        headers = [(name, value) for name, value in response.headers if name.lower() not in _DROP_RESPONSE]
+        if decision is not None:
+            headers += self._decision_headers(decision, response)
+        if response.complete:
+            body = response.body()
+            headers.append((b"content-length", str(len(body)).encode()))
+            done[0] = True
+            await send({"type": "http.response.start", "status": response.status, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        async for chunk in response.chunks():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        done[0] = True
+        await send({"type": "http.response.body", "body": b""})
+
+    def _decision_headers(self, decision: Decision, response: UpstreamResponse) -> list[tuple[bytes, bytes]]:
+        key = (decision.version, decision.reason)
+        cached = self._reason_headers.get(key)
+        if cached is None:
+            version = decision.version or _version_from(response)
+            cached = [(_ROUTE_REASON, decision.reason.encode())]
+            if version:
+                cached.append((_ROUTE_VERSION, version.encode()))
+            if decision.version is not None and len(self._reason_headers) < 1024:
+                self._reason_headers[key] = cached
+        return cached
+
+    def _record(self, model: str | None, decision: Decision | None, started: float,
+                result: int | GatewayError) -> None:
+        if model is None or decision is None:
+            return
+        latency = time.perf_counter() - started
+        if isinstance(result, int):
+            code = result
+            outcome = Outcome.SUCCESS if code < 400 else Outcome.CLIENT_ERROR if code < 500 else Outcome.UPSTREAM_ERROR
+            if code == 404 and decision.reason == Reason.DEFAULT:
+                model = UNKNOWN_MODEL  # bounded label cardinality for names Triton does not know
+        else:
+            code = result.status
+            outcome = Outcome.CANCELLED if isinstance(result, ClientGone) else Outcome.UPSTREAM_ERROR
+            if isinstance(result, UpstreamError) and outcome is Outcome.UPSTREAM_ERROR:
+                self.recorder.upstream_error(model, decision.version or "", type(result).__name__)
+        self.recorder.record(model, decision.version or "", outcome, latency, decision.reason, "http", str(code))
+        if self.access_log is not None:
+            self.access_log({"model": model, "version": decision.version, "route": decision.reason,
+                             "status": code, "latency_ms": round(latency * 1000, 3)})
+
+
+def _version_from(response: UpstreamResponse) -> str | None:
+    """Triton picked the version (no policy): it says which in a complete JSON body."""
+    if not response.complete or response.status >= 400:
+        return None
+    body = response.body()
+    marker = body.find(b'"model_version":"', 0, 512)
+    if marker < 0:
+        return None
+    start = marker + 17
+    end = body.find(b'"', start, start + 24)
+    return body[start:end].decode() if end > 0 else None
+
+
+async def _rest_of_body(first: bytes, receive: Receive) -> AsyncIterator[bytes]:
+    yield first
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone("the client closed the connection while sending the body")
+        yield message.get("body", b"")
+        if not message.get("more_body"):
+            return
+
+
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    for name, value in headers:
+        if name == b"content-length":
+            return int(value)
+    return None
+
+
+async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any] | None, done: list[bool]) -> None:
+    """Cancel the request's task when the client disconnects before the response is sent."""
+    message = await receive()
+    if message["type"] == "http.disconnect" and not done[0] and task is not None:
+        done[1] = True
+        task.cancel()
+
+
+async def _send_error(send: Send, error: GatewayError) -> None:
+    body = error.body()
+    await send({"type": "http.response.start", "status": error.status,
+                "headers": [*_JSON, (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})

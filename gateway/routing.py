@@ -1,0 +1,194 @@
+"""The routing decision: which version serves one request. Pure: no I/O, no clock, no state.
+
+A :class:`PolicySpec` is the document SREs write (YAML config or admin API); it is
+validated once and compiled into a :class:`Policy`, the immutable, precomputed form the
+data path reads. :func:`choose` maps (policy, request keys) to a :class:`Decision`.
+
+Sticky hashing (the agreed design): ``mmh3(f"{model}:{key}") % 10000`` picks a bucket;
+versions own contiguous bucket ranges laid out newest version first, so raising the newest
+(canary) version's weight only moves users *into* it, never back out. Anonymous requests
+use the same layout with a caller-supplied draw in [0, 10000).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Annotated, Mapping
+
+import mmh3
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+BUCKETS = 10_000  # basis points: 0.01 % resolution
+Version = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,18}$", description="Triton version number, as a string")]
+Percent = Annotated[Decimal, Field(ge=0, le=100, decimal_places=2)]
+HeaderName = Annotated[str, Field(pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")]
+
+
+class Reason:
+    """Why a version was chosen; the same strings appear in headers, logs and metrics."""
+
+    PINNED = "pinned"
+    RULE = "rule"
+    SEQUENCE = "sequence"
+    STICKY = "sticky"
+    WEIGHTED = "weighted"
+    DEFAULT = "default"
+
+
+class HeaderRule(BaseModel):
+    """``header: equals -> version``: e.g. ``x-canary: always`` sends a tester to version 3."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    header: HeaderName
+    equals: str = Field(max_length=1024)
+    version: Version
+
+
+class PolicySpec(BaseModel):
+    """A model's routing policy as written by people: percentages summing to 100."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    weights: dict[Version, Percent] = Field(
+        description="version -> percent of traffic, at most two decimals, summing to 100"
+    )
+    sticky_header: HeaderName | None = Field(
+        default=None, description="header carrying a user id; None means the gateway default"
+    )
+    rules: list[HeaderRule] = Field(default_factory=list, max_length=64)
+
+    @field_validator("weights")
+    @classmethod
+    def _weights_sum_to_100(cls, weights: dict[str, Decimal]) -> dict[str, Decimal]:
+        if not weights:
+            raise ValueError("weights must name at least one version")
+        total = sum(weights.values(), Decimal(0))
+        if total != 100:
+            raise ValueError(f"weights must sum to 100, not {total}")
+        return weights
+
+    @model_validator(mode="after")
+    def _rules_are_distinct(self) -> PolicySpec:
+        seen = {(rule.header.lower(), rule.equals) for rule in self.rules}
+        if len(seen) != len(self.rules):
+            raise ValueError("rules repeat the same header and value")
+        return self
+
+    def basis_points(self) -> dict[str, int]:
+        return {version: int(percent * 100) for version, percent in self.weights.items()}
+
+    def versions(self) -> set[str]:
+        """Every version this policy can send traffic to (weight > 0 or named by a rule)."""
+        return {v for v, w in self.weights.items() if w > 0} | {rule.version for rule in self.rules}
+
+    def document(self) -> dict[str, object]:
+        """JSON-ready form, weights as plain numbers (ints when whole)."""
+        return {
+            "weights": {v: (int(w) if w == w.to_integral_value() else float(w)) for v, w in self.weights.items()},
+            "sticky_header": self.sticky_header,
+            "rules": [rule.model_dump() for rule in self.rules],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    version: str | None  # None: forward unversioned, Triton picks its default
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Compiled policy: everything the hot path needs, precomputed."""
+
+    model: str
+    spec: PolicySpec
+    revision: int
+    # (exclusive upper bucket, sticky decision, weighted decision), newest version first;
+    # decisions are built once here so choose() allocates nothing.
+    ranges: tuple[tuple[int, Decision, Decision], ...]
+    sticky_header: bytes | None
+    rules: tuple[tuple[bytes, bytes, Decision], ...]
+    header_names: frozenset[bytes]  # every header choose() may look at
+    hash_prefix: bytes
+
+
+def layout(weights_bp: Mapping[str, int]) -> tuple[tuple[int, str], ...]:
+    """Bucket ranges, newest version first, zero weights left out."""
+    upper, out = 0, []
+    for version in sorted(weights_bp, key=int, reverse=True):
+        if weights_bp[version] > 0:
+            upper += weights_bp[version]
+            out.append((upper, version))
+    return tuple(out)
+
+
+def compile_policy(model: str, spec: PolicySpec, revision: int = 0, default_sticky_header: str = "x-user-id") -> Policy:
+    sticky = (spec.sticky_header or default_sticky_header).lower().encode("latin-1")
+    ranges = tuple(
+        (upper, Decision(version, Reason.STICKY), Decision(version, Reason.WEIGHTED))
+        for upper, version in layout(spec.basis_points())
+    )
+    rules = tuple(
+        (rule.header.lower().encode("latin-1"), rule.equals.encode(), Decision(rule.version, Reason.RULE))
+        for rule in spec.rules
+    )
+    return Policy(
+        model=model,
+        spec=spec,
+        revision=revision,
+        ranges=ranges,
+        sticky_header=sticky,
+        rules=rules,
+        header_names=frozenset([sticky, *(name for name, _, _ in rules)]),
+        hash_prefix=f"{model}:".encode(),
+    )
+
+
+def bucket(model: str, key: str | bytes) -> int:
+    """The sticky bucket of a user: stable across processes and replicas (unlike hash())."""
+    raw = key.encode() if isinstance(key, str) else key
+    return int(mmh3.hash(model.encode() + b":" + raw, signed=False)) % BUCKETS
+
+
+def _in_range(policy: Policy, point: int) -> tuple[int, Decision, Decision]:
+    for entry in policy.ranges:
+        if point < entry[0]:
+            return entry
+    return policy.ranges[-1]
+
+
+def choose(policy: Policy, headers: Mapping[bytes, bytes], draw: int) -> Decision:
+    """Pick the version for one unpinned request.
+
+    ``headers`` holds (at least) the request headers named in ``policy.header_names``,
+    lower-case; ``draw`` is a number in [0, BUCKETS) for anonymous traffic, e.g. from a
+    low-discrepancy sequence so that small weights are honoured exactly.
+    Order: header rule, then sticky hash of the user key, then the weighted draw.
+    """
+    for name, value, decision in policy.rules:
+        if headers.get(name) == value:
+            return decision
+    key = headers.get(policy.sticky_header) if policy.sticky_header else None
+    if key:
+        return _in_range(policy, int(mmh3.hash(policy.hash_prefix + key, signed=False)) % BUCKETS)[1]
+    return _in_range(policy, draw)[2]
+
+
+class WeylDraw:
+    """Anonymous draws from a Weyl sequence: n * (golden ratio) mod 1, scaled to buckets.
+
+    Consecutive draws are spread evenly over [0, BUCKETS), so over N requests each version's
+    share is within a few requests of its weight, where a pseudo-random pick drifts by
+    sqrt(N) (a 0.5 % canary would see 0.3-0.7 % only most of the time).
+    """
+
+    __slots__ = ("_state",)
+    _STEP = 6_180_339_887  # golden ratio conjugate * 10**10
+    _MOD = 10_000_000_000
+
+    def __init__(self, seed: int = 0) -> None:
+        self._state = seed % self._MOD
+
+    def __call__(self) -> int:
+        self._state = (self._state + self._STEP) % self._MOD
+        return self._state // (self._MOD // BUCKETS)

@@ -1,0 +1,92 @@
+"""Configuration, read once: ``GATEWAY_*`` environment variables over an optional YAML file.
+
+``Settings.load()`` is the only place that reads the environment. A bad value raises
+:class:`SettingsError` whose message names the field, and ``gateway serve`` exits non-zero
+with that one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+
+from gateway.routing import HeaderName, PolicySpec
+
+
+class SettingsError(ValueError):
+    """The configuration cannot be used; the message says which field and why."""
+
+
+class Settings(BaseSettings):
+    """Every knob of the gateway. Field descriptions feed ``gateway config-reference``."""
+
+    model_config = SettingsConfigDict(env_prefix="GATEWAY_", extra="forbid", frozen=True)
+
+    host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0 in containers)")
+    port: int = Field(8080, ge=1, le=65535, description="HTTP port: data path, /admin, /metrics")
+    triton_url: str = Field("http://127.0.0.1:8000", description="Triton's HTTP endpoint")
+    connect_timeout_s: float = Field(2.0, gt=0, le=60, description="upstream connect timeout")
+    request_timeout_s: float = Field(60.0, gt=0, le=3600, description="deadline for one upstream request")
+    pool_size: int = Field(128, ge=1, le=4096, description="max upstream HTTP connections to Triton")
+    sticky_header: HeaderName = Field("x-user-id", description="default header carrying the sticky user key")
+    policies: dict[str, PolicySpec] = Field(
+        default_factory=dict, description="static routing policies by model; seed an empty store"
+    )
+    access_log: bool = Field(False, description="one JSON line per request on stdout, written off the hot path")
+    log_level: str = Field("info", pattern="^(critical|error|warning|info|debug)$")
+
+    @field_validator("triton_url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        if not url.startswith("http://"):
+            raise ValueError("must start with http:// (TLS to Triton is not supported yet)")
+        return url.rstrip("/")
+
+    @classmethod
+    def load(cls, config_file: str | Path | None = None, **overrides: Any) -> Settings:
+        """CLI ``overrides`` over ``GATEWAY_*`` environment over the YAML file over defaults."""
+        file_values = _read_yaml(config_file) if config_file else {}
+
+        class Layered(cls):  # type: ignore[valid-type,misc]
+            @classmethod
+            def settings_customise_sources(
+                cls,
+                settings_cls: type[BaseSettings],
+                init_settings: PydanticBaseSettingsSource,
+                env_settings: PydanticBaseSettingsSource,
+                dotenv_settings: PydanticBaseSettingsSource,
+                file_secret_settings: PydanticBaseSettingsSource,
+            ) -> tuple[PydanticBaseSettingsSource, ...]:
+                return (init_settings, env_settings, InitSettingsSource(settings_cls, file_values))
+
+        try:
+            layered = Layered(**overrides)
+        except ValidationError as exc:
+            raise SettingsError(_describe(exc, config_file)) from None
+        return cls.model_validate(dict(layered))
+
+
+def _read_yaml(path: str | Path) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise SettingsError(f"config file {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"config file {path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise SettingsError(f"config file {path}: expected a mapping of settings at the top level")
+    return data
+
+
+def _describe(exc: ValidationError, source: str | Path | None) -> str:
+    where = f" in {source}" if source else ""
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}" for err in exc.errors()
+    )
+    return f"invalid setting{where}: {problems}"

@@ -1,0 +1,170 @@
+"""The recorder: where the data plane leaves one sample per request for the control plane.
+
+``record()`` is O(1) and allocation-light: a ring of one-second slots per (model, version),
+each holding a request count, an upstream-error count and a fixed-bucket latency histogram.
+Memory is bounded by (series x slots x buckets), never by request count. ``window()`` sums
+the last N seconds for the rollout analysis; cumulative totals per label set feed
+``/metrics`` at scrape time, so the hot path never touches prometheus-client.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from dataclasses import dataclass
+from enum import Enum
+from typing import Callable
+
+# Upper bounds in seconds, 0.5 ms to 30 s: inference latencies span both ends.
+LATENCY_BOUNDS: tuple[float, ...] = (
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15,
+    0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0,
+)
+UNKNOWN_MODEL = "_unknown"  # label for model names Triton does not know: bounded cardinality
+MAX_SERIES = 4096  # hard cap on distinct label sets; beyond it samples fold into one overflow series
+
+
+class Outcome(str, Enum):
+    SUCCESS = "success"
+    UPSTREAM_ERROR = "upstream_error"  # 5xx from Triton, transport errors, timeouts
+    CLIENT_ERROR = "client_error"  # 4xx: never counted against a version
+    CANCELLED = "cancelled"  # the client went away first
+
+
+@dataclass(frozen=True)
+class Window:
+    """What one (model, version) did over the last ``seconds``."""
+
+    model: str
+    version: str
+    seconds: float
+    requests: int  # success + upstream errors: the requests a version is judged on
+    errors: int
+    client_errors: int
+    histogram: tuple[int, ...]  # counts per LATENCY_BOUNDS bucket (+1 overflow) of judged requests
+
+    @property
+    def error_rate(self) -> float | None:
+        return self.errors / self.requests if self.requests else None
+
+    def quantile(self, q: float) -> float | None:
+        """Upper bound of the bucket holding the q-quantile; None without data."""
+        total = sum(self.histogram)
+        if not total:
+            return None
+        rank, seen = q * total, 0
+        for index, count in enumerate(self.histogram):
+            seen += count
+            if seen >= rank and count:
+                return LATENCY_BOUNDS[index] if index < len(LATENCY_BOUNDS) else float("inf")
+        return float("inf")
+
+
+class _Series:
+    __slots__ = ("stamp", "requests", "errors", "client_errors", "hist")
+
+    def __init__(self, slots: int) -> None:
+        buckets = len(LATENCY_BOUNDS) + 1
+        self.stamp = [-1] * slots
+        self.requests = [0] * slots
+        self.errors = [0] * slots
+        self.client_errors = [0] * slots
+        self.hist = [[0] * buckets for _ in range(slots)]
+
+
+class _Totals:
+    """Cumulative counters of one label set, for Prometheus."""
+
+    __slots__ = ("count", "hist", "sum")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.sum = 0.0
+        self.hist = [0] * (len(LATENCY_BOUNDS) + 1)
+
+
+class Recorder:
+    def __init__(self, horizon_s: int = 300, clock: Callable[[], float] = time.monotonic) -> None:
+        self._slots = horizon_s
+        self._clock = clock
+        self._series: dict[tuple[str, str], _Series] = {}
+        # (model, version, route, protocol, code) -> totals
+        self.totals: dict[tuple[str, str, str, str, str], _Totals] = {}
+        self.upstream_errors: dict[tuple[str, str, str], int] = {}  # (model, version, kind) -> count
+        self.inflight: dict[tuple[str, str], int] = {}
+
+    def record(self, model: str, version: str, outcome: Outcome, latency_s: float,
+               route: str = "", protocol: str = "http", code: str = "200") -> None:
+        """One finished request. O(1); the series is created on first use."""
+        key = (model, version)
+        series = self._series.get(key)
+        if series is None:
+            series = self._new_series(key)
+        second = int(self._clock())
+        slot = second % self._slots
+        if series.stamp[slot] != second:
+            series.stamp[slot] = second
+            series.requests[slot] = series.errors[slot] = series.client_errors[slot] = 0
+            hist = series.hist[slot]
+            for index in range(len(hist)):
+                hist[index] = 0
+        bucket = bisect_left(LATENCY_BOUNDS, latency_s)
+        if outcome is Outcome.SUCCESS or outcome is Outcome.UPSTREAM_ERROR:
+            series.requests[slot] += 1
+            series.hist[slot][bucket] += 1
+            if outcome is Outcome.UPSTREAM_ERROR:
+                series.errors[slot] += 1
+        elif outcome is Outcome.CLIENT_ERROR:
+            series.client_errors[slot] += 1
+        label = (model, version, route, protocol, code)
+        totals = self.totals.get(label)
+        if totals is None:
+            totals = self._new_totals(label)
+        totals.count += 1
+        totals.sum += latency_s
+        totals.hist[bucket] += 1
+
+    def upstream_error(self, model: str, version: str, kind: str) -> None:
+        key = (model, version, kind)
+        if key in self.upstream_errors or len(self.upstream_errors) < MAX_SERIES:
+            self.upstream_errors[key] = self.upstream_errors.get(key, 0) + 1
+
+    def window(self, model: str, version: str, seconds: float) -> Window:
+        """Sum of the last ``seconds`` (whole seconds, the current one included)."""
+        span = max(1, min(int(seconds), self._slots))
+        now = int(self._clock())
+        requests = errors = client_errors = 0
+        hist = [0] * (len(LATENCY_BOUNDS) + 1)
+        series = self._series.get((model, version))
+        if series is not None:
+            for second in range(now - span + 1, now + 1):
+                slot = second % self._slots
+                if series.stamp[slot] != second:
+                    continue
+                requests += series.requests[slot]
+                errors += series.errors[slot]
+                client_errors += series.client_errors[slot]
+                for index, count in enumerate(series.hist[slot]):
+                    hist[index] += count
+        return Window(model, version, float(span), requests, errors, client_errors, tuple(hist))
+
+    def series(self) -> list[tuple[str, str]]:
+        return list(self._series)
+
+    def _new_series(self, key: tuple[str, str]) -> _Series:
+        if len(self._series) >= MAX_SERIES:
+            key = (UNKNOWN_MODEL, "")
+            existing = self._series.get(key)
+            if existing is not None:
+                return existing
+        series = self._series[key] = _Series(self._slots)
+        return series
+
+    def _new_totals(self, label: tuple[str, str, str, str, str]) -> _Totals:
+        if len(self.totals) >= MAX_SERIES:
+            label = (UNKNOWN_MODEL, "", "", label[3], "")
+            existing = self.totals.get(label)
+            if existing is not None:
+                return existing
+        totals = self.totals[label] = _Totals()
+        return totals
