@@ -68,6 +68,12 @@ class UpstreamResponse:
         chunks = self._chunks
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
+    async def read(self) -> bytes:
+        """The whole body, waiting for it if it is still arriving."""
+        if self.complete:
+            return self.body()
+        return b"".join([chunk async for chunk in self.chunks()])
+
     async def chunks(self) -> AsyncIterator[bytes]:
         """Body chunks as Triton sends them; raises UpstreamError if the exchange breaks."""
         while True:

@@ -122,7 +122,8 @@ class HttpProxy:
             await send({"type": "http.response.start", "status": response.status, "headers": headers})
             await send({"type": "http.response.body", "body": body})
             return
-        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        length = [(name, value) for name, value in response.headers if name.lower() == b"content-length"]
+        await send({"type": "http.response.start", "status": response.status, "headers": headers + length})
         async for chunk in response.chunks():
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         done[0] = True

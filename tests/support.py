@@ -1,0 +1,138 @@
+"""Helpers for tests that run real servers: a gateway in a thread, load generation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+
+from gateway.app import Gateway
+from gateway.local_triton import free_port
+from gateway.server import uvicorn_config
+from gateway.settings import Settings
+from gateway.upstream import HttpUpstream
+
+INFER_BODY = json.dumps(
+    {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+).encode()
+
+
+class GatewayThread:
+    """A real uvicorn server running a Gateway on its own loop in a background thread.
+
+    tritonclient's HTTP client is synchronous, so the server cannot share the test's loop.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.app = Gateway(settings)
+        self.server = uvicorn.Server(uvicorn_config(settings, self.app))
+        self.server.config.log_level = "warning"
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import uvloop
+
+        self.loop = uvloop.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self.server.serve())
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.port}"
+
+    @property
+    def hostport(self) -> str:
+        return f"127.0.0.1:{self.settings.port}"
+
+    def start(self) -> GatewayThread:
+        self._thread.start()
+        deadline = time.monotonic() + 15
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("gateway did not start")
+            time.sleep(0.02)
+        return self
+
+    def call(self, coro: Any, timeout: float = 10) -> Any:
+        """Run a coroutine on the gateway's loop (to touch its state safely)."""
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(15)
+
+    def __enter__(self) -> GatewayThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def gateway_settings(triton_url: str, **values: Any) -> Settings:
+    return Settings.load(None, host="127.0.0.1", port=free_port(), triton_url=triton_url, **values)
+
+
+def get_json(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+@dataclass
+class LoadResult:
+    versions: Counter[str] = field(default_factory=Counter)
+    statuses: Counter[int] = field(default_factory=Counter)
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(self.statuses.values())
+
+    def share(self, version: str) -> float:
+        return self.versions[version] / max(1, self.total)
+
+
+async def drive(url: str, requests: int, *, concurrency: int = 16, model: str = "qc",
+                headers_for: Any = None, body: bytes = INFER_BODY, path: str | None = None) -> LoadResult:
+    """Send ``requests`` infer calls, ``concurrency`` at a time; count versions and statuses.
+
+    Uses the gateway's own pooled client as a lean load generator (httpx would cost more CPU
+    than the gateway under test on these 2 cores).
+    """
+    client = HttpUpstream(url, max_connections=concurrency, request_timeout_s=30)
+    result = LoadResult()
+    target = (path or f"/v2/models/{model}/infer").encode()
+    counter = iter(range(requests))
+
+    async def worker() -> None:
+        for index in counter:
+            headers = list(headers_for(index).items()) if headers_for else []
+            try:
+                response = await client.request(b"POST", target, [(k.encode(), v.encode()) for k, v in headers], body)
+                payload = await response.read()
+            except Exception as exc:  # counted, the test asserts on it
+                result.failures.append(repr(exc))
+                result.statuses[0] += 1
+                continue
+            result.statuses[response.status] += 1
+            if response.status == 200:
+                result.versions[json.loads(payload)["model_version"]] += 1
+            else:
+                result.failures.append(payload.decode(errors="replace")[:200])
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await client.aclose()
+    return result
