@@ -61,3 +61,47 @@ def faults(triton: LocalTriton, faults_path: Path) -> Iterator[Faults]:
     helper = Faults(faults_path)
     yield helper
     helper.clear()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real redis-server on a free loopback port for the whole session (never skipped:
+    `make test` installs Debian's redis-server when it is missing)."""
+    import shutil
+    import socket
+    import subprocess
+
+    from gateway.local_triton import free_port
+
+    binary = shutil.which("redis-server")
+    assert binary, "redis-server is not installed: run the suite through `make test`"
+    port = free_port()
+    workdir = tmp_path_factory.mktemp("redis")
+    process = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                                "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                process.kill()
+                raise
+            time.sleep(0.05)
+    try:
+        yield f"redis://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+@pytest.fixture
+def redis_url(redis_server: str) -> str:
+    """A clean database for each test."""
+    import redis
+
+    client = redis.Redis.from_url(redis_server + "/0")
+    client.flushall()
+    client.close()
+    return redis_server + "/0"
