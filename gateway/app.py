@@ -3,7 +3,7 @@
 ``/v2/...`` goes straight to the lean :class:`~gateway.proxy.http.HttpProxy`; everything
 else (``/admin``, ``/metrics``, ``/healthz``, ``/readyz``) goes to a FastAPI app whose
 lifespan starts and stops the control plane. No module-level singletons: tests build as
-many gateways as they like, each with its own registry.
+many gateways as they like.
 """
 
 from __future__ import annotations
@@ -12,23 +12,33 @@ import contextlib
 import logging
 from typing import Any, AsyncIterator
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
 
+from gateway.admin.api import admin_router
+from gateway.admin.auth import Authenticator
+from gateway.admin.policies import PolicyService
 from gateway.errors import GatewayError
 from gateway.policy_book import PolicyBook
 from gateway.proxy.http import HttpProxy, Receive, Scope, Send
 from gateway.settings import Settings
+from gateway.state_sync import StateSync
+from gateway.store.base import StateStore, make_store
 from gateway.telemetry.recorder import Recorder
+from gateway.triton_control import TritonControl
 from gateway.upstream import HttpUpstream
 
 log = logging.getLogger("gateway")
+MAX_ADMIN_BODY = 64 * 1024
 
 
 class Gateway:
     """The whole gateway as one ASGI application."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, store: StateStore | None = None) -> None:
         self.settings = settings
         self.book = PolicyBook(settings.sticky_header)
         self.recorder = Recorder()
@@ -36,29 +46,53 @@ class Gateway:
                                      connect_timeout_s=settings.connect_timeout_s,
                                      request_timeout_s=settings.request_timeout_s)
         self.proxy = HttpProxy(self.book, self.upstream, self.recorder)
+        self.store = store or make_store(settings.store_url)
+        self.triton = TritonControl(self.upstream)
+        self.policies = PolicyService(self.store, self.book, self.triton)
+        self.sync = StateSync(self.policies, settings.resync_interval_s)
+        self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin)
         self.started = False
-        self.control = FastAPI(title="triton-gateway", lifespan=self._lifespan, docs_url=None, redoc_url=None,
-                               openapi_url=None)
-        self.control.add_api_route("/healthz", self.healthz, methods=["GET"], include_in_schema=False)
-        self.control.add_api_route("/readyz", self.readyz, methods=["GET"], include_in_schema=False)
-        self.control.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
+        self.control = self._control_app()
+
+    def _control_app(self) -> FastAPI:
+        app = FastAPI(title="triton-gateway admin API", version="1", lifespan=self._lifespan,
+                      docs_url="/admin/docs", redoc_url=None, openapi_url="/admin/openapi.json")
+        app.add_api_route("/healthz", self.healthz, methods=["GET"], include_in_schema=False)
+        app.add_api_route("/readyz", self.readyz, methods=["GET"], include_in_schema=False)
+        app.include_router(admin_router(self.policies, self.auth), prefix="/admin", tags=["admin"])
+        app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
+        app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
+        app.add_exception_handler(ValidationError, _invalid_request)  # type: ignore[arg-type]
+        app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
+        return app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/v2"):
             await self.proxy(scope, receive, send)
+        elif scope["type"] == "http" and scope["path"].startswith("/admin") and _too_large(scope):
+            await JSONResponse({"error": f"request body over {MAX_ADMIN_BODY} bytes"}, 413)(scope, receive, send)
         else:
             await self.control(scope, receive, send)
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, _: FastAPI) -> AsyncIterator[None]:
+        if not self.auth.enabled:
+            log.error("admin API disabled: no GATEWAY_ADMIN_TOKEN / admin_tokens set (--insecure-admin to override)")
+        elif self.auth.insecure:
+            log.warning("admin API runs WITHOUT authentication (--insecure-admin): anyone can change routing")
+        await self.store.open()
         for model, spec in self.settings.policies.items():
-            self.book.put(model, spec, revision=1)
+            await self.store.seed_policy(model, spec, actor="settings")
+        await self.sync.resync()
+        self.sync.start()
         self.started = True
         try:
             yield
         finally:
             self.started = False
+            await self.sync.stop()
             await self.upstream.aclose()
+            await self.store.close()
 
     async def healthz(self) -> dict[str, str]:
         return {"status": "alive"}
@@ -69,6 +103,7 @@ class Gateway:
         try:
             response = await self.upstream.request(b"GET", b"/v2/health/live", [],
                                                    timeout_s=self.settings.connect_timeout_s)
+            await response.read()
         except GatewayError as exc:
             return JSONResponse({"error": exc.message}, status_code=503)
         if response.status != 200:
@@ -77,9 +112,30 @@ class Gateway:
         return JSONResponse({"status": "ready", "policies": sorted(self.book.snapshot())})
 
 
-async def _gateway_error(_: Any, exc: GatewayError) -> JSONResponse:
+def _too_large(scope: Scope) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return not value.isdigit() or int(value) > MAX_ADMIN_BODY
+        if name == b"transfer-encoding":
+            return True  # admin bodies are small JSON documents: no unbounded chunked uploads
+    return False
+
+
+async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
     return JSONResponse({"error": exc.message}, status_code=exc.status)
 
 
-def create_app(settings: Settings | None = None) -> Gateway:
+async def _invalid_request(_: Request, exc: RequestValidationError | ValidationError) -> JSONResponse:
+    problems = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+        problems.append(f"{where}: {err.get('msg')}")
+    return JSONResponse({"error": "invalid request: " + "; ".join(problems)}, status_code=422)
+
+
+async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
+    return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
+
+def create_app(settings: Settings | None = None) -> Any:
     return Gateway(settings or Settings.load())

@@ -21,6 +21,7 @@ class PolicyBook:
         self._snapshot: Mapping[str, Policy] = MappingProxyType({})
         self._default_sticky_header = default_sticky_header
         self._listeners: list[Listener] = []
+        self._revisions: dict[str, int] = {}  # last applied revision per model, deletes included
         self.get = self._snapshot.get  # rebound on every swap: one attribute lookup per request
 
     def snapshot(self) -> Mapping[str, Policy]:
@@ -36,24 +37,23 @@ class PolicyBook:
     def put(self, model: str, spec: PolicySpec, revision: int) -> Policy:
         """Install ``spec`` unless the book already holds the same or a newer revision."""
         current = self._snapshot.get(model)
-        if current is not None and current.revision >= revision and revision != 0:
-            return current
+        if self._revisions.get(model, -1) >= revision:
+            return current  # type: ignore[return-value]
+        self._revisions[model] = revision
         policy = self.compile(model, spec, revision)
         self._swap({**self._snapshot, model: policy})
         self._notify(model, policy)
         return policy
 
-    def remove(self, model: str) -> None:
+    def remove(self, model: str, revision: int | None = None) -> None:
+        """Back to passthrough; with a revision, only if it is newer than what the book has."""
+        if revision is not None:
+            if self._revisions.get(model, -1) >= revision:
+                return
+            self._revisions[model] = revision
         if model in self._snapshot:
             self._swap({m: p for m, p in self._snapshot.items() if m != model})
             self._notify(model, None)
-
-    def replace_all(self, policies: Mapping[str, Policy]) -> None:
-        before = self._snapshot
-        self._swap(dict(policies))
-        for model in set(before) | set(policies):
-            if before.get(model) is not policies.get(model):
-                self._notify(model, policies.get(model))
 
     def _swap(self, policies: dict[str, Policy]) -> None:
         snapshot = MappingProxyType(policies)

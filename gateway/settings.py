@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gateway.routing import HeaderName, PolicySpec
@@ -36,6 +36,14 @@ class Settings(BaseSettings):
     policies: dict[str, PolicySpec] = Field(
         default_factory=dict, description="static routing policies by model; seed an empty store"
     )
+    store_url: str = Field("sqlite:///gateway-state.db",
+                           description="routing state: sqlite:///path (default), redis://host:port/db, memory://")
+    resync_interval_s: float = Field(5.0, gt=0, le=3600, description="full state resync period (heals missed changes)")
+    admin_token: SecretStr | None = Field(None, description="bearer token for /admin (actor name 'admin')")
+    admin_tokens: dict[str, SecretStr] = Field(
+        default_factory=dict, description="more named tokens, {actor: token}: one per SRE or automation"
+    )
+    insecure_admin: bool = Field(False, description="serve /admin without a token (logs a warning; never in prod)")
     access_log: bool = Field(False, description="one JSON line per request on stdout, written off the hot path")
     log_level: str = Field("info", pattern="^(critical|error|warning|info|debug)$")
 
@@ -45,6 +53,30 @@ class Settings(BaseSettings):
         if not url.startswith("http://"):
             raise ValueError("must start with http:// (TLS to Triton is not supported yet)")
         return url.rstrip("/")
+
+    @field_validator("store_url")
+    @classmethod
+    def _known_store(cls, url: str) -> str:
+        if not url.startswith(("sqlite://", "redis://", "rediss://", "unix://", "memory://")):
+            raise ValueError("must be sqlite:///path, redis://host:port/db or memory://")
+        return url
+
+    @model_validator(mode="after")
+    def _tokens_are_distinct(self) -> Settings:
+        secrets = [t.get_secret_value() for t in self.admin_tokens.values()]
+        if self.admin_token is not None:
+            secrets.append(self.admin_token.get_secret_value())
+        if any(len(secret) < 8 for secret in secrets):
+            raise ValueError("admin tokens must be at least 8 characters")
+        if len(set(secrets)) != len(secrets):
+            raise ValueError("two admin tokens are the same: each actor needs its own")
+        return self
+
+    def actor_tokens(self) -> dict[str, str]:
+        tokens = {name: token.get_secret_value() for name, token in self.admin_tokens.items()}
+        if self.admin_token is not None:
+            tokens.setdefault("admin", self.admin_token.get_secret_value())
+        return tokens
 
     @classmethod
     def load(cls, config_file: str | Path | None = None, **overrides: Any) -> Settings:

@@ -79,6 +79,7 @@ class GatewayThread:
 
 
 def gateway_settings(triton_url: str, **values: Any) -> Settings:
+    values.setdefault("store_url", "memory://")  # never a state file in the working tree
     return Settings.load(None, host="127.0.0.1", port=free_port(), triton_url=triton_url, **values)
 
 
@@ -136,3 +137,32 @@ async def drive(url: str, requests: int, *, concurrency: int = 16, model: str = 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     await client.aclose()
     return result
+
+
+TOKEN = "test-admin-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+class AdminClient:
+    """In-process gateway (lifespan entered) + httpx client on its ASGI app."""
+
+    def __init__(self, settings: Settings) -> None:
+        import httpx
+
+        self.app = Gateway(settings)
+        self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://gateway")
+        self._lifespan = self.app.control.router.lifespan_context(self.app.control)
+
+    async def __aenter__(self) -> AdminClient:
+        await self._lifespan.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.http.aclose()
+        await self._lifespan.__aexit__(None, None, None)
+
+    async def request(self, method: str, path: str, *, token: str | None = TOKEN, **kwargs: Any) -> Any:
+        headers = dict(kwargs.pop("headers", {}))
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        return await self.http.request(method, path, headers=headers, **kwargs)

@@ -1,0 +1,109 @@
+"""The admin REST API under /admin: policies, models, audit trail (rollouts in rollout/api).
+
+Every endpoint needs ``Authorization: Bearer <token>``; the token's name is the actor in
+the audit trail. Invalid requests are answered 4xx with Triton's ``{"error": "..."}`` shape
+and change nothing.
+"""
+
+# No `from __future__ import annotations` here: FastAPI resolves route annotations at
+# runtime, and the routes close over per-app dependencies defined in admin_router().
+from decimal import Decimal
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Query, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.admin.auth import Authenticator
+from gateway.admin.policies import PolicyService
+from gateway.errors import BadRequest
+from gateway.routing import Percent, PolicySpec, Version
+from gateway.store.base import EventDraft, StoredPolicy
+
+ModelName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")]
+
+
+class WeightsChange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    weights: dict[Version, Percent] = Field(description="version -> percent, summing to 100")
+    reason: str | None = Field(None, max_length=1000)
+
+
+class PolicyOut(BaseModel):
+    model: str
+    weights: dict[str, float | int]
+    sticky_header: str | None
+    rules: list[dict[str, Any]]
+    revision: int
+    updated_at: float
+
+
+def parse_if_match(value: str | None) -> int | None:
+    if value is None:
+        return None
+    text = value.strip().removeprefix("W/").strip('"')
+    if not text.isdigit():
+        raise BadRequest(f"If-Match must be a policy revision (the ETag), not {value!r}")
+    return int(text)
+
+
+def policy_response(stored: StoredPolicy, response: Response) -> dict[str, Any]:
+    response.headers["ETag"] = f'"{stored.revision}"'
+    return stored.document()
+
+
+def admin_router(policies: PolicyService, auth: Authenticator) -> APIRouter:  # noqa: C901
+    def actor(authorization: Annotated[str | None, Header()] = None) -> str:
+        return auth.actor(authorization)
+
+    Actor = Annotated[str, Depends(actor)]
+    IfMatch = Annotated[str | None, Header(alias="If-Match")]
+    router = APIRouter(responses={401: {"description": "missing or invalid bearer token"}})
+
+    @router.get("/models", summary="Models Triton knows, each version's state, and the routing policy")
+    async def list_models(_: Actor) -> dict[str, Any]:
+        index = await policies.triton.index()
+        stored = await policies.store.list_policies()
+        models: dict[str, dict[str, Any]] = {}
+        for entry in index:
+            model = models.setdefault(entry["name"], {"name": entry["name"], "versions": [], "policy": None})
+            if "version" in entry:
+                model["versions"].append({"version": str(entry["version"]), "state": entry.get("state", "UNKNOWN"),
+                                          "reason": entry.get("reason", "")})
+        for name, record in stored.items():
+            if record.spec is not None:
+                models.setdefault(name, {"name": name, "versions": [], "policy": None})["policy"] = record.document()
+        return {"models": sorted(models.values(), key=lambda m: m["name"])}
+
+    @router.get("/models/{model}/policy", response_model=PolicyOut, summary="The model's policy; ETag = revision")
+    async def get_policy(model: ModelName, response: Response, _: Actor) -> dict[str, Any]:
+        return policy_response(await policies.get(model), response)
+
+    @router.put("/models/{model}/policy", response_model=PolicyOut,
+                responses={409: {"description": "a version is not READY"}, 412: {"description": "stale If-Match"}},
+                summary="Replace the model's policy (every routed version must be READY on Triton)")
+    async def put_policy(model: ModelName, spec: PolicySpec, response: Response, who: Actor,
+                         if_match: IfMatch = None) -> dict[str, Any]:
+        stored = await policies.put(model, spec, parse_if_match(if_match), EventDraft(who, "put_policy"))
+        return policy_response(stored, response)
+
+    @router.patch("/models/{model}/policy/weights", response_model=PolicyOut,
+                  responses={409: {"description": "a version is not READY"}, 412: {"description": "stale If-Match"}},
+                  summary="Change only the weights")
+    async def patch_weights(model: ModelName, change: WeightsChange, response: Response, who: Actor,
+                            if_match: IfMatch = None) -> dict[str, Any]:
+        weights: dict[str, Decimal] = dict(change.weights)
+        stored = await policies.set_weights(model, dict(weights), parse_if_match(if_match),
+                                            EventDraft(who, "set_weights", change.reason))
+        return policy_response(stored, response)
+
+    @router.delete("/models/{model}/policy", summary="Remove the policy: requests go to Triton's default again")
+    async def delete_policy(model: ModelName, who: Actor, if_match: IfMatch = None) -> dict[str, Any]:
+        stored = await policies.delete(model, parse_if_match(if_match), EventDraft(who, "delete_policy"))
+        return {"model": model, "revision": stored.revision, "deleted": True}
+
+    @router.get("/events", summary="The audit trail, newest first")
+    async def events(_: Actor, model: Annotated[ModelName | None, Query()] = None,
+                     limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:
+        return {"events": [e.document() for e in await policies.store.events(model, limit)]}
+
+    return router

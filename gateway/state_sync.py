@@ -1,0 +1,63 @@
+"""Keeps this replica's policy book in step with the shared store.
+
+A change made through any replica reaches the others through the store's change feed
+(Redis pub/sub: milliseconds; SQLite: polled); a periodic full resync heals anything the
+feed missed (a dropped connection, a message lost while reconnecting).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from gateway.admin.policies import PolicyService
+from gateway.errors import GatewayError
+
+log = logging.getLogger("gateway.sync")
+
+
+class StateSync:
+    def __init__(self, policies: PolicyService, resync_interval_s: float) -> None:
+        self.policies = policies
+        self.resync_interval_s = resync_interval_s
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def resync(self) -> None:
+        for stored in (await self.policies.store.list_policies()).values():
+            self.policies.apply(stored)
+
+    async def refresh(self, model: str) -> None:
+        stored = await self.policies.store.get_policy(model)
+        if stored is not None:
+            self.policies.apply(stored)
+
+    def start(self) -> None:
+        for loop in (self._follow_feed(), self._resync_forever()):
+            task = asyncio.get_running_loop().create_task(loop)
+            self._tasks.add(task)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+
+    async def _follow_feed(self) -> None:
+        while True:
+            try:
+                async for model in self.policies.store.changes():
+                    await self.refresh(model)
+            except GatewayError as exc:
+                log.warning("change feed interrupted (%s); resubscribing", exc)
+            await asyncio.sleep(1.0)
+
+    async def _resync_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.resync_interval_s)
+            try:
+                await self.resync()
+            except GatewayError as exc:
+                log.warning("policy resync failed: %s", exc)
