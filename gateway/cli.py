@@ -39,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="listen address (default 127.0.0.1; GATEWAY_HOST)")
     serve.add_argument("--port", type=int, help="HTTP port (default 8080; GATEWAY_PORT)")
     serve.add_argument("--triton-url", help="Triton HTTP URL (default http://127.0.0.1:8000; GATEWAY_TRITON_URL)")
+    serve.add_argument("--store-url", help="state store: sqlite:///path (default), redis://host:port/db; "
+                       "GATEWAY_STORE_URL")
+    serve.add_argument("--insecure-admin", action="store_true", default=None,
+                       help="serve /admin without a token (a warning is logged); never in production")
     serve.set_defaults(handler=_serve)
 
     triton = commands.add_parser("triton", help="run a local Triton server from the nvidia-pytriton wheel",
@@ -48,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     triton.add_argument("--model", action="append", dest="models", help="model to load (repeatable; default: all "
                         "sample models)")
     triton.set_defaults(handler=_triton)
+
+    from gateway.admin.ctl import add_ctl_parser
+
+    add_ctl_parser(commands)
 
     demo = commands.add_parser("demo", help="start Triton and the gateway, drive traffic, print what happened")
     demo.add_argument("--requests", type=int, default=3000, help="requests to send (default 3000)")
@@ -60,7 +68,8 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.settings import Settings, SettingsError
 
     overrides: dict[str, Any] = {k: v for k, v in (("host", args.host), ("port", args.port),
-                                                   ("triton_url", args.triton_url)) if v is not None}
+                                                   ("triton_url", args.triton_url), ("store_url", args.store_url),
+                                                   ("insecure_admin", args.insecure_admin)) if v is not None}
     try:
         settings = Settings.load(args.config, **overrides)
     except SettingsError as exc:

@@ -166,3 +166,68 @@ class AdminClient:
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
         return await self.http.request(method, path, headers=headers, **kwargs)
+
+
+class GatewayProcess:
+    """``gateway serve`` as a real child process (for kill -9 and restart tests)."""
+
+    def __init__(self, env: dict[str, str], port: int | None = None) -> None:
+        import os
+
+        self.port = port or free_port()
+        self.env = {**os.environ, **env, "GATEWAY_PORT": str(self.port), "GATEWAY_HOST": "127.0.0.1",
+                    "GATEWAY_LOG_LEVEL": "warning"}
+        self.process: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> GatewayProcess:
+        import subprocess
+        import sys
+
+        self.process = subprocess.Popen([sys.executable, "-m", "gateway", "serve"], env=self.env)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"gateway exited with {self.process.returncode}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/readyz", timeout=1):
+                    return self
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("gateway did not become ready")
+
+    def kill(self) -> None:
+        import signal
+
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except Exception:
+                self.kill()
+
+
+def admin_call(base: str, method: str, path: str, body: Any = None, token: str = TOKEN,
+               headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(base + path, data=data, method=method, headers={
+        "Authorization": f"Bearer {token}", "Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def infer_version(base: str, headers: dict[str, str] | None = None) -> str:
+    request = urllib.request.Request(f"{base}/v2/models/qc/infer", data=INFER_BODY, headers=headers or {})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return str(json.loads(response.read())["model_version"])

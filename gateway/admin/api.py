@@ -28,6 +28,26 @@ class WeightsChange(BaseModel):
     reason: str | None = Field(None, max_length=1000)
 
 
+class ErrorBody(BaseModel):
+    """Triton's own error shape, used for every 4xx/5xx."""
+
+    error: str
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": text} for status, text in {
+        401: "missing or invalid bearer token",
+        404: "the model has no routing policy",
+        409: "a version is not READY on Triton (the message names it and its state)",
+        412: "If-Match names a stale revision",
+        413: "request body too large",
+        422: "the request does not validate (the message says which field and why)",
+        503: "Triton, the state store, or the admin API itself is unavailable",
+    }.items()
+}
+ERRORS[400] = {"model": ErrorBody, "description": "malformed header (e.g. If-Match)"}
+
+
 class PolicyOut(BaseModel):
     model: str
     weights: dict[str, float | int]
@@ -57,7 +77,7 @@ def admin_router(policies: PolicyService, auth: Authenticator) -> APIRouter:  # 
 
     Actor = Annotated[str, Depends(actor)]
     IfMatch = Annotated[str | None, Header(alias="If-Match")]
-    router = APIRouter(responses={401: {"description": "missing or invalid bearer token"}})
+    router = APIRouter(responses=ERRORS)
 
     @router.get("/models", summary="Models Triton knows, each version's state, and the routing policy")
     async def list_models(_: Actor) -> dict[str, Any]:
@@ -78,17 +98,13 @@ def admin_router(policies: PolicyService, auth: Authenticator) -> APIRouter:  # 
     async def get_policy(model: ModelName, response: Response, _: Actor) -> dict[str, Any]:
         return policy_response(await policies.get(model), response)
 
-    @router.put("/models/{model}/policy", response_model=PolicyOut,
-                responses={409: {"description": "a version is not READY"}, 412: {"description": "stale If-Match"}},
-                summary="Replace the model's policy (every routed version must be READY on Triton)")
+    @router.put("/models/{model}/policy", response_model=PolicyOut, summary="Replace the model's policy (every routed version must be READY on Triton)")
     async def put_policy(model: ModelName, spec: PolicySpec, response: Response, who: Actor,
                          if_match: IfMatch = None) -> dict[str, Any]:
         stored = await policies.put(model, spec, parse_if_match(if_match), EventDraft(who, "put_policy"))
         return policy_response(stored, response)
 
-    @router.patch("/models/{model}/policy/weights", response_model=PolicyOut,
-                  responses={409: {"description": "a version is not READY"}, 412: {"description": "stale If-Match"}},
-                  summary="Change only the weights")
+    @router.patch("/models/{model}/policy/weights", response_model=PolicyOut, summary="Change only the weights")
     async def patch_weights(model: ModelName, change: WeightsChange, response: Response, who: Actor,
                             if_match: IfMatch = None) -> dict[str, Any]:
         weights: dict[str, Decimal] = dict(change.weights)

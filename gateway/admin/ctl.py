@@ -1,0 +1,200 @@
+"""``gateway ctl``: the SRE's command line for the admin API.
+
+Human tables by default (rich), ``--json`` for scripts. Exit codes: 0 done, 1 the API said
+no (its message is printed), 2 bad usage or the gateway unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Callable
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+Handler = Callable[[argparse.Namespace, "Api"], Any]
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Api:
+    def __init__(self, url: str, token: str | None) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.client = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=30)
+
+    def call(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
+        response = self.client.request(method, path, json=body, headers=headers or {})
+        try:
+            payload = response.json()
+        except ValueError:
+            payload = {"error": response.text}
+        if response.status_code >= 400:
+            raise ApiError(response.status_code, payload.get("error", str(payload)) if isinstance(payload, dict)
+                           else str(payload))
+        return payload
+
+
+def add_ctl_parser(commands: Any) -> None:
+    ctl = commands.add_parser("ctl", help="talk to a running gateway's admin API",
+                              description="SRE commands for a running gateway (admin API).")
+    ctl.add_argument("--url", default=os.environ.get("GATEWAY_CTL_URL", "http://127.0.0.1:8080"),
+                     help="gateway base URL (env GATEWAY_CTL_URL; default http://127.0.0.1:8080)")
+    ctl.add_argument("--token", default=os.environ.get("GATEWAY_ADMIN_TOKEN"),
+                     help="admin bearer token (env GATEWAY_ADMIN_TOKEN)")
+    ctl.add_argument("--json", action="store_true", help="print raw JSON instead of tables")
+    sub = ctl.add_subparsers(title="ctl commands", metavar="WHAT", required=True)
+
+    sub.add_parser("models", help="models, version states and policies").set_defaults(ctl=_models)
+
+    policy = sub.add_parser("policy", help="get or set a model's whole policy").add_subparsers(
+        metavar="ACTION", required=True)
+    get = policy.add_parser("get", help="show the policy")
+    get.add_argument("model")
+    get.set_defaults(ctl=_policy_get)
+    put = policy.add_parser("set", help="replace the policy from a JSON/YAML file or flags")
+    put.add_argument("model")
+    put.add_argument("--file", help="policy document (JSON or YAML), as in the config's policies: section")
+    put.add_argument("--weights", nargs="+", metavar="V=PCT", help="e.g. 2=80 3=20")
+    put.add_argument("--sticky-header", help="header carrying the user id")
+    put.add_argument("--rule", action="append", default=[], metavar="HEADER=VALUE:VERSION",
+                     help="e.g. x-canary=always:3 (repeatable)")
+    put.add_argument("--if-match", help="expected revision")
+    put.set_defaults(ctl=_policy_set)
+    delete = policy.add_parser("delete", help="remove the policy (back to Triton's default version)")
+    delete.add_argument("model")
+    delete.set_defaults(ctl=_policy_delete)
+
+    weights = sub.add_parser("weights", help="change only the weights").add_subparsers(metavar="ACTION", required=True)
+    wset = weights.add_parser("set", help="e.g. gateway ctl weights set qc 2=80 3=20")
+    wset.add_argument("model")
+    wset.add_argument("weights", nargs="+", metavar="V=PCT")
+    wset.add_argument("--reason", help="why, for the audit trail")
+    wset.add_argument("--if-match", help="expected revision (412 if someone changed it since)")
+    wset.set_defaults(ctl=_weights_set)
+
+    events = sub.add_parser("events", help="the audit trail, newest first")
+    events.add_argument("--model")
+    events.add_argument("--limit", type=int, default=20)
+    events.set_defaults(ctl=_events)
+    ctl.set_defaults(handler=run_ctl)
+
+
+def run_ctl(args: argparse.Namespace) -> int:
+    api = Api(args.url, args.token)
+    console = Console()
+    try:
+        result = args.ctl(args, api)
+    except ApiError as exc:
+        print(f"gateway ctl: {exc} (HTTP {exc.status})", file=sys.stderr)
+        return 1
+    except (httpx.HTTPError, ValueError) as exc:
+        print(f"gateway ctl: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result, indent=2))
+    elif isinstance(result, Table):
+        console.print(result)
+    elif result is not None:
+        console.print(result)
+    return 0
+
+
+def parse_weights(pairs: list[str]) -> dict[str, float]:
+    weights: dict[str, float] = {}
+    for pair in pairs:
+        version, sep, percent = pair.partition("=")
+        if not sep:
+            raise ValueError(f"weight {pair!r} is not VERSION=PERCENT")
+        weights[version.strip()] = float(percent)
+    return weights
+
+
+def _policy_table(doc: dict[str, Any]) -> Table:
+    table = Table(title=f"policy of {doc['model']} (revision {doc['revision']})")
+    table.add_column("version", justify="right")
+    table.add_column("weight %", justify="right")
+    for version, weight in sorted(doc["weights"].items(), key=lambda kv: int(kv[0])):
+        table.add_row(version, str(weight))
+    for rule in doc.get("rules", []):
+        table.add_row(rule["version"], f"rule {rule['header']}: {rule['equals']}")
+    if doc.get("sticky_header"):
+        table.caption = f"sticky header: {doc['sticky_header']}"
+    return table
+
+
+def _models(args: argparse.Namespace, api: Api) -> Any:
+    data = api.call("GET", "/admin/models")
+    if args.json:
+        return data
+    table = Table(title="models")
+    for column in ("model", "versions (state)", "weights"):
+        table.add_column(column)
+    for model in data["models"]:
+        versions = ", ".join(f"{v['version']} {v['state']}" for v in model["versions"])
+        policy = model["policy"]
+        weights = " ".join(f"{v}={w}" for v, w in policy["weights"].items()) if policy else "passthrough"
+        table.add_row(model["name"], versions, weights)
+    return table
+
+
+def _policy_get(args: argparse.Namespace, api: Api) -> Any:
+    doc = api.call("GET", f"/admin/models/{args.model}/policy")
+    return doc if args.json else _policy_table(doc)
+
+
+def _policy_set(args: argparse.Namespace, api: Api) -> Any:
+    if args.file:
+        import yaml
+
+        with open(args.file) as handle:
+            body = yaml.safe_load(handle)
+    elif args.weights:
+        body = {"weights": parse_weights(args.weights), "rules": []}
+        if args.sticky_header:
+            body["sticky_header"] = args.sticky_header
+        for rule in args.rule:
+            header_value, _, version = rule.rpartition(":")
+            header, _, value = header_value.partition("=")
+            body["rules"].append({"header": header, "equals": value, "version": version})
+    else:
+        raise ValueError("give --file or --weights")
+    headers = {"If-Match": args.if_match} if args.if_match else None
+    doc = api.call("PUT", f"/admin/models/{args.model}/policy", body, headers)
+    return doc if args.json else _policy_table(doc)
+
+
+def _policy_delete(args: argparse.Namespace, api: Api) -> Any:
+    return api.call("DELETE", f"/admin/models/{args.model}/policy")
+
+
+def _weights_set(args: argparse.Namespace, api: Api) -> Any:
+    body: dict[str, Any] = {"weights": parse_weights(args.weights)}
+    if args.reason:
+        body["reason"] = args.reason
+    headers = {"If-Match": args.if_match} if args.if_match else None
+    doc = api.call("PATCH", f"/admin/models/{args.model}/policy/weights", body, headers)
+    return doc if args.json else _policy_table(doc)
+
+
+def _events(args: argparse.Namespace, api: Api) -> Any:
+    params = f"?limit={args.limit}" + (f"&model={args.model}" if args.model else "")
+    data = api.call("GET", "/admin/events" + params)
+    if args.json:
+        return data
+    table = Table(title="audit trail")
+    for column in ("at", "actor", "action", "model", "reason"):
+        table.add_column(column)
+    import datetime as dt
+
+    for event in data["events"]:
+        at = dt.datetime.fromtimestamp(event["at"], dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(at, event["actor"], event["action"], event["model"], event.get("reason") or "")
+    return table
