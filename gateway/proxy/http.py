@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from gateway.errors import ClientGone, GatewayError, UpstreamError
@@ -23,6 +24,7 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
+CONNECTION_KEY = "gateway.connection"  # set by gateway.server.GatewayHttpProtocol
 ROUTED_ACTIONS = frozenset(["infer", "generate", "generate_stream"])
 _DROP_RESPONSE = frozenset([b"connection", b"keep-alive", b"transfer-encoding", b"content-length"])
 _JSON = [(b"content-type", b"application/json")]
@@ -82,8 +84,13 @@ class HttpProxy:
             length = _content_length(scope["headers"])
         task = asyncio.current_task()
         done = [False, False]  # [response fully handed to the server, client went away]
-        watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(receive, task, done)) \
-            if decision is not None and isinstance(body, bytes) else None
+        watcher = None
+        if decision is not None and isinstance(body, bytes):
+            connection = scope.get(CONNECTION_KEY)
+            if connection is not None:  # our server protocol tells us when the client leaves
+                connection.on_lost = partial(_client_lost, task, done)
+            else:  # any other ASGI server: watch receive() for http.disconnect
+                watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(receive, task, done))
         response: UpstreamResponse | None = None
         try:
             response = await self.upstream.request(scope["method"].encode(), target, scope["headers"], body,
@@ -109,6 +116,9 @@ class HttpProxy:
             if watcher is not None and not watcher.done():
                 done[0] = True
                 watcher.cancel()
+            connection = scope.get(CONNECTION_KEY)
+            if connection is not None:
+                connection.on_lost = None
         self._record(model, decision, started, response.status)
 
     async def _relay(self, response: UpstreamResponse, send: Send, decision: Decision | None, done: list[bool]) -> None:
@@ -191,6 +201,12 @@ def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
         if name == b"content-length":
             return int(value)
     return None
+
+
+def _client_lost(task: asyncio.Task[Any] | None, done: list[bool]) -> None:
+    if not done[0] and task is not None:
+        done[1] = True
+        task.cancel()
 
 
 async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any] | None, done: list[bool]) -> None:
