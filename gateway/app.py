@@ -24,10 +24,13 @@ from gateway.admin.policies import PolicyService
 from gateway.errors import GatewayError
 from gateway.policy_book import PolicyBook
 from gateway.proxy.http import HttpProxy, Receive, Scope, Send
+from gateway.rollout.api import rollout_router
+from gateway.rollout.controller import RolloutController
 from gateway.settings import Settings
 from gateway.state_sync import StateSync
 from gateway.store.base import StateStore, make_store
 from gateway.telemetry.recorder import Recorder
+from gateway.telemetry.sources import MetricsSource, PrometheusSource, RecorderSource
 from gateway.triton_control import TritonControl
 from gateway.upstream import HttpUpstream
 
@@ -50,6 +53,8 @@ class Gateway:
         self.triton = TritonControl(self.upstream)
         self.policies = PolicyService(self.store, self.book, self.triton)
         self.sync = StateSync(self.policies, settings.resync_interval_s)
+        self.source = make_source(settings, self.recorder)
+        self.rollouts = RolloutController(self.policies, self.source, self.recorder, tick_s=settings.controller_tick_s)
         self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin)
         self.started = False
         self.control = self._control_app()
@@ -60,6 +65,7 @@ class Gateway:
         app.add_api_route("/healthz", self.healthz, methods=["GET"], include_in_schema=False)
         app.add_api_route("/readyz", self.readyz, methods=["GET"], include_in_schema=False)
         app.include_router(admin_router(self.policies, self.auth), prefix="/admin", tags=["admin"])
+        app.include_router(rollout_router(self.rollouts, self.auth), prefix="/admin", tags=["rollout"])
         app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
         app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
         app.add_exception_handler(ValidationError, _invalid_request)  # type: ignore[arg-type]
@@ -85,11 +91,14 @@ class Gateway:
             await self.store.seed_policy(model, spec, actor="settings")
         await self.sync.resync()
         self.sync.start()
+        if self.settings.controller_enabled:
+            self.rollouts.start()
         self.started = True
         try:
             yield
         finally:
             self.started = False
+            await self.rollouts.stop()
             await self.sync.stop()
             await self.upstream.aclose()
             await self.store.close()
@@ -135,6 +144,12 @@ async def _invalid_request(_: Request, exc: RequestValidationError | ValidationE
 
 async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
     return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
+
+def make_source(settings: Settings, recorder: Recorder) -> MetricsSource:
+    if settings.metrics_source == "prometheus":
+        return PrometheusSource(settings.prometheus_url)
+    return RecorderSource(recorder)
 
 
 def create_app(settings: Settings | None = None) -> Any:

@@ -34,6 +34,7 @@ class Reason:
     STICKY = "sticky"
     WEIGHTED = "weighted"
     DEFAULT = "default"
+    FALLBACK = "fallback"  # the chosen version was unavailable on Triton; another one answered
 
 
 class HeaderRule(BaseModel):
@@ -110,6 +111,9 @@ class Policy:
     rules: tuple[tuple[bytes, bytes, Decision], ...]
     header_names: frozenset[bytes]  # every header choose() may look at
     hash_prefix: bytes
+    # version -> where its requests go when Triton says it is unavailable: the
+    # highest-weight other version (the stable one, during a canary).
+    fallbacks: dict[str, Decision]
 
 
 def layout(weights_bp: Mapping[str, int]) -> tuple[tuple[int, str], ...]:
@@ -132,6 +136,12 @@ def compile_policy(model: str, spec: PolicySpec, revision: int = 0, default_stic
         (rule.header.lower().encode("latin-1"), rule.equals.encode(), Decision(rule.version, Reason.RULE))
         for rule in spec.rules
     )
+    weighted = sorted(((w, int(v), v) for v, w in spec.basis_points().items() if w > 0), reverse=True)
+    fallbacks = {}
+    for _, _, version in weighted:
+        other = next((v for _, _, v in weighted if v != version), None)
+        if other is not None:
+            fallbacks[version] = Decision(other, Reason.FALLBACK)
     return Policy(
         model=model,
         spec=spec,
@@ -141,6 +151,7 @@ def compile_policy(model: str, spec: PolicySpec, revision: int = 0, default_stic
         rules=rules,
         header_names=frozenset([sticky, *(name for name, _, _ in rules)]),
         hash_prefix=f"{model}:".encode(),
+        fallbacks=fallbacks,
     )
 
 

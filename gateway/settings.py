@@ -44,6 +44,12 @@ class Settings(BaseSettings):
         default_factory=dict, description="more named tokens, {actor: token}: one per SRE or automation"
     )
     insecure_admin: bool = Field(False, description="serve /admin without a token (logs a warning; never in prod)")
+    metrics_source: str = Field("recorder", pattern="^(recorder|prometheus)$",
+                                description="rollout analysis reads this process's recorder, or Prometheus "
+                                "(all replicas' traffic)")
+    prometheus_url: str = Field("http://127.0.0.1:9090", description="Prometheus query API, for metrics_source")
+    controller_enabled: bool = Field(True, description="run the rollout controller loop (lease-elected)")
+    controller_tick_s: float = Field(1.0, gt=0, le=60, description="rollout controller tick period")
     access_log: bool = Field(False, description="one JSON line per request on stdout, written off the hot path")
     log_level: str = Field("info", pattern="^(critical|error|warning|info|debug)$")
 

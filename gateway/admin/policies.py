@@ -7,25 +7,17 @@ after the store accepted the change, so an invalid request changes nothing anywh
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable
-
 from gateway.errors import NotFound
 from gateway.policy_book import PolicyBook
 from gateway.routing import PolicySpec
 from gateway.store.base import EventDraft, StateStore, StoredPolicy
 from gateway.triton_control import TritonControl
 
-# Called after a manual (non-rollout) change to a model's policy: the rollout controller
-# uses it to pause a rollout instead of overwriting the SRE's change.
-ManualChangeHook = Callable[[str, str], Awaitable[None]]
-
-
 class PolicyService:
     def __init__(self, store: StateStore, book: PolicyBook, triton: TritonControl) -> None:
         self.store = store
         self.book = book
         self.triton = triton
-        self.manual_change_hooks: list[ManualChangeHook] = []
 
     async def get(self, model: str) -> StoredPolicy:
         stored = await self.store.get_policy(model)
@@ -34,30 +26,28 @@ class PolicyService:
         return stored
 
     async def put(self, model: str, spec: PolicySpec, expected_revision: int | None, event: EventDraft,
-                  manual: bool = True) -> StoredPolicy:
-        await self.triton.require_ready(model, spec.versions())
+                  require_ready: bool = True) -> StoredPolicy:
+        """``require_ready=False`` only for rollbacks: moving traffic *away* from a broken
+        version must never wait on that version's health."""
+        if require_ready:
+            await self.triton.require_ready(model, spec.versions())
         stored = await self.store.put_policy(model, spec, expected_revision, event)
         self.apply(stored)
-        if manual:
-            for hook in self.manual_change_hooks:
-                await hook(model, event.actor)
         return stored
 
     async def set_weights(self, model: str, weights: dict[str, object], expected_revision: int | None,
-                          event: EventDraft, manual: bool = True) -> StoredPolicy:
+                          event: EventDraft) -> StoredPolicy:
         current = await self.get(model)
         if expected_revision is None:
             expected_revision = current.revision  # protect our own read-modify-write
         assert current.spec is not None
         spec = PolicySpec.model_validate({**current.spec.document(), "weights": weights})
-        return await self.put(model, spec, expected_revision, event, manual)
+        return await self.put(model, spec, expected_revision, event)
 
     async def delete(self, model: str, expected_revision: int | None, event: EventDraft) -> StoredPolicy:
         current = await self.get(model)
         stored = await self.store.put_policy(model, None, expected_revision or current.revision, event)
         self.apply(stored)
-        for hook in self.manual_change_hooks:
-            await hook(model, event.actor)
         return stored
 
     def apply(self, stored: StoredPolicy) -> None:

@@ -28,7 +28,9 @@ CONNECTION_KEY = "gateway.connection"  # set by gateway.server.GatewayHttpProtoc
 ROUTED_ACTIONS = frozenset(["infer", "generate", "generate_stream"])
 _DROP_RESPONSE = frozenset([b"connection", b"keep-alive", b"transfer-encoding", b"content-length"])
 _JSON = [(b"content-type", b"application/json")]
-_PINNED = Decision(None, Reason.PINNED)
+_UNAVAILABLE = frozenset([404, 503])
+_UNAVAILABLE_MARKERS = (b"is not at ready state", b"is not found", b"has no available versions")
+_MAY_FALL_BACK = frozenset([Reason.WEIGHTED, Reason.STICKY])
 _DEFAULT = Decision(None, Reason.DEFAULT)
 _ROUTE_VERSION = b"x-gateway-model-version"
 _ROUTE_REASON = b"x-gateway-route"
@@ -95,6 +97,8 @@ class HttpProxy:
         try:
             response = await self.upstream.request(scope["method"].encode(), target, scope["headers"], body,
                                                    content_length=length)
+            if response.status in _UNAVAILABLE and decision is not None and decision.reason in _MAY_FALL_BACK:
+                response, decision = await self._fall_back(scope, target, body, response, model, decision)
             await self._relay(response, send, decision, done)
         except GatewayError as exc:
             if response is not None:  # broke mid-stream: headers are out, just stop
@@ -120,6 +124,23 @@ class HttpProxy:
             if connection is not None:
                 connection.on_lost = None
         self._record(model, decision, started, response.status)
+
+    async def _fall_back(self, scope: Scope, target: bytes, body: bytes | AsyncIterator[bytes],
+                         response: UpstreamResponse, model: str | None, decision: Decision,
+                         ) -> tuple[UpstreamResponse, Decision]:
+        """Triton says the routed version is not available (unloaded, failed): send the same
+        request, still in memory, to the policy's fallback version instead of failing it."""
+        policy = self.book.get(model) if model else None
+        fallback = policy.fallbacks.get(decision.version) if policy and decision.version else None
+        if fallback is None or not isinstance(body, bytes) or not response.complete:
+            return response, decision
+        if not any(marker in response.body() for marker in _UNAVAILABLE_MARKERS):
+            return response, decision
+        self.recorder.upstream_error(model, decision.version, "VersionUnavailable")  # type: ignore[arg-type]
+        old = b"/versions/%s/" % decision.version.encode()  # type: ignore[union-attr]
+        target = target.replace(old, b"/versions/%s/" % fallback.version.encode(), 1)  # type: ignore[union-attr]
+        retried = await self.upstream.request(scope["method"].encode(), target, scope["headers"], body)
+        return retried, fallback
 
     async def _relay(self, response: UpstreamResponse, send: Send, decision: Decision | None, done: list[bool]) -> None:
         headers = [(name, value) for name, value in response.headers if name.lower() not in _DROP_RESPONSE]

@@ -48,16 +48,20 @@ class Window:
         return self.errors / self.requests if self.requests else None
 
     def quantile(self, q: float) -> float | None:
-        """Upper bound of the bucket holding the q-quantile; None without data."""
+        """The q-quantile in seconds, interpolated inside its bucket as Prometheus'
+        histogram_quantile() does, so both report the same value; None without data."""
         total = sum(self.histogram)
         if not total:
             return None
         rank, seen = q * total, 0
         for index, count in enumerate(self.histogram):
+            if count and seen + count >= rank:
+                if index >= len(LATENCY_BOUNDS):
+                    return LATENCY_BOUNDS[-1]
+                lower = LATENCY_BOUNDS[index - 1] if index else 0.0
+                return lower + (LATENCY_BOUNDS[index] - lower) * (rank - seen) / count
             seen += count
-            if seen >= rank and count:
-                return LATENCY_BOUNDS[index] if index < len(LATENCY_BOUNDS) else float("inf")
-        return float("inf")
+        return LATENCY_BOUNDS[-1]
 
 
 class _Series:

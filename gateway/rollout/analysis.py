@@ -1,0 +1,80 @@
+"""Judging a canary: pure functions from metric windows to a verdict.
+
+Four outcomes, kept apart (argo-rollouts' lesson): HEALTHY, UNHEALTHY (a threshold was
+crossed: which metric, observed value, threshold), INCONCLUSIVE (too few requests: holds
+the step, never success and never failure) and ERROR (the metrics could not be read: its
+own counter, never a threshold breach).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Any
+
+from gateway.rollout.spec import RolloutSpec
+from gateway.telemetry.recorder import Window
+
+
+class Outcome(str, Enum):
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+    INCONCLUSIVE = "inconclusive"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    outcome: Outcome
+    reason: str
+    metric: str | None = None
+    observed: float | None = None
+    threshold: float | None = None
+    canary_requests: int = 0
+    canary_errors: int = 0
+    canary_error_rate: float | None = None
+    canary_p99_ms: float | None = None
+    stable_requests: int = 0
+    stable_error_rate: float | None = None
+    stable_p99_ms: float | None = None
+
+    def document(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["outcome"] = self.outcome.value
+        return doc
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)
+
+
+def judge(spec: RolloutSpec, canary: Window | None, stable: Window | None) -> Verdict:
+    """The verdict on one interval. ``None`` windows mean the metrics could not be read."""
+    if canary is None:
+        return Verdict(Outcome.ERROR, "canary metrics unavailable")
+    numbers: dict[str, Any] = {
+        "canary_requests": canary.requests, "canary_errors": canary.errors, "canary_error_rate": canary.error_rate,
+        "canary_p99_ms": _ms(canary.quantile(0.99)),
+        "stable_requests": stable.requests if stable else 0,
+        "stable_error_rate": stable.error_rate if stable else None,
+        "stable_p99_ms": _ms(stable.quantile(0.99)) if stable else None,
+    }
+    if canary.requests < spec.min_requests:
+        return Verdict(Outcome.INCONCLUSIVE, f"{canary.requests} canary requests, fewer than {spec.min_requests}",
+                       **numbers)
+    rate = canary.error_rate or 0.0
+    if spec.max_error_rate is not None and rate > spec.max_error_rate:
+        return Verdict(Outcome.UNHEALTHY, f"error rate {rate:.2%} above {spec.max_error_rate:.2%}",
+                       "error_rate", rate, spec.max_error_rate, **numbers)
+    p99 = numbers["canary_p99_ms"]
+    if spec.max_p99_ms is not None and p99 is not None and p99 > spec.max_p99_ms:
+        return Verdict(Outcome.UNHEALTHY, f"p99 {p99:.1f} ms above {spec.max_p99_ms:.1f} ms",
+                       "p99_ms", p99, spec.max_p99_ms, **numbers)
+    stable_p99 = numbers["stable_p99_ms"]
+    if (spec.max_p99_ratio is not None and p99 is not None and stable_p99
+            and stable is not None and stable.requests >= spec.min_requests):
+        ratio = p99 / stable_p99
+        if ratio > spec.max_p99_ratio and p99 - stable_p99 > spec.min_p99_delta_ms:
+            return Verdict(Outcome.UNHEALTHY, f"p99 {p99:.1f} ms is {ratio:.2f}x the stable's {stable_p99:.1f} ms "
+                           f"(limit {spec.max_p99_ratio}x)", "p99_ratio", ratio, spec.max_p99_ratio, **numbers)
+    return Verdict(Outcome.HEALTHY, "within every threshold", **numbers)

@@ -1,0 +1,163 @@
+"""The rollout state and its pure step function: (rollout, event, now) -> rollout.
+
+Nothing here does I/O; the controller loads a :class:`Rollout` from the store, feeds it a
+verdict or a command, persists what comes back and applies its weights. Every phase change
+goes through :func:`_move` (checked against ``phases.ALLOWED``, stamped, kept in history).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from gateway.rollout.analysis import Outcome, Verdict
+from gateway.rollout.phases import Phase, TransitionError, check
+from gateway.rollout.spec import RolloutSpec
+
+KEEP_VERDICTS = 20
+
+
+@dataclass(frozen=True)
+class Rollout:
+    model: str
+    spec: RolloutSpec
+    stable: str
+    phase: Phase
+    step: int  # index into spec.steps
+    started_at: float
+    step_started_at: float
+    last_transition_at: float
+    reason: str
+    policy_revision: int = 0  # the policy revision the rollout last wrote: anything newer is a manual change
+    consecutive_failures: int = 0
+    consecutive_errors: int = 0
+    awaiting_promote: bool = False
+    canary_requests: int = 0  # judged requests that reached the canary, over the whole rollout
+    verdicts: tuple[dict[str, Any], ...] = ()
+    history: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+
+    @property
+    def canary(self) -> str:
+        return self.spec.canary
+
+    @property
+    def canary_percent(self) -> Decimal:
+        if self.phase is Phase.PROMOTED:
+            return Decimal(100)
+        if self.phase in (Phase.ROLLED_BACK, Phase.ABORTED):
+            return Decimal(0)
+        return self.spec.steps[self.step]
+
+    def weights(self) -> dict[str, Decimal]:
+        canary = self.canary_percent
+        return {self.stable: Decimal(100) - canary, self.canary: canary}
+
+    def due(self, now: float) -> bool:
+        """Time for a verdict on the current interval."""
+        return (self.phase is Phase.PROGRESSING and not self.awaiting_promote
+                and now - self.step_started_at >= self.spec.interval_s)
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "spec": self.spec.document(), "stable": self.stable, "canary": self.canary,
+            "state": self.phase.value, "step": self.step, "steps": self.spec.document()["steps"],
+            "weights": {v: _number(w) for v, w in self.weights().items()},
+            "started_at": self.started_at, "step_started_at": self.step_started_at,
+            "last_transition_at": self.last_transition_at, "reason": self.reason,
+            "policy_revision": self.policy_revision, "consecutive_failures": self.consecutive_failures,
+            "consecutive_errors": self.consecutive_errors, "awaiting_promote": self.awaiting_promote,
+            "canary_requests": self.canary_requests, "verdicts": list(self.verdicts), "history": list(self.history),
+        }
+
+    @classmethod
+    def from_document(cls, doc: dict[str, Any]) -> Rollout:
+        return cls(
+            model=doc["model"], spec=RolloutSpec.model_validate(doc["spec"]), stable=doc["stable"],
+            phase=Phase(doc["state"]), step=doc["step"], started_at=doc["started_at"],
+            step_started_at=doc["step_started_at"], last_transition_at=doc["last_transition_at"],
+            reason=doc["reason"], policy_revision=doc.get("policy_revision", 0),
+            consecutive_failures=doc["consecutive_failures"], consecutive_errors=doc["consecutive_errors"],
+            awaiting_promote=doc["awaiting_promote"], canary_requests=doc["canary_requests"],
+            verdicts=tuple(doc["verdicts"]), history=tuple(doc["history"]),
+        )
+
+
+def _number(value: Decimal) -> int | float:
+    return int(value) if value == value.to_integral_value() else float(value)
+
+
+def _move(rollout: Rollout, phase: Phase, now: float, reason: str, **changes: Any) -> Rollout:
+    check(rollout.phase, phase)
+    entry = {"at": now, "from": rollout.phase.value, "to": phase.value, "step": changes.get("step", rollout.step),
+             "reason": reason}
+    return dataclasses.replace(rollout, phase=phase, last_transition_at=now, reason=reason,
+                               history=(*rollout.history, entry)[-100:], **changes)
+
+
+def begin(model: str, spec: RolloutSpec, stable: str, now: float) -> Rollout:
+    reason = f"started: step 1 of {len(spec.steps)}, canary {spec.canary} at {_number(spec.steps[0])}%"
+    return Rollout(model=model, spec=spec, stable=stable, phase=Phase.PROGRESSING, step=0, started_at=now,
+                   step_started_at=now, last_transition_at=now, reason=reason,
+                   history=({"at": now, "from": None, "to": Phase.PROGRESSING.value, "step": 0, "reason": reason},))
+
+
+def advance(rollout: Rollout, now: float, why: str) -> Rollout:
+    """Next step, or promotion after the last one."""
+    if rollout.step + 1 >= len(rollout.spec.steps):
+        return _move(rollout, Phase.PROMOTED, now, f"promoted: canary {rollout.canary} takes 100% ({why})",
+                     awaiting_promote=False, consecutive_failures=0)
+    step = rollout.step + 1
+    percent = _number(rollout.spec.steps[step])
+    return _move(rollout, Phase.PROGRESSING, now, f"step {step + 1} of {len(rollout.spec.steps)}: canary at "
+                 f"{percent}% ({why})", step=step, step_started_at=now, awaiting_promote=False, consecutive_failures=0)
+
+
+def roll_back(rollout: Rollout, now: float, why: str) -> Rollout:
+    return _move(rollout, Phase.ROLLED_BACK, now, f"rolled back to {rollout.stable}: {why}", awaiting_promote=False)
+
+
+def on_verdict(rollout: Rollout, verdict: Verdict, now: float) -> Rollout:
+    """Apply one interval's verdict to a progressing rollout."""
+    spec = rollout.spec
+    judged = dataclasses.replace(
+        rollout, verdicts=(*rollout.verdicts, {"at": now, "step": rollout.step, **verdict.document()})[-KEEP_VERDICTS:],
+        canary_requests=rollout.canary_requests + verdict.canary_requests, step_started_at=now)
+    if verdict.outcome is Outcome.INCONCLUSIVE:  # no data: hold the step, count nothing
+        return dataclasses.replace(judged, consecutive_errors=0)
+    if verdict.outcome is Outcome.ERROR:
+        errors = rollout.consecutive_errors + 1
+        if errors >= spec.error_limit:
+            return _move(judged, Phase.PAUSED, now, f"paused: metrics unreadable for {errors} intervals "
+                         f"({verdict.reason})", consecutive_errors=errors)
+        return dataclasses.replace(judged, consecutive_errors=errors)
+    if verdict.outcome is Outcome.UNHEALTHY:
+        failures = rollout.consecutive_failures + 1
+        judged = dataclasses.replace(judged, consecutive_failures=failures, consecutive_errors=0)
+        if failures >= spec.failure_limit:
+            return roll_back(judged, now, f"{verdict.reason} ({failures} unhealthy intervals in a row)")
+        return judged
+    judged = dataclasses.replace(judged, consecutive_failures=0, consecutive_errors=0)
+    if spec.manual_gates:
+        return dataclasses.replace(judged, awaiting_promote=True, reason="healthy: waiting for a manual promote")
+    return advance(judged, now, "healthy interval")
+
+
+def on_command(rollout: Rollout, command: str, now: float, actor: str) -> Rollout:
+    """An SRE's promote / pause / resume / abort. Raises TransitionError when not allowed."""
+    if command == "promote":
+        check(rollout.phase, Phase.PROGRESSING)
+        return advance(rollout, now, f"promoted by {actor}")
+    if command == "pause":
+        return _move(rollout, Phase.PAUSED, now, f"paused by {actor}")
+    if command == "resume":
+        if rollout.phase is not Phase.PAUSED:
+            raise TransitionError(f"the rollout is {rollout.phase.value}, not paused")
+        return _move(rollout, Phase.PROGRESSING, now, f"resumed by {actor}", step_started_at=now,
+                     consecutive_errors=0)
+    if command == "abort":
+        return _move(rollout, Phase.ABORTED, now, f"aborted by {actor}: back to {rollout.stable}",
+                     awaiting_promote=False)
+    raise ValueError(f"unknown rollout command {command!r}")
+

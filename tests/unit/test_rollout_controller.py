@@ -1,0 +1,212 @@
+"""The controller tick by tick, with a fake clock, fake metrics and a fake Triton."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.admin.policies import PolicyService
+from gateway.errors import Conflict
+from gateway.policy_book import PolicyBook
+from gateway.rollout.controller import RolloutController
+from gateway.rollout.spec import RolloutSpec
+from gateway.routing import PolicySpec
+from gateway.store.base import EventDraft
+from gateway.store.memory import InMemoryStore
+from gateway.telemetry.recorder import LATENCY_BOUNDS, Recorder, Window
+from gateway.telemetry.sources import MetricsUnavailable
+from gateway.triton_control import VersionState
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeSource:
+    def __init__(self) -> None:
+        self.windows: dict[str, tuple[int, int, float]] = {}  # version -> (requests, errors, latency)
+        self.broken = False
+
+    async def window(self, model: str, version: str, seconds: float) -> Window:
+        if self.broken:
+            raise MetricsUnavailable("prometheus down")
+        requests, errors, latency = self.windows.get(version, (0, 0, 0.004))
+        hist = [0] * (len(LATENCY_BOUNDS) + 1)
+        hist[next(i for i, b in enumerate(LATENCY_BOUNDS) if latency <= b)] = requests
+        return Window(model, version, seconds, requests, errors, 0, tuple(hist))
+
+
+class FakeTriton:
+    def __init__(self) -> None:
+        self.ready = {"1": True, "2": True, "3": True}
+
+    async def versions(self, model: str) -> dict[str, VersionState]:
+        return {v: VersionState(v, "READY" if r else "UNAVAILABLE", "") for v, r in self.ready.items()}
+
+    async def require_ready(self, model: str, versions: set[str]) -> None:
+        for version in versions:
+            if not self.ready.get(version):
+                raise Conflict(f"version {version} of model '{model}' is not READY")
+
+    async def is_version_ready(self, model: str, version: str) -> bool | None:
+        return self.ready.get(version, False)
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.clock = FakeClock()
+        self.source = FakeSource()
+        self.triton = FakeTriton()
+        self.store = InMemoryStore()
+        self.book = PolicyBook()
+        self.recorder = Recorder()
+        self.policies = PolicyService(self.store, self.book, self.triton)  # type: ignore[arg-type]
+        self.controller = RolloutController(self.policies, self.source, self.recorder, clock=self.clock)
+
+    async def weights(self) -> dict[str, Any]:
+        stored = await self.store.get_policy("qc")
+        assert stored is not None and stored.spec is not None
+        return {v: int(w) for v, w in stored.spec.weights.items() if w}
+
+    async def state(self) -> dict[str, Any]:
+        return await self.controller.status("qc")
+
+    async def interval(self, canary: tuple[int, int, float], stable: tuple[int, int, float] = (1000, 0, 0.004),
+                       seconds: float = 10) -> None:
+        self.source.windows = {"3": canary, "2": stable}
+        self.clock.now += seconds
+        await self.controller.tick()
+
+
+SPEC = RolloutSpec(canary="3", steps=[5, 20, 50, 100], interval_s=10, min_requests=50)
+
+
+@pytest.fixture
+async def h() -> Harness:
+    harness = Harness()
+    await harness.policies.put("qc", PolicySpec.model_validate({"weights": {"2": 100}}), 0, EventDraft("sre", "put"))
+    return harness
+
+
+async def test_healthy_canary_is_promoted_step_by_step(h: Harness) -> None:
+    await h.controller.begin("qc", SPEC, "alice")
+    assert await h.weights() == {"2": 95, "3": 5}
+    assert h.book.get("qc").spec.weights["3"] == 5  # type: ignore[union-attr]
+    for expected in (20, 50, 100):
+        await h.interval(canary=(100, 0, 0.004))
+        assert (await h.weights())["3"] == expected
+    await h.interval(canary=(100, 0, 0.004))
+    state = await h.state()
+    assert state["state"] == "promoted" and await h.weights() == {"3": 100}
+    actions = [e.action for e in await h.store.events("qc")]
+    assert "rollout_started" in actions and "rollout_promoted" in actions
+
+
+async def test_ticks_before_the_interval_ends_do_nothing(h: Harness) -> None:
+    await h.controller.begin("qc", SPEC, "alice")
+    await h.interval(canary=(100, 0, 0.004), seconds=5)
+    assert (await h.state())["step"] == 0 and (await h.state())["verdicts"] == []
+
+
+async def test_unhealthy_canary_rolls_back_at_the_failure_limit(h: Harness) -> None:
+    await h.controller.begin("qc", SPEC, "alice")
+    await h.interval(canary=(100, 30, 0.004))
+    assert (await h.state())["state"] == "progressing"
+    await h.interval(canary=(100, 30, 0.004))
+    state = await h.state()
+    assert state["state"] == "rolled_back" and await h.weights() == {"2": 100}
+    assert state["verdicts"][-1]["metric"] == "error_rate" and state["verdicts"][-1]["observed"] == 0.3
+    assert state["canary_requests"] == 200
+    assert h.controller.rollbacks == {("qc", "error_rate"): 1}
+    for _ in range(5):  # stays rolled back: no flapping, no silent retry
+        await h.interval(canary=(100, 0, 0.004))
+    assert (await h.state())["state"] == "rolled_back"
+
+
+async def test_slow_canary_rolls_back_on_latency(h: Harness) -> None:
+    await h.controller.begin("qc", SPEC, "alice")
+    await h.interval(canary=(100, 0, 0.25), stable=(1000, 0, 0.004))
+    await h.interval(canary=(100, 0, 0.25), stable=(1000, 0, 0.004))
+    state = await h.state()
+    assert state["state"] == "rolled_back" and state["verdicts"][-1]["metric"] == "p99_ratio"
+
+
+async def test_too_little_traffic_holds(h: Harness) -> None:
+    await h.controller.begin("qc", SPEC, "alice")
+    for _ in range(10):
+        await h.interval(canary=(10, 5, 0.25))
+    state = await h.state()
+    assert (state["state"], state["step"]) == ("progressing", 0)
+    assert {v["outcome"] for v in state["verdicts"]} == {"inconclusive"}
+
+
+async def test_metric_errors_pause_instead_of_rolling_back(h: Harness) -> None:
+    await h.controller.begin("qc", SPEC, "alice")
+    h.source.broken = True
+    for _ in range(3):
+        await h.interval(canary=(0, 0, 0.004))
+    state = await h.state()
+    assert state["state"] == "paused" and "metrics unreadable" in state["reason"]
+    assert await h.weights() == {"2": 95, "3": 5}
+
+
+async def test_canary_not_ready_rolls_back_on_the_next_tick(h: Harness) -> None:
+    await h.controller.begin("qc", SPEC, "alice")
+    h.triton.ready["3"] = False
+    await h.interval(canary=(100, 0, 0.004), seconds=0.5)
+    state = await h.state()
+    assert state["state"] == "rolled_back" and "not READY" in state["reason"]
+    assert await h.weights() == {"2": 100}
+
+
+async def test_canary_connection_errors_roll_back_at_once(h: Harness) -> None:
+    await h.controller.begin("qc", SPEC, "alice")
+    h.recorder.upstream_error("qc", "3", "VersionUnavailable")
+    await h.interval(canary=(100, 0, 0.004), seconds=0.5)
+    assert (await h.state())["state"] == "rolled_back"
+
+
+async def test_a_manual_weight_change_pauses_the_rollout(h: Harness) -> None:
+    await h.controller.begin("qc", SPEC, "alice")
+    await h.policies.set_weights("qc", {"2": 50, "3": 50}, None, EventDraft("bob", "set_weights"))
+    await h.interval(canary=(100, 0, 0.004))
+    state = await h.state()
+    assert state["state"] == "paused" and "bob" in state["reason"]
+    assert await h.weights() == {"2": 50, "3": 50}, "the SRE's weights are kept"
+    await h.controller.command("qc", "resume", "bob")
+    assert await h.weights() == {"2": 95, "3": 5}
+
+
+async def test_commands_and_one_active_rollout_per_model(h: Harness) -> None:
+    await h.controller.begin("qc", SPEC, "alice")
+    with pytest.raises(Conflict, match="already has an active rollout"):
+        await h.controller.begin("qc", SPEC, "alice")
+    await h.controller.command("qc", "promote", "alice")
+    assert (await h.weights())["3"] == 20
+    await h.controller.command("qc", "abort", "alice")
+    assert (await h.state())["state"] == "aborted" and await h.weights() == {"2": 100}
+    with pytest.raises(Conflict):
+        await h.controller.command("qc", "resume", "alice")
+    await h.controller.begin("qc", SPEC, "alice")  # a new rollout after the old one ended
+    assert (await h.state())["state"] == "progressing"
+
+
+async def test_canary_must_be_ready_to_start(h: Harness) -> None:
+    h.triton.ready["3"] = False
+    with pytest.raises(Conflict, match="version 3"):
+        await h.controller.begin("qc", SPEC, "alice")
+    assert await h.store.get_rollout("qc") is None and await h.weights() == {"2": 100}
+
+
+async def test_state_lives_in_the_store_so_a_new_controller_carries_on(h: Harness) -> None:
+    await h.controller.begin("qc", SPEC, "alice")
+    await h.interval(canary=(100, 0, 0.004))
+    fresh = RolloutController(h.policies, h.source, h.recorder, clock=h.clock)
+    h.controller = fresh
+    await h.interval(canary=(100, 0, 0.004))
+    assert (await h.state())["step"] == 2 and (await h.weights())["3"] == 50
