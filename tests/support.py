@@ -231,3 +231,60 @@ def infer_version(base: str, headers: dict[str, str] | None = None) -> str:
     request = urllib.request.Request(f"{base}/v2/models/qc/infer", data=INFER_BODY, headers=headers or {})
     with urllib.request.urlopen(request, timeout=10) as response:
         return str(json.loads(response.read())["model_version"])
+
+
+class BackgroundLoad:
+    """Steady inference traffic from a thread until stopped; every response is counted."""
+
+    def __init__(self, url: str, concurrency: int = 8, model: str = "qc") -> None:
+        self.url = url
+        self.concurrency = concurrency
+        self.model = model
+        self.result = LoadResult()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        self.started_at = 0.0
+        self.seconds = 0.0
+
+    async def _run(self) -> None:
+        client = HttpUpstream(self.url, max_connections=self.concurrency, request_timeout_s=30)
+        target = f"/v2/models/{self.model}/infer".encode()
+
+        async def worker() -> None:
+            while not self._stop.is_set():
+                try:
+                    response = await client.request(b"POST", target, [], INFER_BODY)
+                    payload = await response.read()
+                except Exception as exc:  # counted; the test asserts on it
+                    self.result.failures.append(repr(exc))
+                    self.result.statuses[0] += 1
+                    continue
+                self.result.statuses[response.status] += 1
+                if response.status == 200:
+                    self.result.versions[json.loads(payload)["model_version"]] += 1
+                else:
+                    self.result.failures.append(payload.decode(errors="replace")[:200])
+
+        self.started_at = time.monotonic()
+        await asyncio.gather(*(worker() for _ in range(self.concurrency)))
+        self.seconds = time.monotonic() - self.started_at
+        await client.aclose()
+
+    def __enter__(self) -> BackgroundLoad:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+def wait_for(predicate: Any, timeout: float, interval: float = 0.1, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
