@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
@@ -29,6 +29,7 @@ from gateway.rollout.controller import RolloutController
 from gateway.settings import Settings
 from gateway.state_sync import StateSync
 from gateway.store.base import StateStore, make_store
+from gateway.telemetry.prometheus import GatewayCollector, make_registry, render
 from gateway.telemetry.recorder import Recorder
 from gateway.telemetry.sources import MetricsSource, PrometheusSource, RecorderSource
 from gateway.triton_control import TritonControl
@@ -55,6 +56,8 @@ class Gateway:
         self.sync = StateSync(self.policies, settings.resync_interval_s)
         self.source = make_source(settings, self.recorder)
         self.rollouts = RolloutController(self.policies, self.source, self.recorder, tick_s=settings.controller_tick_s)
+        self.registry = make_registry(GatewayCollector(self.recorder, self.book, self.rollouts.states,
+                                                       self.rollouts.rollbacks))
         self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin)
         self.started = False
         self.control = self._control_app()
@@ -64,6 +67,7 @@ class Gateway:
                       docs_url="/admin/docs", redoc_url=None, openapi_url="/admin/openapi.json")
         app.add_api_route("/healthz", self.healthz, methods=["GET"], include_in_schema=False)
         app.add_api_route("/readyz", self.readyz, methods=["GET"], include_in_schema=False)
+        app.add_api_route("/metrics", self.metrics, methods=["GET"], include_in_schema=False)
         app.include_router(admin_router(self.policies, self.auth), prefix="/admin", tags=["admin"])
         app.include_router(rollout_router(self.rollouts, self.auth), prefix="/admin", tags=["rollout"])
         app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
@@ -102,6 +106,10 @@ class Gateway:
             await self.sync.stop()
             await self.upstream.aclose()
             await self.store.close()
+
+    async def metrics(self, request: Request) -> Response:
+        body, content_type = render(self.registry, request.headers.get("accept"))
+        return Response(body, media_type=content_type)
 
     async def healthz(self) -> dict[str, str]:
         return {"status": "alive"}

@@ -105,3 +105,53 @@ def redis_url(redis_server: str) -> str:
     client.flushall()
     client.close()
     return redis_server + "/0"
+
+
+class PrometheusServer:
+    """A real Prometheus (Debian's package) scraping the given targets every second."""
+
+    def __init__(self, workdir: Path, targets: dict[str, str]) -> None:
+        import shutil
+
+        from gateway.local_triton import free_port
+
+        binary = shutil.which("prometheus")
+        assert binary, "prometheus is not installed: run the suite through `make test`"
+        self.port = free_port()
+        config = workdir / "prometheus.yml"
+        jobs = "".join(f"  - job_name: {job}\n    static_configs: [{{targets: ['{target}']}}]\n"
+                       for job, target in targets.items())
+        config.write_text(f"global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nscrape_configs:\n{jobs}")
+        import subprocess
+
+        self.process = subprocess.Popen(
+            [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                import urllib.request
+
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    self.stop()
+                    raise RuntimeError("prometheus did not become ready")
+                time.sleep(0.2)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        import urllib.parse
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})) as r:
+            return list(json.loads(r.read())["data"]["result"])
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(15)

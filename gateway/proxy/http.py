@@ -32,6 +32,7 @@ _UNAVAILABLE = frozenset([404, 503])
 _UNAVAILABLE_MARKERS = (b"is not at ready state", b"is not found", b"has no available versions")
 _MAY_FALL_BACK = frozenset([Reason.WEIGHTED, Reason.STICKY])
 _DEFAULT = Decision(None, Reason.DEFAULT)
+_UNKNOWN = Decision("", Reason.DEFAULT)
 _ROUTE_VERSION = b"x-gateway-model-version"
 _ROUTE_REASON = b"x-gateway-route"
 
@@ -94,6 +95,10 @@ class HttpProxy:
             else:  # any other ASGI server: watch receive() for http.disconnect
                 watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(receive, task, done))
         response: UpstreamResponse | None = None
+        inflight = self._inflight_key(model, decision)
+        if inflight is not None:
+            counts = self.recorder.inflight
+            counts[inflight] = counts.get(inflight, 0) + 1
         try:
             response = await self.upstream.request(scope["method"].encode(), target, scope["headers"], body,
                                                    content_length=length)
@@ -117,6 +122,8 @@ class HttpProxy:
                 return
             raise
         finally:
+            if inflight is not None:
+                self.recorder.inflight[inflight] -= 1
             if watcher is not None and not watcher.done():
                 done[0] = True
                 watcher.cancel()
@@ -124,6 +131,13 @@ class HttpProxy:
             if connection is not None:
                 connection.on_lost = None
         self._record(model, decision, started, response.status)
+
+    def _inflight_key(self, model: str | None, decision: Decision | None) -> tuple[str, str] | None:
+        """Only versions a policy names: the gauge's labels stay bounded whatever clients send."""
+        if model is None or decision is None or decision.version is None:
+            return None
+        policy = self.book.get(model)
+        return (model, decision.version) if policy is not None and decision.version in policy.spec.weights else None
 
     async def _fall_back(self, scope: Scope, target: bytes, body: bytes | AsyncIterator[bytes],
                          response: UpstreamResponse, model: str | None, decision: Decision,
@@ -180,8 +194,8 @@ class HttpProxy:
         if isinstance(result, int):
             code = result
             outcome = Outcome.SUCCESS if code < 400 else Outcome.CLIENT_ERROR if code < 500 else Outcome.UPSTREAM_ERROR
-            if code == 404 and decision.reason == Reason.DEFAULT:
-                model = UNKNOWN_MODEL  # bounded label cardinality for names Triton does not know
+            if code == 404:  # names and versions Triton does not know: one label, bounded cardinality
+                model, decision = UNKNOWN_MODEL, _UNKNOWN
         else:
             code = result.status
             outcome = Outcome.CANCELLED if isinstance(result, ClientGone) else Outcome.UPSTREAM_ERROR

@@ -72,6 +72,7 @@ class RolloutController:
         rollout = steps.begin(model, spec, stable, self.clock())
         stored = await self.store.put_rollout(model, rollout.document(), existing.revision if existing else 0)
         rollout = await self._apply(stored, rollout, actor)
+        self.states[model] = rollout.phase.value
         await self._event(model, actor, "rollout_started", rollout.reason)
         return rollout
 

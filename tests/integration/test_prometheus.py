@@ -1,0 +1,51 @@
+"""A real Prometheus scrapes the gateway and Triton; the deploy/ configs pass promtool."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway.local_triton import LocalTriton
+from gateway.telemetry.sources import PrometheusSource
+from tests.conftest import Faults, PrometheusServer
+from tests.support import GatewayThread, drive, gateway_settings, wait_for
+
+pytestmark = pytest.mark.triton
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
+
+
+@pytest.mark.parametrize(("what", "path"), [("config", "prometheus.yml"), ("rules", "alerts.yml")])
+def test_promtool_accepts_the_deploy_files(what: str, path: str) -> None:
+    result = subprocess.run(["promtool", "check", what, str(DEPLOY / path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_promql_sees_what_the_recorder_sees(triton: LocalTriton, faults: Faults, tmp_path: Path) -> None:
+    faults.set("qc", "3", error_rate=0.25)
+    settings = gateway_settings(triton.http_url, policies={"qc": {"weights": {"2": 70, "3": 30}}})
+    with GatewayThread(settings) as gw:
+        asyncio.run(drive(gw.url, 50, concurrency=2))  # create every series before Prometheus' first scrape
+        prometheus = PrometheusServer(tmp_path, {"gateway": gw.hostport,
+                                                 "triton": f"127.0.0.1:{triton.metrics_port}"})
+        try:
+            wait_for(lambda: prometheus.query('gateway_requests_total{version="3"}'), 10, what="first scrape")
+            started = time.monotonic()
+            asyncio.run(drive(gw.url, 2000, concurrency=8))
+            time.sleep(2.5)  # two more scrapes
+            seconds = time.monotonic() - started + 1
+            source = PrometheusSource(prometheus.url)
+            promql = asyncio.run(source.window("qc", "3", seconds))
+            local = gw.app.recorder.window("qc", "3", seconds)
+            assert local.error_rate is not None and promql.error_rate is not None
+            assert abs(promql.error_rate - local.error_rate) < 0.03
+            assert 0.15 < promql.error_rate < 0.35
+            local_p99, prom_p99 = local.quantile(0.99), promql.quantile(0.99)
+            assert local_p99 is not None and prom_p99 is not None
+            assert abs(prom_p99 - local_p99) <= 0.25 * local_p99 + 0.001, (prom_p99, local_p99)
+            assert prometheus.query('nv_inference_request_success{model="qc",version="2"}'), "Triton scraped too"
+        finally:
+            prometheus.stop()
