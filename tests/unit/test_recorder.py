@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+
+from gateway.telemetry.recorder import LATENCY_BOUNDS, MAX_SERIES, UNKNOWN_MODEL, Outcome, Recorder, Window
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def deep_size(obj: Any, seen: set[int] | None = None) -> int:
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    size = sys.getsizeof(obj)
+    if isinstance(obj, dict):
+        size += sum(deep_size(k, seen) + deep_size(v, seen) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple)):
+        size += sum(deep_size(item, seen) for item in obj)
+    elif hasattr(obj, "__slots__"):
+        size += sum(deep_size(getattr(obj, name), seen) for name in obj.__slots__)
+    return size
+
+
+def test_memory_stays_flat_over_a_million_samples() -> None:
+    clock = Clock()
+    recorder = Recorder(horizon_s=60, clock=clock)
+    sizes = []
+    for i in range(1_000_000):
+        clock.now = i / 1000.0
+        recorder.record("qc", str(1 + i % 3), Outcome.SUCCESS if i % 10 else Outcome.UPSTREAM_ERROR,
+                        0.001 * (1 + i % 37), "weighted", "http", "200" if i % 10 else "500")
+        if i in (400_000, 999_999):  # the 60 s ring is full (and warm) long before 400,000
+            sizes.append(deep_size(recorder.__dict__))
+    # Bounded by ring slots x buckets: 600,000 more samples add nothing (one byte per sample
+    # would be +600 KB).
+    assert sizes[1] <= sizes[0] * 1.01, sizes
+    assert sizes[1] < 200_000, sizes
+
+
+def test_window_counts_errors_and_quantiles() -> None:
+    clock = Clock()
+    recorder = Recorder(clock=clock)
+    for i in range(100):
+        clock.now = 100 + i / 100
+        recorder.record("qc", "3", Outcome.UPSTREAM_ERROR if i < 10 else Outcome.SUCCESS, 0.004)
+    recorder.record("qc", "3", Outcome.CLIENT_ERROR, 0.001)
+    recorder.record("qc", "3", Outcome.CANCELLED, 0.001)
+    window = recorder.window("qc", "3", 10)
+    assert (window.requests, window.errors, window.client_errors) == (100, 10, 1)
+    assert window.error_rate == 0.1
+    p50 = window.quantile(0.5)
+    assert p50 is not None and 0.003 < p50 <= 0.005
+
+
+def test_old_seconds_fall_out_of_the_window() -> None:
+    clock = Clock()
+    recorder = Recorder(horizon_s=60, clock=clock)
+    clock.now = 10
+    recorder.record("qc", "2", Outcome.SUCCESS, 0.01)
+    clock.now = 15
+    assert recorder.window("qc", "2", 10).requests == 1
+    clock.now = 25
+    assert recorder.window("qc", "2", 10).requests == 0
+    clock.now = 70  # the same ring slot as second 10, reused
+    recorder.record("qc", "2", Outcome.SUCCESS, 0.01)
+    assert recorder.window("qc", "2", 60).requests == 1
+
+
+def test_quantile_interpolates_like_prometheus() -> None:
+    hist = [0] * (len(LATENCY_BOUNDS) + 1)
+    hist[LATENCY_BOUNDS.index(0.01)] = 100  # every sample in (0.0075, 0.01]
+    window = Window("qc", "2", 10, 100, 0, 0, tuple(hist))
+    assert window.quantile(0.5) == pytest.approx(0.00875)
+    assert Window("qc", "2", 10, 0, 0, 0, tuple([0] * len(hist))).quantile(0.99) is None
+
+
+def test_series_are_capped() -> None:
+    recorder = Recorder(horizon_s=5)
+    for i in range(MAX_SERIES + 50):
+        recorder.record(f"m{i}", "1", Outcome.SUCCESS, 0.001)
+    assert len(recorder.series()) <= MAX_SERIES + 1
+    assert (UNKNOWN_MODEL, "") in recorder.series()
