@@ -5,7 +5,8 @@ PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || command -
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-SYSTEM_TOOLS := redis-server wrk prometheus
+# command:package pairs
+SYSTEM_TOOLS := redis-server:redis-server wrk:wrk prometheus:prometheus promtool:prometheus h2load:nghttp2-client
 
 .PHONY: demo test bench lint system-deps clean help
 
@@ -23,7 +24,7 @@ $(STAMP): pyproject.toml
 
 # Debian packages the tests and the benchmark use, installed only when missing.
 system-deps:
-	@missing=""; for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
+	@missing=""; for pair in $(SYSTEM_TOOLS); do command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing"; \
 		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \

@@ -117,7 +117,10 @@ def main() -> int:
     print("starting tritonserver ...", flush=True)
     with LocalTriton.on_free_ports() as triton:
         port = free_port()
-        env = dict(os.environ, GATEWAY_PORT=str(port), GATEWAY_TRITON_URL=triton.http_url, GATEWAY_LOG_LEVEL="warning")
+        grpc_port = free_port()
+        env = dict(os.environ, GATEWAY_PORT=str(port), GATEWAY_TRITON_URL=triton.http_url, GATEWAY_LOG_LEVEL="warning",
+                   GATEWAY_GRPC_PORT=str(grpc_port), GATEWAY_TRITON_GRPC_URL=triton.grpc_url,
+                   GATEWAY_STORE_URL="memory://")
         gateway = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(workdir / "gateway.yaml")],
                                    env=env)
         try:

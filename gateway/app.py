@@ -23,9 +23,12 @@ from gateway.admin.auth import Authenticator
 from gateway.admin.policies import PolicyService
 from gateway.errors import GatewayError
 from gateway.policy_book import PolicyBook
+from gateway.proxy.grpc import GrpcProxy
+from gateway.proxy.grpc import start_server as start_grpc
 from gateway.proxy.http import HttpProxy, Receive, Scope, Send
 from gateway.rollout.api import rollout_router
 from gateway.rollout.controller import RolloutController
+from gateway.sequences import SequencePins
 from gateway.settings import Settings
 from gateway.state_sync import StateSync
 from gateway.store.base import StateStore, make_store
@@ -50,6 +53,9 @@ class Gateway:
                                      connect_timeout_s=settings.connect_timeout_s,
                                      request_timeout_s=settings.request_timeout_s)
         self.proxy = HttpProxy(self.book, self.upstream, self.recorder)
+        self.pins = SequencePins()
+        self.grpc: GrpcProxy | None = None
+        self.grpc_server: Any = None
         self.store = store or make_store(settings.store_url)
         self.triton = TritonControl(self.upstream)
         self.policies = PolicyService(self.store, self.book, self.triton)
@@ -95,6 +101,9 @@ class Gateway:
             await self.store.seed_policy(model, spec, actor="settings")
         await self.sync.resync()
         self.sync.start()
+        if self.settings.grpc_enabled:
+            self.grpc = GrpcProxy(self.book, self.recorder, self.pins, self.settings.triton_grpc_url)
+            self.grpc_server = await start_grpc(self.grpc, self.settings.host, self.settings.grpc_port)
         if self.settings.controller_enabled:
             self.rollouts.start()
         self.started = True
@@ -104,6 +113,10 @@ class Gateway:
             self.started = False
             await self.rollouts.stop()
             await self.sync.stop()
+            if self.grpc_server is not None:
+                await self.grpc_server.stop(grace=5)
+            if self.grpc is not None:
+                await self.grpc.aclose()
             await self.upstream.aclose()
             await self.store.close()
 

@@ -57,8 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_ctl_parser(commands)
 
-    demo = commands.add_parser("demo", help="start Triton and the gateway, drive traffic, print what happened")
-    demo.add_argument("--requests", type=int, default=3000, help="requests to send (default 3000)")
+    demo = commands.add_parser("demo", help="the canary story: a bad version rolled back, a good one promoted",
+                               description="Start a local Triton and the gateway, drive steady traffic, run a "
+                               "rollout to a faulty version (rolled back automatically) and then to a healthy one "
+                               "(promoted), and print what happened and why.")
     demo.add_argument("--keep-running", action="store_true", help="leave Triton and the gateway up afterwards")
     demo.set_defaults(handler=_demo)
     return parser
@@ -100,4 +102,4 @@ def _demo(args: argparse.Namespace) -> int:
     from gateway.demo import run_demo
 
     logging.basicConfig(level=logging.WARNING)
-    return run_demo(requests=args.requests, keep_running=args.keep_running)
+    return run_demo(keep_running=args.keep_running)

@@ -1,9 +1,12 @@
-"""``gateway demo``: a local Triton, the gateway in front of it, and real traffic.
+"""``gateway demo``: the whole canary story against a real local Triton, in about a minute.
 
-Starts tritonserver from the wheel with the sample repository, starts ``gateway serve``
-with an 80/20 policy on model ``qc``, sends anonymous and sticky requests, and prints the
-observed split, stickiness and per-version latency. Everything it started is stopped at
-the end unless ``--keep-running``.
+1. starts tritonserver (sample repository) and ``gateway serve`` with qc at 100 % version 2;
+2. drives steady traffic (a third of it from signed-in users);
+3. breaks version 3 (30 % of its requests fail) and starts a rollout to it: the gateway
+   judges each interval and rolls back on its own;
+4. repairs version 3 and starts a new rollout: it walks every step and is promoted;
+5. prints what happened and why, stops everything it started, and exits 0 when both
+   rollouts ended as they should.
 """
 
 from __future__ import annotations
@@ -15,86 +18,91 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
-from rich.progress import Progress
+from rich.live import Live
 from rich.table import Table
 
+from gateway.admin.ctl import rollout_view
 from gateway.local_triton import LocalTriton, free_port
 from gateway.upstream import HttpUpstream
 
 BODY = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}).encode()
-POLICY_YAML = 'policies:\n  qc:\n    weights: {"2": 80, "3": 20}\n    sticky_header: x-user-id\n'
+TOKEN = "demo-admin-token"
+ROLLOUT = {"canary": "3", "steps": [10, 25, 50, 100], "interval_s": 4, "min_requests": 20, "failure_limit": 2}
 
 
 class Traffic:
-    """Counts what the clients saw: version per request, per user, and latencies."""
+    """Steady clients in a background thread; counts what they saw, per phase."""
 
-    def __init__(self) -> None:
-        self.versions: Counter[str] = Counter()
-        self.statuses: Counter[int] = Counter()
+    def __init__(self, url: str, concurrency: int = 4) -> None:
+        self.url = url
+        self.concurrency = concurrency
+        self.phase = "warm-up"
+        self.versions: dict[str, Counter[str]] = defaultdict(Counter)
+        self.failures: dict[str, Counter[str]] = defaultdict(Counter)
         self.latencies: dict[str, list[float]] = defaultdict(list)
         self.users: dict[str, set[str]] = defaultdict(set)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
-    def add(self, status: int, version: str | None, latency: float, user: str | None) -> None:
-        self.statuses[status] += 1
-        if version:
-            self.versions[version] += 1
-            self.latencies[version].append(latency)
-            if user:
-                self.users[user].add(version)
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    async def _run(self) -> None:
+        client = HttpUpstream(self.url, max_connections=self.concurrency, request_timeout_s=10)
+        count = iter(range(10**9))
+
+        async def worker() -> None:
+            while not self._stop.is_set():
+                n = next(count)
+                user = f"user-{n % 60}" if n % 3 == 0 else None
+                headers = [(b"x-user-id", user.encode())] if user else []
+                phase, started = self.phase, time.perf_counter()
+                try:
+                    response = await client.request(b"POST", b"/v2/models/qc/infer", headers, BODY)
+                    payload = await response.read()
+                except Exception:  # reported as a failure, the demo goes on
+                    self.failures[phase]["gateway unreachable"] += 1
+                    continue
+                if response.status != 200:
+                    version = dict(response.headers).get(b"x-gateway-model-version", b"?").decode()
+                    self.failures[phase][f"{response.status} from version {version}"] += 1
+                    continue
+                version = json.loads(payload)["model_version"]
+                self.versions[phase][version] += 1
+                self.latencies[version].append(time.perf_counter() - started)
+                if user and phase == "warm-up":
+                    self.users[user].add(version)
+
+        await asyncio.gather(*(worker() for _ in range(self.concurrency)))
+        await client.aclose()
 
 
-async def send_traffic(url: str, requests: int, progress: Progress, concurrency: int = 8) -> Traffic:
-    client = HttpUpstream(url, max_connections=concurrency, request_timeout_s=10)
-    traffic = Traffic()
-    task = progress.add_task("sending requests", total=requests)
-    numbers = iter(range(requests))
-
-    async def worker() -> None:
-        for n in numbers:
-            user = f"user-{n % 50}" if n % 3 == 0 else None  # a third of the traffic is signed in
-            headers = [(b"x-user-id", user.encode())] if user else []
-            started = time.perf_counter()
-            try:
-                response = await client.request(b"POST", b"/v2/models/qc/infer", headers, BODY)
-                payload = await response.read()
-                version = json.loads(payload).get("model_version") if response.status == 200 else None
-                traffic.add(response.status, version, time.perf_counter() - started, user)
-            except Exception:  # the demo reports failures instead of stopping
-                traffic.add(0, None, 0.0, user)
-            progress.advance(task)
-
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    await client.aclose()
-    return traffic
-
-
-def report(console: Console, traffic: Traffic) -> None:
-    table = Table(title="What the clients saw (policy qc: 2=80%, 3=20%)")
-    for column in ("version", "requests", "share", "p50 ms", "p99 ms"):
-        table.add_column(column, justify="right")
-    total = sum(traffic.versions.values())
-    for version in sorted(traffic.versions):
-        lat = sorted(traffic.latencies[version])
-        table.add_row(version, str(traffic.versions[version]), f"{traffic.versions[version] / total:.1%}",
-                      f"{lat[len(lat) // 2] * 1000:.2f}", f"{lat[int(len(lat) * 0.99)] * 1000:.2f}")
-    console.print(table)
-    sticky = sum(1 for versions in traffic.users.values() if len(versions) == 1)
-    console.print(f"stickiness: {sticky} of {len(traffic.users)} signed-in users always got the same version")
-    failed = sum(count for status, count in traffic.statuses.items() if status != 200)
-    console.print(f"failed requests: {failed} of {sum(traffic.statuses.values())}")
+def admin(url: str, method: str, path: str, body: Any = None) -> Any:
+    request = urllib.request.Request(url + path, method=method, data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
 
 
 def start_gateway(triton: LocalTriton, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    config = workdir / "gateway.yaml"
-    config.write_text(POLICY_YAML)
     port = free_port()
-    env = dict(os.environ, GATEWAY_PORT=str(port), GATEWAY_TRITON_URL=triton.http_url, GATEWAY_LOG_LEVEL="warning")
+    env = dict(os.environ, GATEWAY_PORT=str(port), GATEWAY_TRITON_URL=triton.http_url, GATEWAY_LOG_LEVEL="warning",
+               GATEWAY_ADMIN_TOKEN=TOKEN, GATEWAY_STORE_URL=f"sqlite:///{workdir}/state.db",
+               GATEWAY_CONTROLLER_TICK_S="0.5", GATEWAY_GRPC_PORT=str(free_port()), GATEWAY_TRITON_GRPC_URL=triton.grpc_url)
+    config = workdir / "gateway.yaml"
+    config.write_text('policies:\n  qc: {weights: {"2": 100}, sticky_header: x-user-id}\n')
     process = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(config)], env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 20
@@ -108,23 +116,89 @@ def start_gateway(triton: LocalTriton, workdir: Path) -> tuple[subprocess.Popen[
     raise RuntimeError("the gateway did not become ready")
 
 
-def run_demo(requests: int = 3000, keep_running: bool = False) -> int:
+def watch_rollout(console: Console, url: str, timeout_s: float = 90) -> dict[str, Any]:
+    doc = admin(url, "GET", "/admin/models/qc/rollout")
+    deadline = time.monotonic() + timeout_s
+    with Live(rollout_view(doc), console=console, refresh_per_second=4) as live:
+        while doc["state"] in ("progressing", "paused") and time.monotonic() < deadline:
+            time.sleep(0.5)
+            doc = admin(url, "GET", "/admin/models/qc/rollout")
+            live.update(rollout_view(doc))
+    console.print()
+    return doc
+
+
+def set_faults(path: Path, spec: dict[str, Any]) -> None:
+    path.write_text(json.dumps(spec))
+    time.sleep(0.3)  # the sample model re-reads the file at most every 100 ms
+
+
+def summary(console: Console, traffic: Traffic, outcomes: list[tuple[str, dict[str, Any]]], url: str) -> None:
+    table = Table(title="what the clients saw, by phase")
+    for column in ("phase", "version 2", "version 3", "failed", "failures"):
+        table.add_column(column, justify="right")
+    for phase in ("warm-up", "faulty canary", "healthy canary", "after promotion"):
+        failed = sum(traffic.failures[phase].values())
+        table.add_row(phase, str(traffic.versions[phase]["2"]), str(traffic.versions[phase]["3"]), str(failed),
+                      ", ".join(f"{n}x {what}" for what, n in traffic.failures[phase].most_common(2)))
+    console.print(table)
+    for title, doc in outcomes:
+        console.print(f"[bold]{title}[/]: {doc['state']} - {doc['reason']}")
+        console.print(f"  requests judged on the canary during it: {doc['canary_requests']}")
+        bad = [v for v in doc["verdicts"] if v["outcome"] == "unhealthy"]
+        if bad:
+            v = bad[-1]
+            console.print(f"  last unhealthy verdict: {v['metric']} = {v['observed']:.3f} (limit {v['threshold']}), "
+                          f"{v['canary_errors']} errors in {v['canary_requests']} canary requests")
+    sticky = sum(1 for versions in traffic.users.values() if len(versions) == 1)
+    console.print(f"stickiness during warm-up: {sticky} of {len(traffic.users)} signed-in users kept one version")
+    events = admin(url, "GET", "/admin/events?model=qc&limit=50")["events"]
+    console.print("audit trail (oldest first):")
+    for event in reversed(events):
+        if event["action"].startswith("rollout_") and event["action"] != "rollout_weights":
+            console.print(f"  {event['actor']:<18} {event['action']:<20} {event['reason']}")
+
+
+def run_demo(keep_running: bool = False) -> int:
     console = Console()
     workdir = Path(tempfile.mkdtemp(prefix="gateway-demo-"))
-    console.print("[bold]starting a local Triton[/] (nvidia-pytriton wheel, sample model repository) ...")
-    triton = LocalTriton.on_free_ports().start()
-    gateway = None
+    faults = workdir / "faults.json"
+    faults.write_text("{}")
+    console.print("[bold]1. starting a local Triton[/] (nvidia-pytriton wheel, sample model repository) ...")
+    triton = LocalTriton.on_free_ports(faults_file=faults).start()
+    gateway: subprocess.Popen[bytes] | None = None
+    traffic: Traffic | None = None
     try:
         gateway, url = start_gateway(triton, workdir)
-        console.print(f"Triton at {triton.http_url}, gateway at {url}")
-        with Progress(console=console) as progress:
-            traffic = asyncio.run(send_traffic(url, requests, progress))
-        report(console, traffic)
+        console.print(f"   Triton {triton.http_url}, gateway {url}; policy qc: 100% version 2")
+        traffic = Traffic(url)
+        traffic.start()
+        time.sleep(3)
+        console.print("[bold]2. version 3 is broken[/] (30% of its requests fail); starting a rollout to it")
+        set_faults(faults, {"qc": {"3": {"error_rate": 0.3}}})
+        traffic.phase = "faulty canary"
+        admin(url, "POST", "/admin/models/qc/rollout", ROLLOUT)
+        first = watch_rollout(console, url)
+        console.print("[bold]3. version 3 repaired[/]; starting a new rollout")
+        set_faults(faults, {})
+        traffic.phase = "healthy canary"
+        admin(url, "POST", "/admin/models/qc/rollout", ROLLOUT)
+        second = watch_rollout(console, url)
+        traffic.phase = "after promotion"
+        time.sleep(2)
+        traffic.stop()
+        summary(console, traffic, [("faulty canary", first), ("healthy canary", second)], url)
+        ok = first["state"] == "rolled_back" and second["state"] == "promoted"
+        console.print("[bold green]the gateway rolled back the bad version and promoted the good one[/]" if ok
+                      else "[bold red]unexpected outcome[/]")
         if keep_running:
-            console.print(f"[bold]keeping the stack up[/]: gateway {url}, Triton {triton.http_url}. Ctrl-C stops it.")
+            console.print(f"[bold]keeping the stack up[/]: gateway {url} (admin token {TOKEN}), Triton "
+                          f"{triton.http_url}. Ctrl-C stops it.")
             signal.sigwait({signal.SIGINT, signal.SIGTERM})
-        return 0 if traffic.statuses.get(200) == requests else 1
+        return 0 if ok else 1
     finally:
+        if traffic is not None:
+            traffic.stop()
         if gateway is not None:
             gateway.terminate()
             gateway.wait(10)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Annotated, Mapping
+from typing import Annotated, Mapping, Protocol
 
 import mmh3
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -203,3 +203,27 @@ class WeylDraw:
     def __call__(self) -> int:
         self._state = (self._state + self._STEP) % self._MOD
         return self._state // (self._MOD // BUCKETS)
+
+
+def choose_in_sequence(policy: Policy, headers: Mapping[bytes, bytes], draw: int, pins: SequencePinsLike,
+                       sequence_id: object | None, start: bool, end: bool) -> Decision:
+    """``choose`` with sequence affinity: a live sequence keeps its version (after header
+    rules, before sticky and weighted), a new one is pinned to what ``choose`` picked."""
+    for name, value, decision in policy.rules:
+        if headers.get(name) == value:
+            return decision
+    if sequence_id is None:
+        return choose(policy, headers, draw)
+    pinned = None if start else pins.lookup(policy.model, sequence_id)
+    decision = Decision(pinned, Reason.SEQUENCE) if pinned is not None else choose(policy, headers, draw)
+    if end:
+        pins.release(policy.model, sequence_id)
+    elif pinned is None:
+        pins.pin(policy.model, sequence_id, decision.version)  # type: ignore[arg-type]
+    return decision
+
+
+class SequencePinsLike(Protocol):
+    def lookup(self, model: str, sequence_id: object) -> str | None: ...
+    def pin(self, model: str, sequence_id: object, version: str) -> None: ...
+    def release(self, model: str, sequence_id: object) -> None: ...

@@ -29,6 +29,10 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0 in containers)")
     port: int = Field(8080, ge=1, le=65535, description="HTTP port: data path, /admin, /metrics")
     triton_url: str = Field("http://127.0.0.1:8000", description="Triton's HTTP endpoint")
+    grpc_enabled: bool = Field(True, description="serve Triton's gRPC protocol on grpc_port")
+    grpc_port: int = Field(8081, ge=0, le=65535, description="gRPC port (0: pick a free one)")
+    triton_grpc_url: str = Field("127.0.0.1:8001", pattern=r"^[^/\s]+:[0-9]+$",
+                                 description="Triton's gRPC endpoint, host:port")
     connect_timeout_s: float = Field(2.0, gt=0, le=60, description="upstream connect timeout")
     request_timeout_s: float = Field(60.0, gt=0, le=3600, description="deadline for one upstream request")
     pool_size: int = Field(128, ge=1, le=4096, description="max upstream HTTP connections to Triton")

@@ -69,10 +69,12 @@ class UpstreamResponse:
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def read(self) -> bytes:
-        """The whole body, waiting for it if it is still arriving."""
+        """The whole body, waiting for it if it is still arriving; body() works afterwards."""
         if self.complete:
             return self.body()
-        return b"".join([chunk async for chunk in self.chunks()])
+        data = b"".join([chunk async for chunk in self.chunks()])
+        self._chunks = [data]
+        return data
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """Body chunks as Triton sends them; raises UpstreamError if the exchange breaks."""

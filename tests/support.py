@@ -80,6 +80,7 @@ class GatewayThread:
 
 def gateway_settings(triton_url: str, **values: Any) -> Settings:
     values.setdefault("store_url", "memory://")  # never a state file in the working tree
+    values.setdefault("grpc_port", free_port())
     return Settings.load(None, host="127.0.0.1", port=free_port(), triton_url=triton_url, **values)
 
 
@@ -175,7 +176,9 @@ class GatewayProcess:
         import os
 
         self.port = port or free_port()
+        self.grpc_port = int(env.get("GATEWAY_GRPC_PORT", 0)) or free_port()
         self.env = {**os.environ, **env, "GATEWAY_PORT": str(self.port), "GATEWAY_HOST": "127.0.0.1",
+                    "GATEWAY_GRPC_PORT": str(self.grpc_port),
                     "GATEWAY_LOG_LEVEL": "warning"}
         self.process: Any = None
 

@@ -80,11 +80,40 @@ def add_ctl_parser(commands: Any) -> None:
     wset.add_argument("--if-match", help="expected revision (412 if someone changed it since)")
     wset.set_defaults(ctl=_weights_set)
 
+    add_rollout_parser(sub)
+
     events = sub.add_parser("events", help="the audit trail, newest first")
     events.add_argument("--model")
     events.add_argument("--limit", type=int, default=20)
     events.set_defaults(ctl=_events)
     ctl.set_defaults(handler=run_ctl)
+
+
+def add_rollout_parser(sub: Any) -> None:
+    rollout = sub.add_parser("rollout", help="progressive rollouts: start, status [--watch], promote, pause, "
+                             "resume, abort").add_subparsers(metavar="ACTION", required=True)
+    start = rollout.add_parser("start", help="start moving traffic to a canary step by step")
+    start.add_argument("model")
+    start.add_argument("--canary", required=True, help="the new version")
+    start.add_argument("--stable", help="default: the version now taking most traffic")
+    start.add_argument("--steps", help="canary percent per step, e.g. 5,20,50,100 (the default)")
+    start.add_argument("--interval", type=float, dest="interval_s", help="seconds per analysis interval (30)")
+    start.add_argument("--max-error-rate", type=float, help="e.g. 0.01 (the default)")
+    start.add_argument("--max-p99-ms", type=float, help="absolute p99 limit (none by default)")
+    start.add_argument("--max-p99-ratio", type=float, help="canary p99 / stable p99 limit (1.5)")
+    start.add_argument("--min-requests", type=int, help="fewer canary requests per interval: no verdict (50)")
+    start.add_argument("--failure-limit", type=int, help="unhealthy intervals in a row before rollback (2)")
+    start.add_argument("--manual-gates", action="store_true", help="wait for `promote` after every healthy step")
+    start.set_defaults(ctl=_rollout_start)
+    status = rollout.add_parser("status", help="state, weights, verdicts; --watch for a live view")
+    status.add_argument("model")
+    status.add_argument("--watch", action="store_true", help="refresh every second until the rollout ends")
+    status.set_defaults(ctl=_rollout_status)
+    for action, text in (("promote", "go to the next step now"), ("pause", "hold the current step"),
+                         ("resume", "continue a paused rollout"), ("abort", "send everything back to stable")):
+        command = rollout.add_parser(action, help=text)
+        command.add_argument("model")
+        command.set_defaults(ctl=_rollout_command, action=action)
 
 
 def run_ctl(args: argparse.Namespace) -> int:
@@ -197,4 +226,56 @@ def _events(args: argparse.Namespace, api: Api) -> Any:
     for event in data["events"]:
         at = dt.datetime.fromtimestamp(event["at"], dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
         table.add_row(at, event["actor"], event["action"], event["model"], event.get("reason") or "")
+    return table
+
+
+def _rollout_start(args: argparse.Namespace, api: Api) -> Any:
+    body: dict[str, Any] = {"canary": args.canary}
+    for name in ("stable", "interval_s", "max_error_rate", "max_p99_ms", "max_p99_ratio", "min_requests",
+                 "failure_limit"):
+        if getattr(args, name) is not None:
+            body[name] = getattr(args, name)
+    if args.steps:
+        body["steps"] = [float(step) for step in args.steps.split(",")]
+    if args.manual_gates:
+        body["manual_gates"] = True
+    doc = api.call("POST", f"/admin/models/{args.model}/rollout", body)
+    return doc if args.json else rollout_view(doc)
+
+
+def _rollout_command(args: argparse.Namespace, api: Api) -> Any:
+    doc = api.call("POST", f"/admin/models/{args.model}/rollout/{args.action}")
+    return doc if args.json else rollout_view(doc)
+
+
+def _rollout_status(args: argparse.Namespace, api: Api) -> Any:
+    if not args.watch:
+        doc = api.call("GET", f"/admin/models/{args.model}/rollout")
+        return doc if args.json else rollout_view(doc)
+    import time
+
+    from rich.live import Live
+
+    doc = api.call("GET", f"/admin/models/{args.model}/rollout")
+    with Live(rollout_view(doc), refresh_per_second=4) as live:
+        while doc["state"] in ("progressing", "paused"):
+            time.sleep(1)
+            doc = api.call("GET", f"/admin/models/{args.model}/rollout")
+            live.update(rollout_view(doc))
+    return doc if args.json else None
+
+
+def rollout_view(doc: dict[str, Any]) -> Table:
+    steps = ", ".join(f"[bold]{s}%[/]" if i == doc["step"] else f"{s}%" for i, s in enumerate(doc["steps"]))
+    table = Table(title=f"rollout of {doc['model']}: {doc['state']} (steps {steps})", caption=doc["reason"])
+    for column in ("version", "role", "weight %", "requests", "error rate", "p99 ms"):
+        table.add_column(column, justify="right")
+    live = doc.get("live", {})
+    for version, role in ((doc["stable"], "stable"), (doc["canary"], "canary")):
+        numbers = live.get(version, {})
+        rate = numbers.get("error_rate")
+        table.add_row(version, role, str(doc["weights"].get(version, 0)), str(numbers.get("requests", "-")),
+                      "-" if rate is None else f"{rate:.2%}", str(numbers.get("p99_ms") or "-"))
+    for verdict in doc["verdicts"][-3:]:
+        table.add_row("", "verdict", "", str(verdict["canary_requests"]), verdict["outcome"], verdict["reason"][:40])
     return table

@@ -146,9 +146,10 @@ class HttpProxy:
         request, still in memory, to the policy's fallback version instead of failing it."""
         policy = self.book.get(model) if model else None
         fallback = policy.fallbacks.get(decision.version) if policy and decision.version else None
-        if fallback is None or not isinstance(body, bytes) or not response.complete:
+        if fallback is None or not isinstance(body, bytes):
             return response, decision
-        if not any(marker in response.body() for marker in _UNAVAILABLE_MARKERS):
+        answer = await response.read()  # a short error body; it may arrive after the headers
+        if not any(marker in answer for marker in _UNAVAILABLE_MARKERS):
             return response, decision
         self.recorder.upstream_error(model, decision.version, "VersionUnavailable")  # type: ignore[arg-type]
         old = b"/versions/%s/" % decision.version.encode()  # type: ignore[union-attr]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import subprocess
 import time
 from pathlib import Path
@@ -33,15 +34,16 @@ def test_promql_sees_what_the_recorder_sees(triton: LocalTriton, faults: Faults,
                                                  "triton": f"127.0.0.1:{triton.metrics_port}"})
         try:
             wait_for(lambda: prometheus.query('gateway_requests_total{version="3"}'), 10, what="first scrape")
+            time.sleep(1.2)  # the warm-up requests fall out of the compared window
             started = time.monotonic()
             asyncio.run(drive(gw.url, 2000, concurrency=8))
             time.sleep(2.5)  # two more scrapes
-            seconds = time.monotonic() - started + 1
+            seconds = math.ceil(time.monotonic() - started)
             source = PrometheusSource(prometheus.url)
             promql = asyncio.run(source.window("qc", "3", seconds))
             local = gw.app.recorder.window("qc", "3", seconds)
             assert local.error_rate is not None and promql.error_rate is not None
-            assert abs(promql.error_rate - local.error_rate) < 0.03
+            assert abs(promql.error_rate - local.error_rate) < 0.04, (promql, local)
             assert 0.15 < promql.error_rate < 0.35
             local_p99, prom_p99 = local.quantile(0.99), promql.quantile(0.99)
             assert local_p99 is not None and prom_p99 is not None

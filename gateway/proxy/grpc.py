@@ -1,0 +1,191 @@
+"""``inference.GRPCInferenceService`` on the gateway's gRPC port, forwarded to Triton.
+
+A generic handler with no (de)serializers: requests and responses stay raw bytes.
+``ModelInfer`` and ``ModelStreamInfer`` are routed (an empty ``model_version`` gets one from
+the policy; a pinned one is kept); every other method passes through unchanged. Only the
+routing fields are read (``grpc_wire``), the tensors are never decoded. Deadlines and
+cancellation propagate upstream; outcomes are classified by gRPC status code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator
+
+import grpc
+import grpc.aio
+
+from gateway.policy_book import PolicyBook
+from gateway.proxy.grpc_wire import RouteFields, WireError, route_fields, with_version
+from gateway.routing import Decision, Reason, WeylDraw, choose_in_sequence
+from gateway.sequences import SequencePins
+from gateway.telemetry.recorder import UNKNOWN_MODEL, Outcome, Recorder
+
+SERVICE = "/inference.GRPCInferenceService/"
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+_UPSTREAM_FAULTS = frozenset([grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
+                              grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED])
+_PINNED = Reason.PINNED
+
+
+def classify(code: grpc.StatusCode) -> Outcome:
+    """gRPC answers HTTP 200 even on failure: the status code says whose fault it was."""
+    if code is grpc.StatusCode.OK:
+        return Outcome.SUCCESS
+    if code is grpc.StatusCode.CANCELLED:
+        return Outcome.CANCELLED
+    return Outcome.UPSTREAM_ERROR if code in _UPSTREAM_FAULTS else Outcome.CLIENT_ERROR
+
+
+class GrpcProxy(grpc.GenericRpcHandler):
+    def __init__(self, book: PolicyBook, recorder: Recorder, pins: SequencePins, upstream_url: str) -> None:
+        self.book = book
+        self.recorder = recorder
+        self.pins = pins
+        self.upstream_url = upstream_url
+        self.channel = grpc.aio.insecure_channel(upstream_url, options=CHANNEL_OPTIONS)
+        self._draw = WeylDraw(seed=time.monotonic_ns() + 1)
+        self._handlers: dict[str, grpc.RpcMethodHandler | None] = {}
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        method = details.method
+        handler = self._handlers.get(method, False)
+        if handler is False:
+            handler = self._handlers[method] = self._build(method)
+        return handler  # type: ignore[return-value]
+
+    def _build(self, method: str) -> grpc.RpcMethodHandler | None:
+        if not method.startswith(SERVICE):
+            return None  # UNIMPLEMENTED, as Triton would answer
+        if method.endswith("/ModelStreamInfer"):
+            upstream_stream = self.channel.stream_stream(method)
+
+            async def stream(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+                async for response in self._stream(upstream_stream, requests, context):
+                    yield response
+
+            return grpc.stream_stream_rpc_method_handler(stream)
+        upstream = self.channel.unary_unary(method)
+        if method.endswith("/ModelInfer"):
+            async def infer(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+                return await self._infer(upstream, raw, context)
+
+            return grpc.unary_unary_rpc_method_handler(infer)
+
+        async def passthrough(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            try:
+                return await upstream(raw, metadata=_forwarded(context), timeout=context.time_remaining())
+            except grpc.aio.AioRpcError as exc:
+                await context.abort(exc.code(), self._details(exc))
+                raise  # abort() raised already; this keeps type checkers honest
+
+        return grpc.unary_unary_rpc_method_handler(passthrough)
+
+    # -- routing --------------------------------------------------------------------------
+    def _route(self, fields: RouteFields, raw: bytes, metadata: tuple[Any, ...]) -> tuple[Decision | None, bytes]:
+        if fields.model_version:
+            return Decision(fields.model_version, _PINNED), raw
+        policy = self.book.get(fields.model_name)
+        if policy is None:
+            return None, raw
+        names = policy.header_names
+        headers = {key.encode(): value.encode() for key, value in metadata
+                   if isinstance(value, str) and key.encode() in names}
+        decision = choose_in_sequence(policy, headers, self._draw(), self.pins, fields.sequence_id,
+                                      fields.sequence_start, fields.sequence_end)
+        return decision, with_version(raw, decision.version)  # type: ignore[arg-type]
+
+    async def _infer(self, upstream: Any, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        started = time.perf_counter()
+        try:
+            fields = route_fields(raw)
+        except WireError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}")
+            raise
+        metadata = context.invocation_metadata() or ()
+        decision, raw = self._route(fields, raw, metadata)
+        if decision is not None and decision.reason is not _PINNED:
+            await context.send_initial_metadata(_decision_metadata(decision))
+        try:
+            response: bytes = await upstream(raw, metadata=_forwarded(context, metadata),
+                                             timeout=context.time_remaining())
+        except grpc.aio.AioRpcError as exc:
+            self._record(fields.model_name, decision, exc.code(), started)
+            await context.abort(exc.code(), self._details(exc))
+            raise
+        except asyncio.CancelledError:  # the client cancelled: the upstream call was cancelled with us
+            self._record(fields.model_name, decision, grpc.StatusCode.CANCELLED, started)
+            raise
+        self._record(fields.model_name, decision, grpc.StatusCode.OK, started)
+        return response
+
+    async def _stream(self, upstream: Any, requests: AsyncIterator[bytes],
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        metadata = context.invocation_metadata() or ()
+        last: dict[str, Any] = {"model": None, "decision": None, "sent": time.perf_counter()}
+
+        async def routed() -> AsyncIterator[bytes]:
+            async for raw in requests:
+                fields = route_fields(raw)
+                decision, raw = self._route(fields, raw, metadata)
+                last.update(model=fields.model_name, decision=decision, sent=time.perf_counter())
+                yield raw
+
+        call = upstream(routed(), metadata=_forwarded(context, metadata), timeout=context.time_remaining())
+        announced = False
+        try:
+            async for response in call:
+                decision = last["decision"]
+                if not announced and decision is not None and decision.reason is not _PINNED:
+                    await context.send_initial_metadata(_decision_metadata(decision))
+                announced = True
+                # ModelStreamInferResponse: field 1 error_message; a failed request inside a
+                # stream comes back as a message and the stream stays open.
+                failed = response[:1] == b"\x0a" and len(response) > 1 and response[1] != 0
+                self._record(last["model"], decision, grpc.StatusCode.INTERNAL if failed else grpc.StatusCode.OK,
+                             last["sent"])
+                yield response
+        except grpc.aio.AioRpcError as exc:
+            self._record(last["model"], last["decision"], exc.code(), last["sent"])
+            await context.abort(exc.code(), self._details(exc))
+
+    def _details(self, exc: grpc.aio.AioRpcError) -> str:
+        if exc.code() is grpc.StatusCode.UNAVAILABLE:
+            return f"upstream triton at {self.upstream_url} is unavailable: {exc.details()}"
+        return exc.details() or ""
+
+    def _record(self, model: str | None, decision: Decision | None, code: grpc.StatusCode, started: float) -> None:
+        if model is None:
+            return
+        version = decision.version if decision is not None and decision.version else ""
+        reason = decision.reason if decision is not None else Reason.DEFAULT
+        if code is grpc.StatusCode.NOT_FOUND or (decision is None and self.book.get(model) is None
+                                                 and code is not grpc.StatusCode.OK):
+            model, version = UNKNOWN_MODEL, ""
+        outcome = classify(code)
+        if outcome is Outcome.UPSTREAM_ERROR:
+            self.recorder.upstream_error(model, version, code.name)
+        self.recorder.record(model, version, outcome, time.perf_counter() - started, reason, "grpc", code.name)
+
+    async def aclose(self) -> None:
+        await self.channel.close()
+
+
+def _decision_metadata(decision: Decision) -> tuple[tuple[str, str], ...]:
+    return (("x-gateway-model-version", decision.version or ""), ("x-gateway-route", decision.reason))
+
+
+def _forwarded(context: grpc.aio.ServicerContext, metadata: tuple[Any, ...] | None = None) -> tuple[Any, ...]:
+    """The client's metadata minus what gRPC sets itself (user-agent, grpc-*)."""
+    source = metadata if metadata is not None else (context.invocation_metadata() or ())
+    return tuple((key, value) for key, value in source if key != "user-agent" and not key.startswith("grpc-"))
+
+
+async def start_server(proxy: GrpcProxy, host: str, port: int) -> grpc.aio.Server:
+    server = grpc.aio.server(handlers=[proxy], options=CHANNEL_OPTIONS)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot listen for gRPC on {host}:{port}")
+    await server.start()
+    return server

@@ -1,0 +1,131 @@
+"""Just enough of the protobuf wire format to route a ``ModelInferRequest`` without decoding it.
+
+A ModelInferRequest carries its tensors in ``raw_input_contents`` (field 7); decoding and
+re-encoding it per request would copy every tensor twice. Routing needs only
+``model_name`` (1), ``model_version`` (2) and, for sequences, three entries of
+``parameters`` (4). :func:`route_fields` walks the top-level fields, skipping the others by
+their length, and :func:`with_version` appends a new field 2: proto3 says the last value on
+the wire wins, so the tensors are forwarded as the client sent them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_SEQUENCE_KEYS = (b"sequence_id", b"sequence_start", b"sequence_end")
+
+
+class WireError(ValueError):
+    """Bytes that are not a valid protobuf message."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouteFields:
+    model_name: str
+    model_version: str
+    sequence_id: int | str | None = None  # None: not part of a sequence (0 and "" mean none too)
+    sequence_start: bool = False
+    sequence_end: bool = False
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(data):
+            raise WireError("truncated varint")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise WireError("varint too long")
+
+
+def _fields(data: bytes, start: int = 0, end: int | None = None):  # type: ignore[no-untyped-def]
+    """Yield (field number, wire type, value-or-(start, end) span) for each field."""
+    pos, end = start, len(data) if end is None else end
+    while pos < end:
+        key, pos = _varint(data, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(data, pos)
+            yield number, wire, value
+        elif wire == 2:
+            length, pos = _varint(data, pos)
+            if pos + length > end:
+                raise WireError("length-delimited field runs past the end")
+            yield number, wire, (pos, pos + length)
+            pos += length
+        elif wire == 1:
+            pos += 8
+            yield number, wire, None
+        elif wire == 5:
+            pos += 4
+            yield number, wire, None
+        else:
+            raise WireError(f"unsupported wire type {wire}")
+    if pos != end:
+        raise WireError("message ends inside a field")
+
+
+def route_fields(raw: bytes, with_sequence: bool = True) -> RouteFields:
+    name = version = b""
+    sequence: dict[bytes, object] = {}
+    for number, wire, value in _fields(raw):
+        if wire != 2:
+            continue
+        start, stop = value
+        if number == 1:
+            name = raw[start:stop]
+        elif number == 2:
+            version = raw[start:stop]
+        elif number == 4 and with_sequence:
+            _parameter(raw, start, stop, sequence)
+    sequence_id = sequence.get(b"sequence_id")
+    return RouteFields(
+        model_name=name.decode(errors="replace"),
+        model_version=version.decode(errors="replace"),
+        sequence_id=sequence_id if sequence_id not in (None, 0, "") else None,  # type: ignore[arg-type]
+        sequence_start=bool(sequence.get(b"sequence_start")),
+        sequence_end=bool(sequence.get(b"sequence_end")),
+    )
+
+
+def _parameter(raw: bytes, start: int, stop: int, out: dict[bytes, object]) -> None:
+    """One map<string, InferParameter> entry: key = 1, value = 2."""
+    key = b""
+    value_span = None
+    for number, wire, value in _fields(raw, start, stop):
+        if number == 1 and wire == 2:
+            key = raw[value[0]:value[1]]
+        elif number == 2 and wire == 2:
+            value_span = value
+    if key not in _SEQUENCE_KEYS or value_span is None:
+        return
+    for number, wire, value in _fields(raw, *value_span):
+        if number == 1 and wire == 0:  # bool_param
+            out[key] = bool(value)
+        elif number == 2 and wire == 0:  # int64_param
+            out[key] = value - (1 << 64) if value >= 1 << 63 else value
+        elif number == 3 and wire == 2:  # string_param
+            out[key] = raw[value[0]:value[1]].decode(errors="replace")
+
+
+def with_version(raw: bytes, version: str) -> bytes:
+    """The same message with ``model_version`` set: a trailing field 2 overrides earlier ones."""
+    encoded = version.encode()
+    return raw + b"\x12" + _encode_varint(len(encoded)) + encoded
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)

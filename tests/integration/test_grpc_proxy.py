@@ -1,0 +1,227 @@
+"""The gRPC data path against the real Triton: tritonclient.grpc unchanged."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import time
+from collections import Counter
+from typing import Any, Iterator
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from gateway.local_triton import LocalTriton, free_port
+from tests.conftest import Faults
+from tests.support import TOKEN, GatewayThread, admin_call, gateway_settings
+
+pytestmark = pytest.mark.triton
+X = np.array([[1, 2, 3, 4]], dtype=np.float32)
+
+
+@pytest.fixture(scope="module")
+def gateway(triton: LocalTriton) -> Iterator[GatewayThread]:
+    settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url, admin_token=TOKEN,
+                                policies={"qc": {"weights": {"2": 80, "3": 20},
+                                                 "rules": [{"header": "x-canary", "equals": "always", "version": "3"}]},
+                                          "tok": {"weights": {"1": 100}}})
+    with GatewayThread(settings) as running:
+        yield running
+
+
+def grpc_url(gw: GatewayThread) -> str:
+    return f"127.0.0.1:{gw.settings.grpc_port}"
+
+
+@pytest.fixture
+def client(gateway: GatewayThread) -> Iterator[grpcclient.InferenceServerClient]:
+    c = grpcclient.InferenceServerClient(url=grpc_url(gateway))
+    yield c
+    c.close()
+
+
+def inputs(sequence: dict[str, Any] | None = None) -> list[grpcclient.InferInput]:
+    inp = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+    inp.set_data_from_numpy(X)
+    return [inp]
+
+
+def version_of(result: grpcclient.InferResult) -> str:
+    version = str(result.get_response().model_version)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), X * int(version))
+    return version
+
+
+def test_metadata_calls_pass_through(client: grpcclient.InferenceServerClient) -> None:
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("qc") and not client.is_model_ready("nope")
+    assert list(client.get_model_metadata("qc").versions) == ["1", "2", "3"]
+    assert client.get_model_config("qc").config.max_batch_size == 8
+    assert client.get_model_repository_index().models
+    assert client.get_inference_statistics("qc").model_stats
+
+
+def test_infer_is_routed_by_the_policy(client: grpcclient.InferenceServerClient) -> None:
+    seen = Counter(version_of(client.infer("qc", inputs())) for _ in range(200))
+    assert set(seen) == {"2", "3"} and abs(seen["3"] - 40) <= 2
+
+
+def test_split_sticky_rules_and_pins(client: grpcclient.InferenceServerClient) -> None:
+    assert {version_of(client.infer("qc", inputs(), headers={"x-user-id": "alice"})) for _ in range(30)} \
+        .__len__() == 1
+    assert all(version_of(client.infer("qc", inputs(), headers={"x-canary": "always"})) == "3" for _ in range(10))
+    assert all(version_of(client.infer("qc", inputs(), model_version="1")) == "1" for _ in range(10))
+
+
+def test_split_over_5000_async_requests(gateway: GatewayThread) -> None:
+    async def run() -> Counter[str]:
+        client = grpcaio.InferenceServerClient(url=grpc_url(gateway))
+        seen: Counter[str] = Counter()
+
+        async def worker() -> None:
+            for _ in range(5000 // 16):
+                result = await client.infer("qc", inputs())
+                seen[str(result.get_response().model_version)] += 1
+
+        await asyncio.gather(*(worker() for _ in range(16)))
+        await client.close()
+        return seen
+
+    seen = asyncio.run(run())
+    total = sum(seen.values())
+    assert abs(seen["3"] / total - 0.20) <= 0.02
+
+
+def test_async_infer_callback(client: grpcclient.InferenceServerClient) -> None:
+    results: queue.Queue[Any] = queue.Queue()
+    client.async_infer("qc", inputs(), callback=lambda result, error: results.put((result, error)))
+    result, error = results.get(timeout=10)
+    assert error is None and version_of(result) in {"2", "3"}
+
+
+def test_stream_infer(client: grpcclient.InferenceServerClient) -> None:
+    results: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    for _ in range(10):
+        client.async_stream_infer("qc", inputs())
+    versions = []
+    for _ in range(10):
+        result, error = results.get(timeout=10)
+        assert error is None
+        versions.append(version_of(result))
+    client.stop_stream()
+    assert set(versions) <= {"2", "3"}
+
+
+def test_decoupled_stream_of_tokens(client: grpcclient.InferenceServerClient) -> None:
+    results: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    text = grpcclient.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"hi"], dtype=np.object_))
+    count = grpcclient.InferInput("max_tokens", [1], "INT32")
+    count.set_data_from_numpy(np.array([3], dtype=np.int32))
+    client.async_stream_infer("tok", [text, count])
+    tokens = [results.get(timeout=10)[0].as_numpy("text_output")[0] for _ in range(3)]
+    client.stop_stream()
+    assert tokens == [b"v1:0", b"v1:1", b"v1:2"]
+
+
+def test_sequences_stay_on_their_version_while_weights_move(gateway: GatewayThread,
+                                                            client: grpcclient.InferenceServerClient) -> None:
+    assert admin_call(gateway.url, "PUT", "/admin/models/qc/policy", {"weights": {"2": 100}})[0] == 200
+    try:
+        first = version_of(client.infer("qc", inputs(), sequence_id=4242, sequence_start=True))
+        assert first == "2"
+        admin_call(gateway.url, "PATCH", "/admin/models/qc/policy/weights", {"weights": {"3": 100}})
+        middle = version_of(client.infer("qc", inputs(), sequence_id=4242))
+        last = version_of(client.infer("qc", inputs(), sequence_id=4242, sequence_end=True))
+        assert (middle, last) == ("2", "2"), "the sequence finished where it started"
+        assert version_of(client.infer("qc", inputs(), sequence_id=5151, sequence_start=True)) == "3"
+        assert version_of(client.infer("qc", inputs())) == "3", "new traffic follows the new weights"
+    finally:
+        admin_call(gateway.url, "PUT", "/admin/models/qc/policy",
+                   {"weights": {"2": 80, "3": 20}, "rules": [{"header": "x-canary", "equals": "always",
+                                                              "version": "3"}]})
+
+
+def test_response_metadata_names_version_and_route(gateway: GatewayThread) -> None:
+    channel = grpc.insecure_channel(grpc_url(gateway))
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    request = service_pb2.ModelInferRequest(model_name="qc")
+    tensor = request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4])
+    assert tensor is not None
+    request.raw_input_contents.append(X.tobytes())
+    response, call = stub.ModelInfer.with_call(request, metadata=(("x-canary", "always"),))
+    metadata = dict(call.initial_metadata())
+    assert metadata["x-gateway-model-version"] == "3" == response.model_version
+    assert metadata["x-gateway-route"] == "rule"
+    channel.close()
+
+
+def test_errors_pass_through_and_are_classified(gateway: GatewayThread, client: grpcclient.InferenceServerClient,
+                                                faults: Faults) -> None:
+    with pytest.raises(InferenceServerException) as missing:
+        client.infer("nope", inputs())
+    assert "StatusCode.NOT_FOUND" in str(missing.value.status())
+    bad = grpcclient.InferInput("WRONG", [1, 4], "FP32")
+    bad.set_data_from_numpy(X)
+    with pytest.raises(InferenceServerException) as invalid:
+        client.infer("qc", [bad], model_version="2")
+    assert "INVALID_ARGUMENT" in str(invalid.value.status())
+    faults.set("qc", "3", error_rate=1.0)
+    with pytest.raises(InferenceServerException, match="injected fault"):
+        client.infer("qc", inputs(), model_version="3")
+    recorder = gateway.app.recorder
+    codes = {(label[1], label[3], label[4]) for label in recorder.totals if label[3] == "grpc"}
+    assert ("2", "grpc", "INVALID_ARGUMENT") in codes
+    assert recorder.window("qc", "2", 60).errors == 0, "client mistakes never count against a version"
+    assert recorder.window("qc", "3", 60).errors >= 1
+
+
+def test_deadline_propagates(client: grpcclient.InferenceServerClient, faults: Faults) -> None:
+    faults.set("qc", "3", delay_ms=1500)
+    started = time.monotonic()
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("qc", inputs(), model_version="3", client_timeout=0.3)
+    assert "DEADLINE_EXCEEDED" in str(caught.value.status())
+    assert time.monotonic() - started < 1.0
+
+
+def test_triton_down_gives_unavailable_then_recovers() -> None:
+    triton = LocalTriton.on_free_ports(models=("qc",)).start()
+    settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url,
+                                policies={"qc": {"weights": {"2": 100}}})
+    try:
+        with GatewayThread(settings) as gw:
+            client = grpcclient.InferenceServerClient(url=grpc_url(gw))
+            assert version_of(client.infer("qc", inputs())) == "2"
+            triton.stop()
+            started = time.monotonic()
+            with pytest.raises(InferenceServerException) as caught:
+                client.infer("qc", inputs(), client_timeout=10)
+            assert "UNAVAILABLE" in str(caught.value.status())
+            assert triton.grpc_url in str(caught.value.message())
+            assert time.monotonic() - started < 5
+            triton.start()
+            deadline = time.monotonic() + 15
+            while True:
+                try:
+                    assert version_of(client.infer("qc", inputs(), client_timeout=5)) == "2"
+                    break
+                except InferenceServerException:
+                    assert time.monotonic() < deadline, "gRPC did not recover without a gateway restart"
+                    time.sleep(0.3)
+            client.close()
+    finally:
+        triton.stop()
+
+
+def test_gateway_grpc_port_is_configurable() -> None:
+    port = free_port()
+    settings = gateway_settings("http://127.0.0.1:1", grpc_port=port)
+    assert settings.grpc_port == port and settings.triton_grpc_url == "127.0.0.1:8001"
