@@ -90,6 +90,41 @@ def run_wrk(url: str, body: Path, ihcl: str, concurrency: int, seconds: float, s
     return Result(stats["requests"] / stats["seconds"], stats["p50_us"], stats["p99_us"], cpu, stats["errors"])
 
 
+def grpc_body(workdir: Path) -> Path:
+    """One gRPC frame: flag byte, big-endian length, ModelInferRequest (qc, unversioned)."""
+    import struct
+
+    from tritonclient.grpc import service_pb2
+
+    request = service_pb2.ModelInferRequest(model_name="qc")
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4])
+    request.raw_input_contents.append(struct.pack("<4f", 1, 2, 3, 4))
+    raw = request.SerializeToString()
+    path = workdir / "grpc.body"
+    path.write_bytes(b"\x00" + struct.pack(">I", len(raw)) + raw)
+    return path
+
+
+def run_h2load(hostport: str, body: Path, concurrency: int, requests: int, workdir: Path,
+               pid: int | None) -> Result:
+    """gRPC load with h2load (nghttp2, C): a fixed request count, per-request log for percentiles."""
+    log = workdir / "h2load.log"
+    clients, streams = (1, 1) if concurrency == 1 else (8, concurrency // 8)
+    before = cpu_seconds(pid) if pid else 0.0
+    out = subprocess.run(["h2load", "-n", str(requests), "-c", str(clients), "-m", str(streams), "-t", "1",
+                          "-d", str(body), "-H", "content-type: application/grpc", "-H", "te: trailers",
+                          "--log-file", str(log), f"http://{hostport}/inference.GRPCInferenceService/ModelInfer"],
+                         capture_output=True, text=True, check=True)
+    after = cpu_seconds(pid) if pid else 0.0
+    finished = next(line for line in out.stdout.splitlines() if line.startswith("finished in"))
+    rps = float(finished.split(",")[1].split()[0])
+    durations = sorted(int(line.split()[2]) for line in log.read_text().splitlines() if line.strip())
+    failed = next(line for line in out.stdout.splitlines() if line.startswith("requests:"))
+    errors = int(failed.split(",")[4].split()[0])
+    cpu = (after - before) / requests * 1e6 if pid else None
+    return Result(rps, durations[len(durations) // 2], durations[int(len(durations) * 0.99)], cpu, errors)
+
+
 def wait_http(url: str, timeout_s: float = 20) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -104,7 +139,7 @@ def wait_http(url: str, timeout_s: float = 20) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds of load per measurement (default 5)")
-    parser.add_argument("--access-log", action="store_true", help="also measure with the access log on")
+    parser.add_argument("--grpc-requests", type=int, default=10000, help="gRPC requests per row at c=32 (10000)")
     args = parser.parse_args()
     if not shutil.which("wrk"):
         print("bench: wrk not found (apt-get install wrk, or run `make bench`)", file=sys.stderr)
@@ -137,6 +172,19 @@ def main() -> int:
                     via = run_wrk(f"http://127.0.0.1:{port}/v2/models/qc/infer", body, ihcl, concurrency,
                                   args.seconds, script, gateway.pid)
                     rows.append((label, direct, via))
+            if shutil.which("h2load"):
+                body = grpc_body(workdir)
+                for concurrency in (1, 32):
+                    label = f"grpc   c={concurrency:<3}"
+                    print(f"  {label} warm-up and measure ...", flush=True)
+                    count = args.grpc_requests if concurrency > 1 else args.grpc_requests // 4
+                    for target in (triton.grpc_url, f"127.0.0.1:{grpc_port}"):
+                        run_h2load(target, body, concurrency, 500, workdir, None)
+                    direct = run_h2load(triton.grpc_url, body, concurrency, count, workdir, None)
+                    via = run_h2load(f"127.0.0.1:{grpc_port}", body, concurrency, count, workdir, gateway.pid)
+                    rows.append((label, direct, via))
+            else:
+                print("  (no h2load: gRPC rows skipped; apt-get install nghttp2-client)")
         finally:
             gateway.terminate()
             gateway.wait(10)
@@ -146,7 +194,8 @@ def main() -> int:
 
 
 def print_table(rows: list[tuple[str, Result, Result]], seconds: float) -> None:
-    print(f"\nHTTP, {seconds:g} s of load per cell, model qc (Python backend), wrk on the same 2 cores")
+    print(f"\nHTTP rows: {seconds:g} s of wrk load per cell; gRPC rows: h2load, fixed request count. Model qc "
+          "(Python backend); load generator, gateway and Triton share the same 2 cores.")
     head = (f"{'load':<12} | {'direct rps':>10} {'p50 ms':>7} {'p99 ms':>7} | {'gateway rps':>11} {'p50 ms':>7} "
             f"{'p99 ms':>7} {'cpu us/req':>10} | {'rps ratio':>9} {'p50 +ms':>7} | errors")
     print(head)
