@@ -172,6 +172,27 @@ def main() -> int:
                     via = run_wrk(f"http://127.0.0.1:{port}/v2/models/qc/infer", body, ihcl, concurrency,
                                   args.seconds, script, gateway.pid)
                     rows.append((label, direct, via))
+            # The same JSON c=32 load through a second gateway with the access log on (to a file).
+            log_port, log_path = free_port(), workdir / "access.log"
+            with open(log_path, "w") as log_file:
+                logged = subprocess.Popen(
+                    [sys.executable, "-m", "gateway", "serve", "--config", str(workdir / "gateway.yaml")],
+                    env={**env, "GATEWAY_PORT": str(log_port), "GATEWAY_GRPC_PORT": str(free_port()),
+                         "GATEWAY_ACCESS_LOG": "true"}, stdout=log_file)
+                try:
+                    wait_http(f"http://127.0.0.1:{log_port}/readyz")
+                    body, ihcl = kinds["json"]
+                    print("  json   c=32  with the access log on ...", flush=True)
+                    run_wrk(f"http://127.0.0.1:{log_port}/v2/models/qc/infer", body, ihcl, 32, 1, script, None)
+                    off = run_wrk(f"http://127.0.0.1:{port}/v2/models/qc/infer", body, ihcl, 32, args.seconds,
+                                  script, gateway.pid)
+                    on = run_wrk(f"http://127.0.0.1:{log_port}/v2/models/qc/infer", body, ihcl, 32, args.seconds,
+                                 script, logged.pid)
+                    rows.append(("json+log c=32", off, on))
+                finally:
+                    logged.terminate()
+                    logged.wait(10)
+            print(f"  access log: {sum(1 for _ in open(log_path))} lines written")
             if shutil.which("h2load"):
                 body = grpc_body(workdir)
                 for concurrency in (1, 32):
@@ -204,6 +225,7 @@ def print_table(rows: list[tuple[str, Result, Result]], seconds: float) -> None:
         print(f"{label:<12} | {d.rps:>10.0f} {d.p50_us / 1000:>7.2f} {d.p99_us / 1000:>7.2f} | {g.rps:>11.0f} "
               f"{g.p50_us / 1000:>7.2f} {g.p99_us / 1000:>7.2f} {g.cpu_us or 0:>10.0f} | {g.rps / d.rps:>9.2f} "
               f"{(g.p50_us - d.p50_us) / 1000:>7.2f} | {d.errors}/{g.errors}")
+    print("json+log row: the left columns are the gateway with the access log off, the right ones with it on.")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from gateway.sequences import SequencePins
 from gateway.settings import Settings
 from gateway.state_sync import StateSync
 from gateway.store.base import StateStore, make_store
+from gateway.telemetry.access_log import AccessLog
 from gateway.telemetry.prometheus import GatewayCollector, make_registry, render
 from gateway.telemetry.recorder import Recorder
 from gateway.telemetry.sources import MetricsSource, PrometheusSource, RecorderSource
@@ -52,7 +53,8 @@ class Gateway:
         self.upstream = HttpUpstream(settings.triton_url, max_connections=settings.pool_size,
                                      connect_timeout_s=settings.connect_timeout_s,
                                      request_timeout_s=settings.request_timeout_s)
-        self.proxy = HttpProxy(self.book, self.upstream, self.recorder)
+        self.access_log = AccessLog() if settings.access_log else None
+        self.proxy = HttpProxy(self.book, self.upstream, self.recorder, self.access_log)
         self.pins = SequencePins()
         self.grpc: GrpcProxy | None = None
         self.grpc_server: Any = None
@@ -101,8 +103,10 @@ class Gateway:
             await self.store.seed_policy(model, spec, actor="settings")
         await self.sync.resync()
         self.sync.start()
+        if self.access_log is not None:
+            self.access_log.start()
         if self.settings.grpc_enabled:
-            self.grpc = GrpcProxy(self.book, self.recorder, self.pins, self.settings.triton_grpc_url)
+            self.grpc = GrpcProxy(self.book, self.recorder, self.pins, self.settings.triton_grpc_url, self.access_log)
             self.grpc_server = await start_grpc(self.grpc, self.settings.host, self.settings.grpc_port)
         if self.settings.controller_enabled:
             self.rollouts.start()
@@ -113,6 +117,8 @@ class Gateway:
             self.started = False
             await self.rollouts.stop()
             await self.sync.stop()
+            if self.access_log is not None:
+                await self.access_log.stop()
             if self.grpc_server is not None:
                 await self.grpc_server.stop(grace=5)
             if self.grpc is not None:

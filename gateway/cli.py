@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "sample models)")
     triton.set_defaults(handler=_triton)
 
+    reference = commands.add_parser("config-reference", help="print every setting as a Markdown table")
+    reference.set_defaults(handler=_config_reference)
+
     from gateway.admin.ctl import add_ctl_parser
 
     add_ctl_parser(commands)
@@ -80,6 +83,13 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.server import run
 
     return run(settings)
+
+
+def _config_reference(args: argparse.Namespace) -> int:
+    from gateway.config_reference import markdown
+
+    print(markdown())
+    return 0
 
 
 def _triton(args: argparse.Namespace) -> int:

@@ -55,7 +55,7 @@ class Settings(BaseSettings):
     controller_enabled: bool = Field(True, description="run the rollout controller loop (lease-elected)")
     controller_tick_s: float = Field(1.0, gt=0, le=60, description="rollout controller tick period")
     access_log: bool = Field(False, description="one JSON line per request on stdout, written off the hot path")
-    log_level: str = Field("info", pattern="^(critical|error|warning|info|debug)$")
+    log_level: str = Field("info", pattern="^(critical|error|warning|info|debug)$", description="log level")
 
     @field_validator("triton_url")
     @classmethod

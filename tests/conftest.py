@@ -155,3 +155,29 @@ class PrometheusServer:
         if self.process.poll() is None:
             self.process.terminate()
             self.process.wait(15)
+
+
+@pytest.fixture(scope="session")
+def exported_metric_names(triton: LocalTriton) -> set[str]:
+    """Every sample name the gateway and Triton really export, after some traffic."""
+    import asyncio
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.support import GatewayThread, drive, gateway_settings
+
+    settings = gateway_settings(triton.http_url, admin_token="exported-names-token",
+                                policies={"qc": {"weights": {"2": 100}}})
+    names: set[str] = set()
+    with GatewayThread(settings) as gw:
+        asyncio.run(drive(gw.url, 20, concurrency=2))
+        gw.app.recorder.upstream_error("qc", "2", "probe")
+        gw.app.rollouts.states["qc"] = "progressing"
+        gw.app.rollouts.rollbacks[("qc", "probe")] = 0
+        for url in (f"{gw.url}/metrics", triton.metrics_url):
+            text = urllib.request.urlopen(url).read().decode()
+            for family in text_string_to_metric_families(text):
+                names.add(family.name)
+                names |= {sample.name for sample in family.samples}
+    return names

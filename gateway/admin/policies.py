@@ -7,11 +7,17 @@ after the store accepted the change, so an invalid request changes nothing anywh
 
 from __future__ import annotations
 
+import json
+import logging
+
 from gateway.errors import NotFound
 from gateway.policy_book import PolicyBook
 from gateway.routing import PolicySpec
 from gateway.store.base import EventDraft, StateStore, StoredPolicy
 from gateway.triton_control import TritonControl
+
+log = logging.getLogger("gateway.admin")
+
 
 class PolicyService:
     def __init__(self, store: StateStore, book: PolicyBook, triton: TritonControl) -> None:
@@ -33,6 +39,7 @@ class PolicyService:
             await self.triton.require_ready(model, spec.versions())
         stored = await self.store.put_policy(model, spec, expected_revision, event)
         self.apply(stored)
+        _log_change(stored.model, stored.revision, event, spec.document())
         return stored
 
     async def set_weights(self, model: str, weights: dict[str, object], expected_revision: int | None,
@@ -48,6 +55,7 @@ class PolicyService:
         current = await self.get(model)
         stored = await self.store.put_policy(model, None, expected_revision or current.revision, event)
         self.apply(stored)
+        _log_change(stored.model, stored.revision, event, None)
         return stored
 
     def apply(self, stored: StoredPolicy) -> None:
@@ -56,3 +64,8 @@ class PolicyService:
             self.book.remove(stored.model, stored.revision)
         else:
             self.book.put(stored.model, stored.spec, stored.revision)
+
+
+def _log_change(model: str, revision: int, event: EventDraft, policy: object) -> None:
+    log.info(json.dumps({"type": "admin", "actor": event.actor, "action": event.action, "model": model,
+                         "revision": revision, "reason": event.reason, "policy": policy}, default=str))

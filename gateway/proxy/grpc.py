@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import grpc
 import grpc.aio
@@ -39,8 +39,10 @@ def classify(code: grpc.StatusCode) -> Outcome:
 
 
 class GrpcProxy(grpc.GenericRpcHandler):
-    def __init__(self, book: PolicyBook, recorder: Recorder, pins: SequencePins, upstream_url: str) -> None:
+    def __init__(self, book: PolicyBook, recorder: Recorder, pins: SequencePins, upstream_url: str,
+                 access_log: Callable[..., None] | None = None) -> None:
         self.book = book
+        self.access_log = access_log
         self.recorder = recorder
         self.pins = pins
         self.upstream_url = upstream_url
@@ -166,7 +168,10 @@ class GrpcProxy(grpc.GenericRpcHandler):
         outcome = classify(code)
         if outcome is Outcome.UPSTREAM_ERROR:
             self.recorder.upstream_error(model, version, code.name)
-        self.recorder.record(model, version, outcome, time.perf_counter() - started, reason, "grpc", code.name)
+        latency = time.perf_counter() - started
+        self.recorder.record(model, version, outcome, latency, reason, "grpc", code.name)
+        if self.access_log is not None:
+            self.access_log(model, version, reason, "grpc", code.name, latency)
 
     async def aclose(self) -> None:
         await self.channel.close()

@@ -41,7 +41,7 @@ class HttpProxy:
     """ASGI app for the KServe-v2 / Triton HTTP API."""
 
     def __init__(self, book: PolicyBook, upstream: HttpUpstream, recorder: Recorder,
-                 access_log: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 access_log: Callable[..., None] | None = None) -> None:
         self.book = book
         self.upstream = upstream
         self.recorder = recorder
@@ -204,8 +204,7 @@ class HttpProxy:
                 self.recorder.upstream_error(model, decision.version or "", type(result).__name__)
         self.recorder.record(model, decision.version or "", outcome, latency, decision.reason, "http", str(code))
         if self.access_log is not None:
-            self.access_log({"model": model, "version": decision.version, "route": decision.reason,
-                             "status": code, "latency_ms": round(latency * 1000, 3)})
+            self.access_log(model, decision.version, decision.reason, "http", code, latency)
 
 
 def _version_from(response: UpstreamResponse) -> str | None:

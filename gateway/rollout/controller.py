@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 import uuid
@@ -168,7 +169,8 @@ class RolloutController:
         saved = await self.store.put_rollout(rollout.model, rollout.document(), stored.revision)
         if rollout.phase is not Phase(stored.document["state"]):
             self.states[rollout.model] = rollout.phase.value
-            log.info("rollout of %s: %s", rollout.model, rollout.reason)
+            log.info(json.dumps({"type": "rollout", "model": rollout.model, "state": rollout.phase.value,
+                                 "step": rollout.step, "actor": actor, "reason": rollout.reason}))
             await self._event(rollout.model, actor, f"rollout_{rollout.phase.value}", rollout.reason)
             if rollout.phase is Phase.ROLLED_BACK:
                 key = (rollout.model, metric or "unhealthy")

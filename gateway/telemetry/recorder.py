@@ -20,6 +20,10 @@ LATENCY_BOUNDS: tuple[float, ...] = (
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15,
     0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0,
 )
+# The `code` label holds an HTTP status or a gRPC status name. PromQL that judges versions
+# (PrometheusSource, alert rules, the dashboard) uses these two regexes.
+UPSTREAM_ERROR_CODES = "5..|UNAVAILABLE|INTERNAL|UNKNOWN|DEADLINE_EXCEEDED|RESOURCE_EXHAUSTED"
+JUDGED_CODES = "[23]..|OK|" + UPSTREAM_ERROR_CODES  # successes and upstream errors: never 4xx, 499, client codes
 UNKNOWN_MODEL = "_unknown"  # label for model names Triton does not know: bounded cardinality
 MAX_SERIES = 4096  # hard cap on distinct label sets; beyond it samples fold into one overflow series
 

@@ -16,7 +16,7 @@ from typing import Protocol
 import httpx
 
 from gateway.errors import GatewayError
-from gateway.telemetry.recorder import LATENCY_BOUNDS, Recorder, Window
+from gateway.telemetry.recorder import JUDGED_CODES, LATENCY_BOUNDS, UPSTREAM_ERROR_CODES, Recorder, Window
 
 
 class MetricsUnavailable(GatewayError):
@@ -58,8 +58,10 @@ class PrometheusSource:
         span = f"{max(1, int(math.ceil(seconds)))}s"
         labels = f'model="{_escape(model)}",version="{_escape(version)}"'
         async with httpx.AsyncClient(timeout=self.timeout_s) as client:
-            judged = await self._query(client, f'sum(increase(gateway_requests_total{{{labels},code!~"4.."}}[{span}]))')
-            errors = await self._query(client, f'sum(increase(gateway_requests_total{{{labels},code=~"5.."}}[{span}]))')
+            judged = await self._query(
+                client, f'sum(increase(gateway_requests_total{{{labels},code=~"{JUDGED_CODES}"}}[{span}]))')
+            errors = await self._query(
+                client, f'sum(increase(gateway_requests_total{{{labels},code=~"{UPSTREAM_ERROR_CODES}"}}[{span}]))')
             buckets = await self._query(
                 client, f"sum by (le) (increase(gateway_request_duration_seconds_bucket{{{labels}}}[{span}]))")
         cumulative = {float(str(r["metric"]["le"])): float(r["value"][1]) for r in buckets}  # type: ignore[index]

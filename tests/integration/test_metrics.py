@@ -81,3 +81,22 @@ def test_unknown_model_names_do_not_grow_the_series(triton: LocalTriton) -> None
         after = samples(scrape(gw.url)[0])
         assert len(after) - before <= 40, "10,000 requests for unknown names add only a handful of series"
         assert not any("nope-" in value for _, labels in after for _, value in labels)
+
+
+def test_access_log_is_structured_and_batched(triton: LocalTriton) -> None:
+    import io
+    import json as jsonlib
+    import time
+
+    settings = gateway_settings(triton.http_url, access_log=True, policies={"qc": {"weights": {"2": 100}}})
+    with GatewayThread(settings) as gw:
+        assert gw.app.access_log is not None
+        stream = io.StringIO()
+        gw.app.access_log.stream = stream
+        asyncio.run(drive(gw.url, 20, concurrency=2, headers_for=lambda i: {"traceparent": f"00-{i:032x}-{i:016x}-01"}))
+        time.sleep(1.0)
+        lines = [jsonlib.loads(line) for line in stream.getvalue().splitlines()]
+    assert len(lines) == 20
+    assert {(l["model"], l["version"], l["route"], l["protocol"], l["status"]) for l in lines} == {
+        ("qc", "2", "weighted", "http", 200)}
+    assert all(l["latency_ms"] > 0 and l["type"] == "access" for l in lines)

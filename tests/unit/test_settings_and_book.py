@@ -72,3 +72,19 @@ def test_policy_book_swaps_whole_snapshots() -> None:
     book.remove("qc")
     assert book.get("qc") is None
     assert seen == [("qc", 1), ("qc", 2), ("qc", None)]
+
+
+def test_upstream_forwards_end_to_end_headers_and_replaces_hop_by_hop() -> None:
+    from gateway.upstream import HttpUpstream
+
+    upstream = HttpUpstream("http://127.0.0.1:8000")
+    head = upstream._head(b"POST", b"/v2/models/qc/infer", [
+        (b"traceparent", b"00-abc-def-01"), (b"inference-header-content-length", b"10"),
+        (b"content-encoding", b"gzip"), (b"connection", b"close"), (b"host", b"client"),
+        (b"transfer-encoding", b"chunked")], b"x" * 12, None)
+    text = head.decode()
+    assert text.startswith("POST /v2/models/qc/infer HTTP/1.1\r\nhost: 127.0.0.1:8000\r\n")
+    for kept in ("traceparent: 00-abc-def-01", "inference-header-content-length: 10", "content-encoding: gzip",
+                 "content-length: 12"):
+        assert kept in text
+    assert "connection" not in text and "client" not in text and "chunked" not in text

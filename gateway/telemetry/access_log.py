@@ -1,0 +1,59 @@
+"""Structured access log, written off the hot path.
+
+The proxy appends one small tuple per request to a list (no formatting, no I/O); a
+background task turns the batch into JSON lines and writes them in one call every
+``flush_s``. Bounded: past ``max_pending`` lines the oldest are dropped and counted, so a
+stalled stdout can slow nothing but the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import time
+from typing import IO, Any
+
+
+class AccessLog:
+    def __init__(self, stream: IO[str] | None = None, flush_s: float = 0.5, max_pending: int = 100_000) -> None:
+        self.stream = stream or sys.stdout
+        self.flush_s = flush_s
+        self.max_pending = max_pending
+        self.dropped = 0
+        self._pending: list[tuple[Any, ...]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def __call__(self, model: str, version: str | None, route: str, protocol: str, status: int | str,
+                 latency_s: float) -> None:
+        if len(self._pending) >= self.max_pending:
+            self.dropped += 1
+            return
+        self._pending.append((time.time(), model, version, route, protocol, status, latency_s))
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self.flush()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_s)
+            self.flush()
+
+    def flush(self) -> None:
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        lines = [json.dumps({"ts": round(ts, 6), "type": "access", "model": model, "version": version,
+                             "route": route, "protocol": protocol, "status": status,
+                             "latency_ms": round(latency * 1000, 3)}, separators=(",", ":"))
+                 for ts, model, version, route, protocol, status, latency in batch]
+        self.stream.write("\n".join(lines) + "\n")
+        self.stream.flush()

@@ -1,0 +1,111 @@
+"""Deployment files: README config reference, compose, Dockerfile, Kubernetes manifests, dashboard."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gateway.config_reference import embedded, markdown
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_readme_config_reference_is_generated_from_the_settings() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert readme.startswith("# triton-gateway\n\n```sh\nmake demo")
+    assert embedded(readme) == markdown(), "run `gateway config-reference` and paste it into the README"
+
+
+def test_dockerfile_is_slim_non_root_with_a_healthcheck() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    assert "python:3.11-slim" in text and "USER gateway" in text and "HEALTHCHECK" in text and "/healthz" in text
+
+
+def test_compose_wires_every_service() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert set(services) == {"triton", "redis", "gateway", "prometheus", "grafana"}
+    assert "--model-control-mode=explicit" in services["triton"]["command"]
+    env = services["gateway"]["environment"]
+    assert env["GATEWAY_STORE_URL"].startswith("redis://redis") and env["GATEWAY_TRITON_URL"] == "http://triton:8000"
+    for service in services.values():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), source
+
+
+def k8s_documents() -> list[dict[str, Any]]:
+    docs = []
+    for path in sorted((ROOT / "deploy" / "k8s").glob("*.yaml")):
+        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return docs
+
+
+REQUIRED = {"Deployment": "apps/v1", "Service": "v1", "ConfigMap": "v1", "Secret": "v1",
+            "PodDisruptionBudget": "policy/v1", "HorizontalPodAutoscaler": "autoscaling/v2"}
+
+
+def test_k8s_manifests_are_well_formed() -> None:
+    docs = k8s_documents()
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for doc in docs:
+        assert doc["apiVersion"] == REQUIRED[doc["kind"]], doc["kind"]
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", doc["metadata"]["name"])
+        by_kind.setdefault(doc["kind"], []).append(doc)
+    assert set(by_kind) == set(REQUIRED)
+    deployments = {d["metadata"]["name"]: d for d in by_kind["Deployment"]}
+    for deployment in deployments.values():
+        spec = deployment["spec"]
+        labels = spec["template"]["metadata"]["labels"]
+        assert spec["selector"]["matchLabels"].items() <= labels.items()
+        for container in spec["template"]["spec"]["containers"]:
+            assert container["image"] and container["resources"]["requests"]
+    gateway = deployments["triton-gateway"]["spec"]
+    assert gateway["replicas"] == 3
+    container = gateway["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["env"][0]["valueFrom"]["secretKeyRef"]["name"] in {s["metadata"]["name"] for s in by_kind["Secret"]}
+    pod_labels = [d["spec"]["template"]["metadata"]["labels"] for d in deployments.values()]
+    for service in by_kind["Service"]:
+        assert any(service["spec"]["selector"].items() <= labels.items() for labels in pod_labels), service
+    hpa = by_kind["HorizontalPodAutoscaler"][0]["spec"]
+    assert hpa["scaleTargetRef"]["name"] in deployments and hpa["minReplicas"] >= 3
+    assert by_kind["PodDisruptionBudget"][0]["spec"]["selector"]["matchLabels"] == {"app": "triton-gateway"}
+    config = yaml.safe_load(by_kind["ConfigMap"][0]["data"]["gateway.yaml"])
+    from gateway.settings import Settings
+
+    assert Settings.load(None, **config).store_url.startswith("redis://"), "the ConfigMap is a valid settings file"
+
+
+def dashboard() -> dict[str, Any]:
+    return json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "gateway.json").read_text())
+
+
+def test_dashboard_schema() -> None:
+    board = dashboard()
+    assert board["uid"] and board["title"] and board["schemaVersion"] >= 30
+    ids = [panel["id"] for panel in board["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in board["panels"]:
+        assert panel["type"] in {"timeseries", "stat"} and set(panel["gridPos"]) == {"x", "y", "w", "h"}
+        assert panel["targets"] and all(t["expr"] and t["refId"] for t in panel["targets"])
+
+
+def panel_metric_names() -> set[str]:
+    names = set()
+    for panel in dashboard()["panels"]:
+        for target in panel["targets"]:
+            names |= set(re.findall(r"\b((?:gateway|nv|process)_[a-z_]+)\b", target["expr"]))
+    return names
+
+
+@pytest.mark.parametrize("name", sorted(panel_metric_names()))
+def test_dashboard_names_only_series_that_exist(name: str, exported_metric_names: set[str]) -> None:
+    assert name in exported_metric_names
