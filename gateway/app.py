@@ -20,12 +20,15 @@ from starlette.exceptions import HTTPException
 
 from gateway.admin.api import admin_router
 from gateway.admin.auth import Authenticator
+from gateway.admin.versions import versions_router
 from gateway.admin.policies import PolicyService
 from gateway.errors import GatewayError
+from gateway.lifecycle import ModelLifecycle
 from gateway.policy_book import PolicyBook
 from gateway.proxy.grpc import GrpcProxy
 from gateway.proxy.grpc import start_server as start_grpc
 from gateway.proxy.http import HttpProxy, Receive, Scope, Send
+from gateway.proxy.shadow import ShadowMirror
 from gateway.rollout.api import rollout_router
 from gateway.rollout.controller import RolloutController
 from gateway.sequences import SequencePins
@@ -54,8 +57,9 @@ class Gateway:
                                      connect_timeout_s=settings.connect_timeout_s,
                                      request_timeout_s=settings.request_timeout_s)
         self.access_log = AccessLog() if settings.access_log else None
-        self.proxy = HttpProxy(self.book, self.upstream, self.recorder, self.access_log)
         self.pins = SequencePins()
+        self.shadow = ShadowMirror(self.upstream)
+        self.proxy = HttpProxy(self.book, self.upstream, self.recorder, self.access_log, self.pins, self.shadow)
         self.grpc: GrpcProxy | None = None
         self.grpc_server: Any = None
         self.store = store or make_store(settings.store_url)
@@ -63,9 +67,11 @@ class Gateway:
         self.policies = PolicyService(self.store, self.book, self.triton)
         self.sync = StateSync(self.policies, settings.resync_interval_s)
         self.source = make_source(settings, self.recorder)
-        self.rollouts = RolloutController(self.policies, self.source, self.recorder, tick_s=settings.controller_tick_s)
+        self.lifecycle = ModelLifecycle(self.policies, self.recorder, self.pins)
+        self.rollouts = RolloutController(self.policies, self.source, self.recorder, tick_s=settings.controller_tick_s,
+                                          lifecycle=self.lifecycle, shadow=self.shadow)
         self.registry = make_registry(GatewayCollector(self.recorder, self.book, self.rollouts.states,
-                                                       self.rollouts.rollbacks))
+                                                       self.rollouts.rollbacks, self.shadow.stats))
         self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin)
         self.started = False
         self.control = self._control_app()
@@ -78,6 +84,7 @@ class Gateway:
         app.add_api_route("/metrics", self.metrics, methods=["GET"], include_in_schema=False)
         app.include_router(admin_router(self.policies, self.auth), prefix="/admin", tags=["admin"])
         app.include_router(rollout_router(self.rollouts, self.auth), prefix="/admin", tags=["rollout"])
+        app.include_router(versions_router(self.lifecycle, self.auth), prefix="/admin", tags=["versions"])
         app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
         app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
         app.add_exception_handler(ValidationError, _invalid_request)  # type: ignore[arg-type]
@@ -105,6 +112,7 @@ class Gateway:
         self.sync.start()
         if self.access_log is not None:
             self.access_log.start()
+        self.shadow.start()
         if self.settings.grpc_enabled:
             self.grpc = GrpcProxy(self.book, self.recorder, self.pins, self.settings.triton_grpc_url, self.access_log)
             self.grpc_server = await start_grpc(self.grpc, self.settings.host, self.settings.grpc_port)
@@ -119,6 +127,7 @@ class Gateway:
             await self.sync.stop()
             if self.access_log is not None:
                 await self.access_log.stop()
+            await self.shadow.stop()
             if self.grpc_server is not None:
                 await self.grpc_server.stop(grace=5)
             if self.grpc is not None:

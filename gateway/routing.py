@@ -46,6 +46,14 @@ class HeaderRule(BaseModel):
     version: Version
 
 
+class ShadowSpec(BaseModel):
+    """Mirror ``percent`` of the model's routed requests to ``version``; clients never see it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    version: Version
+    percent: Annotated[Decimal, Field(gt=0, le=100, decimal_places=2)]
+
+
 class PolicySpec(BaseModel):
     """A model's routing policy as written by people: percentages summing to 100."""
 
@@ -57,6 +65,9 @@ class PolicySpec(BaseModel):
         default=None, description="header carrying a user id; None means the gateway default"
     )
     rules: list[HeaderRule] = Field(default_factory=list, max_length=64)
+    shadow: ShadowSpec | None = Field(default=None, description="mirror a share of requests to a version")
+    sequence_affinity: bool = Field(default=False, description="keep Triton sequences on the version that "
+                                    "served sequence_start (reads the request's JSON header)")
 
     @field_validator("weights")
     @classmethod
@@ -80,7 +91,8 @@ class PolicySpec(BaseModel):
 
     def versions(self) -> set[str]:
         """Every version this policy can send traffic to (weight > 0 or named by a rule)."""
-        return {v for v, w in self.weights.items() if w > 0} | {rule.version for rule in self.rules}
+        shadow = {self.shadow.version} if self.shadow else set()
+        return {v for v, w in self.weights.items() if w > 0} | {rule.version for rule in self.rules} | shadow
 
     def document(self) -> dict[str, object]:
         """JSON-ready form, weights as plain numbers (ints when whole)."""
@@ -88,6 +100,8 @@ class PolicySpec(BaseModel):
             "weights": {v: (int(w) if w == w.to_integral_value() else float(w)) for v, w in self.weights.items()},
             "sticky_header": self.sticky_header,
             "rules": [rule.model_dump() for rule in self.rules],
+            "shadow": {"version": self.shadow.version, "percent": float(self.shadow.percent)} if self.shadow else None,
+            "sequence_affinity": self.sequence_affinity,
         }
 
 
@@ -114,6 +128,9 @@ class Policy:
     # version -> where its requests go when Triton says it is unavailable: the
     # highest-weight other version (the stable one, during a canary).
     fallbacks: dict[str, Decision]
+    shadow_version: str | None = None
+    shadow_bp: int = 0  # mirror when the request's draw is below this
+    sequence_affinity: bool = False
 
 
 def layout(weights_bp: Mapping[str, int]) -> tuple[tuple[int, str], ...]:
@@ -136,9 +153,11 @@ def compile_policy(model: str, spec: PolicySpec, revision: int = 0, default_stic
         (rule.header.lower().encode("latin-1"), rule.equals.encode(), Decision(rule.version, Reason.RULE))
         for rule in spec.rules
     )
+    # Every version the policy names gets a fallback, zero weights included: a request routed
+    # just before a rollback may come back "unavailable" after the new policy took its weight.
     weighted = sorted(((w, int(v), v) for v, w in spec.basis_points().items() if w > 0), reverse=True)
     fallbacks = {}
-    for _, _, version in weighted:
+    for version in {*spec.weights, *(rule.version for rule in spec.rules)}:
         other = next((v for _, _, v in weighted if v != version), None)
         if other is not None:
             fallbacks[version] = Decision(other, Reason.FALLBACK)
@@ -152,6 +171,9 @@ def compile_policy(model: str, spec: PolicySpec, revision: int = 0, default_stic
         header_names=frozenset([sticky, *(name for name, _, _ in rules)]),
         hash_prefix=f"{model}:".encode(),
         fallbacks=fallbacks,
+        shadow_version=spec.shadow.version if spec.shadow else None,
+        shadow_bp=int(spec.shadow.percent * 100) if spec.shadow else 0,
+        sequence_affinity=spec.sequence_affinity,
     )
 
 

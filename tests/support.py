@@ -291,3 +291,37 @@ def wait_for(predicate: Any, timeout: float, interval: float = 0.1, what: str = 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+class GrpcBackgroundLoad(BackgroundLoad):
+    """The same, over gRPC with tritonclient's asyncio client."""
+
+    def __init__(self, grpc_url: str, concurrency: int = 4, model: str = "qc") -> None:
+        super().__init__("", concurrency, model)
+        self.grpc_url = grpc_url
+
+    async def _run(self) -> None:
+        import numpy as np
+        import tritonclient.grpc.aio as grpcaio
+        from tritonclient.grpc import InferInput
+        from tritonclient.utils import InferenceServerException
+
+        client = grpcaio.InferenceServerClient(url=self.grpc_url)
+        tensor = InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.array([[1, 2, 3, 4]], dtype=np.float32))
+
+        async def worker() -> None:
+            while not self._stop.is_set():
+                try:
+                    result = await client.infer(self.model, [tensor], client_timeout=30)
+                except InferenceServerException as exc:
+                    self.result.failures.append(str(exc)[:200])
+                    self.result.statuses[0] += 1
+                    continue
+                self.result.statuses[200] += 1
+                self.result.versions[str(result.get_response().model_version)] += 1
+
+        self.started_at = time.monotonic()
+        await asyncio.gather(*(worker() for _ in range(self.concurrency)))
+        self.seconds = time.monotonic() - self.started_at
+        await client.close()

@@ -53,6 +53,8 @@ class PolicyOut(BaseModel):
     weights: dict[str, float | int]
     sticky_header: str | None
     rules: list[dict[str, Any]]
+    shadow: dict[str, Any] | None = None
+    sequence_affinity: bool = False
     revision: int
     updated_at: float
 

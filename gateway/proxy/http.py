@@ -10,13 +10,16 @@ takes a lock or logs inline.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from functools import partial
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from gateway.errors import ClientGone, GatewayError, UpstreamError
 from gateway.policy_book import PolicyBook
-from gateway.routing import Decision, Reason, WeylDraw, choose
+from gateway.proxy.shadow import Mirror, ShadowMirror
+from gateway.routing import Decision, Reason, WeylDraw, choose, choose_in_sequence
+from gateway.sequences import SequencePins
 from gateway.telemetry.recorder import UNKNOWN_MODEL, Outcome, Recorder
 from gateway.upstream import HttpUpstream, UpstreamResponse
 
@@ -32,6 +35,8 @@ _UNAVAILABLE = frozenset([404, 503])
 _UNAVAILABLE_MARKERS = (b"is not at ready state", b"is not found", b"has no available versions")
 _MAY_FALL_BACK = frozenset([Reason.WEIGHTED, Reason.STICKY])
 _DEFAULT = Decision(None, Reason.DEFAULT)
+_NEEDS_BODY = Decision(None, Reason.SEQUENCE)  # marker: decide after reading the body
+_MAY_SHADOW = frozenset([Reason.WEIGHTED, Reason.STICKY, Reason.SEQUENCE, Reason.RULE])
 _UNKNOWN = Decision("", Reason.DEFAULT)
 _ROUTE_VERSION = b"x-gateway-model-version"
 _ROUTE_REASON = b"x-gateway-route"
@@ -41,8 +46,11 @@ class HttpProxy:
     """ASGI app for the KServe-v2 / Triton HTTP API."""
 
     def __init__(self, book: PolicyBook, upstream: HttpUpstream, recorder: Recorder,
-                 access_log: Callable[..., None] | None = None) -> None:
+                 access_log: Callable[..., None] | None = None, pins: SequencePins | None = None,
+                 shadow: ShadowMirror | None = None) -> None:
         self.book = book
+        self.pins = pins or SequencePins()
+        self.shadow = shadow
         self.upstream = upstream
         self.recorder = recorder
         self.access_log = access_log
@@ -70,6 +78,8 @@ class HttpProxy:
         policy = self.book.get(model)
         if policy is None:
             return _DEFAULT, raw_path
+        if policy.sequence_affinity:
+            return _NEEDS_BODY, raw_path  # decided in _forward, once the JSON header is read
         names = policy.header_names
         found = {name: value for name, value in scope["headers"] if name in names}
         decision = choose(policy, found, self._draw())
@@ -83,8 +93,13 @@ class HttpProxy:
         body: bytes | AsyncIterator[bytes] = message.get("body", b"")
         length = None
         if message.get("more_body"):
-            body = _rest_of_body(body, receive)  # type: ignore[arg-type]
-            length = _content_length(scope["headers"])
+            if decision is _NEEDS_BODY:  # sequence requests are small: buffer to read the header
+                body = b"".join([chunk async for chunk in _rest_of_body(body, receive)])  # type: ignore[arg-type]
+            else:
+                body = _rest_of_body(body, receive)  # type: ignore[arg-type]
+                length = _content_length(scope["headers"])
+        if decision is _NEEDS_BODY:
+            decision, target = self._route_sequence(model, scope, body, target)  # type: ignore[arg-type]
         task = asyncio.current_task()
         done = [False, False]  # [response fully handed to the server, client went away]
         watcher = None
@@ -105,6 +120,8 @@ class HttpProxy:
             if response.status in _UNAVAILABLE and decision is not None and decision.reason in _MAY_FALL_BACK:
                 response, decision = await self._fall_back(scope, target, body, response, model, decision)
             await self._relay(response, send, decision, done)
+            if response.status == 200 and isinstance(body, bytes) and decision is not None:
+                self._maybe_shadow(model, decision, scope, target, body, response)
         except GatewayError as exc:
             if response is not None:  # broke mid-stream: headers are out, just stop
                 response.abort()
@@ -131,6 +148,31 @@ class HttpProxy:
             if connection is not None:
                 connection.on_lost = None
         self._record(model, decision, started, response.status)
+
+    def _route_sequence(self, model: str, scope: Scope, body: bytes, target: bytes) -> tuple[Decision, bytes]:
+        """Routing for models with sequence affinity: the sequence fields live in the body."""
+        policy = self.book.get(model)
+        if policy is None:  # the policy went away between the two looks
+            return _DEFAULT, target
+        names = policy.header_names
+        found = {name: value for name, value in scope["headers"] if name in names}
+        sequence_id, start, end = sequence_fields(scope["headers"], body)
+        decision = choose_in_sequence(policy, found, self._draw(), self.pins, sequence_id, start, end)
+        path, sep, query = target.partition(b"?")
+        head, _, action = path.rpartition(b"/")
+        return decision, b"%s/versions/%s/%s%s%s" % (head, decision.version.encode(), action, sep, query)
+
+    def _maybe_shadow(self, model: str | None, decision: Decision, scope: Scope, target: bytes, body: bytes,
+                      response: UpstreamResponse) -> None:
+        policy = self.book.get(model) if model else None
+        if policy is None or policy.shadow_version is None or self.shadow is None or not response.complete:
+            return
+        if decision.reason not in _MAY_SHADOW or self._draw() >= policy.shadow_bp:
+            return
+        old = b"/versions/%s/" % decision.version.encode()  # type: ignore[union-attr]
+        shadow_target = target.replace(old, b"/versions/%s/" % policy.shadow_version.encode(), 1)
+        self.shadow.offer(Mirror(model, policy.shadow_version, scope["method"].encode(), shadow_target,  # type: ignore[arg-type]
+                                 scope["headers"], body, response.status, response.body()))
 
     def _inflight_key(self, model: str | None, decision: Decision | None) -> tuple[str, str] | None:
         """Only versions a policy names: the gauge's labels stay bounded whatever clients send."""
@@ -257,3 +299,33 @@ async def _send_error(send: Send, error: GatewayError) -> None:
     await send({"type": "http.response.start", "status": error.status,
                 "headers": [*_JSON, (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
+
+
+def sequence_fields(headers: list[tuple[bytes, bytes]], body: bytes) -> tuple[object | None, bool, bool]:
+    """(sequence_id, start, end) from the request's JSON header; only the header is read
+    (the first Inference-Header-Content-Length bytes of a binary body), from a
+    decompressed copy when the body is compressed."""
+    ihcl = encoding = None
+    for name, value in headers:
+        if name == b"inference-header-content-length":
+            ihcl = int(value)
+        elif name == b"content-encoding":
+            encoding = value.lower()
+    try:
+        if encoding in (b"gzip", b"deflate"):
+            import zlib
+
+            body = zlib.decompress(body, 47 if encoding == b"gzip" else 15)
+        parameters = json.loads(body[:ihcl] if ihcl else body).get("parameters") or {}
+    except (ValueError, zlib_error(), AttributeError):
+        return None, False, False  # Triton will answer the malformed request itself
+    sequence_id = parameters.get("sequence_id")
+    if sequence_id in (None, 0, ""):
+        return None, False, False
+    return sequence_id, parameters.get("sequence_start") is True, parameters.get("sequence_end") is True
+
+
+def zlib_error() -> type[Exception]:
+    import zlib
+
+    return zlib.error

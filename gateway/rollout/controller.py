@@ -43,7 +43,10 @@ FAST_PATH_KINDS = ("VersionUnavailable", "UpstreamUnavailable")
 
 class RolloutController:
     def __init__(self, policies: PolicyService, source: MetricsSource, recorder: Recorder,
-                 clock: Callable[[], float] = time.time, tick_s: float = 1.0) -> None:
+                 clock: Callable[[], float] = time.time, tick_s: float = 1.0, lifecycle: Any = None,
+                 shadow: Any = None) -> None:
+        self.lifecycle = lifecycle  # gateway.lifecycle.ModelLifecycle: unload_previous after promotion
+        self.shadow = shadow  # gateway.proxy.shadow.ShadowMirror: shadow numbers in the status
         self.policies = policies
         self.store = policies.store
         self.source = source
@@ -55,6 +58,7 @@ class RolloutController:
         self.states: dict[str, str] = {}  # model -> last known phase, for /metrics
         self._seen_errors: dict[tuple[str, str, str], int] = {}
         self._task: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- commands from the admin API -----------------------------------------------------
     async def begin(self, model: str, spec: RolloutSpec, actor: str) -> Rollout:
@@ -94,6 +98,9 @@ class RolloutController:
         _, rollout = await self._load(model)
         doc = rollout.document()
         doc["live"] = await self._live_numbers(rollout)
+        if self.shadow is not None:
+            doc["shadow"] = {version: stats.document() for (m, version), stats in self.shadow.stats.items()
+                             if m == model}
         return doc
 
     # -- the reconcile tick ----------------------------------------------------------------
@@ -175,6 +182,8 @@ class RolloutController:
             if rollout.phase is Phase.ROLLED_BACK:
                 key = (rollout.model, metric or "unhealthy")
                 self.rollbacks[key] = self.rollbacks.get(key, 0) + 1
+            if rollout.phase is Phase.PROMOTED and rollout.spec.unload_previous and self.lifecycle is not None:
+                self._cleanup(rollout)
         if rollout.phase is Phase.PAUSED:
             return rollout  # a paused rollout leaves the weights to the humans
         return await self._apply(saved, rollout, actor)
@@ -198,6 +207,19 @@ class RolloutController:
             rollout = _with_revision(rollout, revision)
             await self.store.put_rollout(rollout.model, rollout.document(), saved.revision)
         return rollout
+
+    def _cleanup(self, rollout: Rollout) -> None:
+        """After promotion: drain and unload the old stable version, in the background."""
+        async def unload() -> None:
+            await asyncio.sleep(0)  # after the promoted weights are applied
+            try:
+                await self.lifecycle.unload(rollout.model, rollout.stable, ACTOR)
+            except GatewayError as exc:
+                log.warning("rollout of %s: unloading version %s failed: %s", rollout.model, rollout.stable, exc)
+
+        task = asyncio.get_running_loop().create_task(unload())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _load(self, model: str) -> tuple[StoredRollout, Rollout]:
         stored = await self.store.get_rollout(model)

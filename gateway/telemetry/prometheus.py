@@ -9,7 +9,7 @@ know collapse into one ``_unknown`` label.
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -22,7 +22,8 @@ from gateway.telemetry.recorder import LATENCY_BOUNDS, Recorder
 
 class GatewayCollector:
     def __init__(self, recorder: Recorder, book: PolicyBook, rollout_states: Mapping[str, str],
-                 rollbacks: Mapping[tuple[str, str], int]) -> None:
+                 rollbacks: Mapping[tuple[str, str], int], shadow: Mapping[tuple[str, str], Any] | None = None) -> None:
+        self.shadow = shadow if shadow is not None else {}
         self.recorder = recorder
         self.book = book
         self.rollout_states = rollout_states
@@ -32,6 +33,22 @@ class GatewayCollector:
         yield from self._requests()
         yield from self._policies()
         yield from self._rollouts()
+        yield from self._shadow()
+
+    def _shadow(self) -> Iterator[Metric]:
+        results = CounterMetricFamily("gateway_shadow_requests", "Mirrored requests by result",
+                                      labels=["model", "version", "result"])
+        for (model, version), stats in list(self.shadow.items()):
+            results.add_metric([model, version, "agree"], stats.agreed)
+            results.add_metric([model, version, "disagree"], stats.compared - stats.agreed)
+            results.add_metric([model, version, "error"], stats.errors)
+            results.add_metric([model, version, "dropped"], stats.dropped)
+        yield results
+        latency = CounterMetricFamily("gateway_shadow_latency_seconds", "Total latency of mirrored requests",
+                                      labels=["model", "version"])
+        for (model, version), stats in list(self.shadow.items()):
+            latency.add_metric([model, version], stats.latency_sum)
+        yield latency
 
     def _requests(self) -> Iterator[Metric]:
         requests = CounterMetricFamily("gateway_requests", "Requests through the gateway, by routed version, "

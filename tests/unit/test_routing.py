@@ -142,3 +142,10 @@ def test_weyl_draw_stays_in_range() -> None:
     values = [draw() for _ in range(50_000)]
     assert min(values) >= 0 and max(values) < BUCKETS
     assert len(set(values)) > 9000
+
+
+def test_every_named_version_has_a_fallback_to_the_heaviest_other() -> None:
+    compiled = policy({"1": 0, "2": 70, "3": 30}, rules=[{"header": "x", "equals": "y", "version": "4"}])
+    assert {v: d.version for v, d in compiled.fallbacks.items()} == {"1": "2", "2": "3", "3": "2", "4": "2"}
+    assert all(d.reason == Reason.FALLBACK for d in compiled.fallbacks.values())
+    assert policy({"2": 100}).fallbacks == {}

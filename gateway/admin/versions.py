@@ -1,0 +1,31 @@
+"""Version lifecycle endpoints: load beside the serving versions; drain, then unload."""
+
+# No `from __future__ import annotations`: FastAPI resolves these annotations at runtime.
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header
+
+from gateway.admin.api import ERRORS, ModelName
+from gateway.admin.auth import Authenticator
+from gateway.lifecycle import ModelLifecycle
+from gateway.routing import Version
+
+
+def versions_router(lifecycle: ModelLifecycle, auth: Authenticator) -> APIRouter:
+    def actor(authorization: Annotated[str | None, Header()] = None) -> str:
+        return auth.actor(authorization)
+
+    Actor = Annotated[str, Depends(actor)]
+    router = APIRouter(responses=ERRORS)
+
+    @router.post("/models/{model}/versions/{version}/load",
+                 summary="Load a version beside the serving ones; 200 once READY, Triton's reason if it fails")
+    async def load(model: ModelName, version: Version, who: Actor) -> dict[str, Any]:
+        return await lifecycle.load(model, version, who)
+
+    @router.post("/models/{model}/versions/{version}/unload",
+                 summary="Take the version out of every policy, wait until nothing uses it, then unload it")
+    async def unload(model: ModelName, version: Version, who: Actor) -> dict[str, Any]:
+        return await lifecycle.unload(model, version, who)
+
+    return router

@@ -1,0 +1,130 @@
+"""Zero-downtime version lifecycle: load a version beside the serving ones; drain, then unload.
+
+Triton loads and unloads whole models; a version-level change is a reload with a
+``version_policy`` override naming the versions to keep. Triton's reload is atomic: a
+version that fails to initialise leaves the old ones serving. Unloading first *drains*:
+the version leaves every policy, then we wait until this gateway has no request in
+flight to it and no open sequence pinned to it (or the drain timeout), and only then ask
+Triton to drop it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from decimal import Decimal
+from typing import Any
+
+from gateway.admin.policies import PolicyService
+from gateway.errors import Conflict, GatewayError, NotFound, UpstreamError
+from gateway.routing import PolicySpec
+from gateway.sequences import SequencePins
+from gateway.store.base import Event, EventDraft
+from gateway.telemetry.recorder import Recorder
+
+log = logging.getLogger("gateway.lifecycle")
+
+
+class LoadFailed(GatewayError):
+    """Triton refused or failed to load the version; the message carries Triton's reason."""
+
+    status = 422
+
+
+class ModelLifecycle:
+    def __init__(self, policies: PolicyService, recorder: Recorder, pins: SequencePins,
+                 load_timeout_s: float = 300.0, drain_timeout_s: float = 60.0) -> None:
+        self.policies = policies
+        self.triton = policies.triton
+        self.recorder = recorder
+        self.pins = pins
+        self.load_timeout_s = load_timeout_s
+        self.drain_timeout_s = drain_timeout_s
+        self._lock = asyncio.Lock()  # one reload of a model at a time (control plane only)
+
+    async def serving(self, model: str) -> set[str]:
+        return {v for v, state in (await self.triton.versions(model)).items() if state.state == "READY"}
+
+    async def load(self, model: str, version: str, actor: str) -> dict[str, Any]:
+        async with self._lock:
+            serving = await self.serving(model)
+            if version in serving:
+                return {"model": model, "version": version, "state": "READY", "serving": sorted(serving, key=int)}
+            keep = serving | {version}
+            await self._reload(model, keep, self.load_timeout_s)
+            states = await self.triton.versions(model)
+            state = states.get(version)
+            if state is None or state.state != "READY":
+                why = state.reason if state else "not in the repository index"
+                raise LoadFailed(f"version {version} of model '{model}' did not become READY: {why}")
+        await self._event(model, actor, "version_loaded", f"version {version} loaded beside {sorted(serving)}")
+        return {"model": model, "version": version, "state": "READY", "serving": sorted(keep, key=int)}
+
+    async def unload(self, model: str, version: str, actor: str) -> dict[str, Any]:
+        serving = await self.serving(model)
+        if version not in serving:
+            raise NotFound(f"version {version} of model '{model}' is not loaded")
+        if serving == {version}:
+            raise Conflict(f"version {version} is the only version of model '{model}' serving: load another first")
+        await self._take_out_of_policy(model, version, actor)
+        drained = await self._drain(model, version)
+        async with self._lock:
+            await self._reload(model, await self.serving(model) - {version}, self.load_timeout_s)
+        reason = f"version {version} drained ({drained}) and unloaded"
+        await self._event(model, actor, "version_unloaded", reason)
+        return {"model": model, "version": version, "state": "UNLOADED", "drain": drained}
+
+    async def _take_out_of_policy(self, model: str, version: str, actor: str) -> None:
+        stored = await self.policies.store.get_policy(model)
+        if stored is None or stored.spec is None or version not in stored.spec.versions() and \
+                version not in stored.spec.weights:
+            return
+        doc = stored.spec.document()
+        weights = {v: Decimal(str(w)) for v, w in stored.spec.weights.items() if v != version}
+        freed = stored.spec.weights.get(version, Decimal(0))
+        if freed and weights:
+            heir = max(weights, key=lambda v: (weights[v], int(v)))
+            weights[heir] += freed
+        if not weights or sum(weights.values()) != 100:
+            raise Conflict(f"cannot take version {version} out of the policy of '{model}': nothing left to route to")
+        doc["weights"] = weights
+        doc["rules"] = [rule for rule in doc["rules"] if rule["version"] != version]
+        shadow = doc.get("shadow")
+        if shadow and shadow.get("version") == version:
+            doc["shadow"] = None
+        spec = PolicySpec.model_validate(doc)
+        await self.policies.put(model, spec, stored.revision, EventDraft(actor, "drain", f"draining version {version}"),
+                                require_ready=False)
+
+    async def _drain(self, model: str, version: str) -> str:
+        started = time.monotonic()
+        while time.monotonic() - started < self.drain_timeout_s:
+            inflight = self.recorder.inflight.get((model, version), 0)
+            sequences = self.pins.open_on(model, version)
+            if inflight <= 0 and sequences == 0:
+                return f"idle after {time.monotonic() - started:.1f}s"
+            await asyncio.sleep(0.05)
+        return f"timed out after {self.drain_timeout_s:g}s"
+
+    async def _reload(self, model: str, versions: set[str], timeout_s: float) -> None:
+        status, config = await self.triton.call(b"GET", f"/v2/models/{model}/config")
+        if status != 200 or not isinstance(config, dict):
+            raise NotFound(f"model '{model}' is not loaded on Triton: {config}")
+        config["version_policy"] = {"specific": {"versions": sorted(int(v) for v in versions)}}
+        body = {"parameters": {"config": json.dumps(config)}}
+        try:
+            status, answer = await self.triton.call(b"POST", f"/v2/repository/models/{model}/load", body,
+                                                    timeout_s=timeout_s)
+        except UpstreamError as exc:
+            raise LoadFailed(f"Triton did not finish loading '{model}': {exc.message}") from exc
+        if status != 200:
+            reason = answer.get("error") if isinstance(answer, dict) else answer
+            raise LoadFailed(f"Triton refused to load versions {sorted(versions, key=int)} of '{model}': {reason}")
+
+    async def _event(self, model: str, actor: str, action: str, reason: str) -> None:
+        log.info(json.dumps({"type": "lifecycle", "model": model, "actor": actor, "action": action,
+                             "reason": reason}))
+        await self.policies.store.append_event(model, Event(at=time.time(), actor=actor, action=action, model=model,
+                                                            reason=reason))

@@ -1,0 +1,185 @@
+"""Shadow traffic: mirror a share of a model's requests to a version that serves nobody yet.
+
+The client's response never waits on the shadow: a mirrored request is offered to a
+bounded queue after the primary response was handed to the server, and dropped (and
+counted) when the queue is full. One worker sends shadows to Triton and compares each
+answer with the primary's: same output names, shapes and datatypes, numbers within a
+tolerance. Per (model, shadow version) it keeps agreement, errors and latency, which the
+rollout status and ``/metrics`` show, so an SRE can judge a version before it takes real
+traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import GatewayError
+from gateway.telemetry.recorder import LATENCY_BOUNDS
+from gateway.upstream import HttpUpstream
+
+REL_TOLERANCE = 1e-3
+ABS_TOLERANCE = 1e-5
+
+
+@dataclass
+class ShadowStats:
+    requests: int = 0
+    errors: int = 0
+    compared: int = 0
+    agreed: int = 0
+    dropped: int = 0
+    latency_sum: float = 0.0
+    histogram: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BOUNDS) + 1))
+
+    def document(self) -> dict[str, Any]:
+        return {"requests": self.requests, "errors": self.errors, "dropped": self.dropped,
+                "compared": self.compared, "agreement_rate": self.agreed / self.compared if self.compared else None,
+                "error_rate": self.errors / self.requests if self.requests else None,
+                "mean_latency_ms": round(self.latency_sum / self.requests * 1000, 3) if self.requests else None}
+
+
+@dataclass(frozen=True)
+class Mirror:
+    model: str
+    version: str
+    method: bytes
+    target: bytes
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    primary_status: int
+    primary_body: bytes
+
+
+class ShadowMirror:
+    def __init__(self, upstream: HttpUpstream, max_queue: int = 1000, workers: int = 2) -> None:
+        self.upstream = upstream
+        self.stats: dict[tuple[str, str], ShadowStats] = {}
+        self._queue: asyncio.Queue[Mirror] = asyncio.Queue(max_queue)
+        self._workers = workers
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def offer(self, mirror: Mirror) -> None:
+        """Never blocks: a full queue drops the mirror and counts it."""
+        try:
+            self._queue.put_nowait(mirror)
+        except asyncio.QueueFull:
+            self._stats(mirror.model, mirror.version).dropped += 1
+
+    def _stats(self, model: str, version: str) -> ShadowStats:
+        key = (model, version)
+        stats = self.stats.get(key)
+        if stats is None:
+            stats = self.stats[key] = ShadowStats()
+        return stats
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._work()) for _ in range(self._workers)]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    async def _work(self) -> None:
+        while True:
+            mirror = await self._queue.get()
+            await self._send(mirror)
+
+    async def _send(self, mirror: Mirror) -> None:
+        stats = self._stats(mirror.model, mirror.version)
+        started = time.perf_counter()
+        try:
+            response = await self.upstream.request(mirror.method, mirror.target, mirror.headers, mirror.body)
+            body = await response.read()
+        except GatewayError:
+            stats.requests += 1
+            stats.errors += 1
+            return
+        latency = time.perf_counter() - started
+        stats.requests += 1
+        stats.latency_sum += latency
+        stats.histogram[_bucket(latency)] += 1
+        if response.status >= 500:
+            stats.errors += 1
+            return
+        if response.status == 200 and mirror.primary_status == 200:
+            stats.compared += 1
+            stats.agreed += agree(mirror.primary_body, body, _ihcl(mirror.headers), _ihcl(response.headers))
+
+
+def _bucket(latency: float) -> int:
+    from bisect import bisect_left
+
+    return bisect_left(LATENCY_BOUNDS, latency)
+
+
+def _ihcl(headers: list[tuple[bytes, bytes]]) -> int | None:
+    for name, value in headers:
+        if name.lower() == b"inference-header-content-length":
+            return int(value)
+    return None
+
+
+def _outputs(body: bytes, ihcl: int | None) -> dict[str, tuple[str, tuple[int, ...], Any]]:
+    header = json.loads(body[:ihcl] if ihcl else body)
+    out, offset = {}, ihcl or 0
+    for output in header.get("outputs", []):
+        size = output.get("parameters", {}).get("binary_data_size")
+        if size is not None:
+            data: Any = body[offset:offset + size]
+            offset += size
+        else:
+            data = output.get("data")
+        out[output["name"]] = (output["datatype"], tuple(output["shape"]), data)
+    return out
+
+
+def agree(primary: bytes, shadow: bytes, primary_ihcl: int | None = None, shadow_ihcl: int | None = None) -> bool:
+    """Same outputs (names, shapes, datatypes) and values within tolerance."""
+    try:
+        a, b = _outputs(primary, primary_ihcl), _outputs(shadow, shadow_ihcl)
+    except (ValueError, KeyError, TypeError):
+        return False
+    if a.keys() != b.keys():
+        return False
+    for name, (dtype, shape, data) in a.items():
+        other_dtype, other_shape, other = b[name]
+        if (dtype, shape) != (other_dtype, other_shape):
+            return False
+        if isinstance(data, bytes) or isinstance(other, bytes):
+            if not _close_binary(dtype, data, other):
+                return False
+        elif not _close(data, other):
+            return False
+    return True
+
+
+def _close(a: Any, b: Any) -> bool:
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return math.isclose(a, b, rel_tol=REL_TOLERANCE, abs_tol=ABS_TOLERANCE)
+    return bool(a == b)
+
+
+def _close_binary(dtype: str, a: Any, b: Any) -> bool:
+    if not isinstance(a, bytes) or not isinstance(b, bytes) or len(a) != len(b):
+        return False
+    import numpy as np
+
+    kinds = {"FP32": "<f4", "FP64": "<f8", "FP16": "<f2", "INT32": "<i4", "INT64": "<i8", "INT8": "i1",
+             "UINT8": "u1", "INT16": "<i2"}
+    if dtype not in kinds:
+        return a == b
+    x, y = np.frombuffer(a, dtype=kinds[dtype]), np.frombuffer(b, dtype=kinds[dtype])
+    return bool(np.allclose(x, y, rtol=REL_TOLERANCE, atol=ABS_TOLERANCE))

@@ -1,0 +1,116 @@
+"""Version lifecycle against a real Triton of its own: load, shadow, canary, promote, drain, unload."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from typing import Iterator
+
+import pytest
+
+from gateway.local_triton import LocalTriton
+from tests.support import (
+    INFER_BODY,
+    TOKEN,
+    BackgroundLoad,
+    GatewayThread,
+    GrpcBackgroundLoad,
+    admin_call,
+    gateway_settings,
+    wait_for,
+)
+
+pytestmark = pytest.mark.triton
+
+
+@pytest.fixture
+def own_triton() -> Iterator[LocalTriton]:
+    with LocalTriton.on_free_ports(models=("qc",)) as server:
+        yield server
+
+
+def gateway_for(triton: LocalTriton, **policy: object) -> GatewayThread:
+    return GatewayThread(gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url, admin_token=TOKEN,
+                                          controller_tick_s=0.2, policies={"qc": {"weights": {"2": 100}, **policy}}))
+
+
+def ready_versions(triton: LocalTriton) -> set[str]:
+    request = urllib.request.Request(f"{triton.http_url}/v2/repository/index", data=b"{}", method="POST")
+    index = json.loads(urllib.request.urlopen(request).read())
+    return {e["version"] for e in index if e["name"] == "qc" and e.get("state") == "READY"}
+
+
+def test_loading_a_broken_version_fails_cleanly(own_triton: LocalTriton) -> None:
+    with gateway_for(own_triton) as gw, BackgroundLoad(gw.url, concurrency=4) as load:
+        time.sleep(0.5)
+        status, body = admin_call(gw.url, "POST", "/admin/models/qc/versions/4/load")
+        assert 400 <= status < 600 and "broken on purpose" in body["error"], body
+        time.sleep(0.5)
+    assert ready_versions(own_triton) == {"1", "2", "3"}, "the serving versions were left alone"
+    assert set(load.result.statuses) == {200} and load.result.total > 100, load.result.failures[:3]
+
+
+def test_unload_refuses_the_last_version_and_unknown_ones(own_triton: LocalTriton) -> None:
+    with gateway_for(own_triton) as gw:
+        assert admin_call(gw.url, "POST", "/admin/models/qc/versions/9/unload")[0] == 404
+        assert admin_call(gw.url, "POST", "/admin/models/qc/versions/x/load")[0] == 422
+        assert admin_call(gw.url, "POST", "/admin/models/qc/versions/1/unload")[0] == 200
+        assert admin_call(gw.url, "POST", "/admin/models/qc/versions/3/unload")[0] == 200
+        status, body = admin_call(gw.url, "POST", "/admin/models/qc/versions/2/unload")
+        assert status == 409 and "only version" in body["error"]
+        assert ready_versions(own_triton) == {"2"}
+
+
+def test_full_cycle_under_load_fails_no_request(own_triton: LocalTriton) -> None:
+    with gateway_for(own_triton) as gw:
+        grpc_url = f"127.0.0.1:{gw.settings.grpc_port}"
+        with BackgroundLoad(gw.url, concurrency=4) as http_load, GrpcBackgroundLoad(grpc_url, concurrency=4) as rpc:
+            for version in ("3", "1"):  # start from v2 alone
+                status, body = admin_call(gw.url, "POST", f"/admin/models/qc/versions/{version}/unload")
+                assert status == 200, body
+            assert ready_versions(own_triton) == {"2"}
+            status, body = admin_call(gw.url, "POST", "/admin/models/qc/versions/3/load")
+            assert status == 200 and body["state"] == "READY", body
+            status, body = admin_call(gw.url, "PUT", "/admin/models/qc/policy",
+                                      {"weights": {"2": 100}, "shadow": {"version": "3", "percent": 50}})
+            assert status == 200 and body["shadow"] == {"version": "3", "percent": 50}, body
+            wait_for(lambda: gw.app.shadow.stats.get(("qc", "3")) and gw.app.shadow.stats[("qc", "3")].compared > 50,
+                     10, what="shadow comparisons")
+            status, rollout = admin_call(gw.url, "POST", "/admin/models/qc/rollout", {
+                "canary": "3", "steps": [25, 50, 100], "interval_s": 1.5, "min_requests": 10,
+                "unload_previous": True})
+            assert status == 200, rollout
+            shadow = rollout["shadow"]["3"]
+            assert shadow["requests"] > 0 and shadow["agreement_rate"] == 0.0, "v3 answers 3x, v2 answers 2x"
+            done = wait_for(lambda: (d := admin_call(gw.url, "GET", "/admin/models/qc/rollout")[1])["state"]
+                            != "progressing" and d, 30, what="promotion")
+            assert done["state"] == "promoted", done["reason"]
+            wait_for(lambda: ready_versions(own_triton) == {"3"}, 30, what="v2 drained and unloaded")
+            time.sleep(1.0)
+        for load in (http_load, rpc):
+            assert set(load.result.statuses) == {200}, load.result.failures[:3]
+            assert load.result.versions["3"] > 0 and load.result.versions["2"] > 0
+        rate = (http_load.result.total + rpc.result.total) / http_load.seconds
+        assert rate >= 200, f"only {rate:.0f} req/s"
+        events = [e["action"] for e in admin_call(gw.url, "GET", "/admin/events?model=qc&limit=100")[1]["events"]]
+        assert {"version_loaded", "version_unloaded", "rollout_promoted"} <= set(events)
+
+
+def test_http_sequences_stay_on_their_version(triton: LocalTriton) -> None:
+    def infer(url: str, **parameters: object) -> str:
+        body = json.loads(INFER_BODY)
+        body["parameters"] = parameters
+        request = urllib.request.Request(f"{url}/v2/models/qc/infer", data=json.dumps(body).encode())
+        with urllib.request.urlopen(request) as response:
+            assert response.headers["x-gateway-route"] in {"sequence", "weighted"}
+            return str(json.loads(response.read())["model_version"])
+
+    with gateway_for(triton, sequence_affinity=True) as gw:
+        assert infer(gw.url, sequence_id=77, sequence_start=True, sequence_end=False) == "2"
+        assert admin_call(gw.url, "PATCH", "/admin/models/qc/policy/weights", {"weights": {"3": 100}})[0] == 200
+        assert infer(gw.url, sequence_id=77, sequence_start=False, sequence_end=False) == "2"
+        assert infer(gw.url, sequence_id=77, sequence_start=False, sequence_end=True) == "2"
+        assert infer(gw.url, sequence_id=78, sequence_start=True, sequence_end=False) == "3", "new sequences move"
+        assert infer(gw.url, sequence_id=77, sequence_start=False, sequence_end=False) == "3", "77 ended"
+        assert infer(gw.url) == "3"
