@@ -23,6 +23,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -125,6 +126,13 @@ def run_h2load(hostport: str, body: Path, concurrency: int, requests: int, workd
     return Result(rps, durations[len(durations) // 2], durations[int(len(durations) * 0.99)], cpu, errors)
 
 
+def admin(port: int, method: str, path: str, body: object) -> None:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method, data=json.dumps(body).encode(),
+                                     headers={"Authorization": "Bearer bench-admin-token",
+                                              "Content-Type": "application/json"})
+    urllib.request.urlopen(request, timeout=10).read()
+
+
 def wait_http(url: str, timeout_s: float = 20) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -150,7 +158,9 @@ def main() -> int:
     (workdir / "gateway.yaml").write_text(POLICY)
     kinds = bodies(workdir)
     print("starting tritonserver ...", flush=True)
-    with LocalTriton.on_free_ports() as triton:
+    faults = workdir / "faults.json"
+    faults.write_text("{}")
+    with LocalTriton.on_free_ports(faults_file=faults) as triton:
         port = free_port()
         grpc_port = free_port()
         env = dict(os.environ, GATEWAY_PORT=str(port), GATEWAY_TRITON_URL=triton.http_url, GATEWAY_LOG_LEVEL="warning",
@@ -184,15 +194,17 @@ def main() -> int:
                     body, ihcl = kinds["json"]
                     print("  json   c=32  with the access log on ...", flush=True)
                     run_wrk(f"http://127.0.0.1:{log_port}/v2/models/qc/infer", body, ihcl, 32, 1, script, None)
-                    off = run_wrk(f"http://127.0.0.1:{port}/v2/models/qc/infer", body, ihcl, 32, args.seconds,
-                                  script, gateway.pid)
-                    on = run_wrk(f"http://127.0.0.1:{log_port}/v2/models/qc/infer", body, ihcl, 32, args.seconds,
-                                 script, logged.pid)
+                    off, on = alternate(
+                        lambda: run_wrk(f"http://127.0.0.1:{port}/v2/models/qc/infer", body, ihcl, 32, args.seconds,
+                                        script, gateway.pid),
+                        lambda: run_wrk(f"http://127.0.0.1:{log_port}/v2/models/qc/infer", body, ihcl, 32,
+                                        args.seconds, script, logged.pid))
                     rows.append(("json+log c=32", off, on))
                 finally:
                     logged.terminate()
                     logged.wait(10)
             print(f"  access log: {sum(1 for _ in open(log_path))} lines written")
+            rows.append(shadow_row(env, workdir, kinds, script, args.seconds, faults))
             if shutil.which("h2load"):
                 body = grpc_body(workdir)
                 for concurrency in (1, 32):
@@ -214,6 +226,57 @@ def main() -> int:
     return 0
 
 
+def alternate(first: Callable[[], Result], second: Callable[[], Result], rounds: int = 3) -> tuple[Result, Result]:
+    """A/B rows on a shared 2-core machine: interleave the runs, keep the median of each."""
+    a, b = [], []
+    for _ in range(rounds):
+        a.append(first())
+        b.append(second())
+    return median(a), median(b)
+
+
+def median(results: list[Result]) -> Result:
+    def mid(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2]
+
+    return Result(mid([r.rps for r in results]), int(mid([r.p50_us for r in results])),
+                  int(mid([r.p99_us for r in results])), mid([r.cpu_us or 0.0 for r in results]),
+                  sum(r.errors for r in results))
+
+
+def shadow_row(env: dict[str, str], workdir: Path, kinds: dict[str, tuple[Path, str]], script: Path,
+               seconds: float, faults: Path) -> tuple[str, Result, Result]:
+    """JSON c=32 through a gateway at qc 2=100%, then with 100% mirrored to a version made
+    20 ms slower: the client's latency must not follow the shadow's."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "gateway", "serve"], env={
+        **env, "GATEWAY_PORT": str(port), "GATEWAY_GRPC_PORT": str(free_port()),
+        "GATEWAY_ADMIN_TOKEN": "bench-admin-token"}, stdout=subprocess.DEVNULL)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/readyz")
+        admin(port, "PUT", "/admin/models/qc/policy", {"weights": {"2": 100}})
+        body, ihcl = kinds["json"]
+        url = f"http://127.0.0.1:{port}/v2/models/qc/infer"
+        print("  json   c=32  without and with a 100% shadow to a slow version ...", flush=True)
+        run_wrk(url, body, ihcl, 32, 1, script, None)
+        faults.write_text(json.dumps({"qc": {"3": {"delay_ms": 20}}}))
+
+        def measure(shadow: bool) -> Result:
+            policy: dict[str, object] = {"weights": {"2": 100}}
+            if shadow:
+                policy["shadow"] = {"version": "3", "percent": 100}
+            admin(port, "PUT", "/admin/models/qc/policy", policy)
+            time.sleep(0.3)
+            return run_wrk(url, body, ihcl, 32, seconds, script, process.pid)
+
+        off, on = alternate(lambda: measure(False), lambda: measure(True))
+        faults.write_text("{}")
+    finally:
+        process.terminate()
+        process.wait(10)
+    return "shadow c=32", off, on
+
+
 def print_table(rows: list[tuple[str, Result, Result]], seconds: float) -> None:
     print(f"\nHTTP rows: {seconds:g} s of wrk load per cell; gRPC rows: h2load, fixed request count. Model qc "
           "(Python backend); load generator, gateway and Triton share the same 2 cores.")
@@ -226,6 +289,8 @@ def print_table(rows: list[tuple[str, Result, Result]], seconds: float) -> None:
               f"{g.p50_us / 1000:>7.2f} {g.p99_us / 1000:>7.2f} {g.cpu_us or 0:>10.0f} | {g.rps / d.rps:>9.2f} "
               f"{(g.p50_us - d.p50_us) / 1000:>7.2f} | {d.errors}/{g.errors}")
     print("json+log row: the left columns are the gateway with the access log off, the right ones with it on.")
+    print("A/B rows (json+log, shadow) interleave 3 runs of each side and show the medians.")
+    print("shadow row: left, qc 2=100% alone; right, the same with 100% mirrored to version 3 made 20 ms slower.")
 
 
 if __name__ == "__main__":

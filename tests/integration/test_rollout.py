@@ -173,3 +173,40 @@ def test_a_gateway_killed_mid_rollout_resumes_at_the_same_step(triton: LocalTrit
         assert later
     finally:
         second.stop()
+
+
+def test_grpc_traffic_is_judged_the_same_way(triton: LocalTriton, faults: Faults) -> None:
+    from tests.support import GrpcBackgroundLoad
+
+    faults.set("qc", "3", error_rate=0.3)
+    settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url, admin_token=TOKEN,
+                                controller_tick_s=0.2, policies={"qc": {"weights": {"2": 100}}})
+    with GatewayThread(settings) as gw, GrpcBackgroundLoad(f"127.0.0.1:{gw.settings.grpc_port}") as load:
+        start(gw.url, steps=[20, 50, 100], interval_s=2, min_requests=10, failure_limit=2)
+        doc = wait_for(lambda: finished(gw.url), 20, what="the rollout to end")
+    assert doc["state"] == "rolled_back"
+    assert [v for v in doc["verdicts"] if v["outcome"] == "unhealthy"][-1]["metric"] == "error_rate"
+    assert load.result.versions["2"] > 0 and any("injected fault" in f for f in load.result.failures)
+
+
+def test_ctl_rollout_commands(gateway: GatewayThread) -> None:
+    import subprocess
+    import sys
+
+    def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gateway", "ctl", "--url", gateway.url, "--token", TOKEN, *args],
+                              capture_output=True, text=True, timeout=30)
+
+    started = ctl("--json", "rollout", "start", "qc", "--canary", "3", "--steps", "10,50,100", "--interval", "60")
+    assert started.returncode == 0, started.stderr
+    assert json.loads(started.stdout)["weights"] == {"2": 90, "3": 10}
+    shown = ctl("rollout", "status", "qc")
+    assert shown.returncode == 0 and "progressing" in shown.stdout and "canary" in shown.stdout
+    assert json.loads(ctl("--json", "rollout", "promote", "qc").stdout)["step"] == 1
+    assert json.loads(ctl("--json", "rollout", "pause", "qc").stdout)["state"] == "paused"
+    aborted = ctl("--json", "rollout", "abort", "qc")
+    assert json.loads(aborted.stdout)["state"] == "aborted"
+    watched = ctl("rollout", "status", "qc", "--watch")
+    assert watched.returncode == 0, "--watch returns once the rollout has ended"
+    refused = ctl("rollout", "resume", "qc")
+    assert refused.returncode == 1 and "not paused" in refused.stderr
