@@ -21,9 +21,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -166,7 +166,8 @@ def main() -> int:
         env = dict(os.environ, GATEWAY_PORT=str(port), GATEWAY_TRITON_URL=triton.http_url, GATEWAY_LOG_LEVEL="warning",
                    GATEWAY_GRPC_PORT=str(grpc_port), GATEWAY_TRITON_GRPC_URL=triton.grpc_url,
                    GATEWAY_STORE_URL="memory://")
-        gateway = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(workdir / "gateway.yaml")],
+        command = [sys.executable, "-m", "gateway", "serve", "--config", str(workdir / "gateway.yaml")]
+        gateway = subprocess.Popen(command,
                                    env=env)
         try:
             wait_http(f"http://127.0.0.1:{port}/readyz")

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -20,8 +21,8 @@ from starlette.exceptions import HTTPException
 
 from gateway.admin.api import admin_router
 from gateway.admin.auth import Authenticator
-from gateway.admin.versions import versions_router
 from gateway.admin.policies import PolicyService
+from gateway.admin.versions import versions_router
 from gateway.errors import GatewayError
 from gateway.lifecycle import ModelLifecycle
 from gateway.policy_book import PolicyBook

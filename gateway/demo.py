@@ -90,7 +90,8 @@ class Traffic:
 
 
 def admin(url: str, method: str, path: str, body: Any = None) -> Any:
-    request = urllib.request.Request(url + path, method=method, data=None if body is None else json.dumps(body).encode(),
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, method=method, data=data,
                                      headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())
@@ -100,7 +101,8 @@ def start_gateway(triton: LocalTriton, workdir: Path) -> tuple[subprocess.Popen[
     port = free_port()
     env = dict(os.environ, GATEWAY_PORT=str(port), GATEWAY_TRITON_URL=triton.http_url, GATEWAY_LOG_LEVEL="warning",
                GATEWAY_ADMIN_TOKEN=TOKEN, GATEWAY_STORE_URL=f"sqlite:///{workdir}/state.db",
-               GATEWAY_CONTROLLER_TICK_S="0.5", GATEWAY_GRPC_PORT=str(free_port()), GATEWAY_TRITON_GRPC_URL=triton.grpc_url)
+               GATEWAY_CONTROLLER_TICK_S="0.5", GATEWAY_GRPC_PORT=str(free_port()),
+               GATEWAY_TRITON_GRPC_URL=triton.grpc_url)
     config = workdir / "gateway.yaml"
     config.write_text('policies:\n  qc: {weights: {"2": 100}, sticky_header: x-user-id}\n')
     process = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(config)], env=env)

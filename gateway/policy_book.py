@@ -8,8 +8,8 @@ old or the new policy of a model, never a half-applied one, and needs no lock.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Callable, Mapping
 
 from gateway.routing import Policy, PolicySpec, compile_policy
 

@@ -12,9 +12,10 @@ use the same layout with a caller-supplied draw in [0, 10000).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Annotated, Mapping, Protocol
+from typing import Annotated, Protocol
 
 import mmh3
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -21,7 +22,6 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from gateway.app import Gateway
 from gateway.proxy.http import CONNECTION_KEY
 from gateway.settings import Settings
-
 
 
 class _CoalescingTransport:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable
 
 import httptools
 

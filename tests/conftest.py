@@ -3,8 +3,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -137,7 +138,7 @@ class PrometheusServer:
             except OSError:
                 if time.monotonic() > deadline or self.process.poll() is not None:
                     self.stop()
-                    raise RuntimeError("prometheus did not become ready")
+                    raise RuntimeError("prometheus did not become ready") from None
                 time.sleep(0.2)
 
     @property

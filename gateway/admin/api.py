@@ -100,7 +100,8 @@ def admin_router(policies: PolicyService, auth: Authenticator) -> APIRouter:  # 
     async def get_policy(model: ModelName, response: Response, _: Actor) -> dict[str, Any]:
         return policy_response(await policies.get(model), response)
 
-    @router.put("/models/{model}/policy", response_model=PolicyOut, summary="Replace the model's policy (every routed version must be READY on Triton)")
+    @router.put("/models/{model}/policy", response_model=PolicyOut,
+                summary="Replace the model's policy (every routed version must be READY on Triton)")
     async def put_policy(model: ModelName, spec: PolicySpec, response: Response, who: Actor,
                          if_match: IfMatch = None) -> dict[str, Any]:
         stored = await policies.put(model, spec, parse_if_match(if_match), EventDraft(who, "put_policy"))

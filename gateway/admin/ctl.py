@@ -10,7 +10,8 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 from rich.console import Console
@@ -224,7 +225,7 @@ def _events(args: argparse.Namespace, api: Api) -> Any:
     import datetime as dt
 
     for event in data["events"]:
-        at = dt.datetime.fromtimestamp(event["at"], dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+        at = dt.datetime.fromtimestamp(event["at"], dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
         table.add_row(at, event["actor"], event["action"], event["model"], event.get("reason") or "")
     return table
 

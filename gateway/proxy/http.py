@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from gateway.errors import ClientGone, GatewayError, UpstreamError
 from gateway.policy_book import PolicyBook

@@ -20,8 +20,9 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from decimal import Decimal
-from typing import Any, Callable
+from typing import Any
 
 from gateway.admin.policies import PolicyService
 from gateway.errors import Conflict, GatewayError, NotFound

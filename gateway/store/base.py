@@ -12,8 +12,9 @@ so compare-and-set and replica catch-up stay correct across delete and re-create
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, Protocol
 
 from gateway.errors import GatewayError, PreconditionFailed
 from gateway.routing import PolicySpec
@@ -123,6 +124,15 @@ class StateStore(Protocol):
 
     async def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
         """Take or renew the lease ``name`` for ``holder``; True while held."""
+
+
+async def seed_once(store: StateStore, model: str, spec: PolicySpec, actor: str) -> bool:
+    """The shared seed_policy(): write only if the model never had a record (revision 0)."""
+    try:
+        await store.put_policy(model, spec, 0, EventDraft(actor, "seed", "static policy from the settings"))
+    except StaleRevision:  # the model already has a record: API changes win over the file
+        return False
+    return True
 
 
 def make_store(url: str) -> StateStore:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from gateway.routing import PolicySpec
-from gateway.store.base import Event, EventDraft, StaleRevision, StoredPolicy, StoredRollout
+from gateway.store.base import Event, EventDraft, StaleRevision, StoredPolicy, StoredRollout, seed_once
 
 
 def check_revision(kind: str, model: str, current: int, expected: int | None) -> None:
@@ -48,11 +49,7 @@ class InMemoryStore:
         return stored
 
     async def seed_policy(self, model: str, spec: PolicySpec, actor: str) -> bool:
-        try:
-            await self.put_policy(model, spec, 0, EventDraft(actor, "seed", "static policy from the settings"))
-        except StaleRevision:  # the model already has a record: API changes win over the file
-            return False
-        return True
+        return await seed_once(self, model, spec, actor)
 
     async def append_event(self, model: str, event: Event) -> None:
         self._events.append(Event(**{**event.__dict__, "id": len(self._events) + 1}))

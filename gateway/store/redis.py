@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.routing import PolicySpec
-from gateway.store.base import Event, EventDraft, StaleRevision, StoredPolicy, StoredRollout, StoreError
+from gateway.store.base import Event, EventDraft, StaleRevision, StoredPolicy, StoredRollout, StoreError, seed_once
 
 # KEYS: record, events list, changes channel. ARGV: expected revision ('' = any), record
 # JSON template (revision filled in here), event JSON, model, max events.
@@ -100,11 +101,7 @@ class RedisStore:
         return StoredPolicy(model, spec, int(revision), now)
 
     async def seed_policy(self, model: str, spec: PolicySpec, actor: str) -> bool:
-        try:
-            await self.put_policy(model, spec, 0, EventDraft(actor, "seed", "static policy from the settings"))
-        except StaleRevision:
-            return False
-        return True
+        return await seed_once(self, model, spec, actor)
 
     async def append_event(self, model: str, event: Event) -> None:
         async with self.redis.pipeline(transaction=True) as pipe:

@@ -12,11 +12,12 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, TypeVar
+from typing import Any, TypeVar
 
 from gateway.routing import PolicySpec
-from gateway.store.base import Event, EventDraft, StaleRevision, StoredPolicy, StoredRollout, StoreError
+from gateway.store.base import Event, EventDraft, StoredPolicy, StoredRollout, StoreError, seed_once
 from gateway.store.memory import check_revision
 
 T = TypeVar("T")
@@ -83,7 +84,8 @@ class SQLiteStore:
         return _policy(rows[0]) if rows else None
 
     async def list_policies(self) -> dict[str, StoredPolicy]:
-        rows = await self._run(lambda db: db.execute("SELECT model, spec, revision, updated_at FROM policies").fetchall())
+        query = "SELECT model, spec, revision, updated_at FROM policies"
+        rows = await self._run(lambda db: db.execute(query).fetchall())
         return {row[0]: _policy(row) for row in rows}
 
     async def put_policy(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
@@ -106,11 +108,7 @@ class SQLiteStore:
         return await self._run(work)
 
     async def seed_policy(self, model: str, spec: PolicySpec, actor: str) -> bool:
-        try:
-            await self.put_policy(model, spec, 0, EventDraft(actor, "seed", "static policy from the settings"))
-        except StaleRevision:  # the model already has a record: API changes win over the file
-            return False
-        return True
+        return await seed_once(self, model, spec, actor)
 
     async def append_event(self, model: str, event: Event) -> None:
         await self._run(lambda db: self._transaction(db, lambda: _insert_event(db, event)))
@@ -140,7 +138,8 @@ class SQLiteStore:
                 rows = db.execute("SELECT revision FROM rollouts WHERE model = ?", (model,)).fetchall()
                 current = rows[0][0] if rows else 0
                 check_revision("rollout", model, current, expected_revision)
-                db.execute("INSERT OR REPLACE INTO rollouts VALUES (?, ?, ?)", (model, json.dumps(document), current + 1))
+                db.execute("INSERT OR REPLACE INTO rollouts VALUES (?, ?, ?)",
+                           (model, json.dumps(document), current + 1))
                 return StoredRollout(model, document, current + 1)
 
             return self._transaction(db, body)

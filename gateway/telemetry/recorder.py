@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable
 
 # Upper bounds in seconds, 0.5 ms to 30 s: inference latencies span both ends.
 LATENCY_BOUNDS: tuple[float, ...] = (

@@ -6,7 +6,8 @@ import asyncio
 import queue
 import time
 from collections import Counter
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import numpy as np

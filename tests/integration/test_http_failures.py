@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 import urllib.request
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

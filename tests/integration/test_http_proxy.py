@@ -7,7 +7,7 @@ import json
 import struct
 import time
 import urllib.request
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

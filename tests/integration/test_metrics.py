@@ -97,6 +97,6 @@ def test_access_log_is_structured_and_batched(triton: LocalTriton) -> None:
         time.sleep(1.0)
         lines = [jsonlib.loads(line) for line in stream.getvalue().splitlines()]
     assert len(lines) == 20
-    assert {(l["model"], l["version"], l["route"], l["protocol"], l["status"]) for l in lines} == {
+    assert {(line["model"], line["version"], line["route"], line["protocol"], line["status"]) for line in lines} == {
         ("qc", "2", "weighted", "http", 200)}
-    assert all(l["latency_ms"] > 0 and l["type"] == "access" for l in lines)
+    assert all(line["latency_ms"] > 0 and line["type"] == "access" for line in lines)

@@ -71,7 +71,8 @@ def test_k8s_manifests_are_well_formed() -> None:
     container = gateway["template"]["spec"]["containers"][0]
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert container["env"][0]["valueFrom"]["secretKeyRef"]["name"] in {s["metadata"]["name"] for s in by_kind["Secret"]}
+    secrets = {s["metadata"]["name"] for s in by_kind["Secret"]}
+    assert container["env"][0]["valueFrom"]["secretKeyRef"]["name"] in secrets
     pod_labels = [d["spec"]["template"]["metadata"]["labels"] for d in deployments.values()]
     for service in by_kind["Service"]:
         assert any(service["spec"]["selector"].items() <= labels.items() for labels in pod_labels), service
