@@ -34,11 +34,12 @@ def test_promql_sees_what_the_recorder_sees(triton: LocalTriton, faults: Faults,
                                                  "triton": f"127.0.0.1:{triton.metrics_port}"})
         try:
             wait_for(lambda: prometheus.query('gateway_requests_total{version="3"}'), 10, what="first scrape")
-            time.sleep(1.2)  # the warm-up requests fall out of the compared window
+            time.sleep(3.5)  # the warm-up requests fall out of the compared window
             started = time.monotonic()
             asyncio.run(drive(gw.url, 2000, concurrency=8))
             time.sleep(2.5)  # two more scrapes
-            seconds = math.ceil(time.monotonic() - started)
+            # Reach 2 s before the traffic: Prometheus needs a sample from before it to see the increase.
+            seconds = math.ceil(time.monotonic() - started) + 2
             source = PrometheusSource(prometheus.url)
             promql = asyncio.run(source.window("qc", "3", seconds))
             local = gw.app.recorder.window("qc", "3", seconds)
