@@ -170,6 +170,8 @@ class HttpProxy:
             return
         if decision.reason not in _MAY_SHADOW or self._draw() >= policy.shadow_bp:
             return
+        if self.shadow.full(model, policy.shadow_version):  # type: ignore[arg-type]
+            return
         old = b"/versions/%s/" % decision.version.encode()  # type: ignore[union-attr]
         shadow_target = target.replace(old, b"/versions/%s/" % policy.shadow_version.encode(), 1)
         self.shadow.offer(Mirror(model, policy.shadow_version, scope["method"].encode(), shadow_target,  # type: ignore[arg-type]

@@ -64,6 +64,13 @@ class ShadowMirror:
         self._workers = workers
         self._tasks: list[asyncio.Task[None]] = []
 
+    def full(self, model: str, version: str) -> bool:
+        """True (and the drop counted) when a mirror would not fit: callers build nothing."""
+        if self._queue.full():
+            self._stats(model, version).dropped += 1
+            return True
+        return False
+
     def offer(self, mirror: Mirror) -> None:
         """Never blocks: a full queue drops the mirror and counts it."""
         try:

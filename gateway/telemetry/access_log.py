@@ -16,6 +16,10 @@ import time
 from typing import IO, Any
 
 
+_LINE = ('{"ts":%.6f,"type":"access","model":%s,"version":"%s","route":"%s","protocol":"%s","status":%s,'
+         '"latency_ms":%.3f}')
+
+
 class AccessLog:
     def __init__(self, stream: IO[str] | None = None, flush_s: float = 0.5, max_pending: int = 100_000) -> None:
         self.stream = stream or sys.stdout
@@ -24,6 +28,7 @@ class AccessLog:
         self.dropped = 0
         self._pending: list[tuple[Any, ...]] = []
         self._task: asyncio.Task[None] | None = None
+        self._quoted: dict[str, str] = {}
 
     def __call__(self, model: str, version: str | None, route: str, protocol: str, status: int | str,
                  latency_s: float) -> None:
@@ -51,9 +56,15 @@ class AccessLog:
         batch, self._pending = self._pending, []
         if not batch:
             return
-        lines = [json.dumps({"ts": round(ts, 6), "type": "access", "model": model, "version": version,
-                             "route": route, "protocol": protocol, "status": status,
-                             "latency_ms": round(latency * 1000, 3)}, separators=(",", ":"))
-                 for ts, model, version, route, protocol, status, latency in batch]
+        quoted = self._quoted
+        lines = []
+        for ts, model, version, route, protocol, status, latency in batch:
+            name = quoted.get(model)
+            if name is None:  # client-chosen text: escape once per distinct name
+                name = json.dumps(model)
+                if len(quoted) < 10_000:
+                    quoted[model] = name
+            # version, route, protocol and status are digits or fixed words: no escaping needed
+            lines.append(_LINE % (ts, name, version or "", route, protocol, json.dumps(status), latency * 1000))
         self.stream.write("\n".join(lines) + "\n")
         self.stream.flush()
