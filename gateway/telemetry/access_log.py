@@ -15,7 +15,6 @@ import sys
 import time
 from typing import IO, Any
 
-
 _LINE = ('{"ts":%.6f,"type":"access","model":%s,"version":"%s","route":"%s","protocol":"%s","status":%s,'
          '"latency_ms":%.3f}')
 
