@@ -14,7 +14,7 @@ help:
 	@echo "make demo   - create .venv, install, start a local Triton + the gateway, drive a canary"
 	@echo "make test   - create .venv, install, run the whole test suite (starts its own Triton/Redis)"
 	@echo "make bench  - gateway overhead vs direct-to-Triton (HTTP), one run"
-	@echo "make lint   - ruff"
+	@echo "make lint   - ruff and mypy --strict"
 
 $(STAMP): pyproject.toml
 	@test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,7 @@ bench: $(STAMP) system-deps
 
 lint: $(STAMP)
 	$(BIN)/ruff check gateway tests bench
+	$(BIN)/mypy gateway
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

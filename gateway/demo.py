@@ -89,12 +89,13 @@ class Traffic:
         await client.aclose()
 
 
-def admin(url: str, method: str, path: str, body: Any = None) -> Any:
+def admin(url: str, method: str, path: str, body: Any = None) -> dict[str, Any]:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url + path, method=method, data=data,
                                      headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read())
+        answer: dict[str, Any] = json.loads(response.read())
+        return answer
 
 
 def start_gateway(triton: LocalTriton, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:

@@ -81,7 +81,7 @@ class ModelLifecycle:
         if stored is None or stored.spec is None or version not in stored.spec.versions() and \
                 version not in stored.spec.weights:
             return
-        doc = stored.spec.document()
+        doc: dict[str, Any] = stored.spec.document()
         weights = {v: Decimal(str(w)) for v, w in stored.spec.weights.items() if v != version}
         freed = stored.spec.weights.get(version, Decimal(0))
         if freed and weights:

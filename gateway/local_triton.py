@@ -56,7 +56,7 @@ def free_port_block(count: int = 3) -> int:
 
 def _pytriton_root() -> Path:
     try:
-        import pytriton  # type: ignore[import-untyped]
+        import pytriton
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise TritonUnavailable("nvidia-pytriton is not installed: pip install 'triton-gateway[triton]'") from exc
     return Path(pytriton.__file__).resolve().parent

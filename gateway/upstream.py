@@ -344,12 +344,12 @@ class HttpUpstream:
         waiter: asyncio.Future[_Connection | None] = loop.create_future()
         self._waiters.append(waiter)
         try:
-            conn = await asyncio.wait_for(waiter, max(0.0, deadline - loop.time()))
+            handed: _Connection | None = await asyncio.wait_for(waiter, max(0.0, deadline - loop.time()))
         except TimeoutError:
             raise UpstreamTimeout(f"no free connection to upstream {self.name} before the deadline") from None
-        if conn is None:  # a slot freed up: open a new connection in it
+        if handed is None:  # a slot freed up: open a new connection in it
             return await self._connect()
-        return conn
+        return handed
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from functools import partial
 from typing import Any
 
@@ -24,9 +24,9 @@ from gateway.sequences import SequencePins
 from gateway.telemetry.recorder import UNKNOWN_MODEL, Outcome, Recorder
 from gateway.upstream import HttpUpstream, UpstreamResponse
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 CONNECTION_KEY = "gateway.connection"  # set by gateway.server.GatewayHttpProtocol
 ROUTED_ACTIONS = frozenset(["infer", "generate", "generate_stream"])
@@ -85,7 +85,8 @@ class HttpProxy:
         found = {name: value for name, value in scope["headers"] if name in names}
         decision = choose(policy, found, self._draw())
         raw_model = raw_path[11:].split(b"/", 1)[0]
-        return decision, b"/v2/models/%s/versions/%s/%s" % (raw_model, decision.version.encode(), action.encode())
+        version = (decision.version or "").encode()
+        return decision, b"/v2/models/%s/versions/%s/%s" % (raw_model, version, action.encode())
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send, target: bytes, model: str | None,
                        decision: Decision | None) -> None:
@@ -161,7 +162,8 @@ class HttpProxy:
         decision = choose_in_sequence(policy, found, self._draw(), self.pins, sequence_id, start, end)
         path, sep, query = target.partition(b"?")
         head, _, action = path.rpartition(b"/")
-        return decision, b"%s/versions/%s/%s%s%s" % (head, decision.version.encode(), action, sep, query)
+        version = (decision.version or "").encode()
+        return decision, b"%s/versions/%s/%s%s%s" % (head, version, action, sep, query)
 
     def _maybe_shadow(self, model: str | None, decision: Decision, scope: Scope, target: bytes, body: bytes,
                       response: UpstreamResponse) -> None:

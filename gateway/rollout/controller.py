@@ -126,8 +126,8 @@ class RolloutController:
             return
         policy = await self.store.get_policy(rollout.model)
         if rollout.phase is Phase.PROGRESSING and policy is not None and policy.revision != rollout.policy_revision:
-            last = (await self.store.events(rollout.model, limit=1) or [None])[0]
-            who = last.actor if last else "someone"
+            latest = await self.store.events(rollout.model, limit=1)
+            who = latest[0].actor if latest else "someone"
             paused = steps.on_command(rollout, "pause", now, f"{who} (manual policy change during the rollout)")
             await self._persist_and_apply(stored, paused, ACTOR)
             return

@@ -150,7 +150,7 @@ class RedisStore:
         except RedisError as exc:
             raise StoreError(f"change feed from {self.url} broke: {exc}") from exc
         finally:
-            await pubsub.aclose()
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     async def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
         key = self._key("lease", name)

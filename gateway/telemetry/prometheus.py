@@ -77,8 +77,8 @@ class GatewayCollector:
         yield errors
         inflight = GaugeMetricFamily("gateway_inflight_requests", "Requests waiting on Triton now",
                                      labels=["model", "version"])
-        for key, count in list(self.recorder.inflight.items()):
-            inflight.add_metric(list(key), count)
+        for series, count in list(self.recorder.inflight.items()):
+            inflight.add_metric(list(series), count)
         yield inflight
 
     def _policies(self) -> Iterator[Metric]:
@@ -107,7 +107,7 @@ class GatewayCollector:
 
 def make_registry(collector: GatewayCollector) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)  # type: ignore[arg-type]
+    registry.register(collector)
     ProcessCollector(registry=registry)
     return registry
 
