@@ -183,11 +183,13 @@ class RolloutController:
             if rollout.phase is Phase.ROLLED_BACK:
                 key = (rollout.model, metric or "unhealthy")
                 self.rollbacks[key] = self.rollbacks.get(key, 0) + 1
-            if rollout.phase is Phase.PROMOTED and rollout.spec.unload_previous and self.lifecycle is not None:
-                self._cleanup(rollout)
         if rollout.phase is Phase.PAUSED:
             return rollout  # a paused rollout leaves the weights to the humans
-        return await self._apply(saved, rollout, actor)
+        applied = await self._apply(saved, rollout, actor)
+        promoted_now = rollout.phase is Phase.PROMOTED and Phase(stored.document["state"]) is not Phase.PROMOTED
+        if promoted_now and rollout.spec.unload_previous and self.lifecycle is not None:
+            self._cleanup(rollout)  # only once the promoted weights are in place
+        return applied
 
     async def _apply(self, saved: StoredRollout, rollout: Rollout, actor: str) -> Rollout:
         """Set the policy to the rollout's weights and remember the revision we wrote."""
@@ -210,17 +212,27 @@ class RolloutController:
         return rollout
 
     def _cleanup(self, rollout: Rollout) -> None:
-        """After promotion: drain and unload the old stable version, in the background."""
+        """After promotion, in the background: drain and unload the previous versions that
+        take no traffic any more, keeping the newest ``keep_previous`` of them loaded."""
         async def unload() -> None:
-            await asyncio.sleep(0)  # after the promoted weights are applied
-            try:
-                await self.lifecycle.unload(rollout.model, rollout.stable, ACTOR)
-            except GatewayError as exc:
-                log.warning("rollout of %s: unloading version %s failed: %s", rollout.model, rollout.stable, exc)
+            for version in await self.previous_versions(rollout):
+                try:
+                    await self.lifecycle.unload(rollout.model, version, ACTOR)
+                except GatewayError as exc:
+                    log.warning("rollout of %s: unloading version %s failed: %s", rollout.model, version, exc)
 
         task = asyncio.get_running_loop().create_task(unload())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def previous_versions(self, rollout: Rollout) -> list[str]:
+        """Loaded versions other than the canary that no policy entry uses, newest first,
+        minus the ``keep_previous`` newest ones: what promotion cleanup unloads."""
+        serving = await self.lifecycle.serving(rollout.model)
+        policy = await self.store.get_policy(rollout.model)
+        used = policy.spec.versions() if policy is not None and policy.spec is not None else set()
+        previous = sorted((v for v in serving if v != rollout.canary and v not in used), key=int, reverse=True)
+        return previous[rollout.spec.keep_previous:]
 
     async def _load(self, model: str) -> tuple[StoredRollout, Rollout]:
         stored = await self.store.get_rollout(model)

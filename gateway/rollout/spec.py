@@ -26,7 +26,10 @@ class RolloutSpec(BaseModel):
     failure_limit: int = Field(2, ge=1, le=100, description="consecutive unhealthy verdicts before rollback")
     error_limit: int = Field(3, ge=1, le=100, description="consecutive metric read errors before the rollout pauses")
     manual_gates: bool = Field(False, description="wait for a promote after every healthy step")
-    unload_previous: bool = Field(False, description="after promotion, drain and unload the old stable version")
+    unload_previous: bool = Field(False, description="after promotion, drain and unload previous versions that "
+                                  "no longer take traffic")
+    keep_previous: int = Field(0, ge=0, le=10, description="with unload_previous: keep this many of the newest "
+                               "previous versions loaded, for an instant rollback")
 
     @field_validator("steps")
     @classmethod

@@ -210,3 +210,43 @@ async def test_state_lives_in_the_store_so_a_new_controller_carries_on(h: Harnes
     h.controller = fresh
     await h.interval(canary=(100, 0, 0.004))
     assert (await h.state())["step"] == 2 and (await h.weights())["3"] == 50
+
+
+class FakeLifecycle:
+    def __init__(self, serving: set[str]) -> None:
+        self.loaded = set(serving)
+        self.unloaded: list[str] = []
+
+    async def serving(self, model: str) -> set[str]:
+        return set(self.loaded)
+
+    async def unload(self, model: str, version: str, actor: str) -> dict[str, Any]:
+        self.unloaded.append(version)
+        self.loaded.discard(version)
+        return {}
+
+
+@pytest.mark.parametrize(("keep", "unloaded"), [(0, ["2", "1"]), (1, ["1"]), (2, [])])
+async def test_promotion_cleanup_keeps_the_newest_previous_versions(h: Harness, keep: int,
+                                                                   unloaded: list[str]) -> None:
+    import asyncio
+
+    lifecycle = FakeLifecycle({"1", "2", "3"})
+    h.controller = RolloutController(h.policies, h.source, h.recorder, clock=h.clock, lifecycle=lifecycle)
+    spec = RolloutSpec.model_validate({**SPEC.model_dump(), "steps": [50, 100], "unload_previous": True,
+                                       "keep_previous": keep})
+    await h.controller.begin("qc", spec, "alice")
+    for _ in range(2):
+        await h.interval(canary=(100, 0, 0.004))
+    assert (await h.state())["state"] == "promoted"
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert lifecycle.unloaded == unloaded
+
+
+async def test_no_cleanup_without_unload_previous(h: Harness) -> None:
+    lifecycle = FakeLifecycle({"1", "2", "3"})
+    h.controller = RolloutController(h.policies, h.source, h.recorder, clock=h.clock, lifecycle=lifecycle)
+    await h.controller.begin("qc", RolloutSpec.model_validate({**SPEC.model_dump(), "steps": [100]}), "alice")
+    await h.interval(canary=(100, 0, 0.004))
+    assert (await h.state())["state"] == "promoted" and lifecycle.unloaded == []
