@@ -199,9 +199,19 @@ def choose(policy: Policy, headers: Mapping[bytes, bytes], draw: int) -> Decisio
     low-discrepancy sequence so that small weights are honoured exactly.
     Order: header rule, then sticky hash of the user key, then the weighted draw.
     """
+    ruled = _by_rule(policy, headers)
+    return ruled if ruled is not None else _by_key(policy, headers, draw)
+
+
+def _by_rule(policy: Policy, headers: Mapping[bytes, bytes]) -> Decision | None:
     for name, value, decision in policy.rules:
         if headers.get(name) == value:
             return decision
+    return None
+
+
+def _by_key(policy: Policy, headers: Mapping[bytes, bytes], draw: int) -> Decision:
+    """Sticky hash of the user key, else the weighted draw."""
     key = headers.get(policy.sticky_header) if policy.sticky_header else None
     if key:
         return _in_range(policy, int(mmh3.hash(policy.hash_prefix + key, signed=False)) % BUCKETS)[1]
@@ -232,13 +242,13 @@ def choose_in_sequence(policy: Policy, headers: Mapping[bytes, bytes], draw: int
                        sequence_id: object | None, start: bool, end: bool) -> Decision:
     """``choose`` with sequence affinity: a live sequence keeps its version (after header
     rules, before sticky and weighted), a new one is pinned to what ``choose`` picked."""
-    for name, value, decision in policy.rules:
-        if headers.get(name) == value:
-            return decision
+    ruled = _by_rule(policy, headers)
+    if ruled is not None:
+        return ruled
     if sequence_id is None:
-        return choose(policy, headers, draw)
+        return _by_key(policy, headers, draw)
     pinned = None if start else pins.lookup(policy.model, sequence_id)
-    decision = Decision(pinned, Reason.SEQUENCE) if pinned is not None else choose(policy, headers, draw)
+    decision = Decision(pinned, Reason.SEQUENCE) if pinned is not None else _by_key(policy, headers, draw)
     if end:
         pins.release(policy.model, sequence_id)
     elif pinned is None:

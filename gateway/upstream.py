@@ -262,7 +262,7 @@ class HttpUpstream:
             conn.exchange = exchange
             exchange._timer = loop.call_at(deadline, self._expire, exchange, timeout)
             try:
-                await self._send(conn, exchange, head, body)
+                await self._send(conn, exchange, head, body, chunked=content_length is None)
                 while exchange.status == 0 and exchange.error is None:
                     await exchange._wait()
             except BaseException:
@@ -293,7 +293,7 @@ class HttpUpstream:
         return b"".join(lines)
 
     async def _send(self, conn: _Connection, exchange: UpstreamResponse, head: bytes,
-                    body: bytes | AsyncIterator[bytes]) -> None:
+                    body: bytes | AsyncIterator[bytes], chunked: bool) -> None:
         transport = conn.transport
         assert transport is not None
         if isinstance(body, bytes):
@@ -302,7 +302,6 @@ class HttpUpstream:
                 transport.write(body)
             return
         transport.write(head)
-        chunked = b"transfer-encoding: chunked" in head
         conn.sending = True
         try:
             await self._send_stream(transport, exchange, body, chunked)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from functools import partial
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 from gateway.errors import ClientGone, GatewayError, UpstreamError
 from gateway.policy_book import PolicyBook
 from gateway.proxy.shadow import Mirror, ShadowMirror
-from gateway.routing import Decision, Reason, WeylDraw, choose, choose_in_sequence
+from gateway.routing import Decision, Policy, Reason, WeylDraw, choose, choose_in_sequence
 from gateway.sequences import SequencePins
 from gateway.telemetry.recorder import UNKNOWN_MODEL, Outcome, Recorder
 from gateway.upstream import HttpUpstream, UpstreamResponse
@@ -61,35 +62,34 @@ class HttpProxy:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
         raw_path: bytes = scope.get("raw_path") or path.encode()
-        model = action = None
-        decision: Decision | None = None
+        query = scope["query_string"]
+        target = raw_path + b"?" + query if query else raw_path
+        model = policy = decision = None
         if path.startswith("/v2/models/"):
             parts = path[11:].split("/")
             if len(parts) == 2 and parts[1] in ROUTED_ACTIONS:
-                model, action = parts
-                decision, raw_path = self._route(model, action, scope, raw_path)
+                model = parts[0]
+                policy = self.book.get(model)  # the one policy lookup of this request
+                decision = self._route(policy, scope)
+                if decision.version is not None:
+                    target = _with_version(target, decision.version)
             elif len(parts) == 4 and parts[1] == "versions" and parts[3] in ROUTED_ACTIONS:
-                model, action = parts[0], parts[3]
+                model = parts[0]
+                policy = self.book.get(model)
                 decision = Decision(parts[2], Reason.PINNED)
-        query = scope["query_string"]
-        target = raw_path + b"?" + query if query else raw_path
-        await self._forward(scope, receive, send, target, model, decision)
+        await self._forward(scope, receive, send, target, model, policy, decision)
 
-    def _route(self, model: str, action: str, scope: Scope, raw_path: bytes) -> tuple[Decision, bytes]:
-        policy = self.book.get(model)
+    def _route(self, policy: Policy | None, scope: Scope) -> Decision:
         if policy is None:
-            return _DEFAULT, raw_path
+            return _DEFAULT
         if policy.sequence_affinity:
-            return _NEEDS_BODY, raw_path  # decided in _forward, once the JSON header is read
+            return _NEEDS_BODY  # decided in _forward, once the JSON header is read
         names = policy.header_names
         found = {name: value for name, value in scope["headers"] if name in names}
-        decision = choose(policy, found, self._draw())
-        raw_model = raw_path[11:].split(b"/", 1)[0]
-        version = (decision.version or "").encode()
-        return decision, b"/v2/models/%s/versions/%s/%s" % (raw_model, version, action.encode())
+        return choose(policy, found, self._draw())
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send, target: bytes, model: str | None,
-                       decision: Decision | None) -> None:
+                       policy: Policy | None, decision: Decision | None) -> None:
         started = time.perf_counter()
         message = await receive()
         body: bytes | AsyncIterator[bytes] = message.get("body", b"")
@@ -101,18 +101,19 @@ class HttpProxy:
                 body = _rest_of_body(body, receive)  # type: ignore[arg-type]
                 length = _content_length(scope["headers"])
         if decision is _NEEDS_BODY:
-            decision, target = self._route_sequence(model, scope, body, target)  # type: ignore[arg-type]
+            decision = self._route_sequence(policy, scope, body)  # type: ignore[arg-type]
+            target = _with_version(target, decision.version)  # type: ignore[arg-type]
         task = asyncio.current_task()
         done = [False, False]  # [response fully handed to the server, client went away]
         watcher = None
+        connection = scope.get(CONNECTION_KEY)
         if decision is not None and isinstance(body, bytes):
-            connection = scope.get(CONNECTION_KEY)
             if connection is not None:  # our server protocol tells us when the client leaves
                 connection.on_lost = partial(_client_lost, task, done)
             else:  # any other ASGI server: watch receive() for http.disconnect
                 watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(receive, task, done))
         response: UpstreamResponse | None = None
-        inflight = self._inflight_key(model, decision)
+        inflight = _inflight_key(model, policy, decision)
         if inflight is not None:
             counts = self.recorder.inflight
             counts[inflight] = counts.get(inflight, 0) + 1
@@ -120,10 +121,10 @@ class HttpProxy:
             response = await self.upstream.request(scope["method"].encode(), target, scope["headers"], body,
                                                    content_length=length)
             if response.status in _UNAVAILABLE and decision is not None and decision.reason in _MAY_FALL_BACK:
-                response, decision = await self._fall_back(scope, target, body, response, model, decision)
+                response, decision = await self._fall_back(scope, target, body, response, model, policy, decision)
             await self._relay(response, send, decision, done)
-            if response.status == 200 and isinstance(body, bytes) and decision is not None:
-                self._maybe_shadow(model, decision, scope, target, body, response)
+            if response.status == 200 and isinstance(body, bytes) and decision is not None and policy is not None:
+                self._maybe_shadow(model, policy, decision, scope, target, body, response)  # type: ignore[arg-type]
         except GatewayError as exc:
             if response is not None:  # broke mid-stream: headers are out, just stop
                 response.abort()
@@ -146,52 +147,34 @@ class HttpProxy:
             if watcher is not None and not watcher.done():
                 done[0] = True
                 watcher.cancel()
-            connection = scope.get(CONNECTION_KEY)
             if connection is not None:
                 connection.on_lost = None
         self._record(model, decision, started, response.status)
 
-    def _route_sequence(self, model: str, scope: Scope, body: bytes, target: bytes) -> tuple[Decision, bytes]:
+    def _route_sequence(self, policy: Policy, scope: Scope, body: bytes) -> Decision:
         """Routing for models with sequence affinity: the sequence fields live in the body."""
-        policy = self.book.get(model)
-        if policy is None:  # the policy went away between the two looks
-            return _DEFAULT, target
         names = policy.header_names
         found = {name: value for name, value in scope["headers"] if name in names}
         sequence_id, start, end = sequence_fields(scope["headers"], body)
-        decision = choose_in_sequence(policy, found, self._draw(), self.pins, sequence_id, start, end)
-        path, sep, query = target.partition(b"?")
-        head, _, action = path.rpartition(b"/")
-        version = (decision.version or "").encode()
-        return decision, b"%s/versions/%s/%s%s%s" % (head, version, action, sep, query)
+        return choose_in_sequence(policy, found, self._draw(), self.pins, sequence_id, start, end)
 
-    def _maybe_shadow(self, model: str | None, decision: Decision, scope: Scope, target: bytes, body: bytes,
-                      response: UpstreamResponse) -> None:
-        policy = self.book.get(model) if model else None
-        if policy is None or policy.shadow_version is None or self.shadow is None or not response.complete:
+    def _maybe_shadow(self, model: str, policy: Policy, decision: Decision, scope: Scope, target: bytes,
+                      body: bytes, response: UpstreamResponse) -> None:
+        if policy.shadow_version is None or self.shadow is None or not response.complete:
             return
         if decision.reason not in _MAY_SHADOW or self._draw() >= policy.shadow_bp:
             return
-        if self.shadow.full(model, policy.shadow_version):  # type: ignore[arg-type]
+        if self.shadow.full(model, policy.shadow_version):
             return
-        old = b"/versions/%s/" % decision.version.encode()  # type: ignore[union-attr]
-        shadow_target = target.replace(old, b"/versions/%s/" % policy.shadow_version.encode(), 1)
-        self.shadow.offer(Mirror(model, policy.shadow_version, scope["method"].encode(), shadow_target,  # type: ignore[arg-type]
+        shadow_target = _retarget(target, decision.version, policy.shadow_version)  # type: ignore[arg-type]
+        self.shadow.offer(Mirror(model, policy.shadow_version, scope["method"].encode(), shadow_target,
                                  scope["headers"], body, response.status, response.body()))
 
-    def _inflight_key(self, model: str | None, decision: Decision | None) -> tuple[str, str] | None:
-        """Only versions a policy names: the gauge's labels stay bounded whatever clients send."""
-        if model is None or decision is None or decision.version is None:
-            return None
-        policy = self.book.get(model)
-        return (model, decision.version) if policy is not None and decision.version in policy.spec.weights else None
-
     async def _fall_back(self, scope: Scope, target: bytes, body: bytes | AsyncIterator[bytes],
-                         response: UpstreamResponse, model: str | None, decision: Decision,
+                         response: UpstreamResponse, model: str | None, policy: Policy | None, decision: Decision,
                          ) -> tuple[UpstreamResponse, Decision]:
         """Triton says the routed version is not available (unloaded, failed): send the same
-        request, still in memory, to the policy's fallback version instead of failing it."""
-        policy = self.book.get(model) if model else None
+        request, still in memory, to the fallback version of the policy it was routed by."""
         fallback = policy.fallbacks.get(decision.version) if policy and decision.version else None
         if fallback is None or not isinstance(body, bytes):
             return response, decision
@@ -199,8 +182,7 @@ class HttpProxy:
         if not any(marker in answer for marker in _UNAVAILABLE_MARKERS):
             return response, decision
         self.recorder.upstream_error(model, decision.version, "VersionUnavailable")  # type: ignore[arg-type]
-        old = b"/versions/%s/" % decision.version.encode()  # type: ignore[union-attr]
-        target = target.replace(old, b"/versions/%s/" % fallback.version.encode(), 1)  # type: ignore[union-attr]
+        target = _retarget(target, decision.version, fallback.version)  # type: ignore[arg-type]
         retried = await self.upstream.request(scope["method"].encode(), target, scope["headers"], body)
         return retried, fallback
 
@@ -252,6 +234,25 @@ class HttpProxy:
         self.recorder.record(model, decision.version or "", outcome, latency, decision.reason, "http", str(code))
         if self.access_log is not None:
             self.access_log(model, decision.version, decision.reason, "http", code, latency)
+
+
+def _with_version(target: bytes, version: str) -> bytes:
+    """/v2/models/{m}/{action}[?q] -> /v2/models/{m}/versions/{version}/{action}[?q]"""
+    path, sep, query = target.partition(b"?")
+    head, _, action = path.rpartition(b"/")
+    return b"%s/versions/%s/%s%s%s" % (head, version.encode(), action, sep, query)
+
+
+def _retarget(target: bytes, old: str, new: str) -> bytes:
+    """The same versioned request, sent to another version."""
+    return target.replace(b"/versions/%s/" % old.encode(), b"/versions/%s/" % new.encode(), 1)
+
+
+def _inflight_key(model: str | None, policy: Policy | None, decision: Decision | None) -> tuple[str, str] | None:
+    """Only versions a policy names: the gauge's labels stay bounded whatever clients send."""
+    if model is None or policy is None or decision is None or decision.version is None:
+        return None
+    return (model, decision.version) if decision.version in policy.spec.weights else None
 
 
 def _version_from(response: UpstreamResponse) -> str | None:
@@ -318,19 +319,12 @@ def sequence_fields(headers: list[tuple[bytes, bytes]], body: bytes) -> tuple[ob
             encoding = value.lower()
     try:
         if encoding in (b"gzip", b"deflate"):
-            import zlib
-
             body = zlib.decompress(body, 47 if encoding == b"gzip" else 15)
         parameters = json.loads(body[:ihcl] if ihcl else body).get("parameters") or {}
-    except (ValueError, zlib_error(), AttributeError):
+    except (ValueError, zlib.error, AttributeError):
         return None, False, False  # Triton will answer the malformed request itself
     sequence_id = parameters.get("sequence_id")
     if sequence_id in (None, 0, ""):
         return None, False, False
     return sequence_id, parameters.get("sequence_start") is True, parameters.get("sequence_end") is True
 
-
-def zlib_error() -> type[Exception]:
-    import zlib
-
-    return zlib.error
