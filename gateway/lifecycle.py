@@ -21,7 +21,7 @@ from gateway.admin.policies import PolicyService
 from gateway.errors import Conflict, GatewayError, NotFound, UpstreamError
 from gateway.routing import PolicySpec
 from gateway.sequences import SequencePins
-from gateway.store.base import Event, EventDraft
+from gateway.store.base import EventDraft
 from gateway.telemetry.recorder import Recorder
 
 log = logging.getLogger("gateway.lifecycle")
@@ -126,5 +126,4 @@ class ModelLifecycle:
     async def _event(self, model: str, actor: str, action: str, reason: str) -> None:
         log.info(json.dumps({"type": "lifecycle", "model": model, "actor": actor, "action": action,
                              "reason": reason}))
-        await self.policies.store.append_event(model, Event(at=time.time(), actor=actor, action=action, model=model,
-                                                            reason=reason))
+        await self.policies.audit(model, actor, action, reason)

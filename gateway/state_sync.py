@@ -8,10 +8,10 @@ feed missed (a dropped connection, a message lost while reconnecting).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from gateway.admin.policies import PolicyService
+from gateway.background import Background
 from gateway.errors import GatewayError
 
 log = logging.getLogger("gateway.sync")
@@ -21,7 +21,7 @@ class StateSync:
     def __init__(self, policies: PolicyService, resync_interval_s: float) -> None:
         self.policies = policies
         self.resync_interval_s = resync_interval_s
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._background = Background()
 
     async def resync(self) -> None:
         for stored in (await self.policies.store.list_policies()).values():
@@ -33,17 +33,11 @@ class StateSync:
             self.policies.apply(stored)
 
     def start(self) -> None:
-        for loop in (self._follow_feed(), self._resync_forever()):
-            task = asyncio.get_running_loop().create_task(loop)
-            self._tasks.add(task)
+        self._background.spawn(self._follow_feed())
+        self._background.spawn(self._resync_forever())
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._tasks.clear()
+        await self._background.cancel_all()
 
     async def _follow_feed(self) -> None:
         while True:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 from gateway.errors import NotFound
 from gateway.policy_book import PolicyBook
 from gateway.routing import PolicySpec
-from gateway.store.base import EventDraft, StateStore, StoredPolicy
+from gateway.store.base import Event, EventDraft, StateStore, StoredPolicy
 from gateway.triton_control import TritonControl
 
 log = logging.getLogger("gateway.admin")
@@ -57,6 +58,11 @@ class PolicyService:
         self.apply(stored)
         _log_change(stored.model, stored.revision, event, None)
         return stored
+
+    async def audit(self, model: str, actor: str, action: str, reason: str, at: float | None = None) -> None:
+        """An audit-trail line for something that is not itself a policy write."""
+        await self.store.append_event(model, Event(at=time.time() if at is None else at, actor=actor, action=action,
+                                                   model=model, reason=reason))
 
     def apply(self, stored: StoredPolicy) -> None:
         """Bring the local book to a stored record (newer revisions only)."""

@@ -12,13 +12,13 @@ traffic.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.background import Background
 from gateway.errors import GatewayError
 from gateway.telemetry.recorder import LATENCY_BOUNDS
 from gateway.upstream import HttpUpstream
@@ -62,7 +62,7 @@ class ShadowMirror:
         self.stats: dict[tuple[str, str], ShadowStats] = {}
         self._queue: asyncio.Queue[Mirror] = asyncio.Queue(max_queue)
         self._workers = workers
-        self._tasks: list[asyncio.Task[None]] = []
+        self._background = Background()
 
     def full(self, model: str, version: str) -> bool:
         """True (and the drop counted) when a mirror would not fit: callers build nothing."""
@@ -86,16 +86,11 @@ class ShadowMirror:
         return stats
 
     def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._work()) for _ in range(self._workers)]
+        for _ in range(self._workers):
+            self._background.spawn(self._work())
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks = []
+        await self._background.cancel_all()
 
     async def _work(self) -> None:
         while True:

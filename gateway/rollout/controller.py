@@ -15,7 +15,7 @@ loop. Each tick, per active rollout:
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -25,6 +25,7 @@ from decimal import Decimal
 from typing import Any
 
 from gateway.admin.policies import PolicyService
+from gateway.background import Background
 from gateway.errors import Conflict, GatewayError, NotFound
 from gateway.rollout import steps
 from gateway.rollout.analysis import judge
@@ -32,7 +33,7 @@ from gateway.rollout.phases import Phase, TransitionError
 from gateway.rollout.spec import RolloutSpec
 from gateway.rollout.steps import Rollout
 from gateway.routing import PolicySpec
-from gateway.store.base import Event, EventDraft, StaleRevision, StoredRollout
+from gateway.store.base import EventDraft, StaleRevision, StoredRollout
 from gateway.telemetry.recorder import Recorder, Window
 from gateway.telemetry.sources import MetricsSource, MetricsUnavailable
 
@@ -58,8 +59,7 @@ class RolloutController:
         self.rollbacks: dict[tuple[str, str], int] = {}  # (model, metric) -> count, for /metrics
         self.states: dict[str, str] = {}  # model -> last known phase, for /metrics
         self._seen_errors: dict[tuple[str, str, str], int] = {}
-        self._task: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = Background()  # the loop, and unload tasks after promotions
 
     # -- commands from the admin API -----------------------------------------------------
     async def begin(self, model: str, spec: RolloutSpec, actor: str) -> Rollout:
@@ -79,7 +79,7 @@ class RolloutController:
         stored = await self.store.put_rollout(model, rollout.document(), existing.revision if existing else 0)
         rollout = await self._apply(stored, rollout, actor)
         self.states[model] = rollout.phase.value
-        await self._event(model, actor, "rollout_started", rollout.reason)
+        await self.policies.audit(model, actor, "rollout_started", rollout.reason, at=self.clock())
         return rollout
 
     async def command(self, model: str, command: str, actor: str) -> Rollout:
@@ -92,7 +92,7 @@ class RolloutController:
             policy = await self.store.get_policy(model)
             changed = _with_revision(changed, policy.revision if policy else 0)
         result = await self._persist_and_apply(stored, changed, actor)
-        await self._event(model, actor, f"rollout_{command}", result.reason)
+        await self.policies.audit(model, actor, f"rollout_{command}", result.reason, at=self.clock())
         return result
 
     async def status(self, model: str) -> dict[str, Any]:
@@ -179,7 +179,8 @@ class RolloutController:
             self.states[rollout.model] = rollout.phase.value
             log.info(json.dumps({"type": "rollout", "model": rollout.model, "state": rollout.phase.value,
                                  "step": rollout.step, "actor": actor, "reason": rollout.reason}))
-            await self._event(rollout.model, actor, f"rollout_{rollout.phase.value}", rollout.reason)
+            await self.policies.audit(rollout.model, actor, f"rollout_{rollout.phase.value}", rollout.reason,
+                                      at=self.clock())
             if rollout.phase is Phase.ROLLED_BACK:
                 key = (rollout.model, metric or "unhealthy")
                 self.rollbacks[key] = self.rollbacks.get(key, 0) + 1
@@ -221,9 +222,7 @@ class RolloutController:
                 except GatewayError as exc:
                     log.warning("rollout of %s: unloading version %s failed: %s", rollout.model, version, exc)
 
-        task = asyncio.get_running_loop().create_task(unload())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._background.spawn(unload())
 
     async def previous_versions(self, rollout: Rollout) -> list[str]:
         """Loaded versions other than the canary that no policy entry uses, newest first,
@@ -248,10 +247,6 @@ class RolloutController:
             raise Conflict(f"model '{model}' has no READY version on Triton")
         return max(ready, key=int)  # Triton's own default for unversioned requests
 
-    async def _event(self, model: str, actor: str, action: str, reason: str) -> None:
-        await self.store.append_event(model, Event(at=self.clock(), actor=actor, action=action, model=model,
-                                                   reason=reason))
-
     async def _live_numbers(self, rollout: Rollout) -> dict[str, Any]:
         live = {}
         for version in (rollout.stable, rollout.canary):
@@ -266,14 +261,10 @@ class RolloutController:
 
     # -- the loop ------------------------------------------------------------------------------
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._background.spawn(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._background.cancel_all()
 
     async def _run(self) -> None:
         while True:
@@ -296,6 +287,4 @@ def _nonzero(weights: dict[str, Decimal]) -> dict[str, Decimal]:
 
 
 def _with_revision(rollout: Rollout, revision: int) -> Rollout:
-    import dataclasses
-
     return dataclasses.replace(rollout, policy_revision=revision)

@@ -78,10 +78,17 @@ class RedisStore:
         raw = await self._call(self.redis.get(self._key("policy", model)))
         return _policy(raw) if raw else None
 
-    async def list_policies(self) -> dict[str, StoredPolicy]:
-        keys = [key async for key in self.redis.scan_iter(match=self._key("policy", "*"))]
+    async def _all(self, kind: str) -> list[str]:
+        """Every record of a kind (policy, rollout), as stored."""
+        try:
+            keys = [key async for key in self.redis.scan_iter(match=self._key(kind, "*"))]
+        except RedisError as exc:
+            raise StoreError(f"state store {self.url}: {exc}") from exc
         values = await self._call(self.redis.mget(keys)) if keys else []
-        return {p.model: p for p in (_policy(v) for v in values if v)}
+        return [value for value in values if value]
+
+    async def list_policies(self) -> dict[str, StoredPolicy]:
+        return {p.model: p for p in map(_policy, await self._all("policy"))}
 
     async def put_policy(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
                          event: EventDraft) -> StoredPolicy:
@@ -126,9 +133,7 @@ class RedisStore:
         return _rollout(raw) if raw else None
 
     async def list_rollouts(self) -> dict[str, StoredRollout]:
-        keys = [key async for key in self.redis.scan_iter(match=self._key("rollout", "*"))]
-        values = await self._call(self.redis.mget(keys)) if keys else []
-        return {r.model: r for r in (_rollout(v) for v in values if v)}
+        return {r.model: r for r in map(_rollout, await self._all("rollout"))}
 
     async def put_rollout(self, model: str, document: dict[str, Any], expected_revision: int | None) -> StoredRollout:
         record = {"model": model, "document": document}

@@ -9,11 +9,12 @@ stalled stdout can slow nothing but the log.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import sys
 import time
 from typing import IO, Any
+
+from gateway.background import Background
 
 _LINE = ('{"ts":%.6f,"type":"access","model":%s,"version":"%s","route":"%s","protocol":"%s","status":%s,'
          '"latency_ms":%.3f}')
@@ -26,7 +27,7 @@ class AccessLog:
         self.max_pending = max_pending
         self.dropped = 0
         self._pending: list[tuple[Any, ...]] = []
-        self._task: asyncio.Task[None] | None = None
+        self._background = Background()
         self._quoted: dict[str, str] = {}
 
     def __call__(self, model: str, version: str | None, route: str, protocol: str, status: int | str,
@@ -37,13 +38,10 @@ class AccessLog:
         self._pending.append((time.time(), model, version, route, protocol, status, latency_s))
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._background.spawn(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._background.cancel_all()
         self.flush()
 
     async def _run(self) -> None:
