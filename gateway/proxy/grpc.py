@@ -4,7 +4,9 @@ A generic handler with no (de)serializers: requests and responses stay raw bytes
 ``ModelInfer`` and ``ModelStreamInfer`` are routed (an empty ``model_version`` gets one from
 the policy; a pinned one is kept); every other method passes through unchanged. Only the
 routing fields are read (``grpc_wire``), the tensors are never decoded. Deadlines and
-cancellation propagate upstream; outcomes are classified by gRPC status code.
+cancellation propagate upstream; outcomes are classified by gRPC status code. Unary calls go
+upstream through ``gateway.grpc_upstream`` (our lean HTTP/2 client); ``ModelStreamInfer``
+through a grpc.aio channel.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from gateway.grpc_upstream import GrpcUpstream
 from gateway.policy_book import PolicyBook
 from gateway.proxy.grpc_wire import RouteFields, WireError, route_fields, with_version
 from gateway.routing import Decision, Reason, WeylDraw, choose_in_sequence
@@ -28,6 +31,7 @@ CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_mess
 _UPSTREAM_FAULTS = frozenset([grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
                               grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED])
 _PINNED = Reason.PINNED
+_STATUS = {code.value[0]: code for code in grpc.StatusCode}
 
 
 def classify(code: grpc.StatusCode) -> Outcome:
@@ -41,13 +45,14 @@ def classify(code: grpc.StatusCode) -> Outcome:
 
 class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
     def __init__(self, book: PolicyBook, recorder: Recorder, pins: SequencePins, upstream_url: str,
-                 access_log: Callable[..., None] | None = None) -> None:
+                 access_log: Callable[..., None] | None = None, connect_timeout: float = 2.0) -> None:
         self.book = book
         self.access_log = access_log
         self.recorder = recorder
         self.pins = pins
         self.upstream_url = upstream_url
-        self.channel = grpc.aio.insecure_channel(upstream_url, options=CHANNEL_OPTIONS)
+        self.channel = grpc.aio.insecure_channel(upstream_url, options=CHANNEL_OPTIONS)  # ModelStreamInfer
+        self.unary = GrpcUpstream(upstream_url, connect_timeout)  # every unary call: see grpc_upstream
         self._draw = WeylDraw(seed=time.monotonic_ns() + 1)
         self._handlers: dict[str, grpc.RpcMethodHandler | None] = {}
 
@@ -69,20 +74,17 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
                     yield response
 
             return grpc.stream_stream_rpc_method_handler(stream)
-        upstream = self.channel.unary_unary(method)
         if method.endswith("/ModelInfer"):
             async def infer(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-                return await self._infer(upstream, raw, context)
+                return await self._infer(method, raw, context)
 
             return grpc.unary_unary_rpc_method_handler(infer)
 
         async def passthrough(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-            try:
-                answer: bytes = await upstream(raw, metadata=_forwarded(context), timeout=context.time_remaining())
-                return answer
-            except grpc.aio.AioRpcError as exc:
-                await context.abort(exc.code(), self._details(exc))
-                raise  # abort() raised already; this keeps type checkers honest
+            code, details, answer = await self.unary.unary(method, raw, _forwarded(context), context.time_remaining())
+            if code:
+                await context.abort(_STATUS.get(code, grpc.StatusCode.UNKNOWN), self._details(code, details))
+            return answer
 
         return grpc.unary_unary_rpc_method_handler(passthrough)
 
@@ -100,7 +102,7 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
                                       fields.sequence_start, fields.sequence_end)
         return decision, with_version(raw, decision.version)  # type: ignore[arg-type]
 
-    async def _infer(self, upstream: Any, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def _infer(self, method: str, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         started = time.perf_counter()
         try:
             fields = route_fields(raw)
@@ -112,16 +114,15 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
         if decision is not None and decision.reason is not _PINNED:
             await context.send_initial_metadata(_decision_metadata(decision))
         try:
-            response: bytes = await upstream(raw, metadata=_forwarded(context, metadata),
-                                             timeout=context.time_remaining())
-        except grpc.aio.AioRpcError as exc:
-            self._record(fields.model_name, decision, exc.code(), started)
-            await context.abort(exc.code(), self._details(exc))
-            raise
-        except asyncio.CancelledError:  # the client cancelled: the upstream call was cancelled with us
+            code, details, response = await self.unary.unary(method, raw, _forwarded(context, metadata),
+                                                             context.time_remaining())
+        except asyncio.CancelledError:  # the client cancelled: the upstream stream was reset with us
             self._record(fields.model_name, decision, grpc.StatusCode.CANCELLED, started)
             raise
-        self._record(fields.model_name, decision, grpc.StatusCode.OK, started)
+        status = _STATUS.get(code, grpc.StatusCode.UNKNOWN)
+        self._record(fields.model_name, decision, status, started)
+        if code:
+            await context.abort(status, self._details(code, details))
         return response
 
     async def _stream(self, upstream: Any, requests: AsyncIterator[bytes],
@@ -152,12 +153,12 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
                 yield response
         except grpc.aio.AioRpcError as exc:
             self._record(last["model"], last["decision"], exc.code(), last["sent"])
-            await context.abort(exc.code(), self._details(exc))
+            await context.abort(exc.code(), self._details(exc.code().value[0], exc.details()))
 
-    def _details(self, exc: grpc.aio.AioRpcError) -> str:
-        if exc.code() is grpc.StatusCode.UNAVAILABLE:
-            return f"upstream triton at {self.upstream_url} is unavailable: {exc.details()}"
-        return exc.details() or ""
+    def _details(self, code: int, details: str | None) -> str:
+        if code == grpc.StatusCode.UNAVAILABLE.value[0]:
+            return f"upstream triton at {self.upstream_url} is unavailable: {details}"
+        return details or ""
 
     def _record(self, model: str | None, decision: Decision | None, code: grpc.StatusCode, started: float) -> None:
         if model is None:
@@ -177,6 +178,7 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
 
     async def aclose(self) -> None:
         await self.channel.close()
+        await self.unary.aclose()
 
 
 def _decision_metadata(decision: Decision) -> tuple[tuple[str, str], ...]:

@@ -1,0 +1,1 @@
+"""Just enough HTTP/2 for the lean gRPC upstream client: framing (``connection``) and HPACK."""

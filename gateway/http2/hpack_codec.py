@@ -1,0 +1,145 @@
+"""HPACK (RFC 7541) for the lean gRPC upstream client: a full decoder, a literal-only encoder.
+
+The decoder keeps the dynamic table the server's encoder builds; after the first response
+Triton's header blocks are a few indexed bytes, so decoding one is a handful of dict and list
+lookups. Huffman-coded strings are decoded by the ``hpack`` package and cached, because the
+same few values (``application/grpc``, ``0``) arrive on every call. The encoder never adds to
+the server's table: every field is a literal without indexing, so there is no encoder state
+to keep in step and a request's header block can be built from cached pieces.
+"""
+
+from __future__ import annotations
+
+from hpack.huffman_table import decode_huffman
+from hpack.table import HeaderTable
+
+_STATIC: tuple[tuple[bytes, bytes], ...] = HeaderTable.STATIC_TABLE
+_STATIC_LEN = len(_STATIC)
+_HUFFMAN_CACHE_LIMIT = 4096
+
+
+class HpackError(ValueError):
+    """A header block this decoder cannot read: the connection has to be dropped."""
+
+
+def _integer(data: bytes, pos: int, prefix_bits: int) -> tuple[int, int]:
+    mask = (1 << prefix_bits) - 1
+    value = data[pos] & mask
+    pos += 1
+    if value < mask:
+        return value, pos
+    shift = 0
+    while True:
+        if pos >= len(data):
+            raise HpackError("truncated integer")
+        byte = data[pos]
+        pos += 1
+        value += (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 28:
+            raise HpackError("integer too large")
+
+
+class Decoder:
+    def __init__(self, max_table_size: int = 4096) -> None:
+        self.max_table_size = max_table_size  # what we advertised in SETTINGS_HEADER_TABLE_SIZE
+        self._table_limit = max_table_size
+        self._dynamic: list[tuple[bytes, bytes]] = []  # newest first
+        self._size = 0
+        self._huffman: dict[bytes, bytes] = {}
+
+    def decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
+        headers: list[tuple[bytes, bytes]] = []
+        pos, end = 0, len(block)
+        while pos < end:
+            byte = block[pos]
+            if byte & 0x80:  # indexed field
+                index, pos = _integer(block, pos, 7)
+                headers.append(self._entry(index))
+            elif byte & 0x40:  # literal with incremental indexing
+                name, value, pos = self._literal(block, pos, 6)
+                headers.append((name, value))
+                self._add(name, value)
+            elif byte & 0x20:  # dynamic table size update
+                size, pos = _integer(block, pos, 5)
+                if size > self.max_table_size:
+                    raise HpackError(f"table size {size} above the advertised {self.max_table_size}")
+                self._table_limit = size
+                self._evict()
+            else:  # literal without indexing (0000) or never indexed (0001)
+                name, value, pos = self._literal(block, pos, 4)
+                headers.append((name, value))
+        return headers
+
+    def _entry(self, index: int) -> tuple[bytes, bytes]:
+        if 0 < index <= _STATIC_LEN:
+            return _STATIC[index - 1]
+        dynamic = index - _STATIC_LEN - 1
+        if 0 <= dynamic < len(self._dynamic):
+            return self._dynamic[dynamic]
+        raise HpackError(f"header index {index} out of range")
+
+    def _literal(self, block: bytes, pos: int, prefix_bits: int) -> tuple[bytes, bytes, int]:
+        index, pos = _integer(block, pos, prefix_bits)
+        if index:
+            name = self._entry(index)[0]
+        else:
+            name, pos = self._string(block, pos)
+        value, pos = self._string(block, pos)
+        return name, value, pos
+
+    def _string(self, block: bytes, pos: int) -> tuple[bytes, int]:
+        if pos >= len(block):
+            raise HpackError("truncated string")
+        huffman = block[pos] & 0x80
+        length, pos = _integer(block, pos, 7)
+        raw = block[pos:pos + length]
+        if len(raw) != length:
+            raise HpackError("truncated string")
+        pos += length
+        if not huffman:
+            return raw, pos
+        decoded = self._huffman.get(raw)
+        if decoded is None:
+            try:
+                decoded = decode_huffman(raw)
+            except Exception as exc:  # hpack raises its own error type
+                raise HpackError(f"bad huffman string: {exc}") from exc
+            if len(self._huffman) < _HUFFMAN_CACHE_LIMIT:
+                self._huffman[raw] = decoded
+        return decoded, pos
+
+    def _add(self, name: bytes, value: bytes) -> None:
+        self._dynamic.insert(0, (name, value))
+        self._size += len(name) + len(value) + 32
+        self._evict()
+
+    def _evict(self) -> None:
+        while self._size > self._table_limit and self._dynamic:
+            name, value = self._dynamic.pop()
+            self._size -= len(name) + len(value) + 32
+
+
+def encode_integer(value: int, prefix_bits: int, first: int = 0) -> bytes:
+    mask = (1 << prefix_bits) - 1
+    if value < mask:
+        return bytes([first | value])
+    out = bytearray([first | mask])
+    value -= mask
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def literal(name: bytes, value: bytes) -> bytes:
+    """One field as 'literal without indexing, new name', strings not Huffman-coded."""
+    return b"\x00" + encode_integer(len(name), 7) + name + encode_integer(len(value), 7) + value
+
+
+def literal_indexed_name(index: int, value: bytes) -> bytes:
+    """'Literal without indexing' whose name is static table entry ``index``."""
+    return encode_integer(index, 4) + encode_integer(len(value), 7) + value
