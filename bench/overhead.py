@@ -23,6 +23,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,6 +149,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds of load per measurement (default 5)")
     parser.add_argument("--grpc-requests", type=int, default=10000, help="gRPC requests per row at c=32 (10000)")
+    parser.add_argument("--only", choices=("all", "http", "grpc"), default="all", help="which rows to measure")
     args = parser.parse_args()
     if not shutil.which("wrk"):
         print("bench: wrk not found (apt-get install wrk, or run `make bench`)", file=sys.stderr)
@@ -172,41 +174,9 @@ def main() -> int:
         try:
             wait_http(f"http://127.0.0.1:{port}/readyz")
             rows = []
-            for kind, (body, ihcl) in kinds.items():
-                for concurrency in (1, 32):
-                    label = f"{kind:<6} c={concurrency:<3}"
-                    print(f"  {label} warm-up and measure ...", flush=True)
-                    for target in (triton.http_url, f"http://127.0.0.1:{port}"):
-                        run_wrk(f"{target}/v2/models/qc/infer", body, ihcl, concurrency, 1, script, None)
-                    direct = run_wrk(f"{triton.http_url}/v2/models/qc/infer", body, ihcl, concurrency,
-                                     args.seconds, script, None)
-                    via = run_wrk(f"http://127.0.0.1:{port}/v2/models/qc/infer", body, ihcl, concurrency,
-                                  args.seconds, script, gateway.pid)
-                    rows.append((label, direct, via))
-            # The same JSON c=32 load through a second gateway with the access log on (to a file).
-            log_port, log_path = free_port(), workdir / "access.log"
-            with open(log_path, "w") as log_file:
-                logged = subprocess.Popen(
-                    [sys.executable, "-m", "gateway", "serve", "--config", str(workdir / "gateway.yaml")],
-                    env={**env, "GATEWAY_PORT": str(log_port), "GATEWAY_GRPC_PORT": str(free_port()),
-                         "GATEWAY_ACCESS_LOG": "true"}, stdout=log_file)
-                try:
-                    wait_http(f"http://127.0.0.1:{log_port}/readyz")
-                    body, ihcl = kinds["json"]
-                    print("  json   c=32  with the access log on ...", flush=True)
-                    run_wrk(f"http://127.0.0.1:{log_port}/v2/models/qc/infer", body, ihcl, 32, 1, script, None)
-                    off, on = alternate(
-                        lambda: run_wrk(f"http://127.0.0.1:{port}/v2/models/qc/infer", body, ihcl, 32, args.seconds,
-                                        script, gateway.pid),
-                        lambda: run_wrk(f"http://127.0.0.1:{log_port}/v2/models/qc/infer", body, ihcl, 32,
-                                        args.seconds, script, logged.pid))
-                    rows.append(("json+log c=32", off, on))
-                finally:
-                    logged.terminate()
-                    logged.wait(10)
-            print(f"  access log: {sum(1 for _ in open(log_path))} lines written")
-            rows.append(shadow_row(env, workdir, kinds, script, args.seconds, faults))
-            if shutil.which("h2load"):
+            if args.only != "grpc":
+                rows = http_rows(env, port, gateway, triton, workdir, kinds, script, args, faults)
+            if args.only != "http" and shutil.which("h2load"):
                 body = grpc_body(workdir)
                 for concurrency in (1, 32):
                     label = f"grpc   c={concurrency:<3}"
@@ -214,8 +184,9 @@ def main() -> int:
                     count = args.grpc_requests if concurrency > 1 else args.grpc_requests // 4
                     for target in (triton.grpc_url, f"127.0.0.1:{grpc_port}"):
                         run_h2load(target, body, concurrency, 500, workdir, None)
-                    direct = run_h2load(triton.grpc_url, body, concurrency, count, workdir, None)
-                    via = run_h2load(f"127.0.0.1:{grpc_port}", body, concurrency, count, workdir, gateway.pid)
+                    direct, via = alternate(
+                        partial(run_h2load, triton.grpc_url, body, concurrency, count, workdir, None),
+                        partial(run_h2load, f"127.0.0.1:{grpc_port}", body, concurrency, count, workdir, gateway.pid))
                     rows.append((label, direct, via))
             else:
                 print("  (no h2load: gRPC rows skipped; apt-get install nghttp2-client)")
@@ -225,6 +196,47 @@ def main() -> int:
     print_table(rows, args.seconds)
     shutil.rmtree(workdir, ignore_errors=True)
     return 0
+
+
+def http_rows(env: dict[str, str], port: int, gateway: subprocess.Popen[bytes], triton: LocalTriton,
+              workdir: Path, kinds: dict[str, tuple[Path, str]], script: Path, args: argparse.Namespace,
+              faults: Path) -> list[tuple[str, Result, Result]]:
+    rows: list[tuple[str, Result, Result]] = []
+    for kind, (body, ihcl) in kinds.items():
+        for concurrency in (1, 32):
+            label = f"{kind:<6} c={concurrency:<3}"
+            print(f"  {label} warm-up and measure ...", flush=True)
+            for target in (triton.http_url, f"http://127.0.0.1:{port}"):
+                run_wrk(f"{target}/v2/models/qc/infer", body, ihcl, concurrency, 1, script, None)
+            direct = run_wrk(f"{triton.http_url}/v2/models/qc/infer", body, ihcl, concurrency,
+                             args.seconds, script, None)
+            via = run_wrk(f"http://127.0.0.1:{port}/v2/models/qc/infer", body, ihcl, concurrency,
+                          args.seconds, script, gateway.pid)
+            rows.append((label, direct, via))
+    # The same JSON c=32 load through a second gateway with the access log on (to a file).
+    log_port, log_path = free_port(), workdir / "access.log"
+    with open(log_path, "w") as log_file:
+        logged = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--config", str(workdir / "gateway.yaml")],
+            env={**env, "GATEWAY_PORT": str(log_port), "GATEWAY_GRPC_PORT": str(free_port()),
+                 "GATEWAY_ACCESS_LOG": "true"}, stdout=log_file)
+        try:
+            wait_http(f"http://127.0.0.1:{log_port}/readyz")
+            body, ihcl = kinds["json"]
+            print("  json   c=32  with the access log on ...", flush=True)
+            run_wrk(f"http://127.0.0.1:{log_port}/v2/models/qc/infer", body, ihcl, 32, 1, script, None)
+            off, on = alternate(
+                lambda: run_wrk(f"http://127.0.0.1:{port}/v2/models/qc/infer", body, ihcl, 32, args.seconds,
+                                script, gateway.pid),
+                lambda: run_wrk(f"http://127.0.0.1:{log_port}/v2/models/qc/infer", body, ihcl, 32,
+                                args.seconds, script, logged.pid))
+            rows.append(("json+log c=32", off, on))
+        finally:
+            logged.terminate()
+            logged.wait(10)
+    print(f"  access log: {sum(1 for _ in open(log_path))} lines written")
+    rows.append(shadow_row(env, workdir, kinds, script, args.seconds, faults))
+    return rows
 
 
 def alternate(first: Callable[[], Result], second: Callable[[], Result], rounds: int = 3) -> tuple[Result, Result]:
@@ -290,7 +302,7 @@ def print_table(rows: list[tuple[str, Result, Result]], seconds: float) -> None:
               f"{g.p50_us / 1000:>7.2f} {g.p99_us / 1000:>7.2f} {g.cpu_us or 0:>10.0f} | {g.rps / d.rps:>9.2f} "
               f"{(g.p50_us - d.p50_us) / 1000:>7.2f} | {d.errors}/{g.errors}")
     print("json+log row: the left columns are the gateway with the access log off, the right ones with it on.")
-    print("A/B rows (json+log, shadow) interleave 3 runs of each side and show the medians.")
+    print("A/B rows (json+log, shadow) and the gRPC rows interleave 3 runs of each side and show the medians.")
     print("shadow row: left, qc 2=100% alone; right, the same with 100% mirrored to version 3 made 20 ms slower.")
 
 

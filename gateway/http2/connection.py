@@ -93,7 +93,7 @@ class Http2Connection(asyncio.Protocol):
                     break
                 self._frame(kind, flags, stream_id & 0x7FFFFFFF, bytes(buffer[pos + 9:end]))
                 pos = end
-        except (HpackError, struct.error, IndexError) as exc:
+        except (ValueError, struct.error, IndexError) as exc:  # HpackError, a bad grpc-status: drop it all
             self._protocol_error(f"unreadable HTTP/2 from the upstream: {exc}")
             return
         del buffer[:pos]

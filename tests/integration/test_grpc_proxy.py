@@ -193,6 +193,29 @@ def test_deadline_propagates(client: grpcclient.InferenceServerClient, faults: F
     assert time.monotonic() - started < 1.0
 
 
+def test_a_cancelled_call_resets_its_upstream_stream(gateway: GatewayThread, faults: Faults) -> None:
+    faults.set("qc", "3", delay_ms=1500)
+    channel = grpc.insecure_channel(grpc_url(gateway))
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    request = service_pb2.ModelInferRequest(model_name="qc", model_version="3")
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4])
+    request.raw_input_contents.append(X.tobytes())
+    label = ("qc", "3", "pinned", "grpc", "CANCELLED")
+    before = gateway.app.recorder.totals[label].count if label in gateway.app.recorder.totals else 0
+    future = stub.ModelInfer.future(request)
+    time.sleep(0.3)
+    assert gateway.app.grpc is not None
+    connection = gateway.app.grpc.unary._connection
+    assert connection is not None and len(connection.streams) == 1, "the call should be in flight upstream"
+    future.cancel()
+    deadline = time.monotonic() + 1.0  # well before Triton's 1.5 s answer: the stream was reset, not finished
+    while connection.streams or label not in gateway.app.recorder.totals \
+            or gateway.app.recorder.totals[label].count == before:
+        assert time.monotonic() < deadline, "the upstream stream outlived the client's call"
+        time.sleep(0.02)
+    channel.close()
+
+
 def test_triton_down_gives_unavailable_then_recovers() -> None:
     triton = LocalTriton.on_free_ports(models=("qc",)).start()
     settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url,
