@@ -178,6 +178,25 @@ def compile_policy(model: str, spec: PolicySpec, revision: int = 0, default_stic
     )
 
 
+# Triton's words (HTTP bodies and gRPC messages alike) for "that version cannot answer now".
+VERSION_UNAVAILABLE_MARKERS = ("is not at ready state", "is not found", "has no available versions")
+# Decisions the policy made freely may be re-sent to the fallback; rule, pin and sequence may not.
+MAY_FALL_BACK = frozenset([Reason.WEIGHTED, Reason.STICKY])
+
+
+def fallback_for(policy: Policy | None, decision: Decision | None) -> Decision | None:
+    if policy is None or decision is None or decision.version is None or decision.reason not in MAY_FALL_BACK:
+        return None
+    return policy.fallbacks.get(decision.version)
+
+
+def inflight_key(model: str | None, policy: Policy | None, decision: Decision | None) -> tuple[str, str] | None:
+    """Only versions a policy names: the gauge's labels stay bounded whatever clients send."""
+    if model is None or policy is None or decision is None or decision.version is None:
+        return None
+    return (model, decision.version) if decision.version in policy.spec.weights else None
+
+
 def bucket(model: str, key: str | bytes) -> int:
     """The sticky bucket of a user: stable across processes and replicas (unlike hash())."""
     raw = key.encode() if isinstance(key, str) else key

@@ -22,7 +22,16 @@ import grpc.aio
 from gateway.grpc_upstream import GrpcUpstream
 from gateway.policy_book import PolicyBook
 from gateway.proxy.grpc_wire import RouteFields, WireError, route_fields, with_version
-from gateway.routing import Decision, Reason, WeylDraw, choose_in_sequence
+from gateway.routing import (
+    VERSION_UNAVAILABLE_MARKERS,
+    Decision,
+    Policy,
+    Reason,
+    WeylDraw,
+    choose_in_sequence,
+    fallback_for,
+    inflight_key,
+)
 from gateway.sequences import SequencePins
 from gateway.telemetry.recorder import UNKNOWN_MODEL, Outcome, Recorder
 
@@ -32,6 +41,7 @@ _UPSTREAM_FAULTS = frozenset([grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTER
                               grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED])
 _PINNED = Reason.PINNED
 _STATUS = {code.value[0]: code for code in grpc.StatusCode}
+_VERSION_GONE = frozenset([grpc.StatusCode.NOT_FOUND.value[0], grpc.StatusCode.UNAVAILABLE.value[0]])
 
 
 def classify(code: grpc.StatusCode) -> Outcome:
@@ -89,18 +99,19 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
         return grpc.unary_unary_rpc_method_handler(passthrough)
 
     # -- routing --------------------------------------------------------------------------
-    def _route(self, fields: RouteFields, raw: bytes, metadata: tuple[Any, ...]) -> tuple[Decision | None, bytes]:
-        if fields.model_version:
-            return Decision(fields.model_version, _PINNED), raw
+    def _route(self, fields: RouteFields, raw: bytes,
+               metadata: tuple[Any, ...]) -> tuple[Policy | None, Decision | None, bytes]:
         policy = self.book.get(fields.model_name)
+        if fields.model_version:
+            return policy, Decision(fields.model_version, _PINNED), raw
         if policy is None:
-            return None, raw
+            return None, None, raw
         names = policy.header_names
         headers = {key.encode(): value.encode() for key, value in metadata
                    if isinstance(value, str) and key.encode() in names}
         decision = choose_in_sequence(policy, headers, self._draw(), self.pins, fields.sequence_id,
                                       fields.sequence_start, fields.sequence_end)
-        return decision, with_version(raw, decision.version)  # type: ignore[arg-type]
+        return policy, decision, with_version(raw, decision.version)  # type: ignore[arg-type]
 
     async def _infer(self, method: str, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         started = time.perf_counter()
@@ -110,17 +121,32 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}")
             raise
         metadata = context.invocation_metadata() or ()
-        decision, raw = self._route(fields, raw, metadata)
-        if decision is not None and decision.reason is not _PINNED:
-            await context.send_initial_metadata(_decision_metadata(decision))
+        policy, decision, routed = self._route(fields, raw, metadata)
+        forwarded = _forwarded(context, metadata)
+        inflight = inflight_key(fields.model_name, policy, decision)
+        counts = self.recorder.inflight
+        if inflight is not None:  # the drain before an unload waits for these
+            counts[inflight] = counts.get(inflight, 0) + 1
         try:
-            code, details, response = await self.unary.unary(method, raw, _forwarded(context, metadata),
-                                                             context.time_remaining())
+            code, details, response = await self.unary.unary(method, routed, forwarded, context.time_remaining())
+            if code in _VERSION_GONE and decision is not None and decision.version is not None \
+                    and any(marker in details for marker in VERSION_UNAVAILABLE_MARKERS):
+                fallback = fallback_for(policy, decision)
+                if fallback is not None and fallback.version is not None:  # unloaded under us: re-send it
+                    self.recorder.upstream_error(fields.model_name, decision.version, "VersionUnavailable")
+                    decision, retried = fallback, with_version(raw, fallback.version)
+                    code, details, response = await self.unary.unary(method, retried, forwarded,
+                                                                     context.time_remaining())
         except asyncio.CancelledError:  # the client cancelled: the upstream stream was reset with us
             self._record(fields.model_name, decision, grpc.StatusCode.CANCELLED, started)
             raise
+        finally:
+            if inflight is not None:
+                counts[inflight] -= 1
         status = _STATUS.get(code, grpc.StatusCode.UNKNOWN)
         self._record(fields.model_name, decision, status, started)
+        if decision is not None and decision.reason is not _PINNED:  # after any fallback: the version that answered
+            await context.send_initial_metadata(_decision_metadata(decision))
         if code:
             await context.abort(status, self._details(code, details))
         return response
@@ -133,7 +159,7 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
         async def routed() -> AsyncIterator[bytes]:
             async for raw in requests:
                 fields = route_fields(raw)
-                decision, raw = self._route(fields, raw, metadata)
+                _, decision, raw = self._route(fields, raw, metadata)
                 last.update(model=fields.model_name, decision=decision, sent=time.perf_counter())
                 yield raw
 

@@ -20,7 +20,18 @@ from typing import Any
 from gateway.errors import ClientGone, GatewayError, UpstreamError
 from gateway.policy_book import PolicyBook
 from gateway.proxy.shadow import Mirror, ShadowMirror
-from gateway.routing import Decision, Policy, Reason, WeylDraw, choose, choose_in_sequence
+from gateway.routing import (
+    MAY_FALL_BACK,
+    VERSION_UNAVAILABLE_MARKERS,
+    Decision,
+    Policy,
+    Reason,
+    WeylDraw,
+    choose,
+    choose_in_sequence,
+    fallback_for,
+    inflight_key,
+)
 from gateway.sequences import SequencePins
 from gateway.telemetry.recorder import UNKNOWN_MODEL, Outcome, Recorder
 from gateway.upstream import HttpUpstream, UpstreamResponse
@@ -34,8 +45,7 @@ ROUTED_ACTIONS = frozenset(["infer", "generate", "generate_stream"])
 _DROP_RESPONSE = frozenset([b"connection", b"keep-alive", b"transfer-encoding", b"content-length"])
 _JSON = [(b"content-type", b"application/json")]
 _UNAVAILABLE = frozenset([404, 503])
-_UNAVAILABLE_MARKERS = (b"is not at ready state", b"is not found", b"has no available versions")
-_MAY_FALL_BACK = frozenset([Reason.WEIGHTED, Reason.STICKY])
+_UNAVAILABLE_MARKERS = tuple(marker.encode() for marker in VERSION_UNAVAILABLE_MARKERS)
 _DEFAULT = Decision(None, Reason.DEFAULT)
 _NEEDS_BODY = Decision(None, Reason.SEQUENCE)  # marker: decide after reading the body
 _MAY_SHADOW = frozenset([Reason.WEIGHTED, Reason.STICKY, Reason.SEQUENCE, Reason.RULE])
@@ -113,14 +123,14 @@ class HttpProxy:
             else:  # any other ASGI server: watch receive() for http.disconnect
                 watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(receive, task, done))
         response: UpstreamResponse | None = None
-        inflight = _inflight_key(model, policy, decision)
+        inflight = inflight_key(model, policy, decision)
         if inflight is not None:
             counts = self.recorder.inflight
             counts[inflight] = counts.get(inflight, 0) + 1
         try:
             response = await self.upstream.request(scope["method"].encode(), target, scope["headers"], body,
                                                    content_length=length)
-            if response.status in _UNAVAILABLE and decision is not None and decision.reason in _MAY_FALL_BACK:
+            if response.status in _UNAVAILABLE and decision is not None and decision.reason in MAY_FALL_BACK:
                 response, decision = await self._fall_back(scope, target, body, response, model, policy, decision)
             await self._relay(response, send, decision, done)
             if response.status == 200 and isinstance(body, bytes) and decision is not None and policy is not None:
@@ -175,7 +185,7 @@ class HttpProxy:
                          ) -> tuple[UpstreamResponse, Decision]:
         """Triton says the routed version is not available (unloaded, failed): send the same
         request, still in memory, to the fallback version of the policy it was routed by."""
-        fallback = policy.fallbacks.get(decision.version) if policy and decision.version else None
+        fallback = fallback_for(policy, decision)
         if fallback is None or not isinstance(body, bytes):
             return response, decision
         answer = await response.read()  # a short error body; it may arrive after the headers
@@ -246,13 +256,6 @@ def _with_version(target: bytes, version: str) -> bytes:
 def _retarget(target: bytes, old: str, new: str) -> bytes:
     """The same versioned request, sent to another version."""
     return target.replace(b"/versions/%s/" % old.encode(), b"/versions/%s/" % new.encode(), 1)
-
-
-def _inflight_key(model: str | None, policy: Policy | None, decision: Decision | None) -> tuple[str, str] | None:
-    """Only versions a policy names: the gauge's labels stay bounded whatever clients send."""
-    if model is None or policy is None or decision is None or decision.version is None:
-        return None
-    return (model, decision.version) if decision.version in policy.spec.weights else None
 
 
 def _version_from(response: UpstreamResponse) -> str | None:

@@ -207,12 +207,14 @@ def test_a_cancelled_call_resets_its_upstream_stream(gateway: GatewayThread, fau
     assert gateway.app.grpc is not None
     connection = gateway.app.grpc.unary._connection
     assert connection is not None and len(connection.streams) == 1, "the call should be in flight upstream"
+    assert gateway.app.recorder.inflight[("qc", "3")] == 1, "an unload's drain has to see gRPC calls too"
     future.cancel()
     deadline = time.monotonic() + 1.0  # well before Triton's 1.5 s answer: the stream was reset, not finished
     while connection.streams or label not in gateway.app.recorder.totals \
             or gateway.app.recorder.totals[label].count == before:
         assert time.monotonic() < deadline, "the upstream stream outlived the client's call"
         time.sleep(0.02)
+    assert gateway.app.recorder.inflight[("qc", "3")] == 0
     channel.close()
 
 

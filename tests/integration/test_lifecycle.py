@@ -114,3 +114,41 @@ def test_http_sequences_stay_on_their_version(triton: LocalTriton) -> None:
         assert infer(gw.url, sequence_id=78, sequence_start=True, sequence_end=False) == "3", "new sequences move"
         assert infer(gw.url, sequence_id=77, sequence_start=False, sequence_end=False) == "3", "77 ended"
         assert infer(gw.url) == "3"
+
+
+def test_a_version_unloaded_behind_the_gateways_back_falls_back(own_triton: LocalTriton) -> None:
+    """Someone reloads qc on Triton without version 3 while the policy still sends it half the
+    traffic: every request is still answered, by version 2, over HTTP and gRPC alike."""
+    import grpc
+    import numpy as np
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    config = json.loads(urllib.request.urlopen(f"{own_triton.http_url}/v2/models/qc/config").read())
+    config["version_policy"] = {"specific": {"versions": [2]}}
+    reload = urllib.request.Request(f"{own_triton.http_url}/v2/repository/models/qc/load", method="POST",
+                                    data=json.dumps({"parameters": {"config": json.dumps(config)}}).encode())
+    with gateway_for(own_triton, weights={"2": 50, "3": 50}) as gw:
+        urllib.request.urlopen(reload).read()
+        assert ready_versions(own_triton) == {"2"}
+        http_routes, grpc_routes = [], []
+        for _ in range(30):
+            request = urllib.request.Request(f"{gw.url}/v2/models/qc/infer", data=INFER_BODY)
+            with urllib.request.urlopen(request) as response:
+                assert json.loads(response.read())["model_version"] == "2"
+                assert response.headers["x-gateway-model-version"] == "2"
+                http_routes.append(response.headers["x-gateway-route"])
+        channel = grpc.insecure_channel(f"127.0.0.1:{gw.settings.grpc_port}")
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        message = service_pb2.ModelInferRequest(model_name="qc")
+        message.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4])
+        message.raw_input_contents.append(np.ones(4, dtype=np.float32).tobytes())
+        for _ in range(30):
+            answer, call = stub.ModelInfer.with_call(message)
+            metadata = dict(call.initial_metadata())
+            assert answer.model_version == "2" == metadata["x-gateway-model-version"]
+            grpc_routes.append(metadata["x-gateway-route"])
+        channel.close()
+        assert "fallback" in http_routes and "fallback" in grpc_routes  # ~15 of 30 each were routed to 3
+        assert set(http_routes) | set(grpc_routes) <= {"weighted", "fallback"}
+        unavailable = gw.app.recorder.upstream_errors[("qc", "3", "VersionUnavailable")]
+        assert unavailable == http_routes.count("fallback") + grpc_routes.count("fallback"), "each one is counted"
