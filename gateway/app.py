@@ -116,7 +116,7 @@ class Gateway:
         self.shadow.start()
         if self.settings.grpc_enabled:
             self.grpc = GrpcProxy(self.book, self.recorder, self.pins, self.settings.triton_grpc_url, self.access_log,
-                                  self.settings.connect_timeout_s)
+                                  self.settings.connect_timeout_s, self.shadow)
             self.grpc_server = await start_grpc(self.grpc, self.settings.host, self.settings.grpc_port)
         if self.settings.controller_enabled:
             self.rollouts.start()

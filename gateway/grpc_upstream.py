@@ -20,7 +20,10 @@ import base64
 from gateway.http2.connection import OK, UNAVAILABLE, Http2Connection, Reply
 from gateway.http2.hpack_codec import literal, literal_indexed_name
 
-__all__ = ["OK", "UNAVAILABLE", "GrpcUpstream", "Reply", "grpc_timeout"]
+__all__ = ["OK", "UNAVAILABLE", "UPSTREAM_FAULTS", "GrpcUpstream", "Reply", "grpc_timeout"]
+# Codes that count against the version that answered them: UNAVAILABLE, INTERNAL, UNKNOWN,
+# DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED. INVALID_ARGUMENT, NOT_FOUND & co. are the client's.
+UPSTREAM_FAULTS = frozenset([14, 13, 2, 4, 8])
 _METADATA_CACHE_LIMIT = 1024
 
 

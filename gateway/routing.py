@@ -182,6 +182,8 @@ def compile_policy(model: str, spec: PolicySpec, revision: int = 0, default_stic
 VERSION_UNAVAILABLE_MARKERS = ("is not at ready state", "is not found", "has no available versions")
 # Decisions the policy made freely may be re-sent to the fallback; rule, pin and sequence may not.
 MAY_FALL_BACK = frozenset([Reason.WEIGHTED, Reason.STICKY])
+# Requests the policy routed (not pinned by the client, not a fallback) may be mirrored to the shadow.
+MAY_SHADOW = frozenset([Reason.WEIGHTED, Reason.STICKY, Reason.SEQUENCE, Reason.RULE])
 
 
 def fallback_for(policy: Policy | None, decision: Decision | None) -> Decision | None:

@@ -19,10 +19,12 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from gateway.grpc_upstream import GrpcUpstream
+from gateway.grpc_upstream import UPSTREAM_FAULTS, GrpcUpstream
 from gateway.policy_book import PolicyBook
 from gateway.proxy.grpc_wire import RouteFields, WireError, route_fields, with_version
+from gateway.proxy.shadow import GrpcMirror, ShadowMirror
 from gateway.routing import (
+    MAY_SHADOW,
     VERSION_UNAVAILABLE_MARKERS,
     Decision,
     Policy,
@@ -37,10 +39,9 @@ from gateway.telemetry.recorder import UNKNOWN_MODEL, Outcome, Recorder
 
 SERVICE = "/inference.GRPCInferenceService/"
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
-_UPSTREAM_FAULTS = frozenset([grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
-                              grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED])
 _PINNED = Reason.PINNED
 _STATUS = {code.value[0]: code for code in grpc.StatusCode}
+_UPSTREAM_FAULTS = frozenset(_STATUS[number] for number in UPSTREAM_FAULTS)
 _VERSION_GONE = frozenset([grpc.StatusCode.NOT_FOUND.value[0], grpc.StatusCode.UNAVAILABLE.value[0]])
 
 
@@ -55,11 +56,13 @@ def classify(code: grpc.StatusCode) -> Outcome:
 
 class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
     def __init__(self, book: PolicyBook, recorder: Recorder, pins: SequencePins, upstream_url: str,
-                 access_log: Callable[..., None] | None = None, connect_timeout: float = 2.0) -> None:
+                 access_log: Callable[..., None] | None = None, connect_timeout: float = 2.0,
+                 shadow: ShadowMirror | None = None) -> None:
         self.book = book
         self.access_log = access_log
         self.recorder = recorder
         self.pins = pins
+        self.shadow = shadow
         self.upstream_url = upstream_url
         self.channel = grpc.aio.insecure_channel(upstream_url, options=CHANNEL_OPTIONS)  # ModelStreamInfer
         self.unary = GrpcUpstream(upstream_url, connect_timeout)  # every unary call: see grpc_upstream
@@ -149,7 +152,19 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
             await context.send_initial_metadata(_decision_metadata(decision))
         if code:
             await context.abort(status, self._details(code, details))
+        if policy is not None and policy.shadow_version is not None and decision is not None:
+            self._maybe_shadow(method, fields.model_name, policy, decision, raw, forwarded, response)
         return response
+
+    def _maybe_shadow(self, method: str, model: str, policy: Policy, decision: Decision, raw: bytes,
+                      forwarded: tuple[Any, ...], response: bytes) -> None:
+        version = policy.shadow_version
+        if self.shadow is None or version is None or decision.reason not in MAY_SHADOW:
+            return
+        if self._draw() >= policy.shadow_bp or self.shadow.full(model, version):
+            return
+        self.shadow.offer(GrpcMirror(model, version, self.unary, method, with_version(raw, version), forwarded,
+                                     response))
 
     async def _stream(self, upstream: Any, requests: AsyncIterator[bytes],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:

@@ -22,6 +22,7 @@ from gateway.policy_book import PolicyBook
 from gateway.proxy.shadow import Mirror, ShadowMirror
 from gateway.routing import (
     MAY_FALL_BACK,
+    MAY_SHADOW,
     VERSION_UNAVAILABLE_MARKERS,
     Decision,
     Policy,
@@ -48,7 +49,6 @@ _UNAVAILABLE = frozenset([404, 503])
 _UNAVAILABLE_MARKERS = tuple(marker.encode() for marker in VERSION_UNAVAILABLE_MARKERS)
 _DEFAULT = Decision(None, Reason.DEFAULT)
 _NEEDS_BODY = Decision(None, Reason.SEQUENCE)  # marker: decide after reading the body
-_MAY_SHADOW = frozenset([Reason.WEIGHTED, Reason.STICKY, Reason.SEQUENCE, Reason.RULE])
 _UNKNOWN = Decision("", Reason.DEFAULT)
 _ROUTE_VERSION = b"x-gateway-model-version"
 _ROUTE_REASON = b"x-gateway-route"
@@ -172,7 +172,7 @@ class HttpProxy:
                       body: bytes, response: UpstreamResponse) -> None:
         if policy.shadow_version is None or self.shadow is None or not response.complete:
             return
-        if decision.reason not in _MAY_SHADOW or self._draw() >= policy.shadow_bp:
+        if decision.reason not in MAY_SHADOW or self._draw() >= policy.shadow_bp:
             return
         if self.shadow.full(model, policy.shadow_version):
             return

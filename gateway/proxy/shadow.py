@@ -18,12 +18,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from google.protobuf.message import DecodeError
+
 from gateway.background import Background
 from gateway.errors import GatewayError
+from gateway.grpc_upstream import OK, UPSTREAM_FAULTS, GrpcUpstream
 from gateway.telemetry.recorder import LATENCY_BOUNDS
 from gateway.upstream import HttpUpstream
 
 REL_TOLERANCE = 1e-3
+SHADOW_TIMEOUT_S = 30.0
+Outputs = dict[str, tuple[str, tuple[int, ...], Any]]  # name -> (datatype, shape, data)
 ABS_TOLERANCE = 1e-5
 
 
@@ -56,11 +61,24 @@ class Mirror:
     primary_body: bytes
 
 
+@dataclass(frozen=True)
+class GrpcMirror:
+    """A routed gRPC ``ModelInfer``: the request already names the shadow version."""
+
+    model: str
+    version: str
+    upstream: GrpcUpstream
+    path: str
+    message: bytes
+    metadata: tuple[tuple[str, str | bytes], ...]
+    primary: bytes  # the primary's ModelInferResponse
+
+
 class ShadowMirror:
     def __init__(self, upstream: HttpUpstream, max_queue: int = 1000, workers: int = 2) -> None:
         self.upstream = upstream
         self.stats: dict[tuple[str, str], ShadowStats] = {}
-        self._queue: asyncio.Queue[Mirror] = asyncio.Queue(max_queue)
+        self._queue: asyncio.Queue[Mirror | GrpcMirror] = asyncio.Queue(max_queue)
         self._workers = workers
         self._background = Background()
 
@@ -71,7 +89,7 @@ class ShadowMirror:
             return True
         return False
 
-    def offer(self, mirror: Mirror) -> None:
+    def offer(self, mirror: Mirror | GrpcMirror) -> None:
         """Never blocks: a full queue drops the mirror and counts it."""
         try:
             self._queue.put_nowait(mirror)
@@ -97,7 +115,10 @@ class ShadowMirror:
             mirror = await self._queue.get()
             await self._send(mirror)
 
-    async def _send(self, mirror: Mirror) -> None:
+    async def _send(self, mirror: Mirror | GrpcMirror) -> None:
+        if isinstance(mirror, GrpcMirror):
+            await self._send_grpc(mirror)
+            return
         stats = self._stats(mirror.model, mirror.version)
         started = time.perf_counter()
         try:
@@ -119,6 +140,21 @@ class ShadowMirror:
             stats.agreed += agree(mirror.primary_body, body, _ihcl(mirror.headers), _ihcl(response.headers))
 
 
+    async def _send_grpc(self, mirror: GrpcMirror) -> None:
+        stats = self._stats(mirror.model, mirror.version)
+        started = time.perf_counter()
+        code, _, answer = await mirror.upstream.unary(mirror.path, mirror.message, mirror.metadata, SHADOW_TIMEOUT_S)
+        latency = time.perf_counter() - started
+        stats.requests += 1
+        stats.latency_sum += latency
+        stats.histogram[_bucket(latency)] += 1
+        if code in UPSTREAM_FAULTS:
+            stats.errors += 1
+        elif code == OK:
+            stats.compared += 1
+            stats.agreed += agree_grpc(mirror.primary, answer)
+
+
 def _bucket(latency: float) -> int:
     from bisect import bisect_left
 
@@ -132,7 +168,7 @@ def _ihcl(headers: list[tuple[bytes, bytes]]) -> int | None:
     return None
 
 
-def _outputs(body: bytes, ihcl: int | None) -> dict[str, tuple[str, tuple[int, ...], Any]]:
+def _outputs(body: bytes, ihcl: int | None) -> Outputs:
     header = json.loads(body[:ihcl] if ihcl else body)
     out, offset = {}, ihcl or 0
     for output in header.get("outputs", []):
@@ -146,12 +182,39 @@ def _outputs(body: bytes, ihcl: int | None) -> dict[str, tuple[str, tuple[int, .
     return out
 
 
+def _grpc_outputs(raw: bytes) -> Outputs:
+    from tritonclient.grpc import service_pb2  # off the hot path: only the shadow worker decodes
+
+    response = service_pb2.ModelInferResponse.FromString(raw)
+    out = {}
+    for index, output in enumerate(response.outputs):
+        if index < len(response.raw_output_contents):
+            data: Any = response.raw_output_contents[index]
+        else:  # typed contents: whichever repeated field is set
+            data = [value for _, values in output.contents.ListFields() for value in values]
+        out[output.name] = (output.datatype, tuple(output.shape), data)
+    return out
+
+
 def agree(primary: bytes, shadow: bytes, primary_ihcl: int | None = None, shadow_ihcl: int | None = None) -> bool:
     """Same outputs (names, shapes, datatypes) and values within tolerance."""
     try:
         a, b = _outputs(primary, primary_ihcl), _outputs(shadow, shadow_ihcl)
     except (ValueError, KeyError, TypeError):
         return False
+    return _same_outputs(a, b)
+
+
+def agree_grpc(primary: bytes, shadow: bytes) -> bool:
+    """``agree`` for two ModelInferResponse messages."""
+    try:
+        a, b = _grpc_outputs(primary), _grpc_outputs(shadow)
+    except (DecodeError, ValueError, TypeError):
+        return False
+    return _same_outputs(a, b)
+
+
+def _same_outputs(a: Outputs, b: Outputs) -> bool:
     if a.keys() != b.keys():
         return False
     for name, (dtype, shape, data) in a.items():

@@ -152,3 +152,22 @@ def test_a_version_unloaded_behind_the_gateways_back_falls_back(own_triton: Loca
         assert set(http_routes) | set(grpc_routes) <= {"weighted", "fallback"}
         unavailable = gw.app.recorder.upstream_errors[("qc", "3", "VersionUnavailable")]
         assert unavailable == http_routes.count("fallback") + grpc_routes.count("fallback"), "each one is counted"
+
+
+def test_grpc_requests_are_mirrored_to_the_shadow(own_triton: LocalTriton) -> None:
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    with gateway_for(own_triton, weights={"2": 100}, shadow={"version": "3", "percent": 100}) as gw:
+        client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{gw.settings.grpc_port}")
+        tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+        for _ in range(20):
+            assert client.infer("qc", [tensor]).get_response().model_version == "2"
+        client.infer("qc", [tensor], model_version="2")  # pinned by the client: never mirrored
+        client.close()
+        wait_for(lambda: ("qc", "3") in gw.app.shadow.stats and gw.app.shadow.stats[("qc", "3")].requests >= 20,
+                 10, what="20 gRPC shadow requests")
+        stats = gw.app.shadow.stats[("qc", "3")]
+        assert (stats.requests, stats.errors, stats.compared, stats.agreed) == (20, 0, 20, 0), \
+            "v3 answers 3x where v2 answers 2x: every comparison disagrees"
