@@ -24,10 +24,13 @@ from gateway.admin.auth import Authenticator
 from gateway.admin.policies import PolicyService
 from gateway.admin.versions import versions_router
 from gateway.errors import GatewayError
+from gateway.grpc_upstream import GrpcUpstream
 from gateway.lifecycle import ModelLifecycle
 from gateway.policy_book import PolicyBook
 from gateway.proxy.grpc import GrpcProxy
 from gateway.proxy.grpc import start_server as start_grpc
+from gateway.proxy.grpc_front import start_server as start_front
+from gateway.proxy.grpc_routing import GrpcRouter
 from gateway.proxy.http import HttpProxy, Receive, Scope, Send
 from gateway.proxy.shadow import ShadowMirror
 from gateway.rollout.api import rollout_router
@@ -62,6 +65,7 @@ class Gateway:
         self.shadow = ShadowMirror(self.upstream)
         self.proxy = HttpProxy(self.book, self.upstream, self.recorder, self.access_log, self.pins, self.shadow)
         self.grpc: GrpcProxy | None = None
+        self.grpc_router: GrpcRouter | None = None
         self.grpc_server: Any = None
         self.store = store or make_store(settings.store_url)
         self.triton = TritonControl(self.upstream)
@@ -115,9 +119,13 @@ class Gateway:
             self.access_log.start()
         self.shadow.start()
         if self.settings.grpc_enabled:
-            self.grpc = GrpcProxy(self.book, self.recorder, self.pins, self.settings.triton_grpc_url, self.access_log,
-                                  self.settings.connect_timeout_s, self.shadow)
-            self.grpc_server = await start_grpc(self.grpc, self.settings.host, self.settings.grpc_port)
+            upstream = GrpcUpstream(self.settings.triton_grpc_url, self.settings.connect_timeout_s)
+            self.grpc_router = GrpcRouter(self.book, self.recorder, self.pins, upstream, self.access_log, self.shadow)
+            if self.settings.grpc_server == "grpcio":
+                self.grpc = GrpcProxy(self.grpc_router)
+                self.grpc_server = await start_grpc(self.grpc, self.settings.host, self.settings.grpc_port)
+            else:
+                self.grpc_server = await start_front(self.grpc_router, self.settings.host, self.settings.grpc_port)
         if self.settings.controller_enabled:
             self.rollouts.start()
         self.started = True
@@ -134,6 +142,8 @@ class Gateway:
                 await self.grpc_server.stop(grace=5)
             if self.grpc is not None:
                 await self.grpc.aclose()
+            if self.grpc_router is not None:
+                await self.grpc_router.upstream.aclose()
             await self.upstream.aclose()
             await self.store.close()
 

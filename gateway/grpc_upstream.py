@@ -17,14 +17,17 @@ from __future__ import annotations
 import asyncio
 import base64
 
-from gateway.http2.connection import OK, UNAVAILABLE, Http2Connection, Reply
+from gateway.http2.client import OK, UNAVAILABLE, Http2Connection, Reply, StreamListener, _Call
 from gateway.http2.hpack_codec import literal, literal_indexed_name
 
-__all__ = ["OK", "UNAVAILABLE", "UPSTREAM_FAULTS", "GrpcUpstream", "Reply", "grpc_timeout"]
+__all__ = ["OK", "UNAVAILABLE", "UPSTREAM_FAULTS", "GrpcUpstream", "Reply", "StreamListener", "UpstreamStream",
+           "grpc_timeout"]
 # Codes that count against the version that answered them: UNAVAILABLE, INTERNAL, UNKNOWN,
 # DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED. INVALID_ARGUMENT, NOT_FOUND & co. are the client's.
 UPSTREAM_FAULTS = frozenset([14, 13, 2, 4, 8])
 _METADATA_CACHE_LIMIT = 1024
+# Client metadata: (str, str | bytes) pairs from grpcio, or (bytes, bytes) wire pairs from our server.
+Metadata = tuple[tuple[str | bytes, str | bytes], ...]
 
 
 def grpc_timeout(seconds: float) -> bytes:
@@ -46,11 +49,11 @@ class GrpcUpstream:
         self.connect_timeout = connect_timeout
         self._authority = literal_indexed_name(1, address.encode())
         self._prefix: dict[str, bytes] = {}
-        self._metadata: dict[tuple[tuple[str, str | bytes], ...], bytes] = {}
+        self._metadata: dict[Metadata, bytes] = {}
         self._connection: Http2Connection | None = None
         self._connecting: asyncio.Task[Http2Connection] | None = None
 
-    def header_block(self, path: str, metadata: tuple[tuple[str, str | bytes], ...],
+    def header_block(self, path: str, metadata: Metadata,
                      timeout: float | None) -> bytes:
         prefix = self._prefix.get(path)
         if prefix is None:  # :method POST, :scheme http, :path, :authority, content-type, te
@@ -67,30 +70,47 @@ class GrpcUpstream:
             return prefix + extra + literal(b"grpc-timeout", grpc_timeout(timeout))
         return prefix + extra
 
-    async def unary(self, path: str, message: bytes, metadata: tuple[tuple[str, str | bytes], ...] = (),
+    async def unary(self, path: str, message: bytes, metadata: Metadata = (),
                     timeout: float | None = None) -> Reply:
         block = self.header_block(path, metadata, timeout)
         for _attempt in range(2):  # once more if the connection went away before the call started
-            connection = self._connection
-            if connection is None or connection.closing:
-                try:
-                    connection = await self._connect()
-                except OSError as exc:
-                    return UNAVAILABLE, f"cannot connect to {self.address}: {exc}", b""
-            while connection.full and not connection.closing:
-                await connection.room()
+            connection = await self._ready()
+            if isinstance(connection, tuple):
+                return connection
             if connection.closing:
                 continue
-            stream = connection.start(block, message)
+            call = connection.start(block, message)
+            assert call.future is not None
             try:
-                reply = await stream.future
+                reply = await call.future
             except asyncio.CancelledError:
-                connection.cancel(stream)
+                connection.cancel(call)
                 raise
             if reply[0] == UNAVAILABLE and "GOAWAY" in reply[1]:
                 continue  # never processed upstream (its id was above GOAWAY's last stream): safe to resend
             return reply
         return UNAVAILABLE, f"upstream {self.address} keeps closing the connection", b""
+
+    async def open(self, path: str, listener: StreamListener, metadata: Metadata = (),
+                   timeout: float | None = None) -> UpstreamStream | Reply:
+        """A streaming call: the listener hears the reply's frames; an error tuple if none could start."""
+        connection = await self._ready()
+        if isinstance(connection, tuple):
+            return connection
+        if connection.closing:
+            return UNAVAILABLE, f"upstream {self.address} is closing the connection", b""
+        return UpstreamStream(connection, connection.open(self.header_block(path, metadata, timeout), listener))
+
+    async def _ready(self) -> Http2Connection | Reply:
+        connection = self._connection
+        if connection is None or connection.closing:
+            try:
+                connection = await self._connect()
+            except OSError as exc:
+                return UNAVAILABLE, f"cannot connect to {self.address}: {exc}", b""
+        while connection.full and not connection.closing:
+            await connection.room()
+        return connection
 
     async def _connect(self) -> Http2Connection:
         if self._connecting is None:
@@ -122,7 +142,28 @@ class GrpcUpstream:
             await connection.on_close
 
 
-def _metadata_field(key: str, value: str | bytes) -> bytes:
+class UpstreamStream:
+    """One open streaming call: send request messages, end them, or cancel the call."""
+
+    __slots__ = ("connection", "call")
+
+    def __init__(self, connection: Http2Connection, call: _Call) -> None:
+        self.connection = connection
+        self.call = call
+
+    def send(self, message: bytes) -> None:
+        self.connection.send_message(self.call, message)
+
+    def end(self) -> None:
+        self.connection.end_requests(self.call)
+
+    def cancel(self) -> None:
+        self.connection.cancel(self.call)
+
+
+def _metadata_field(key: str | bytes, value: str | bytes) -> bytes:
+    if isinstance(key, bytes):  # straight from an HTTP/2 client: already in wire form (-bin values base64)
+        return literal(key, value if isinstance(value, bytes) else value.encode())
     if key.endswith("-bin"):
         raw = value if isinstance(value, bytes) else value.encode()
         return literal(key.encode(), base64.b64encode(raw).rstrip(b"="))

@@ -8,7 +8,7 @@ with that one line.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
@@ -31,6 +31,8 @@ class Settings(BaseSettings):
     triton_url: str = Field("http://127.0.0.1:8000", description="Triton's HTTP endpoint")
     grpc_enabled: bool = Field(True, description="serve Triton's gRPC protocol on grpc_port")
     grpc_port: int = Field(8081, ge=0, le=65535, description="gRPC port (0: pick a free one)")
+    grpc_server: Literal["lean", "grpcio"] = Field(
+        "lean", description="gRPC server: lean (our HTTP/2 server, ~3x less CPU per call) or grpcio")
     triton_grpc_url: str = Field("127.0.0.1:8001", pattern=r"^[^/\s]+:[0-9]+$",
                                  description="Triton's gRPC endpoint, host:port")
     connect_timeout_s: float = Field(2.0, gt=0, le=60, description="upstream connect timeout")

@@ -1,72 +1,31 @@
-"""``inference.GRPCInferenceService`` on the gateway's gRPC port, forwarded to Triton.
+"""``inference.GRPCInferenceService`` on grpcio's server (``grpc_server: grpcio``), forwarded to Triton.
 
-A generic handler with no (de)serializers: requests and responses stay raw bytes.
-``ModelInfer`` and ``ModelStreamInfer`` are routed (an empty ``model_version`` gets one from
-the policy; a pinned one is kept); every other method passes through unchanged. Only the
-routing fields are read (``grpc_wire``), the tensors are never decoded. Deadlines and
-cancellation propagate upstream; outcomes are classified by gRPC status code. Unary calls go
-upstream through ``gateway.grpc_upstream`` (our lean HTTP/2 client); ``ModelStreamInfer``
-through a grpc.aio channel.
+The fallback to our own HTTP/2 server (``grpc_front``): a generic handler with no
+(de)serializers, so requests and responses stay raw bytes. ``ModelInfer`` goes through the
+shared ``GrpcRouter``; ``ModelStreamInfer`` through a grpc.aio channel, each message routed;
+every other unary method passes through unchanged. Deadlines and cancellation propagate.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 import grpc.aio
 
-from gateway.grpc_upstream import UPSTREAM_FAULTS, GrpcUpstream
-from gateway.policy_book import PolicyBook
-from gateway.proxy.grpc_wire import RouteFields, WireError, route_fields, with_version
-from gateway.proxy.shadow import GrpcMirror, ShadowMirror
-from gateway.routing import (
-    MAY_SHADOW,
-    VERSION_UNAVAILABLE_MARKERS,
-    Decision,
-    Policy,
-    Reason,
-    WeylDraw,
-    choose_in_sequence,
-    fallback_for,
-    inflight_key,
-)
-from gateway.sequences import SequencePins
-from gateway.telemetry.recorder import UNKNOWN_MODEL, Outcome, Recorder
+from gateway.proxy.grpc_routing import SERVICE, GrpcRouter, decision_metadata, stream_response_failed
+from gateway.proxy.grpc_wire import WireError
 
-SERVICE = "/inference.GRPCInferenceService/"
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
-_PINNED = Reason.PINNED
 _STATUS = {code.value[0]: code for code in grpc.StatusCode}
-_UPSTREAM_FAULTS = frozenset(_STATUS[number] for number in UPSTREAM_FAULTS)
-_VERSION_GONE = frozenset([grpc.StatusCode.NOT_FOUND.value[0], grpc.StatusCode.UNAVAILABLE.value[0]])
-
-
-def classify(code: grpc.StatusCode) -> Outcome:
-    """gRPC answers HTTP 200 even on failure: the status code says whose fault it was."""
-    if code is grpc.StatusCode.OK:
-        return Outcome.SUCCESS
-    if code is grpc.StatusCode.CANCELLED:
-        return Outcome.CANCELLED
-    return Outcome.UPSTREAM_ERROR if code in _UPSTREAM_FAULTS else Outcome.CLIENT_ERROR
 
 
 class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
-    def __init__(self, book: PolicyBook, recorder: Recorder, pins: SequencePins, upstream_url: str,
-                 access_log: Callable[..., None] | None = None, connect_timeout: float = 2.0,
-                 shadow: ShadowMirror | None = None) -> None:
-        self.book = book
-        self.access_log = access_log
-        self.recorder = recorder
-        self.pins = pins
-        self.shadow = shadow
-        self.upstream_url = upstream_url
-        self.channel = grpc.aio.insecure_channel(upstream_url, options=CHANNEL_OPTIONS)  # ModelStreamInfer
-        self.unary = GrpcUpstream(upstream_url, connect_timeout)  # every unary call: see grpc_upstream
-        self._draw = WeylDraw(seed=time.monotonic_ns() + 1)
+    def __init__(self, router: GrpcRouter) -> None:
+        self.router = router
+        self.channel = grpc.aio.insecure_channel(router.upstream.address, options=CHANNEL_OPTIONS)
         self._handlers: dict[str, grpc.RpcMethodHandler | None] = {}
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
@@ -94,77 +53,29 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
             return grpc.unary_unary_rpc_method_handler(infer)
 
         async def passthrough(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-            code, details, answer = await self.unary.unary(method, raw, _forwarded(context), context.time_remaining())
+            code, details, answer = await self.router.upstream.unary(method, raw, _forwarded(context),
+                                                                     context.time_remaining())
             if code:
-                await context.abort(_STATUS.get(code, grpc.StatusCode.UNKNOWN), self._details(code, details))
+                await context.abort(_STATUS.get(code, grpc.StatusCode.UNKNOWN), self.router.details(code, details))
             return answer
 
         return grpc.unary_unary_rpc_method_handler(passthrough)
 
-    # -- routing --------------------------------------------------------------------------
-    def _route(self, fields: RouteFields, raw: bytes,
-               metadata: tuple[Any, ...]) -> tuple[Policy | None, Decision | None, bytes]:
-        policy = self.book.get(fields.model_name)
-        if fields.model_version:
-            return policy, Decision(fields.model_version, _PINNED), raw
-        if policy is None:
-            return None, None, raw
-        names = policy.header_names
-        headers = {key.encode(): value.encode() for key, value in metadata
-                   if isinstance(value, str) and key.encode() in names}
-        decision = choose_in_sequence(policy, headers, self._draw(), self.pins, fields.sequence_id,
-                                      fields.sequence_start, fields.sequence_end)
-        return policy, decision, with_version(raw, decision.version)  # type: ignore[arg-type]
-
     async def _infer(self, method: str, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        started = time.perf_counter()
+        metadata = context.invocation_metadata() or ()
         try:
-            fields = route_fields(raw)
+            routed = self.router.route(raw, metadata)
         except WireError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}")
             raise
-        metadata = context.invocation_metadata() or ()
-        policy, decision, routed = self._route(fields, raw, metadata)
-        forwarded = _forwarded(context, metadata)
-        inflight = inflight_key(fields.model_name, policy, decision)
-        counts = self.recorder.inflight
-        if inflight is not None:  # the drain before an unload waits for these
-            counts[inflight] = counts.get(inflight, 0) + 1
-        try:
-            code, details, response = await self.unary.unary(method, routed, forwarded, context.time_remaining())
-            if code in _VERSION_GONE and decision is not None and decision.version is not None \
-                    and any(marker in details for marker in VERSION_UNAVAILABLE_MARKERS):
-                fallback = fallback_for(policy, decision)
-                if fallback is not None and fallback.version is not None:  # unloaded under us: re-send it
-                    self.recorder.upstream_error(fields.model_name, decision.version, "VersionUnavailable")
-                    decision, retried = fallback, with_version(raw, fallback.version)
-                    code, details, response = await self.unary.unary(method, retried, forwarded,
-                                                                     context.time_remaining())
-        except asyncio.CancelledError:  # the client cancelled: the upstream stream was reset with us
-            self._record(fields.model_name, decision, grpc.StatusCode.CANCELLED, started)
-            raise
-        finally:
-            if inflight is not None:
-                counts[inflight] -= 1
-        status = _STATUS.get(code, grpc.StatusCode.UNKNOWN)
-        self._record(fields.model_name, decision, status, started)
-        if decision is not None and decision.reason is not _PINNED:  # after any fallback: the version that answered
-            await context.send_initial_metadata(_decision_metadata(decision))
-        if code:
-            await context.abort(status, self._details(code, details))
-        if policy is not None and policy.shadow_version is not None and decision is not None:
-            self._maybe_shadow(method, fields.model_name, policy, decision, raw, forwarded, response)
-        return response
-
-    def _maybe_shadow(self, method: str, model: str, policy: Policy, decision: Decision, raw: bytes,
-                      forwarded: tuple[Any, ...], response: bytes) -> None:
-        version = policy.shadow_version
-        if self.shadow is None or version is None or decision.reason not in MAY_SHADOW:
-            return
-        if self._draw() >= policy.shadow_bp or self.shadow.full(model, version):
-            return
-        self.shadow.offer(GrpcMirror(model, version, self.unary, method, with_version(raw, version), forwarded,
-                                     response))
+        result = await self.router.infer(method, routed, raw, _forwarded(context, metadata), context.time_remaining())
+        announced = decision_metadata(result.decision)
+        if announced:  # after any fallback: the version that answered
+            await context.send_initial_metadata(announced)
+        if result.code:
+            await context.abort(_STATUS.get(result.code, grpc.StatusCode.UNKNOWN),
+                                self.router.details(result.code, result.details))
+        return result.response
 
     async def _stream(self, upstream: Any, requests: AsyncIterator[bytes],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
@@ -173,57 +84,28 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
 
         async def routed() -> AsyncIterator[bytes]:
             async for raw in requests:
-                fields = route_fields(raw)
-                _, decision, raw = self._route(fields, raw, metadata)
-                last.update(model=fields.model_name, decision=decision, sent=time.perf_counter())
-                yield raw
+                message = self.router.route(raw, metadata)
+                last.update(model=message.fields.model_name, decision=message.decision, sent=time.perf_counter())
+                yield message.message
 
         call = upstream(routed(), metadata=_forwarded(context, metadata), timeout=context.time_remaining())
         announced = False
         try:
             async for response in call:
                 decision = last["decision"]
-                if not announced and decision is not None and decision.reason is not _PINNED:
-                    await context.send_initial_metadata(_decision_metadata(decision))
+                if not announced and decision_metadata(decision):
+                    await context.send_initial_metadata(decision_metadata(decision))
                 announced = True
-                # ModelStreamInferResponse: field 1 error_message; a failed request inside a
-                # stream comes back as a message and the stream stays open.
-                failed = response[:1] == b"\x0a" and len(response) > 1 and response[1] != 0
-                self._record(last["model"], decision, grpc.StatusCode.INTERNAL if failed else grpc.StatusCode.OK,
-                             last["sent"])
+                self.router.record(last["model"], decision, 13 if stream_response_failed(response) else 0,
+                                   last["sent"])
                 yield response
         except grpc.aio.AioRpcError as exc:
-            self._record(last["model"], last["decision"], exc.code(), last["sent"])
-            await context.abort(exc.code(), self._details(exc.code().value[0], exc.details()))
-
-    def _details(self, code: int, details: str | None) -> str:
-        if code == grpc.StatusCode.UNAVAILABLE.value[0]:
-            return f"upstream triton at {self.upstream_url} is unavailable: {details}"
-        return details or ""
-
-    def _record(self, model: str | None, decision: Decision | None, code: grpc.StatusCode, started: float) -> None:
-        if model is None:
-            return
-        version = decision.version if decision is not None and decision.version else ""
-        reason = decision.reason if decision is not None else Reason.DEFAULT
-        if code is grpc.StatusCode.NOT_FOUND or (decision is None and self.book.get(model) is None
-                                                 and code is not grpc.StatusCode.OK):
-            model, version = UNKNOWN_MODEL, ""
-        outcome = classify(code)
-        if outcome is Outcome.UPSTREAM_ERROR:
-            self.recorder.upstream_error(model, version, code.name)
-        latency = time.perf_counter() - started
-        self.recorder.record(model, version, outcome, latency, reason, "grpc", code.name)
-        if self.access_log is not None:
-            self.access_log(model, version, reason, "grpc", code.name, latency)
+            code = exc.code().value[0]
+            self.router.record(last["model"], last["decision"], code, last["sent"])
+            await context.abort(exc.code(), self.router.details(code, exc.details()))
 
     async def aclose(self) -> None:
         await self.channel.close()
-        await self.unary.aclose()
-
-
-def _decision_metadata(decision: Decision) -> tuple[tuple[str, str], ...]:
-    return (("x-gateway-model-version", decision.version or ""), ("x-gateway-route", decision.reason))
 
 
 def _forwarded(context: grpc.aio.ServicerContext, metadata: tuple[Any, ...] | None = None) -> tuple[Any, ...]:

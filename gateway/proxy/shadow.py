@@ -22,7 +22,7 @@ from google.protobuf.message import DecodeError
 
 from gateway.background import Background
 from gateway.errors import GatewayError
-from gateway.grpc_upstream import OK, UPSTREAM_FAULTS, GrpcUpstream
+from gateway.grpc_upstream import OK, UPSTREAM_FAULTS, GrpcUpstream, Metadata
 from gateway.telemetry.recorder import LATENCY_BOUNDS
 from gateway.upstream import HttpUpstream
 
@@ -70,7 +70,7 @@ class GrpcMirror:
     upstream: GrpcUpstream
     path: str
     message: bytes
-    metadata: tuple[tuple[str, str | bytes], ...]
+    metadata: Metadata
     primary: bytes  # the primary's ModelInferResponse
 
 

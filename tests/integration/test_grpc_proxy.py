@@ -25,9 +25,11 @@ pytestmark = pytest.mark.triton
 X = np.array([[1, 2, 3, 4]], dtype=np.float32)
 
 
-@pytest.fixture(scope="module")
-def gateway(triton: LocalTriton) -> Iterator[GatewayThread]:
+@pytest.fixture(scope="module", params=["lean", "grpcio"])
+def gateway(triton: LocalTriton, request: pytest.FixtureRequest) -> Iterator[GatewayThread]:
+    """Every test below runs against both gRPC servers: ours (the default) and grpcio's."""
     settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url, admin_token=TOKEN,
+                                grpc_server=request.param,
                                 policies={"qc": {"weights": {"2": 80, "3": 20},
                                                  "rules": [{"header": "x-canary", "equals": "always", "version": "3"}]},
                                           "tok": {"weights": {"1": 100}}})
@@ -204,8 +206,8 @@ def test_a_cancelled_call_resets_its_upstream_stream(gateway: GatewayThread, fau
     before = gateway.app.recorder.totals[label].count if label in gateway.app.recorder.totals else 0
     future = stub.ModelInfer.future(request)
     time.sleep(0.3)
-    assert gateway.app.grpc is not None
-    connection = gateway.app.grpc.unary._connection
+    assert gateway.app.grpc_router is not None
+    connection = gateway.app.grpc_router.upstream._connection
     assert connection is not None and len(connection.streams) == 1, "the call should be in flight upstream"
     assert gateway.app.recorder.inflight[("qc", "3")] == 1, "an unload's drain has to see gRPC calls too"
     future.cancel()
@@ -218,9 +220,10 @@ def test_a_cancelled_call_resets_its_upstream_stream(gateway: GatewayThread, fau
     channel.close()
 
 
-def test_triton_down_gives_unavailable_then_recovers() -> None:
+@pytest.mark.parametrize("server", ["lean", "grpcio"])
+def test_triton_down_gives_unavailable_then_recovers(server: str) -> None:
     triton = LocalTriton.on_free_ports(models=("qc",)).start()
-    settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url,
+    settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url, grpc_server=server,
                                 policies={"qc": {"weights": {"2": 100}}})
     try:
         with GatewayThread(settings) as gw:
