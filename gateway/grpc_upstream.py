@@ -1,4 +1,4 @@
-"""Unary gRPC calls to Triton over our own HTTP/2 connection (``gateway.http2``).
+"""gRPC calls to Triton over our own HTTP/2 connection (``gateway.http2``).
 
 Why not ``grpc.aio``'s channel for these: the proxy has the request and the response as raw
 bytes already, and grpc.aio's client spends its CPU on call objects, metadata conversion and
@@ -8,8 +8,8 @@ per ``ModelInfer`` to 455-460 µs when only its upstream client changed to this 
 call is one stream on one long-lived multiplexed connection, written with one ``write()``;
 a header block is built from cached pieces (per path, per distinct metadata). Connection
 failures come back as ``UNAVAILABLE`` the way grpcio reports them; the connection is reopened
-on the next call. ``ModelStreamInfer`` still goes through a grpc.aio channel (long-lived
-streams: its per-message cost is not the hot path).
+on the next call. ``open`` starts a streaming call (``ModelStreamInfer`` behind our own
+server); with ``grpc_server: grpcio`` streams use a grpc.aio channel instead.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
 CANCEL, REFUSED_STREAM = 0x8, 0x7
 RECEIVE_WINDOW = 1 << 24  # per stream; the connection window is opened to 1 GiB
 MAX_FRAME = 1 << 20  # what we accept (SETTINGS_MAX_FRAME_SIZE)
+MAX_HEADER_BLOCK = 1 << 20  # a header block spread over CONTINUATION frames may not grow past this
 _CONNECTION_WINDOW = 1 << 30
 _HEADER = struct.Struct(">BHBBI")
 
@@ -139,6 +140,8 @@ class Endpoint(asyncio.Protocol):
             if self._continuation is None or self._continuation[0] != stream_id:
                 raise HpackError("unexpected CONTINUATION")
             self._continuation[2].extend(payload)
+            if len(self._continuation[2]) > MAX_HEADER_BLOCK:
+                raise HpackError(f"a header block above {MAX_HEADER_BLOCK} bytes")
             if flags & END_HEADERS:
                 _, first_flags, block = self._continuation
                 self._continuation = None

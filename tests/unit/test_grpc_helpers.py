@@ -1,0 +1,62 @@
+"""Small pure pieces of the gRPC path: metadata filtering, timeouts, status encoding, outcomes."""
+
+from __future__ import annotations
+
+import asyncio
+from urllib.parse import unquote
+
+import pytest
+
+from gateway.http2.server import grpc_message, status_block
+from gateway.proxy.grpc_front import client_metadata, deadline_of
+from gateway.proxy.grpc_routing import classify, decision_metadata, status_name
+from gateway.routing import Decision, Reason
+from gateway.telemetry.recorder import Outcome
+
+
+def test_only_the_clients_own_metadata_goes_upstream() -> None:
+    headers = [(b":path", b"/x"), (b":authority", b"gw"), (b"content-type", b"application/grpc"), (b"te", b"trailers"),
+               (b"user-agent", b"grpc-python"), (b"grpc-timeout", b"5S"), (b"grpc-accept-encoding", b"gzip"),
+               (b"x-user-id", b"u1"), (b"trace-bin", b"AAE")]
+    assert client_metadata(headers) == ((b"x-user-id", b"u1"), (b"trace-bin", b"AAE"))
+
+
+@pytest.mark.parametrize(("value", "seconds"), [(b"5S", 5.0), (b"250m", 0.25), (b"100u", 1e-4), (b"2M", 120.0),
+                                                (b"1H", 3600.0), (b"999n", 999e-9)])
+def test_grpc_timeout_units(value: bytes, seconds: float) -> None:
+    async def remaining() -> float:
+        deadline = deadline_of([(b"grpc-timeout", value)])
+        assert deadline is not None
+        return deadline - asyncio.get_running_loop().time()
+
+    assert asyncio.run(remaining()) == pytest.approx(seconds, abs=0.01)
+
+
+def test_bad_or_missing_timeouts_mean_no_deadline() -> None:
+    async def deadlines() -> list[float | None]:
+        return [deadline_of([]), deadline_of([(b"grpc-timeout", b"5X")]), deadline_of([(b"grpc-timeout", b"S")])]
+
+    assert asyncio.run(deadlines()) == [None, None, None]
+
+
+def test_grpc_message_is_percent_encoded_utf8() -> None:
+    assert grpc_message("plain text: ok") == b"plain text: ok"
+    encoded = grpc_message("100% sure, naïve\nnext")
+    assert encoded == b"100%25 sure, na%C3%AFve%0Anext"
+    assert unquote(encoded.decode()) == "100% sure, naïve\nnext"
+    assert status_block(0, "") == b"\x00\x0bgrpc-status\x010"
+    assert b"grpc-message" in status_block(14, "down")
+
+
+def test_outcomes_by_status_code() -> None:
+    assert classify(0) is Outcome.SUCCESS and classify(1) is Outcome.CANCELLED
+    assert {classify(code) for code in (14, 13, 2, 4, 8)} == {Outcome.UPSTREAM_ERROR}
+    assert {classify(code) for code in (3, 5, 7, 9, 12, 16)} == {Outcome.CLIENT_ERROR}
+    assert status_name(14) == "UNAVAILABLE" and status_name(99) == "UNKNOWN"
+
+
+def test_decision_metadata_is_withheld_for_pinned_requests() -> None:
+    assert decision_metadata(Decision("3", Reason.PINNED)) == ()
+    assert decision_metadata(None) == ()
+    assert decision_metadata(Decision("2", Reason.STICKY)) == (("x-gateway-model-version", "2"),
+                                                               ("x-gateway-route", "sticky"))
