@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import struct
 
-from gateway.http2.hpack_codec import Decoder, HpackError
+from gateway.http2.hpack_codec import Decoder
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 4, 6, 7, 8, 9
@@ -25,6 +25,10 @@ _CONNECTION_WINDOW = 1 << 30
 _HEADER = struct.Struct(">BHBBI")
 
 Headers = list[tuple[bytes, bytes]]
+
+
+class ProtocolError(ValueError):
+    """The peer broke HTTP/2 (RFC 9113 PROTOCOL_ERROR and friends): the connection is dropped."""
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
@@ -105,7 +109,7 @@ class Endpoint(asyncio.Protocol):
                 if size < len(PREFACE):
                     return
                 if buffer[:len(PREFACE)] != PREFACE:
-                    raise HpackError("not an HTTP/2 connection preface")
+                    raise ProtocolError("not an HTTP/2 connection preface")
                 pos, self._preface_seen = len(PREFACE), True
             while size - pos >= 9:
                 high, low, kind, flags, stream_id = _HEADER.unpack_from(buffer, pos)
@@ -113,18 +117,18 @@ class Endpoint(asyncio.Protocol):
                 end = pos + 9 + length
                 if end > size:
                     if length > MAX_FRAME:
-                        raise HpackError(f"a {length}-byte frame is above our SETTINGS_MAX_FRAME_SIZE")
+                        raise ProtocolError(f"a {length}-byte frame is above our SETTINGS_MAX_FRAME_SIZE")
                     break
                 self._frame(kind, flags, stream_id & 0x7FFFFFFF, bytes(buffer[pos + 9:end]))
                 pos = end
-        except (ValueError, struct.error, IndexError) as exc:  # HpackError, a bad header value: drop it all
+        except (ValueError, struct.error, IndexError) as exc:  # ProtocolError, HpackError, a bad header value
             self._protocol_error(f"unreadable HTTP/2: {exc}")
             return
         del buffer[:pos]
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if self._continuation is not None and kind != CONTINUATION:
-            raise HpackError("header block interrupted")
+            raise ProtocolError("header block interrupted")
         if kind == DATA:
             self._data(flags, stream_id, payload)
         elif kind == HEADERS:
@@ -138,10 +142,10 @@ class Endpoint(asyncio.Protocol):
                 self._continuation = (stream_id, flags, bytearray(payload))
         elif kind == CONTINUATION:
             if self._continuation is None or self._continuation[0] != stream_id:
-                raise HpackError("unexpected CONTINUATION")
+                raise ProtocolError("unexpected CONTINUATION")
             self._continuation[2].extend(payload)
             if len(self._continuation[2]) > MAX_HEADER_BLOCK:
-                raise HpackError(f"a header block above {MAX_HEADER_BLOCK} bytes")
+                raise ProtocolError(f"a header block above {MAX_HEADER_BLOCK} bytes")
             if flags & END_HEADERS:
                 _, first_flags, block = self._continuation
                 self._continuation = None
@@ -192,11 +196,15 @@ class Endpoint(asyncio.Protocol):
             if key == 3:
                 self.peer_max_streams = value
             elif key == 4:
+                if value > 0x7FFFFFFF:
+                    raise ProtocolError(f"SETTINGS_INITIAL_WINDOW_SIZE {value} is above 2^31-1")
                 delta = value - self._peer_initial_window
                 self._peer_initial_window = value
                 for stream in self.streams.values():
                     stream.window += delta
             elif key == 5:
+                if not 16384 <= value <= 0xFFFFFF:
+                    raise ProtocolError(f"SETTINGS_MAX_FRAME_SIZE {value} is outside 16384..2^24-1")
                 self._peer_max_frame = value
         self.write(frame(SETTINGS, ACK, 0))
         self._on_settings()

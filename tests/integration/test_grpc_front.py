@@ -117,3 +117,15 @@ def test_stopping_lets_calls_in_flight_finish(triton: LocalTriton, faults: Fault
     with pytest.raises(grpc.RpcError):
         client.ModelInfer(infer_request(), timeout=2)
     channel.close()
+
+
+@pytest.mark.parametrize("settings", [b"\x00\x05\x00\x00\x00\x00", b"\x00\x04\x80\x00\x00\x00"])
+def test_impossible_settings_close_the_connection(gateway: GatewayThread, settings: bytes) -> None:
+    """MAX_FRAME_SIZE 0 or a window above 2^31-1 would wedge every answer: refuse them."""
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", gateway.settings.grpc_port), timeout=5) as raw:
+        raw.sendall(preface + len(settings).to_bytes(3, "big") + b"\x04\x00\x00\x00\x00\x00" + settings)
+        received = b""
+        while chunk := raw.recv(4096):
+            received += chunk
+    assert frame_types(received)[-1] == 7, "GOAWAY, then the close"
