@@ -42,7 +42,7 @@ bench: $(STAMP) system-deps
 
 lint: $(STAMP)
 	$(BIN)/ruff check gateway tests bench
-	$(BIN)/mypy gateway
+	$(BIN)/mypy gateway tests bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -58,7 +58,7 @@ def test_unknown_methods_are_unimplemented(gateway: GatewayThread) -> None:
 
 def test_responses_wait_for_a_small_client_window(gateway: GatewayThread, monkeypatch: pytest.MonkeyPatch) -> None:
     """A client that reads 64 bytes ahead: a 240-byte answer goes out as its window opens."""
-    blocked = []
+    blocked: list[int] = []
     original = Endpoint._flush_blocked
 
     def counting(self: Endpoint) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,10 +22,11 @@ def request(version: str = "2", batch: int = 1) -> bytes:
     message = service_pb2.ModelInferRequest(model_name="qc", model_version=version)
     message.inputs.add(name="INPUT0", datatype="FP32", shape=[batch, 4])  # data: raw_input_contents
     message.raw_input_contents.append(np.arange(batch * 4, dtype=np.float32).tobytes())
-    return message.SerializeToString()
+    encoded: bytes = message.SerializeToString()
+    return encoded
 
 
-def output(raw: bytes) -> np.ndarray:
+def output(raw: bytes) -> np.ndarray[Any, Any]:
     response = service_pb2.ModelInferResponse.FromString(raw)
     return np.frombuffer(response.raw_output_contents[0], dtype=np.float32)
 

@@ -43,7 +43,7 @@ def infer(client: httpclient.InferenceServerClient, binary: bool, **kwargs: obje
     inp = httpclient.InferInput("INPUT0", [1, 4], "FP32")
     inp.set_data_from_numpy(x, binary_data=binary)
     out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary)
-    return client.infer("qc", [inp], outputs=[out], **kwargs)  # type: ignore[arg-type]
+    return client.infer("qc", [inp], outputs=[out], **kwargs)
 
 
 def test_tritonclient_metadata_calls_work_unchanged(client: httpclient.InferenceServerClient) -> None:

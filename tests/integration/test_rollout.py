@@ -37,12 +37,14 @@ def gateway(triton: LocalTriton) -> Iterator[GatewayThread]:
 def rollout_state(url: str) -> dict[str, Any]:
     status, doc = admin_call(url, "GET", "/admin/models/qc/rollout")
     assert status == 200, doc
+    assert isinstance(doc, dict)
     return doc
 
 
 def start(url: str, **spec: Any) -> dict[str, Any]:
     status, doc = admin_call(url, "POST", "/admin/models/qc/rollout", {"canary": "3", **spec})
     assert status == 200, doc
+    assert isinstance(doc, dict)
     return doc
 
 

@@ -86,7 +86,8 @@ def test_k8s_manifests_are_well_formed() -> None:
 
 
 def dashboard() -> dict[str, Any]:
-    return json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "gateway.json").read_text())
+    loaded: dict[str, Any] = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "gateway.json").read_text())
+    return loaded
 
 
 def test_dashboard_schema() -> None:

@@ -22,7 +22,8 @@ def grpc_answer(values: list[float], raw: bool = True, shape: tuple[int, ...] | 
         response.raw_output_contents.append(np.array(values, dtype=np.float32).tobytes())
     else:
         output.contents.fp32_contents.extend(values)
-    return response.SerializeToString()
+    encoded: bytes = response.SerializeToString()
+    return encoded
 
 
 def test_http_answers() -> None:
