@@ -1,7 +1,7 @@
 """``gateway demo``: the whole canary story against a real local Triton, in about a minute.
 
 1. starts tritonserver (sample repository) and ``gateway serve`` with qc at 100 % version 2;
-2. drives steady traffic (a third of it from signed-in users);
+2. drives steady traffic over HTTP and gRPC (a third of it from signed-in users);
 3. breaks version 3 (30 % of its requests fail) and starts a rollout to it: the gateway
    judges each interval and rolls back on its own;
 4. repairs version 3 and starts a new rollout: it walks every step and is promoted;
@@ -41,9 +41,12 @@ ROLLOUT = {"canary": "3", "steps": [10, 25, 50, 100], "interval_s": 4, "min_requ
 class Traffic:
     """Steady clients in a background thread; counts what they saw, per phase."""
 
-    def __init__(self, url: str, concurrency: int = 4) -> None:
+    def __init__(self, url: str, grpc_url: str, concurrency: int = 4, grpc_concurrency: int = 2) -> None:
         self.url = url
+        self.grpc_url = grpc_url
         self.concurrency = concurrency
+        self.grpc_concurrency = grpc_concurrency
+        self.grpc_answered: Counter[str] = Counter()  # per phase
         self.phase = "warm-up"
         self.versions: dict[str, Counter[str]] = defaultdict(Counter)
         self.failures: dict[str, Counter[str]] = defaultdict(Counter)
@@ -85,8 +88,36 @@ class Traffic:
                 if user and phase == "warm-up":
                     self.users[user].add(version)
 
-        await asyncio.gather(*(worker() for _ in range(self.concurrency)))
+        await asyncio.gather(*(worker() for _ in range(self.concurrency)),
+                             *(self._grpc_worker(count) for _ in range(self.grpc_concurrency)))
         await client.aclose()
+
+    async def _grpc_worker(self, count: Any) -> None:
+        """The same requests through tritonclient's gRPC client (a new client per worker)."""
+        import numpy as np
+        import tritonclient.grpc.aio as grpcclient
+        from tritonclient.grpc import InferInput
+        from tritonclient.utils import InferenceServerException
+
+        client = grpcclient.InferenceServerClient(self.grpc_url)
+        tensor = InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.array([[1, 2, 3, 4]], dtype=np.float32))
+        while not self._stop.is_set():
+            n = next(count)
+            user = f"user-{n % 60}" if n % 3 == 0 else None
+            phase = self.phase
+            try:
+                result = await client.infer("qc", [tensor], headers={"x-user-id": user} if user else None,
+                                            client_timeout=10)
+            except InferenceServerException as exc:
+                self.failures[phase][f"gRPC {str(exc.status()).removeprefix('StatusCode.')}"] += 1
+                continue
+            version = result.get_response().model_version
+            self.versions[phase][version] += 1
+            self.grpc_answered[phase] += 1
+            if user and phase == "warm-up":
+                self.users[user].add(version)
+        await client.close()
 
 
 def admin(url: str, method: str, path: str, body: Any = None) -> dict[str, Any]:
@@ -98,11 +129,11 @@ def admin(url: str, method: str, path: str, body: Any = None) -> dict[str, Any]:
         return answer
 
 
-def start_gateway(triton: LocalTriton, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
+def start_gateway(triton: LocalTriton, workdir: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+    port, grpc_port = free_port(), free_port()
     env = dict(os.environ, GATEWAY_PORT=str(port), GATEWAY_TRITON_URL=triton.http_url, GATEWAY_LOG_LEVEL="warning",
                GATEWAY_ADMIN_TOKEN=TOKEN, GATEWAY_STORE_URL=f"sqlite:///{workdir}/state.db",
-               GATEWAY_CONTROLLER_TICK_S="0.5", GATEWAY_GRPC_PORT=str(free_port()),
+               GATEWAY_CONTROLLER_TICK_S="0.5", GATEWAY_GRPC_PORT=str(grpc_port),
                GATEWAY_TRITON_GRPC_URL=triton.grpc_url)
     config = workdir / "gateway.yaml"
     config.write_text('policies:\n  qc: {weights: {"2": 100}, sticky_header: x-user-id}\n')
@@ -112,7 +143,7 @@ def start_gateway(triton: LocalTriton, workdir: Path) -> tuple[subprocess.Popen[
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(f"{url}/readyz", timeout=1):
-                return process, url
+                return process, url, f"127.0.0.1:{grpc_port}"
         except OSError:
             time.sleep(0.1)
     process.kill()
@@ -138,11 +169,12 @@ def set_faults(path: Path, spec: dict[str, Any]) -> None:
 
 def summary(console: Console, traffic: Traffic, outcomes: list[tuple[str, dict[str, Any]]], url: str) -> None:
     table = Table(title="what the clients saw, by phase")
-    for column in ("phase", "version 2", "version 3", "failed", "failures"):
+    for column in ("phase", "version 2", "version 3", "via gRPC", "failed", "failures"):
         table.add_column(column, justify="right")
     for phase in ("warm-up", "faulty canary", "healthy canary", "after promotion"):
         failed = sum(traffic.failures[phase].values())
-        table.add_row(phase, str(traffic.versions[phase]["2"]), str(traffic.versions[phase]["3"]), str(failed),
+        table.add_row(phase, str(traffic.versions[phase]["2"]), str(traffic.versions[phase]["3"]),
+                      str(traffic.grpc_answered[phase]), str(failed),
                       ", ".join(f"{n}x {what}" for what, n in traffic.failures[phase].most_common(2)))
     console.print(table)
     for title, doc in outcomes:
@@ -172,9 +204,9 @@ def run_demo(keep_running: bool = False) -> int:
     gateway: subprocess.Popen[bytes] | None = None
     traffic: Traffic | None = None
     try:
-        gateway, url = start_gateway(triton, workdir)
-        console.print(f"   Triton {triton.http_url}, gateway {url}; policy qc: 100% version 2")
-        traffic = Traffic(url)
+        gateway, url, grpc_url = start_gateway(triton, workdir)
+        console.print(f"   Triton {triton.http_url}, gateway {url} (gRPC {grpc_url}); policy qc: 100% version 2")
+        traffic = Traffic(url, grpc_url)
         traffic.start()
         time.sleep(3)
         console.print("[bold]2. version 3 is broken[/] (30% of its requests fail); starting a rollout to it")
