@@ -21,6 +21,7 @@ from gateway.http2.endpoint import (
     Endpoint,
     Headers,
     StreamState,
+    grpc_frame,
     open_windows,
     settings_frame,
 )
@@ -144,8 +145,7 @@ class Http2Connection(Endpoint):
     def start(self, header_block: bytes, message: bytes) -> _Call:
         """A unary call: the request goes out now (as far as the windows allow)."""
         call = self._new_call(asyncio.get_running_loop().create_future(), None)
-        body = b"\x00" + len(message).to_bytes(4, "big") + message
-        self.send(call, body, end=True, before=self.headers_frames(call.id, header_block))
+        self.send(call, grpc_frame(message), end=True, before=self.headers_frames(call.id, header_block))
         return call
 
     def open(self, header_block: bytes, listener: StreamListener) -> _Call:
@@ -156,7 +156,7 @@ class Http2Connection(Endpoint):
 
     def send_message(self, call: _Call, message: bytes) -> None:
         if call.id in self.streams:
-            self.send(call, b"\x00" + len(message).to_bytes(4, "big") + message)
+            self.send(call, grpc_frame(message))
 
     def end_requests(self, call: _Call) -> None:
         if call.id in self.streams:

@@ -20,12 +20,16 @@ from gateway.http2.endpoint import (
     MAX_FRAME,
     RECEIVE_WINDOW,
     REFUSED_STREAM,
+    RST_STREAM,
     Endpoint,
     Headers,
+    MessageTooLarge,
     StreamState,
     frame,
+    grpc_frame,
     open_windows,
     settings_frame,
+    split_messages,
 )
 from gateway.http2.hpack_codec import literal, literal_indexed_name
 
@@ -113,7 +117,7 @@ class Http2ServerConnection(Endpoint):
                 return  # trailers for a stream we finished, or nonsense: nothing to do
             self._last_stream_id = stream_id
             if self.closing:
-                self.write(frame(3, 0, stream_id, struct.pack(">I", REFUSED_STREAM)))
+                self.write(frame(RST_STREAM, 0, stream_id, struct.pack(">I", REFUSED_STREAM)))
                 return
             stream = ServerStream(stream_id, self._peer_initial_window, headers)
             self.streams[stream_id] = stream
@@ -126,32 +130,26 @@ class Http2ServerConnection(Endpoint):
         if call.finished or call.handler is None:
             return
         buffer = call.buffer
-        if buffer:
+        if buffer:  # a message split over DATA frames; usually not, and then payload is parsed as it is
             buffer += payload
-            data: bytes | bytearray = buffer
-        else:
-            data = payload
-        pos, size = 0, len(data)
-        while size - pos >= 5:
-            length = int.from_bytes(data[pos + 1:pos + 5], "big")
-            if length > MAX_MESSAGE:
-                self.finish(call, 8, f"message of {length} bytes is above the limit")  # RESOURCE_EXHAUSTED
-                return
-            if size - pos - 5 < length:
-                break
-            message = bytes(data[pos + 5:pos + 5 + length])
-            if data[pos]:
+        data = buffer or payload
+        try:
+            messages, used = split_messages(data, MAX_MESSAGE)
+        except MessageTooLarge as exc:
+            self.finish(call, 8, str(exc))  # RESOURCE_EXHAUSTED
+            return
+        for compressed, message in messages:
+            if compressed:
                 message = self._decompress(call, message)
                 if call.finished:
                     return
-            pos += 5 + length
             call.handler.on_message(message)
             if call.finished:
                 return
         if buffer:
-            del buffer[:pos]
-        elif pos < size:
-            buffer += data[pos:]
+            del buffer[:used]
+        elif used < len(payload):
+            buffer += payload[used:]
         if end_stream and not call.finished:
             if buffer:
                 self.finish(call, _INTERNAL, "the request ended inside a message")
@@ -207,7 +205,7 @@ class Http2ServerConnection(Endpoint):
         stream.responded = stream.finished = True
         before = self.headers_frames(stream.id, _RESPONSE_HEADERS + metadata)
         trailer = self.headers_frames(stream.id, _OK_TRAILER, end_stream=True)
-        self.send(stream, b"\x00" + len(message).to_bytes(4, "big") + message, trailer=trailer, before=before)
+        self.send(stream, grpc_frame(message), trailer=trailer, before=before)
         if stream.pending is None:
             self._forget(stream)
 
@@ -220,7 +218,7 @@ class Http2ServerConnection(Endpoint):
         if stream.finished:
             return
         self.send_headers(stream)
-        self.send(stream, b"\x00" + len(message).to_bytes(4, "big") + message)
+        self.send(stream, grpc_frame(message))
 
     def finish(self, stream: ServerStream, code: int, details: str = "", metadata: bytes = b"") -> None:
         """The status; a trailers-only response when no headers went out yet."""

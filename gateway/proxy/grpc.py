@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from gateway.proxy.grpc_routing import SERVICE, GrpcRouter, decision_metadata, stream_response_failed
+from gateway.proxy.grpc_routing import SERVICE, GrpcRouter, decision_metadata
 from gateway.proxy.grpc_wire import WireError
 
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
@@ -93,11 +93,10 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
         try:
             async for response in call:
                 decision = last["decision"]
-                if not announced and decision_metadata(decision):
-                    await context.send_initial_metadata(decision_metadata(decision))
+                if not announced and (routing := decision_metadata(decision)):
+                    await context.send_initial_metadata(routing)
                 announced = True
-                self.router.record(last["model"], decision, 13 if stream_response_failed(response) else 0,
-                                   last["sent"])
+                self.router.record_stream_reply(last["model"], decision, response, last["sent"])
                 yield response
         except grpc.aio.AioRpcError as exc:
             code = exc.code().value[0]

@@ -21,10 +21,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from functools import lru_cache
 from typing import Any
 
 from gateway.grpc_upstream import UpstreamStream
-from gateway.http2.endpoint import Headers
+from gateway.http2.endpoint import Headers, split_messages
 from gateway.http2.server import Http2ServerConnection, ServerStream, StreamHandler, metadata_block
 from gateway.proxy.grpc_routing import (
     INFER,
@@ -32,14 +33,20 @@ from gateway.proxy.grpc_routing import (
     STREAM_INFER,
     GrpcRouter,
     decision_metadata,
-    stream_response_failed,
 )
 from gateway.proxy.grpc_wire import WireError
+from gateway.routing import Decision
 
 log = logging.getLogger("gateway.grpc")
 DEADLINE_EXCEEDED, INVALID_ARGUMENT, UNIMPLEMENTED, INTERNAL = 4, 3, 12, 13
 _NOT_FORWARDED = frozenset([b"te", b"content-type", b"user-agent"])
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+
+
+@lru_cache(maxsize=1024)
+def decision_block(decision: Decision | None) -> bytes:
+    """The routing metadata, HPACK-encoded: a policy has a few decisions, each encoded once."""
+    return metadata_block(decision_metadata(decision))
 
 
 def client_metadata(headers: Headers) -> tuple[tuple[bytes, bytes], ...]:
@@ -82,6 +89,11 @@ class _Call:
         if self.timer is not None:
             self.timer.cancel()
         self.connection.finish(self.stream, code, details, metadata)
+
+    def reply(self, response: bytes, metadata: bytes = b"") -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.connection.reply(self.stream, response, metadata)
 
     def _expired(self) -> None:
         self.timer = None
@@ -140,13 +152,11 @@ class UnaryCall(_Call):
             self.finish(INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}")
             return
         result = await router.infer(INFER, routed, raw, client_metadata(headers), self.remaining())
-        metadata = metadata_block(decision_metadata(result.decision))  # after any fallback: who answered
+        metadata = decision_block(result.decision)  # after any fallback: who answered
         if result.code:
             self.finish(result.code, router.details(result.code, result.details), metadata)
-            return
-        if self.timer is not None:
-            self.timer.cancel()
-        self.connection.reply(self.stream, result.response, metadata)
+        else:
+            self.reply(result.response, metadata)
 
     async def _pass_through(self) -> None:
         router = self.front.router
@@ -155,10 +165,8 @@ class UnaryCall(_Call):
                                                             client_metadata(self.stream.headers), self.remaining())
         if code:
             self.finish(code, router.details(code, details))
-            return
-        if self.timer is not None:
-            self.timer.cancel()
-        self.connection.reply(self.stream, answer)
+        else:
+            self.reply(answer)
 
 
 class StreamCall(_Call):
@@ -219,28 +227,22 @@ class StreamCall(_Call):
 
     # -- from Triton (the upstream stream's listener) -------------------------------------------
     def on_headers(self, headers: Headers) -> None:
-        self.connection.send_headers(self.stream, metadata_block(decision_metadata(self.decision)))
+        self.connection.send_headers(self.stream, decision_block(self.decision))
 
     def on_data(self, payload: bytes) -> None:
         replies = self.replies
         replies += payload
-        pos = 0
-        while len(replies) - pos >= 5:
-            length = int.from_bytes(replies[pos + 1:pos + 5], "big")
-            if len(replies) - pos - 5 < length:
-                break
-            response = bytes(replies[pos + 5:pos + 5 + length])
-            pos += 5 + length
-            self.front.router.record(self.model, self.decision, INTERNAL if stream_response_failed(response) else 0,
-                                     self.sent)
+        messages, used = split_messages(replies)  # Triton compresses nothing: we never ask it to
+        for _, response in messages:
+            self.front.router.record_stream_reply(self.model, self.decision, response, self.sent)
             self.connection.send_message(self.stream, response)
-        del replies[:pos]
+        del replies[:used]
 
     def on_close(self, code: int, details: str) -> None:
         if code:
             self.front.router.record(self.model, self.decision, code, self.sent)
         self.finish(code, self.front.router.details(code, details) if code else "",
-                    metadata_block(decision_metadata(self.decision)))
+                    decision_block(self.decision))
 
 
 class GrpcFront:

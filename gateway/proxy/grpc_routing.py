@@ -36,7 +36,7 @@ from gateway.telemetry.recorder import UNKNOWN_MODEL, Outcome, Recorder
 SERVICE = "/inference.GRPCInferenceService/"
 INFER = SERVICE + "ModelInfer"
 STREAM_INFER = SERVICE + "ModelStreamInfer"
-CANCELLED, NOT_FOUND = 1, 5
+CANCELLED, NOT_FOUND, INTERNAL = 1, 5, 13
 STATUS_NAMES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
                 "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
                 "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")
@@ -157,6 +157,13 @@ class GrpcRouter:
             return f"upstream triton at {self.upstream.address} is unavailable: {details}"
         return details or ""
 
+    def record_stream_reply(self, model: str | None, decision: Decision | None, response: bytes,
+                            started: float) -> None:
+        """One ModelStreamInferResponse: a failed request inside a stream comes back as a message
+        with error_message (field 1) set, and the stream stays open."""
+        failed = response[:1] == b"\x0a" and len(response) > 1 and response[1] != 0
+        self.record(model, decision, INTERNAL if failed else OK, started)
+
     def record(self, model: str | None, decision: Decision | None, code: int, started: float) -> None:
         if model is None:
             return
@@ -173,8 +180,3 @@ class GrpcRouter:
         if self.access_log is not None:
             self.access_log(model, version, reason, "grpc", name, latency)
 
-
-def stream_response_failed(response: bytes) -> bool:
-    """ModelStreamInferResponse: field 1 is error_message. A failed request inside a stream
-    comes back as a message with it set, and the stream stays open."""
-    return response[:1] == b"\x0a" and len(response) > 1 and response[1] != 0
