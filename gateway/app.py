@@ -62,7 +62,7 @@ class Gateway:
                                      request_timeout_s=settings.request_timeout_s)
         self.access_log = AccessLog() if settings.access_log else None
         self.pins = SequencePins()
-        self.shadow = ShadowMirror(self.upstream)
+        self.shadow = ShadowMirror(self.upstream, self.recorder)
         self.proxy = HttpProxy(self.book, self.upstream, self.recorder, self.access_log, self.pins, self.shadow)
         self.grpc: GrpcProxy | None = None
         self.grpc_router: GrpcRouter | None = None
@@ -76,8 +76,7 @@ class Gateway:
         self.rollouts = RolloutController(self.store, self.triton, self.policies, self.source, self.recorder,
                                           tick_s=settings.controller_tick_s, lifecycle=self.lifecycle,
                                           shadow=self.shadow)
-        self.registry = make_registry(GatewayCollector(self.recorder, self.book, self.rollouts.states,
-                                                       self.rollouts.rollbacks, self.shadow.stats))
+        self.registry = make_registry(GatewayCollector(self.recorder, self.book))
         self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin)
         self.started = False
         self.control = self._control_app()
