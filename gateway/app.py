@@ -29,6 +29,7 @@ from gateway.grpc.grpcio_front import GrpcProxy
 from gateway.grpc.grpcio_front import start_server as start_grpc
 from gateway.grpc.router import GrpcRouter
 from gateway.grpc.upstream import GrpcUpstream
+from gateway.pipeline import Pipeline
 from gateway.policy_book import PolicyBook
 from gateway.proxy.http import HttpProxy, Receive, Scope, Send
 from gateway.proxy.shadow import ShadowMirror
@@ -63,7 +64,8 @@ class Gateway:
         self.access_log = AccessLog() if settings.access_log else None
         self.pins = SequencePins()
         self.shadow = ShadowMirror(self.upstream, self.recorder)
-        self.proxy = HttpProxy(self.book, self.upstream, self.recorder, self.access_log, self.pins, self.shadow)
+        self.pipeline = Pipeline(self.book, self.recorder, self.pins, self.shadow, self.access_log)
+        self.proxy = HttpProxy(self.pipeline, self.upstream)
         self.grpc: GrpcProxy | None = None
         self.grpc_router: GrpcRouter | None = None
         self.grpc_server: Any = None
@@ -121,7 +123,7 @@ class Gateway:
         self.shadow.start()
         if self.settings.grpc_enabled:
             upstream = GrpcUpstream(self.settings.triton_grpc_url, self.settings.connect_timeout_s)
-            self.grpc_router = GrpcRouter(self.book, self.recorder, self.pins, upstream, self.access_log, self.shadow)
+            self.grpc_router = GrpcRouter(self.pipeline, upstream)
             if self.settings.grpc_server == "grpcio":
                 self.grpc = GrpcProxy(self.grpc_router)
                 self.grpc_server = await start_grpc(self.grpc, self.settings.host, self.settings.grpc_port)
