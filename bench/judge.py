@@ -22,6 +22,7 @@ Scenarios (canary vs stable; the stable has 0.5% errors, 0% 4xx):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass
@@ -49,12 +50,11 @@ class Behaviour:
 
 
 SCENARIOS: dict[str, tuple[str, Behaviour]] = {
-    "A/A": ("canary = stable (0.5% errors)", Behaviour()),
+    "A/A": ("canary = stable", Behaviour()),
     "errors": ("3% vs 0.5% errors", Behaviour(error_rate=0.03)),
     "latency": ("+30% latency", Behaviour(latency_factor=1.3)),
     "4xx": ("2% vs 0% 4xx", Behaviour(client_error_rate=0.02)),
 }
-STABLE = Behaviour()
 
 
 @dataclass
@@ -74,6 +74,7 @@ class Simulation:
         self.args = args
         self.rng = rng
         self.bounds = np.asarray(LATENCY_BOUNDS)
+        self.stable = Behaviour(error_rate=args.base_error_rate)
 
     def answers(self, n: int, behaviour: Behaviour) -> tuple[int, int, npt.NDArray[np.float64]]:
         """errors, client errors, latencies (seconds) of the successes."""
@@ -109,11 +110,11 @@ class Simulation:
             before = rollout.canary_percent
             if spec.judge == "statistical":
                 verdict, evidence = assess(spec, evidence, self.sample(n_canary, canary),
-                                           self.sample(total - n_canary, STABLE))
+                                           self.sample(total - n_canary, self.stable))
                 rollout = steps.on_verdict(rollout, verdict, now, evidence.document())
             else:
                 verdict = thresholds_judge(spec, self.window("2", n_canary, canary),
-                                           self.window("1", total - n_canary, STABLE))
+                                           self.window("1", total - n_canary, self.stable))
                 rollout = steps.on_verdict(rollout, verdict, now)
             if rollout.phase is not Phase.PROGRESSING:
                 return rollout, interval, rollout.phase is Phase.ROLLED_BACK and before < 20
@@ -128,7 +129,10 @@ def run(args: argparse.Namespace, judge: str, scenario: str, rng: np.random.Gene
     simulation, tally = Simulation(args, rng), Tally()
     started = last = time.monotonic()
     for index in range(args.runs):
-        rollout, intervals, early = simulation.rollout(spec, SCENARIOS[scenario][1])
+        behaviour = SCENARIOS[scenario][1]
+        if behaviour.error_rate == Behaviour.error_rate:  # the scenarios that keep the stable's error rate
+            behaviour = dataclasses.replace(behaviour, error_rate=args.base_error_rate)
+        rollout, intervals, early = simulation.rollout(spec, behaviour)
         tally.runs += 1
         if rollout.phase is Phase.ROLLED_BACK:
             tally.rolled_back += 1
@@ -184,6 +188,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--judge", choices=["statistical", "thresholds"], action="append",
                         help="judge(s) to run (default both)")
     parser.add_argument("--scenario", choices=list(SCENARIOS), action="append", help="scenario(s) (default all)")
+    parser.add_argument("--base-error-rate", type=float, default=0.005,
+                        help="the stable's 5xx rate, and the canary's but in the errors scenario (default 0.005)")
     parser.add_argument("--median-ms", type=float, default=0.6, help="stable's median latency (default 0.6 ms)")
     parser.add_argument("--sigma", type=float, default=0.35, help="lognormal sigma of latencies (default 0.35)")
     parser.add_argument("--reservoir", type=int, default=1024, help="latencies kept per version per interval")
