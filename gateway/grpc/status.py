@@ -54,6 +54,8 @@ def classify(code: int) -> Outcome:
         return Outcome.SUCCESS
     if code == StatusCode.CANCELLED:
         return Outcome.CANCELLED
+    if code == StatusCode.RESOURCE_EXHAUSTED:  # overload: the server's load, never the version's fault
+        return Outcome.OVERLOAD
     return Outcome.UPSTREAM_ERROR if code in FAULTS else Outcome.CLIENT_ERROR
 
 
