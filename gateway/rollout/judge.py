@@ -33,6 +33,7 @@ import numpy as np
 from gateway.rollout import stats
 from gateway.rollout.analysis import Outcome, Verdict
 from gateway.rollout.spec import RolloutSpec
+from gateway.telemetry.recorder import Window
 
 METRICS = ("error_rate", "client_error_rate", "latency")
 PASS_CONFIDENCE = 0.95  # one-sided: a canary at least as bad as the floor passes a look <= 5% of the time
@@ -55,6 +56,12 @@ class VersionSample:
     client_errors: int = 0
     overloads: int = 0
     latencies: Sequence[float] = ()
+
+    @classmethod
+    def of(cls, window: Window, latencies: Sequence[float]) -> VersionSample:
+        """From a metrics window (whose ``requests`` leave out 4xx) and a latency sample."""
+        return cls(window.requests + window.client_errors, window.errors, window.client_errors, window.overloads,
+                   latencies)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ class RolloutSpec(BaseModel):
                                         "increase as a ratio (0.2 = canary 20% slower than the stable)")
     false_rollback_rate: float = Field(0.01, gt=0, le=0.2, description="statistical: chance that a canary as "
                                        "good as the stable is ever judged unhealthy during the whole rollout")
+    retry: bool = Field(False, description="roll out a canary that the model's last rollout rolled back")
     inconclusive_limit: int = Field(30, ge=1, le=10_000, description="statistical: inconclusive intervals in a "
                                     "row before the rollout pauses (with the requests a decision still needs)")
 
