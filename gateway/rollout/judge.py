@@ -40,7 +40,8 @@ PASS_CONFIDENCE = 0.95  # one-sided: a canary at least as bad as the floor passe
 Z_PASS = 1.6448536269514722  # its normal quantile
 INTERVAL_CONFIDENCE = 0.95  # of the reported two-sided intervals
 Z_INTERVAL = 1.959963984540054  # its normal quantile
-MIN_LATENCIES = 10  # per version per interval, below which an interval adds no latency evidence
+MIN_LATENCIES = 10  # per version, below which an interval's latencies carry over to the next interval
+MAX_CARRY = 512  # latencies per version carried over (kept with the rollout, so bounded)
 MIN_SE = 1e-4  # floor on an interval's log-shift standard error (identical latencies would give 0)
 MAX_NEEDED = 10_000_000  # beyond this, "cannot tell at this effect size"
 
@@ -83,17 +84,23 @@ class RateEvidence:
 
 @dataclass(frozen=True)
 class LatencyEvidence:
-    """Inverse-variance sums of each interval's log Hodges-Lehmann shift."""
+    """Inverse-variance sums of each interval's log Hodges-Lehmann shift. An interval with
+    fewer than MIN_LATENCIES of either version (a canary at a few requests per interval)
+    carries both samples over, so they are judged together with the next interval's."""
 
     weight: float = 0.0
     weighted_shift: float = 0.0
     canary_n: int = 0
     stable_n: int = 0
     last_p_value: float | None = None
+    carry_canary: tuple[float, ...] = ()
+    carry_stable: tuple[float, ...] = ()
 
     def add(self, canary: Sequence[float], stable: Sequence[float]) -> LatencyEvidence:
+        canary, stable = (*self.carry_canary, *canary), (*self.carry_stable, *stable)
         if len(canary) < MIN_LATENCIES or len(stable) < MIN_LATENCIES:
-            return self
+            return dataclasses.replace(self, carry_canary=tuple(canary[-MAX_CARRY:]),
+                                       carry_stable=tuple(stable[-MAX_CARRY:]))
         log_canary, log_stable = np.log(canary), np.log(stable)
         shift, low, high = stats.hodges_lehmann(log_canary, log_stable)
         weight = 1 / max((high - low) / (2 * Z_INTERVAL), MIN_SE) ** 2
@@ -129,8 +136,13 @@ class Evidence:
             return cls()
         return cls(RateEvidence(**{**doc["errors"], "log_lr": tuple(doc["errors"]["log_lr"])}),
                    RateEvidence(**{**doc["client_errors"], "log_lr": tuple(doc["client_errors"]["log_lr"])}),
-                   LatencyEvidence(**doc["latency"]), doc["canary_overloads"], doc["stable_overloads"],
+                   _latency_evidence(doc["latency"]), doc["canary_overloads"], doc["stable_overloads"],
                    doc["intervals"])
+
+
+def _latency_evidence(doc: dict[str, Any]) -> LatencyEvidence:
+    return LatencyEvidence(**{**doc, "carry_canary": tuple(doc.get("carry_canary", ())),
+                              "carry_stable": tuple(doc.get("carry_stable", ()))})
 
 
 @dataclass(frozen=True)
@@ -253,8 +265,8 @@ def _first(decides: Callable[[int], bool], have: int) -> int | None:
 def _judge_latency(latency: LatencyEvidence, floor: float, alpha: float) -> MetricVerdict:
     if latency.weight == 0:
         return MetricVerdict("latency", "inconclusive", None, None, None, floor, 1.0, 1 / alpha, None,
-                             max(1, MIN_LATENCIES - latency.canary_n),
-                             f"latency: fewer than {MIN_LATENCIES} samples of each version in an interval yet")
+                             max(1, MIN_LATENCIES - len(latency.carry_canary)),
+                             f"latency: fewer than {MIN_LATENCIES} samples of each version yet")
     shift, variance = latency.weighted_shift / latency.weight, 1 / latency.weight
     tau = math.log1p(floor)  # the mixture is tuned to effects of the floor's size
     radius = stats.normal_mixture_radius(variance, tau, alpha)

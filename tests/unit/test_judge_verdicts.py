@@ -131,3 +131,17 @@ def test_bench_smoke_run_prints_the_table(capsys: pytest.CaptureFixture[str], mo
     assert bench.main(["--runs", "2", "--scenario", "4xx", "--rps", "400", "--max-intervals", "20"]) == 0
     out = capsys.readouterr().out
     assert "| statistical | 2% vs 0% 4xx | 2 |" in out and "| thresholds | 2% vs 0% 4xx | 2 |" in out
+
+
+def test_a_canary_with_few_requests_per_interval_still_gathers_latency_evidence() -> None:
+    """4 canary requests per interval: too few alone, judged together across intervals."""
+    evidence = Evidence()
+    for interval in range(3):
+        verdict, evidence = assess(SPEC, evidence, VersionSample(4, 0, 0, 0, latencies(4, seed=interval)),
+                                   VersionSample(400, 0, 0, 0, latencies(400, seed=100 + interval)))
+        latency = next(m for m in verdict.metrics if m.name == "latency")
+        if interval < 2:
+            assert latency.verdict == "inconclusive" and latency.requests_needed == 10 - 4 * (interval + 1)
+            assert Evidence.from_document(json.loads(json.dumps(evidence.document()))) == evidence  # with carry
+    assert evidence.latency.canary_n == 12 and evidence.latency.carry_canary == ()
+    assert Evidence.from_document(json.loads(json.dumps(evidence.document()))) == evidence
