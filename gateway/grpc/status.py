@@ -41,6 +41,7 @@ FAULTS = frozenset([StatusCode.UNAVAILABLE, StatusCode.INTERNAL, StatusCode.UNKN
 _BY_HTTP_STATUS = {400: StatusCode.INVALID_ARGUMENT, 401: StatusCode.UNAUTHENTICATED, 404: StatusCode.NOT_FOUND,
                    409: StatusCode.FAILED_PRECONDITION, 412: StatusCode.FAILED_PRECONDITION,
                    422: StatusCode.INVALID_ARGUMENT}
+QUEUE_FULL = "Exceeds maximum queue size"  # Triton's UNAVAILABLE for a full queue: overload, not a fault
 _NAMES = tuple(code.name for code in StatusCode)  # a tuple index per request, not an enum lookup
 
 

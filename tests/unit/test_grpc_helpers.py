@@ -8,7 +8,8 @@ from urllib.parse import unquote
 import pytest
 
 from gateway.grpc.front import client_metadata, deadline_of
-from gateway.grpc.status import classify, status_name
+from gateway.grpc.router import GrpcInfer
+from gateway.grpc.status import StatusCode, classify, status_name
 from gateway.grpc.wire import grpc_message, status_block
 from gateway.pipeline import route_metadata
 from gateway.routing import Reason
@@ -64,3 +65,14 @@ def test_route_metadata_names_route_and_version_for_every_route() -> None:
     assert route_metadata("2", Reason.DEFAULT) == (("x-gateway-model-version", "2"), ("x-gateway-route", "default"))
     assert route_metadata(None, Reason.DEFAULT) == (("x-gateway-route", "default"),)
     assert route_metadata("2", Reason.STICKY) == (("x-gateway-model-version", "2"), ("x-gateway-route", "sticky"))
+
+
+def test_a_full_triton_queue_is_overload_and_no_fault_while_not_ready_stays_one() -> None:
+    infer = GrpcInfer(None, "ModelInfer", b"", True, (), None)  # type: ignore[arg-type]
+    infer.code, infer.status = StatusCode.UNAVAILABLE.value, "UNAVAILABLE"
+    infer.details = "Exceeds maximum queue size"
+    assert infer.outcome() is Outcome.OVERLOAD and infer.fault() is None
+    infer.details = "Request for unknown model: 'qc' version 3 is not at ready state"
+    assert infer.outcome() is Outcome.UPSTREAM_ERROR and infer.fault() == "UNAVAILABLE"
+    infer.code, infer.status = StatusCode.RESOURCE_EXHAUSTED.value, "RESOURCE_EXHAUSTED"
+    assert infer.outcome() is Outcome.OVERLOAD and infer.fault() is None
