@@ -15,7 +15,7 @@ Scenarios (canary vs stable; the stable has 0.5% errors, 0% 4xx):
   latency    every latency 30% higher
   4xx        2% client errors instead of 0%
 
-    .venv/bin/python bench/judge.py                       # the README table (a few minutes)
+    .venv/bin/python bench/judge.py                       # the README table (~10 minutes)
     .venv/bin/python bench/judge.py --runs 50 --judge statistical --scenario errors
 """
 
@@ -184,7 +184,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--interval", type=float, default=30, help="seconds per analysis interval (default 30)")
     parser.add_argument("--steps", type=float, nargs="+", default=[1, 5, 20, 50, 100],
                         help="canary percent per step (default 1 5 20 50 100)")
-    parser.add_argument("--runs", type=int, default=500, help="rollouts per judge and scenario (default 500)")
+    parser.add_argument("--runs", type=int, default=1000, help="rollouts per judge and scenario (default 1000)")
     parser.add_argument("--judge", choices=["statistical", "thresholds"], action="append",
                         help="judge(s) to run (default both)")
     parser.add_argument("--scenario", choices=list(SCENARIOS), action="append", help="scenario(s) (default all)")

@@ -10,9 +10,10 @@ and judges three metrics on everything gathered so far:
 
 A metric FAILS only when the difference is significant (an anytime-valid test, see
 :mod:`gateway.rollout.stats`, so looking every interval does not inflate false alarms) AND
-larger than the spec's effect floor. It PASSES when a 95% upper bound on the difference is
-below the floor. Otherwise it is INCONCLUSIVE, with the canary requests a decision needs at
-the effect seen so far. The verdict is UNHEALTHY if any metric fails, HEALTHY if all pass
+larger than the spec's effect floor (the estimate is, not necessarily its whole interval: the
+floor says which effects matter, the test whether the effect is real). It PASSES when a 95%
+upper bound on the difference is below the floor. Otherwise it is INCONCLUSIVE, with the
+canary requests a decision needs at the effect seen so far. The verdict is UNHEALTHY if any metric fails, HEALTHY if all pass
 (and the canary had traffic this interval), INCONCLUSIVE otherwise. The false-rollback
 budget ``false_rollback_rate`` is split evenly over the three metrics (Bonferroni).
 
