@@ -13,8 +13,9 @@ A metric FAILS only when the difference is significant (an anytime-valid test, s
 larger than the spec's effect floor (the estimate is, not necessarily its whole interval: the
 floor says which effects matter, the test whether the effect is real). It PASSES when a 95%
 upper bound on the difference is below the floor. Otherwise it is INCONCLUSIVE, with the
-canary requests a decision needs at the effect seen so far. The verdict is UNHEALTHY if any metric fails, HEALTHY if all pass
-(and the canary had traffic this interval), INCONCLUSIVE otherwise. The false-rollback
+canary requests a decision needs at the effect seen so far. The verdict is UNHEALTHY if any
+metric fails, HEALTHY if all pass (and the canary had traffic this interval), INCONCLUSIVE
+otherwise. The false-rollback
 budget ``false_rollback_rate`` is split evenly over the three metrics (Bonferroni).
 
 Overload answers (HTTP 429, Triton's queue-full 503, gRPC RESOURCE_EXHAUSTED) are counted
