@@ -15,8 +15,8 @@ floor says which effects matter, the test whether the effect is real). It PASSES
 upper bound on the difference is below the floor. Otherwise it is INCONCLUSIVE, with the
 canary requests a decision needs at the effect seen so far. The verdict is UNHEALTHY if any
 metric fails, HEALTHY if all pass (and the canary had traffic this interval), INCONCLUSIVE
-otherwise. The false-rollback
-budget ``false_rollback_rate`` is split evenly over the three metrics (Bonferroni).
+otherwise. The false-rollback budget ``false_rollback_rate`` is split evenly over the three
+metrics (Bonferroni).
 
 Overload answers (HTTP 429, Triton's queue-full 503, gRPC RESOURCE_EXHAUSTED) are counted
 and shown, never judged: they measure the server's load, not the canary.
