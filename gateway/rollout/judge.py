@@ -122,11 +122,12 @@ class Evidence:
     stable_overloads: int = 0
     intervals: int = 0
 
-    def add(self, canary: VersionSample, stable: VersionSample) -> Evidence:
+    def add(self, canary: VersionSample, stable: VersionSample, latency: bool = True) -> Evidence:
+        """This interval's samples; ``latency=False`` leaves its latencies out (warm-up)."""
         return Evidence(
             self.errors.add(canary.requests, canary.errors, stable.requests, stable.errors),
             self.client_errors.add(canary.requests, canary.client_errors, stable.requests, stable.client_errors),
-            self.latency.add(canary.latencies, stable.latencies),
+            self.latency.add(canary.latencies, stable.latencies) if latency else self.latency,
             self.canary_overloads + canary.overloads, self.stable_overloads + stable.overloads, self.intervals + 1)
 
     def document(self) -> dict[str, Any]:
@@ -167,13 +168,14 @@ class MetricVerdict:
 def assess(spec: RolloutSpec, evidence: Evidence, canary: VersionSample,
            stable: VersionSample) -> tuple[Verdict, Evidence]:
     """The verdict on everything seen so far, this interval included, and the new evidence."""
-    evidence = evidence.add(canary, stable)
+    warming = evidence.intervals * spec.interval_s < spec.latency_warmup_s
+    evidence = evidence.add(canary, stable, latency=not warming)
     alpha = spec.false_rollback_rate / len(METRICS)
     metrics = (
         _judge_rate("error_rate", "error rate", evidence.errors, spec.max_error_rate_increase, alpha),
         _judge_rate("client_error_rate", "4xx rate", evidence.client_errors, spec.max_client_error_rate_increase,
                     alpha),
-        _judge_latency(evidence.latency, spec.max_latency_increase, alpha),
+        _judge_latency(evidence.latency, spec.max_latency_increase, alpha, spec.latency_warmup_s if warming else 0),
     )
     numbers: dict[str, Any] = {
         "canary_requests": canary.requests, "canary_errors": canary.errors,
@@ -264,7 +266,10 @@ def _first(decides: Callable[[int], bool], have: int) -> int | None:
     return max(1, high - have)
 
 
-def _judge_latency(latency: LatencyEvidence, floor: float, alpha: float) -> MetricVerdict:
+def _judge_latency(latency: LatencyEvidence, floor: float, alpha: float, warmup_s: float) -> MetricVerdict:
+    if warmup_s:
+        return MetricVerdict("latency", "inconclusive", None, None, None, floor, 1.0, 1 / alpha, None, None,
+                             f"latency: not judged in the rollout's first {warmup_s:g} s (the canary warms up)")
     if latency.weight == 0:
         return MetricVerdict("latency", "inconclusive", None, None, None, floor, 1.0, 1 / alpha, None,
                              max(1, MIN_LATENCIES - len(latency.carry_canary)),

@@ -40,6 +40,9 @@ class RolloutSpec(BaseModel):
     max_client_error_rate_increase: float = Field(0.01, ge=0, le=1, description="statistical: the same for 4xx")
     max_latency_increase: float = Field(0.2, gt=0, le=10, description="statistical: largest tolerated latency "
                                         "increase as a ratio (0.2 = canary 20% slower than the stable)")
+    latency_warmup_s: float = Field(30.0, ge=0, le=3600, description="statistical: latency in the rollout's "
+                                    "first seconds is not judged (a version that just started taking traffic is "
+                                    "slower while it warms up: +20-60% for several seconds, measured on Triton)")
     false_rollback_rate: float = Field(0.01, gt=0, le=0.2, description="statistical: chance that a canary as "
                                        "good as the stable is ever judged unhealthy during the whole rollout")
     retry: bool = Field(False, description="roll out a canary that the model's last rollout rolled back")

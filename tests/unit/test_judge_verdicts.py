@@ -17,7 +17,7 @@ from gateway.rollout.judge import Evidence, VersionSample, assess
 from gateway.rollout.phases import Phase
 from gateway.rollout.spec import RolloutSpec
 
-SPEC = RolloutSpec(canary="3", stable="2", steps=[1, 5, 20, 50, 100], interval_s=30)
+SPEC = RolloutSpec(canary="3", stable="2", steps=[1, 5, 20, 50, 100], interval_s=30, latency_warmup_s=0)
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -145,3 +145,15 @@ def test_a_canary_with_few_requests_per_interval_still_gathers_latency_evidence(
             assert Evidence.from_document(json.loads(json.dumps(evidence.document()))) == evidence  # with carry
     assert evidence.latency.canary_n == 12 and evidence.latency.carry_canary == ()
     assert Evidence.from_document(json.loads(json.dumps(evidence.document()))) == evidence
+
+
+def test_latency_is_not_judged_while_the_canary_warms_up() -> None:
+    """The default warm-up (30 s) skips the first 30 s interval's latencies, even a 2x slower canary's."""
+    spec = SPEC.model_copy(update={"latency_warmup_s": 30.0})
+    slow, stable = VersionSample(1000, 5, 0, 0, latencies(995, median_s=0.0012)), VersionSample(
+        20_000, 100, 0, 0, latencies(1024, seed=2))
+    verdict, evidence = assess(spec, Evidence(), slow, stable)
+    latency = next(m for m in verdict.metrics if m.name == "latency")
+    assert latency.verdict == "inconclusive" and "first 30 s" in latency.summary and evidence.latency.weight == 0
+    verdict, evidence = assess(spec, evidence, slow, stable)
+    assert verdict.outcome is Outcome.UNHEALTHY and verdict.metric == "latency"

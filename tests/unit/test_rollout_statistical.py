@@ -76,9 +76,13 @@ async def test_overload_on_both_versions_rolls_nothing_back_and_a_good_canary_is
     assert state["evidence"]["canary_overloads"] > 0 and state["evidence"]["errors"]["canary_n"] >= 400
 
 
-async def test_a_slower_canary_is_rolled_back_on_its_latency_sample(h: Harness) -> None:
+async def test_a_slower_canary_is_rolled_back_on_its_latency_sample_after_the_warm_up(h: Harness) -> None:
     await h.controller.begin("qc", SPEC, "alice")
     rng = random.Random(3)
+    for _ in range(3):  # 30 s of warm-up at 10 s intervals: latency not judged yet
+        await interval(h, canary=(300, 0, 0, 0), stable=(3000, 0, 0, 0), rng=rng, canary_latency_s=0.0009)
+    state = await h.state()
+    assert state["state"] == "progressing" and "not judged" in state["verdicts"][-1]["reason"]
     for _ in range(2):
         await interval(h, canary=(300, 0, 0, 0), stable=(3000, 0, 0, 0), rng=rng, canary_latency_s=0.0009)
     state = await h.state()
