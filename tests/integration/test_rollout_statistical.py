@@ -34,8 +34,11 @@ def start(url: str, **spec: Any) -> None:
 
 
 def test_a_canary_like_the_stable_is_promoted_with_evidence_per_metric(gateway: GatewayThread) -> None:
+    """The latency floor is raised to +100%: under this unthrottled load on a shared 2-core host, the
+    version taking 10% of the traffic measured 15-60% slower than the one taking 90% (the sample
+    models run one Python process per version; see README, "The statistical judge")."""
     with BackgroundLoad(gateway.url):
-        start(gateway.url, steps=[10, 50, 100], interval_s=2)
+        start(gateway.url, steps=[10, 50, 100], interval_s=2, max_latency_increase=1.0)
         doc = wait_for(lambda: finished(gateway.url), 90, what="the rollout to end")
     assert doc["state"] == "promoted", doc["reason"]
     healthy = [v for v in doc["verdicts"] if v["outcome"] == "healthy"]
