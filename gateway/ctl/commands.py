@@ -99,10 +99,19 @@ def add_rollout_parser(sub: Any) -> None:
     start.add_argument("--stable", help="default: the version now taking most traffic")
     start.add_argument("--steps", help="canary percent per step, e.g. 5,20,50,100 (the default)")
     start.add_argument("--interval", type=float, dest="interval_s", help="seconds per analysis interval (30)")
-    start.add_argument("--max-error-rate", type=float, help="e.g. 0.01 (the default)")
-    start.add_argument("--max-p99-ms", type=float, help="absolute p99 limit (none by default)")
-    start.add_argument("--max-p99-ratio", type=float, help="canary p99 / stable p99 limit (1.5)")
-    start.add_argument("--min-requests", type=int, help="fewer canary requests per interval: no verdict (50)")
+    start.add_argument("--judge", choices=["statistical", "thresholds"], help="statistical (the default): "
+                       "canary vs stable with sequential tests; thresholds: absolute limits per interval")
+    start.add_argument("--max-error-rate-increase", type=float, help="statistical: tolerated 5xx rate rise (0.01)")
+    start.add_argument("--max-client-error-rate-increase", type=float,
+                       help="statistical: tolerated 4xx rate rise (0.01)")
+    start.add_argument("--max-latency-increase", type=float, help="statistical: tolerated latency ratio rise (0.2)")
+    start.add_argument("--inconclusive-limit", type=int, help="statistical: undecided intervals before a pause (30)")
+    start.add_argument("--retry", action="store_true", help="roll out a canary that the last rollout rolled back")
+    start.add_argument("--max-error-rate", type=float, help="thresholds: e.g. 0.01 (the default)")
+    start.add_argument("--max-p99-ms", type=float, help="thresholds: absolute p99 limit (none by default)")
+    start.add_argument("--max-p99-ratio", type=float, help="thresholds: canary p99 / stable p99 limit (1.5)")
+    start.add_argument("--min-requests", type=int, help="thresholds: fewer canary requests per interval: no "
+                       "verdict (50)")
     start.add_argument("--failure-limit", type=int, help="unhealthy intervals in a row before rollback (2)")
     start.add_argument("--manual-gates", action="store_true", help="wait for `promote` after every healthy step")
     start.set_defaults(ctl=_rollout_start)
@@ -233,9 +242,12 @@ def _events(args: argparse.Namespace, api: Api) -> Any:
 def _rollout_start(args: argparse.Namespace, api: Api) -> Any:
     body: dict[str, Any] = {"canary": args.canary}
     for name in ("stable", "interval_s", "max_error_rate", "max_p99_ms", "max_p99_ratio", "min_requests",
-                 "failure_limit"):
+                 "failure_limit", "judge", "max_error_rate_increase", "max_client_error_rate_increase",
+                 "max_latency_increase", "inconclusive_limit"):
         if getattr(args, name) is not None:
             body[name] = getattr(args, name)
+    if args.retry:
+        body["retry"] = True
     if args.steps:
         body["steps"] = [float(step) for step in args.steps.split(",")]
     if args.manual_gates:
@@ -268,7 +280,8 @@ def _rollout_status(args: argparse.Namespace, api: Api) -> Any:
 
 def rollout_view(doc: dict[str, Any]) -> Table:
     steps = ", ".join(f"[bold]{s}%[/]" if i == doc["step"] else f"{s}%" for i, s in enumerate(doc["steps"]))
-    table = Table(title=f"rollout of {doc['model']}: {doc['state']} (steps {steps})", caption=doc["reason"])
+    table = Table(title=f"rollout of {doc['model']}: {doc['state']} (steps {steps})",
+                  caption="\n".join([doc["reason"], *_evidence_lines(doc)]))
     for column in ("version", "role", "weight %", "requests", "error rate", "p99 ms"):
         table.add_column(column, justify="right")
     live = doc.get("live", {})
@@ -280,3 +293,9 @@ def rollout_view(doc: dict[str, Any]) -> Table:
     for verdict in doc["verdicts"][-3:]:
         table.add_row("", "verdict", "", str(verdict["canary_requests"]), verdict["outcome"], verdict["reason"][:40])
     return table
+
+
+def _evidence_lines(doc: dict[str, Any]) -> list[str]:
+    """The statistical judge's last word per metric, in its own summary sentences."""
+    metrics = doc["verdicts"][-1].get("metrics", []) if doc["verdicts"] else []
+    return [f"{metric['verdict'].upper():>12}  {metric['summary']}" for metric in metrics]

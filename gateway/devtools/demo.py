@@ -35,7 +35,9 @@ from gateway.upstream import HttpUpstream
 
 BODY = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}).encode()
 TOKEN = "demo-admin-token"
-ROLLOUT = {"canary": "3", "steps": [10, 25, 50, 100], "interval_s": 4, "min_requests": 20, "failure_limit": 2}
+# The thresholds judge, whose verdicts the demo's few seconds of traffic were tuned for.
+ROLLOUT = {"canary": "3", "judge": "thresholds", "steps": [10, 25, 50, 100], "interval_s": 4, "min_requests": 20,
+           "failure_limit": 2}
 
 
 class Traffic:

@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import Iterable, Sequence
 
-from gateway.grpc.status import FAULTS, StatusCode, classify, status_name
+from gateway.grpc.status import FAULTS, QUEUE_FULL, StatusCode, classify, status_name
 from gateway.grpc.upstream import GrpcUpstream
 from gateway.grpc.upstream import Metadata as Forwarded
 from gateway.grpc.wire import RouteFields, WireError, route_fields, with_version
@@ -66,10 +66,12 @@ class GrpcInfer:
         return None
 
     def outcome(self) -> Outcome:
+        if self.code == StatusCode.UNAVAILABLE and QUEUE_FULL in self.details:  # Triton's full queue: load
+            return Outcome.OVERLOAD
         return classify(self.code)
 
     def fault(self) -> str | None:
-        return self.status if self.code in FAULTS else None
+        return self.status if self.code in FAULTS and self.outcome() is Outcome.UPSTREAM_ERROR else None
 
     def mirrorable(self) -> bool:
         return self.code == StatusCode.OK

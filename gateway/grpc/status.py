@@ -41,6 +41,7 @@ FAULTS = frozenset([StatusCode.UNAVAILABLE, StatusCode.INTERNAL, StatusCode.UNKN
 _BY_HTTP_STATUS = {400: StatusCode.INVALID_ARGUMENT, 401: StatusCode.UNAUTHENTICATED, 404: StatusCode.NOT_FOUND,
                    409: StatusCode.FAILED_PRECONDITION, 412: StatusCode.FAILED_PRECONDITION,
                    422: StatusCode.INVALID_ARGUMENT}
+QUEUE_FULL = "Exceeds maximum queue size"  # Triton's UNAVAILABLE for a full queue: overload, not a fault
 _NAMES = tuple(code.name for code in StatusCode)  # a tuple index per request, not an enum lookup
 
 
@@ -54,6 +55,8 @@ def classify(code: int) -> Outcome:
         return Outcome.SUCCESS
     if code == StatusCode.CANCELLED:
         return Outcome.CANCELLED
+    if code == StatusCode.RESOURCE_EXHAUSTED:  # overload: the server's load, never the version's fault
+        return Outcome.OVERLOAD
     return Outcome.UPSTREAM_ERROR if code in FAULTS else Outcome.CLIENT_ERROR
 
 

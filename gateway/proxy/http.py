@@ -27,6 +27,7 @@ Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
+QUEUE_FULL = b"Exceeds maximum queue size"  # Triton's 503 for a full queue (../shared/docs/triton-protocol.md §1)
 CONNECTION_KEY = "gateway.connection"  # set by gateway.server.GatewayHttpProtocol
 ROUTED_ACTIONS = frozenset(["infer", "generate", "generate_stream"])
 _DROP_RESPONSE = frozenset([b"connection", b"keep-alive", b"transfer-encoding", b"content-length"])
@@ -210,7 +211,17 @@ class HttpExchange:
 
     def outcome(self) -> Outcome:
         code = self.status
-        return Outcome.SUCCESS if code < 400 else Outcome.CLIENT_ERROR if code < 500 else Outcome.UPSTREAM_ERROR
+        if code < 400:
+            return Outcome.SUCCESS
+        if code == 429 or (code == 503 and self._queue_full()):  # load, not the version's fault
+            return Outcome.OVERLOAD
+        return Outcome.CLIENT_ERROR if code < 500 else Outcome.UPSTREAM_ERROR
+
+    def _queue_full(self) -> bool:
+        """Triton answers a full queue (``max_queue_size``) with 503 and this message; a version
+        that is not READY answers 503 too, and that one is the version's fault."""
+        response = self.response
+        return response is not None and response.complete and QUEUE_FULL in response.body()
 
     def fault(self) -> str | None:
         return None  # an HTTP 5xx counts as an upstream error in the outcome; kinds are transport failures

@@ -37,6 +37,7 @@ class Verdict:
     stable_requests: int = 0
     stable_error_rate: float | None = None
     stable_p99_ms: float | None = None
+    metrics: tuple[Any, ...] = ()  # the statistical judge's per-metric evidence (judge.MetricVerdict)
 
     def document(self) -> dict[str, Any]:
         doc = asdict(self)

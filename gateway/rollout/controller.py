@@ -28,7 +28,8 @@ from gateway.background import Background
 from gateway.errors import Conflict, GatewayError, MetricsUnavailable, NotFound, StaleRevision
 from gateway.policy import PolicySpec, heaviest, with_weights
 from gateway.rollout import steps
-from gateway.rollout.analysis import judge
+from gateway.rollout.analysis import Verdict, judge
+from gateway.rollout.judge import Evidence, VersionSample, assess
 from gateway.rollout.phases import Phase, TransitionError
 from gateway.rollout.spec import RolloutSpec
 from gateway.rollout.steps import Rollout
@@ -72,11 +73,18 @@ class RolloutController:
         stable = spec.stable or await self._default_stable(model, policy.spec if policy else None)
         if stable == spec.canary:
             raise Conflict(f"version {stable} already takes most of the traffic: name another stable version")
+        if existing is not None and existing.document["state"] == Phase.ROLLED_BACK.value \
+                and existing.document["canary"] == spec.canary and not spec.retry:
+            raise Conflict(f"version {spec.canary} of model '{model}' was rolled back ({existing.document['reason']}); "
+                           f'start again with "retry": true to roll it out anyway')
         await self.triton.require_ready(model, {stable, spec.canary})
         for kind in FAST_PATH_KINDS:  # baselines: only errors from now on count
             self._new_errors(model, spec.canary, kind)
             self._new_errors(model, stable, kind)
         rollout = steps.begin(model, spec, stable, self.clock())
+        self._watch(rollout)
+        for version in (spec.canary, stable):  # the first interval's latency sample starts now
+            self.recorder.take_latencies(model, version)
         stored = await self.store.put_rollout(model, rollout.document(), existing.revision if existing else 0)
         rollout = await self._apply(stored, rollout, actor)
         self._show_state(model, rollout.phase)
@@ -114,6 +122,7 @@ class RolloutController:
         for model, stored in (await self.store.list_rollouts()).items():
             rollout = Rollout.from_document(stored.document)
             self._show_state(model, rollout.phase)
+            self._watch(rollout)
             if not rollout.phase.active:
                 continue
             try:
@@ -137,13 +146,34 @@ class RolloutController:
             await self._persist_and_apply(stored, paused, ACTOR)
             return
         if rollout.due(now):
-            verdict = judge(rollout.spec, *await self._windows(rollout))
-            judged = steps.on_verdict(rollout, verdict, now)
+            verdict, evidence = await self._judge(rollout)
+            judged = steps.on_verdict(rollout, verdict, now, evidence)
             metric = verdict.metric if judged.phase is Phase.ROLLED_BACK else None
             await self._persist_and_apply(stored, judged, ACTOR, metric=metric)
         elif policy is not None and _weights(policy.spec) != _nonzero(rollout.weights()) \
                 and rollout.phase is Phase.PROGRESSING:
             await self._persist_and_apply(stored, rollout, ACTOR)  # heal a crash between our two writes
+
+    async def _judge(self, rollout: Rollout) -> tuple[Verdict, dict[str, Any] | None]:
+        """The spec's judge on this interval; the statistical one also returns its evidence."""
+        canary, stable = await self._windows(rollout)
+        if rollout.spec.judge == "thresholds":
+            return judge(rollout.spec, canary, stable), None
+        # taken even when the windows are unreadable, so the next interval's sample is its own
+        latencies = [self.recorder.take_latencies(rollout.model, v) for v in (rollout.canary, rollout.stable)]
+        if canary is None or stable is None:
+            return judge(rollout.spec, None, None), None  # the ERROR verdict
+        verdict, evidence = assess(rollout.spec, Evidence.from_document(rollout.evidence),
+                                   VersionSample.of(canary, latencies[0]), VersionSample.of(stable, latencies[1]))
+        return verdict, evidence.document()
+
+    def _watch(self, rollout: Rollout) -> None:
+        """Latency samples for the statistical judge, only while a rollout needs them."""
+        for version in (rollout.canary, rollout.stable):
+            if rollout.phase.active and rollout.spec.judge == "statistical":
+                self.recorder.watch_latencies(rollout.model, version)
+            else:
+                self.recorder.unwatch_latencies(rollout.model, version)
 
     async def _windows(self, rollout: Rollout) -> tuple[Window | None, Window | None]:
         seconds = rollout.spec.interval_s
@@ -180,6 +210,7 @@ class RolloutController:
     async def _persist_and_apply(self, stored: StoredRollout, rollout: Rollout, actor: str,
                                  metric: str | None = None) -> Rollout:
         saved = await self.store.put_rollout(rollout.model, rollout.document(), stored.revision)
+        self._watch(rollout)
         if rollout.phase is not Phase(stored.document["state"]):
             self._show_state(rollout.model, rollout.phase)
             log.info(json.dumps({"type": "rollout", "model": rollout.model, "state": rollout.phase.value,

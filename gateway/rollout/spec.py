@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -30,6 +31,23 @@ class RolloutSpec(BaseModel):
                                   "no longer take traffic")
     keep_previous: int = Field(0, ge=0, le=10, description="with unload_previous: keep this many of the newest "
                                "previous versions loaded, for an instant rollback")
+    # The statistical judge (gateway/rollout/judge.py); the thresholds judge uses max_error_rate .. min_requests.
+    judge: Literal["statistical", "thresholds"] = Field(
+        "statistical", description="statistical: canary vs stable with sequential tests and effect floors; "
+        "thresholds: absolute limits on each interval")
+    max_error_rate_increase: float = Field(0.01, ge=0, le=1, description="statistical: largest tolerated rise of "
+                                           "the canary's 5xx/transport error rate over the stable's (absolute)")
+    max_client_error_rate_increase: float = Field(0.01, ge=0, le=1, description="statistical: the same for 4xx")
+    max_latency_increase: float = Field(0.2, gt=0, le=10, description="statistical: largest tolerated latency "
+                                        "increase as a ratio (0.2 = canary 20% slower than the stable)")
+    latency_warmup_s: float = Field(30.0, ge=0, le=3600, description="statistical: latency in the rollout's "
+                                    "first seconds is not judged (a version that just started taking traffic is "
+                                    "slower while it warms up: +20-60% for several seconds, measured on Triton)")
+    false_rollback_rate: float = Field(0.01, gt=0, le=0.2, description="statistical: chance that a canary as "
+                                       "good as the stable is ever judged unhealthy during the whole rollout")
+    retry: bool = Field(False, description="roll out a canary that the model's last rollout rolled back")
+    inconclusive_limit: int = Field(30, ge=1, le=10_000, description="statistical: inconclusive intervals in a "
+                                    "row before the rollout pauses (with the requests a decision still needs)")
 
     @field_validator("steps")
     @classmethod

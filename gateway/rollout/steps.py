@@ -36,6 +36,8 @@ class Rollout:
     awaiting_promote: bool = False
     canary_requests: int = 0  # judged requests that reached the canary, over the whole rollout
     verdicts: tuple[dict[str, Any], ...] = ()
+    evidence: dict[str, Any] = field(default_factory=dict)  # the statistical judge's, over the whole rollout
+    consecutive_inconclusive: int = 0
     history: tuple[dict[str, Any], ...] = field(default_factory=tuple)
 
     @property
@@ -69,6 +71,7 @@ class Rollout:
             "policy_revision": self.policy_revision, "consecutive_failures": self.consecutive_failures,
             "consecutive_errors": self.consecutive_errors, "awaiting_promote": self.awaiting_promote,
             "canary_requests": self.canary_requests, "verdicts": list(self.verdicts), "history": list(self.history),
+            "evidence": self.evidence, "consecutive_inconclusive": self.consecutive_inconclusive,
         }
 
     @classmethod
@@ -81,6 +84,7 @@ class Rollout:
             consecutive_failures=doc["consecutive_failures"], consecutive_errors=doc["consecutive_errors"],
             awaiting_promote=doc["awaiting_promote"], canary_requests=doc["canary_requests"],
             verdicts=tuple(doc["verdicts"]), history=tuple(doc["history"]),
+            evidence=doc.get("evidence", {}), consecutive_inconclusive=doc.get("consecutive_inconclusive", 0),
         )
 
 
@@ -118,13 +122,20 @@ def roll_back(rollout: Rollout, now: float, why: str) -> Rollout:
     return _move(rollout, Phase.ROLLED_BACK, now, f"rolled back to {rollout.stable}: {why}", awaiting_promote=False)
 
 
-def on_verdict(rollout: Rollout, verdict: Verdict, now: float) -> Rollout:
-    """Apply one interval's verdict to a progressing rollout."""
+def on_verdict(rollout: Rollout, verdict: Verdict, now: float, evidence: dict[str, Any] | None = None) -> Rollout:
+    """Apply one interval's verdict to a progressing rollout; ``evidence`` is the statistical
+    judge's accumulated evidence, this interval included, kept with the rollout."""
     spec = rollout.spec
     judged = dataclasses.replace(
         rollout, verdicts=(*rollout.verdicts, {"at": now, "step": rollout.step, **verdict.document()})[-KEEP_VERDICTS:],
-        canary_requests=rollout.canary_requests + verdict.canary_requests, step_started_at=now)
+        canary_requests=rollout.canary_requests + verdict.canary_requests, step_started_at=now,
+        evidence=rollout.evidence if evidence is None else evidence,
+        consecutive_inconclusive=rollout.consecutive_inconclusive + 1 if verdict.outcome is Outcome.INCONCLUSIVE
+        else 0)
     if verdict.outcome is Outcome.INCONCLUSIVE:  # no data: hold the step, count nothing
+        if spec.judge == "statistical" and judged.consecutive_inconclusive >= spec.inconclusive_limit:
+            return _move(judged, Phase.PAUSED, now, f"paused: {judged.consecutive_inconclusive} inconclusive "
+                         f"intervals in a row ({verdict.reason})", consecutive_errors=0, consecutive_inconclusive=0)
         return dataclasses.replace(judged, consecutive_errors=0)
     if verdict.outcome is Outcome.ERROR:
         errors = rollout.consecutive_errors + 1

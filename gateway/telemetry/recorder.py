@@ -22,6 +22,8 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
+from gateway.telemetry.reservoir import Reservoir
+
 # Upper bounds in seconds, 0.5 ms to 30 s: inference latencies span both ends.
 LATENCY_BOUNDS: tuple[float, ...] = (
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15,
@@ -40,6 +42,7 @@ class Outcome(str, Enum):
     UPSTREAM_ERROR = "upstream_error"  # 5xx from Triton, transport errors, timeouts
     CLIENT_ERROR = "client_error"  # 4xx: never counted against a version
     CANCELLED = "cancelled"  # the client went away first
+    OVERLOAD = "overload"  # 429, Triton's queue-full 503, RESOURCE_EXHAUSTED: the server's load, nobody's fault
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class Window:
     errors: int
     client_errors: int
     histogram: tuple[int, ...]  # counts per LATENCY_BOUNDS bucket (+1 overflow) of judged requests
+    overloads: int = 0  # overload answers: shown, never judged
 
     @property
     def error_rate(self) -> float | None:
@@ -95,7 +99,7 @@ class ShadowStats:
 
 
 class _Series:
-    __slots__ = ("stamp", "requests", "errors", "client_errors", "hist")
+    __slots__ = ("stamp", "requests", "errors", "client_errors", "overloads", "hist")
 
     def __init__(self, slots: int) -> None:
         buckets = len(LATENCY_BOUNDS) + 1
@@ -103,6 +107,7 @@ class _Series:
         self.requests = [0] * slots
         self.errors = [0] * slots
         self.client_errors = [0] * slots
+        self.overloads = [0] * slots
         self.hist = [[0] * buckets for _ in range(slots)]
 
 
@@ -129,6 +134,7 @@ class Recorder:
         self._rollout_states: dict[str, tuple[str, tuple[str, ...]]] = {}  # model -> (current, every state)
         self._rollbacks: dict[tuple[str, str], int] = {}  # (model, reason) -> count
         self._shadow: dict[tuple[str, str], ShadowStats] = {}
+        self._reservoirs: dict[tuple[str, str], Reservoir] = {}  # (model, version) -> latency sample
         # read-only views, built once: readers never copy and never write
         self.totals: Mapping[tuple[str, str, str, str, str], _Totals] = MappingProxyType(self._totals)
         self.upstream_errors: Mapping[tuple[str, str, str], int] = MappingProxyType(self._upstream_errors)
@@ -148,7 +154,7 @@ class Recorder:
         slot = second % self._slots
         if series.stamp[slot] != second:
             series.stamp[slot] = second
-            series.requests[slot] = series.errors[slot] = series.client_errors[slot] = 0
+            series.requests[slot] = series.errors[slot] = series.client_errors[slot] = series.overloads[slot] = 0
             hist = series.hist[slot]
             for index in range(len(hist)):
                 hist[index] = 0
@@ -158,8 +164,14 @@ class Recorder:
             series.hist[slot][bucket] += 1
             if outcome is Outcome.UPSTREAM_ERROR:
                 series.errors[slot] += 1
+            elif self._reservoirs:  # only while a rollout watches some version: one dict lookup then
+                reservoir = self._reservoirs.get(key)
+                if reservoir is not None:
+                    reservoir.add(latency_s)
         elif outcome is Outcome.CLIENT_ERROR:
             series.client_errors[slot] += 1
+        elif outcome is Outcome.OVERLOAD:
+            series.overloads[slot] += 1
         label = (model, version, route, protocol, code)
         totals = self._totals.get(label)
         if totals is None:
@@ -203,7 +215,7 @@ class Recorder:
         """Sum of the last ``seconds`` (whole seconds, the current one included)."""
         span = max(1, min(int(seconds), self._slots))
         now = int(self._clock())
-        requests = errors = client_errors = 0
+        requests = errors = client_errors = overloads = 0
         hist = [0] * (len(LATENCY_BOUNDS) + 1)
         series = self._series.get((model, version))
         if series is not None:
@@ -214,9 +226,29 @@ class Recorder:
                 requests += series.requests[slot]
                 errors += series.errors[slot]
                 client_errors += series.client_errors[slot]
+                overloads += series.overloads[slot]
                 for index, count in enumerate(series.hist[slot]):
                     hist[index] += count
-        return Window(model, version, float(span), requests, errors, client_errors, tuple(hist))
+        return Window(model, version, float(span), requests, errors, client_errors, tuple(hist), overloads)
+
+    # -- latency reservoirs, for the statistical rollout judge ----------------------------------
+    def watch_latencies(self, model: str, version: str) -> None:
+        """Keep a uniform sample of (model, version)'s successful latencies from now on
+        (idempotent). The rollout controller watches its canary and stable only."""
+        if (model, version) not in self._reservoirs and len(self._reservoirs) < MAX_SERIES:
+            self._reservoirs[(model, version)] = Reservoir()
+
+    def take_latencies(self, model: str, version: str) -> list[float]:
+        """The latencies sampled since the previous take (at most ``reservoir.DEFAULT_SIZE``);
+        the sample starts over. Empty when (model, version) is not watched."""
+        reservoir = self._reservoirs.get((model, version))
+        return reservoir.take() if reservoir is not None else []
+
+    def unwatch_latencies(self, model: str, version: str) -> None:
+        self._reservoirs.pop((model, version), None)
+
+    def watched(self) -> list[tuple[str, str]]:
+        return list(self._reservoirs)
 
     def series(self) -> list[tuple[str, str]]:
         return list(self._series)

@@ -78,7 +78,7 @@ def test_full_cycle_under_load_fails_no_request(own_triton: LocalTriton) -> None
             wait_for(lambda: gw.app.shadow.stats.get(("qc", "3")) and gw.app.shadow.stats[("qc", "3")].compared > 50,
                      10, what="shadow comparisons")
             status, rollout = admin_call(gw.url, "POST", "/admin/models/qc/rollout", {
-                "canary": "3", "steps": [25, 50, 100], "interval_s": 1.5, "min_requests": 10,
+                "canary": "3", "judge": "thresholds", "steps": [25, 50, 100], "interval_s": 1.5, "min_requests": 10,
                 "unload_previous": True})
             assert status == 200, rollout
             shadow = rollout["shadow"]["3"]

@@ -57,7 +57,7 @@ def test_failing_canary_is_rolled_back_within_the_failure_limit(gateway: Gateway
     faults.set("qc", "3", error_rate=0.3)
     with BackgroundLoad(gateway.url) as load:
         time.sleep(0.5)
-        start(gateway.url, steps=[10, 50, 100], interval_s=2, min_requests=20, failure_limit=2)
+        start(gateway.url, judge="thresholds", steps=[10, 50, 100], interval_s=2, min_requests=20, failure_limit=2)
         doc = wait_for(lambda: finished(gateway.url), 20, what="the rollout to end")
     assert doc["state"] == "rolled_back" and doc["weights"] == {"2": 100, "3": 0}
     unhealthy = [v for v in doc["verdicts"] if v["outcome"] == "unhealthy"]
@@ -78,7 +78,7 @@ def test_failing_canary_is_rolled_back_within_the_failure_limit(gateway: Gateway
 def test_slow_canary_is_rolled_back_on_latency(gateway: GatewayThread, faults: Faults) -> None:
     faults.set("qc", "3", delay_ms=200)
     with BackgroundLoad(gateway.url, concurrency=8):
-        start(gateway.url, steps=[10, 50, 100], interval_s=3, min_requests=5, failure_limit=2)
+        start(gateway.url, judge="thresholds", steps=[10, 50, 100], interval_s=3, min_requests=5, failure_limit=2)
         doc = wait_for(lambda: finished(gateway.url), 25, what="the rollout to end")
     assert doc["state"] == "rolled_back"
     last = [v for v in doc["verdicts"] if v["outcome"] == "unhealthy"][-1]
@@ -87,7 +87,7 @@ def test_slow_canary_is_rolled_back_on_latency(gateway: GatewayThread, faults: F
 
 def test_healthy_canary_goes_through_every_step_and_becomes_stable(gateway: GatewayThread) -> None:
     with BackgroundLoad(gateway.url) as load:
-        start(gateway.url, steps=[10, 50, 100], interval_s=1.5, min_requests=20)
+        start(gateway.url, judge="thresholds", steps=[10, 50, 100], interval_s=1.5, min_requests=20)
         doc = wait_for(lambda: finished(gateway.url), 20, what="promotion")
         time.sleep(0.5)
         load.result.versions.clear()
@@ -102,7 +102,7 @@ def test_healthy_canary_goes_through_every_step_and_becomes_stable(gateway: Gate
 def test_too_little_traffic_neither_promotes_nor_rolls_back(gateway: GatewayThread, faults: Faults) -> None:
     faults.set("qc", "3", error_rate=1.0)
     with BackgroundLoad(gateway.url, concurrency=1):
-        start(gateway.url, steps=[10, 50, 100], interval_s=1, min_requests=100_000)
+        start(gateway.url, judge="thresholds", steps=[10, 50, 100], interval_s=1, min_requests=100_000)
         time.sleep(4.5)
     doc = rollout_state(gateway.url)
     assert (doc["state"], doc["step"]) == ("progressing", 0)
@@ -157,7 +157,7 @@ def test_a_gateway_killed_mid_rollout_resumes_at_the_same_step(triton: LocalTrit
     try:
         admin_call(first.url, "PUT", "/admin/models/qc/policy", {"weights": {"2": 100}})
         with BackgroundLoad(first.url, concurrency=4):
-            start(first.url, steps=[10, 20, 50, 100], interval_s=1.5, min_requests=10)
+            start(first.url, judge="thresholds", steps=[10, 20, 50, 100], interval_s=1.5, min_requests=10)
             wait_for(lambda: rollout_state(first.url)["step"] >= 1, 15, what="step 2")
             killed_at_step = rollout_state(first.url)["step"]  # an interval is 1.5 s: no step in between
             first.kill()
@@ -185,7 +185,7 @@ def test_grpc_traffic_is_judged_the_same_way(triton: LocalTriton, faults: Faults
     settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url, admin_token=TOKEN,
                                 controller_tick_s=0.2, policies={"qc": {"weights": {"2": 100}}})
     with GatewayThread(settings) as gw, GrpcBackgroundLoad(f"127.0.0.1:{gw.settings.grpc_port}") as load:
-        start(gw.url, steps=[20, 50, 100], interval_s=2, min_requests=10, failure_limit=2)
+        start(gw.url, judge="thresholds", steps=[20, 50, 100], interval_s=2, min_requests=10, failure_limit=2)
         doc = wait_for(lambda: finished(gw.url), 20, what="the rollout to end")
     assert doc["state"] == "rolled_back"
     assert [v for v in doc["verdicts"] if v["outcome"] == "unhealthy"][-1]["metric"] == "error_rate"

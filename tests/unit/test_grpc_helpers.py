@@ -8,7 +8,8 @@ from urllib.parse import unquote
 import pytest
 
 from gateway.grpc.front import client_metadata, deadline_of
-from gateway.grpc.status import classify, status_name
+from gateway.grpc.router import GrpcInfer
+from gateway.grpc.status import StatusCode, classify, status_name
 from gateway.grpc.wire import grpc_message, status_block
 from gateway.pipeline import route_metadata
 from gateway.routing import Reason
@@ -51,7 +52,8 @@ def test_grpc_message_is_percent_encoded_utf8() -> None:
 
 def test_outcomes_by_status_code() -> None:
     assert classify(0) is Outcome.SUCCESS and classify(1) is Outcome.CANCELLED
-    assert {classify(code) for code in (14, 13, 2, 4, 8)} == {Outcome.UPSTREAM_ERROR}
+    assert {classify(code) for code in (14, 13, 2, 4)} == {Outcome.UPSTREAM_ERROR}
+    assert classify(8) is Outcome.OVERLOAD, "RESOURCE_EXHAUSTED is load, never the version's fault"
     assert {classify(code) for code in (3, 5, 7, 9, 12, 16)} == {Outcome.CLIENT_ERROR}
     assert status_name(14) == "UNAVAILABLE" and status_name(99) == "UNKNOWN"
 
@@ -63,3 +65,14 @@ def test_route_metadata_names_route_and_version_for_every_route() -> None:
     assert route_metadata("2", Reason.DEFAULT) == (("x-gateway-model-version", "2"), ("x-gateway-route", "default"))
     assert route_metadata(None, Reason.DEFAULT) == (("x-gateway-route", "default"),)
     assert route_metadata("2", Reason.STICKY) == (("x-gateway-model-version", "2"), ("x-gateway-route", "sticky"))
+
+
+def test_a_full_triton_queue_is_overload_and_no_fault_while_not_ready_stays_one() -> None:
+    infer = GrpcInfer(None, "ModelInfer", b"", True, (), None)  # type: ignore[arg-type]
+    infer.code, infer.status = StatusCode.UNAVAILABLE.value, "UNAVAILABLE"
+    infer.details = "Exceeds maximum queue size"
+    assert infer.outcome() is Outcome.OVERLOAD and infer.fault() is None
+    infer.details = "Request for unknown model: 'qc' version 3 is not at ready state"
+    assert infer.outcome() is Outcome.UPSTREAM_ERROR and infer.fault() == "UNAVAILABLE"
+    infer.code, infer.status = StatusCode.RESOURCE_EXHAUSTED.value, "RESOURCE_EXHAUSTED"
+    assert infer.outcome() is Outcome.OVERLOAD and infer.fault() is None

@@ -90,3 +90,30 @@ def test_series_are_capped() -> None:
         recorder.record(f"m{i}", "1", Outcome.SUCCESS, 0.001)
     assert len(recorder.series()) <= MAX_SERIES + 1
     assert (UNKNOWN_MODEL, "") in recorder.series()
+
+
+def test_overload_answers_are_their_own_count_and_never_judged() -> None:
+    clock = Clock()
+    recorder = Recorder(clock=clock)
+    recorder.record("qc", "2", Outcome.OVERLOAD, 0.001, code="429")
+    recorder.record("qc", "2", Outcome.SUCCESS, 0.001)
+    window = recorder.window("qc", "2", 10)
+    assert window.overloads == 1 and window.requests == 1 and window.errors == 0 and window.client_errors == 0
+
+
+def test_latency_reservoirs_sample_watched_versions_successes_only() -> None:
+    clock = Clock()
+    recorder = Recorder(clock=clock)
+    recorder.record("qc", "2", Outcome.SUCCESS, 0.5)
+    assert recorder.take_latencies("qc", "2") == [] and recorder.watched() == []
+    recorder.watch_latencies("qc", "2")
+    recorder.watch_latencies("qc", "2")  # idempotent: the sample so far is kept
+    recorder.record("qc", "2", Outcome.SUCCESS, 0.001)
+    recorder.record("qc", "2", Outcome.UPSTREAM_ERROR, 0.002)
+    recorder.record("qc", "2", Outcome.OVERLOAD, 0.003)
+    recorder.record("qc", "3", Outcome.SUCCESS, 0.004)
+    assert recorder.take_latencies("qc", "2") == [0.001]
+    assert recorder.take_latencies("qc", "2") == [], "a take starts the sample over"
+    recorder.unwatch_latencies("qc", "2")
+    recorder.record("qc", "2", Outcome.SUCCESS, 0.001)
+    assert recorder.take_latencies("qc", "2") == [] and recorder.watched() == []

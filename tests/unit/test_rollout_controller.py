@@ -86,7 +86,7 @@ class Harness:
         await self.controller.tick()
 
 
-SPEC = RolloutSpec(canary="3", steps=[5, 20, 50, 100], interval_s=10, min_requests=50)
+SPEC = RolloutSpec(canary="3", steps=[5, 20, 50, 100], interval_s=10, min_requests=50, judge="thresholds")
 
 
 @pytest.fixture

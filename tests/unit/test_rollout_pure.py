@@ -13,7 +13,7 @@ from gateway.rollout.spec import RolloutSpec
 from gateway.telemetry.recorder import LATENCY_BOUNDS, Window
 
 SPEC = RolloutSpec(canary="3", stable="2", steps=[5, 20, 50, 100], interval_s=10, min_requests=50,
-                   failure_limit=2, max_error_rate=0.01, max_p99_ratio=1.5)
+                   failure_limit=2, max_error_rate=0.01, max_p99_ratio=1.5, judge="thresholds")
 
 
 def window(version: str, requests: int, errors: int = 0, latency_s: float = 0.004) -> Window:

@@ -1,0 +1,319 @@
+"""The statistical judge (``judge: statistical``, the default): canary against stable over
+the same seconds, with evidence that accumulates over the whole rollout.
+
+Each interval adds one :class:`VersionSample` per version to the rollout's :class:`Evidence`
+and judges three metrics on everything gathered so far:
+
+* ``error_rate``: 5xx and transport errors per answered request;
+* ``client_error_rate``: 4xx per answered request (a canary that renamed an input fails here);
+* ``latency``: the median shift of successful requests' latency, as a ratio.
+
+A metric FAILS only when the difference is significant (an anytime-valid test, see
+:mod:`gateway.rollout.stats`, so looking every interval does not inflate false alarms) AND
+larger than the spec's effect floor (the estimate is, not necessarily its whole interval: the
+floor says which effects matter, the test whether the effect is real). It PASSES when a 95%
+upper bound on the difference is below the floor. Otherwise it is INCONCLUSIVE, with the
+canary requests a decision needs at the effect seen so far. The verdict is UNHEALTHY if any
+metric fails, HEALTHY if all pass (and the canary had traffic this interval), INCONCLUSIVE
+otherwise. The false-rollback budget ``false_rollback_rate`` is split evenly over the three
+metrics (Bonferroni).
+
+Overload answers (HTTP 429, Triton's queue-full 503, gRPC RESOURCE_EXHAUSTED) are counted
+and shown, never judged: they measure the server's load, not the canary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gateway.rollout import stats
+from gateway.rollout.analysis import Outcome, Verdict
+from gateway.rollout.spec import RolloutSpec
+from gateway.telemetry.recorder import Window
+
+METRICS = ("error_rate", "client_error_rate", "latency")
+PASS_CONFIDENCE = 0.95  # one-sided: a canary at least as bad as the floor passes a look <= 5% of the time
+Z_PASS = 1.6448536269514722  # its normal quantile
+INTERVAL_CONFIDENCE = 0.95  # of the reported two-sided intervals
+Z_INTERVAL = 1.959963984540054  # its normal quantile
+MIN_LATENCIES = 10  # per version, below which an interval's latencies carry over to the next interval
+MAX_CARRY = 512  # latencies per version carried over (kept with the rollout, so bounded)
+MIN_SE = 1e-4  # floor on an interval's log-shift standard error (identical latencies would give 0)
+MAX_NEEDED = 10_000_000  # beyond this, "cannot tell at this effect size"
+
+
+@dataclass(frozen=True)
+class VersionSample:
+    """What one version did in one interval. ``requests`` counts answered requests
+    (successes, upstream errors and client errors; never overloads or cancellations);
+    ``latencies`` (seconds) is a uniform sample of its successful requests, e.g. a reservoir."""
+
+    requests: int
+    errors: int = 0
+    client_errors: int = 0
+    overloads: int = 0
+    latencies: Sequence[float] = ()
+
+    @classmethod
+    def of(cls, window: Window, latencies: Sequence[float]) -> VersionSample:
+        """From a metrics window (whose ``requests`` leave out 4xx) and a latency sample."""
+        return cls(window.requests + window.client_errors, window.errors, window.client_errors, window.overloads,
+                   latencies)
+
+
+@dataclass(frozen=True)
+class RateEvidence:
+    """Totals and the accumulated log likelihood ratios (one per ``stats.ODDS_GRID`` odds)."""
+
+    canary_n: int = 0
+    canary_events: int = 0
+    stable_n: int = 0
+    stable_events: int = 0
+    log_lr: tuple[float, ...] = (0.0,) * len(stats.ODDS_GRID)
+
+    def add(self, canary_n: int, canary_events: int, stable_n: int, stable_events: int) -> RateEvidence:
+        step = stats.log_conditional_lr(canary_events, canary_n, stable_events, stable_n)
+        return RateEvidence(self.canary_n + canary_n, self.canary_events + canary_events,
+                            self.stable_n + stable_n, self.stable_events + stable_events,
+                            tuple(float(v) for v in np.asarray(self.log_lr) + step))
+
+
+@dataclass(frozen=True)
+class LatencyEvidence:
+    """Inverse-variance sums of each interval's log Hodges-Lehmann shift. An interval with
+    fewer than MIN_LATENCIES of either version (a canary at a few requests per interval)
+    carries both samples over, so they are judged together with the next interval's."""
+
+    weight: float = 0.0
+    weighted_shift: float = 0.0
+    canary_n: int = 0
+    stable_n: int = 0
+    last_p_value: float | None = None
+    carry_canary: tuple[float, ...] = ()
+    carry_stable: tuple[float, ...] = ()
+
+    def add(self, canary: Sequence[float], stable: Sequence[float]) -> LatencyEvidence:
+        canary, stable = (*self.carry_canary, *canary), (*self.carry_stable, *stable)
+        if len(canary) < MIN_LATENCIES or len(stable) < MIN_LATENCIES:
+            return dataclasses.replace(self, carry_canary=tuple(canary[-MAX_CARRY:]),
+                                       carry_stable=tuple(stable[-MAX_CARRY:]))
+        log_canary, log_stable = np.log(canary), np.log(stable)
+        shift, low, high = stats.hodges_lehmann(log_canary, log_stable)
+        weight = 1 / max((high - low) / (2 * Z_INTERVAL), MIN_SE) ** 2
+        return LatencyEvidence(self.weight + weight, self.weighted_shift + weight * shift,
+                               self.canary_n + len(canary), self.stable_n + len(stable),
+                               stats.mann_whitney_p(log_canary, log_stable))
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything the judge has seen of this rollout; persisted with it (``document``)."""
+
+    errors: RateEvidence = field(default_factory=RateEvidence)
+    client_errors: RateEvidence = field(default_factory=RateEvidence)
+    latency: LatencyEvidence = field(default_factory=LatencyEvidence)
+    canary_overloads: int = 0
+    stable_overloads: int = 0
+    intervals: int = 0
+
+    def add(self, canary: VersionSample, stable: VersionSample, latency: bool = True) -> Evidence:
+        """This interval's samples; ``latency=False`` leaves its latencies out (warm-up)."""
+        return Evidence(
+            self.errors.add(canary.requests, canary.errors, stable.requests, stable.errors),
+            self.client_errors.add(canary.requests, canary.client_errors, stable.requests, stable.client_errors),
+            self.latency.add(canary.latencies, stable.latencies) if latency else self.latency,
+            self.canary_overloads + canary.overloads, self.stable_overloads + stable.overloads, self.intervals + 1)
+
+    def document(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_document(cls, doc: dict[str, Any] | None) -> Evidence:
+        if not doc:
+            return cls()
+        return cls(RateEvidence(**{**doc["errors"], "log_lr": tuple(doc["errors"]["log_lr"])}),
+                   RateEvidence(**{**doc["client_errors"], "log_lr": tuple(doc["client_errors"]["log_lr"])}),
+                   _latency_evidence(doc["latency"]), doc["canary_overloads"], doc["stable_overloads"],
+                   doc["intervals"])
+
+
+def _latency_evidence(doc: dict[str, Any]) -> LatencyEvidence:
+    return LatencyEvidence(**{**doc, "carry_canary": tuple(doc.get("carry_canary", ())),
+                              "carry_stable": tuple(doc.get("carry_stable", ()))})
+
+
+@dataclass(frozen=True)
+class MetricVerdict:
+    """One metric's verdict and the numbers behind it, for the status and ``gateway ctl``."""
+
+    name: str
+    verdict: str  # "pass" | "fail" | "inconclusive"
+    effect: float | None  # rate: canary minus stable; latency: canary/stable - 1
+    low: float | None  # 95% interval on the effect
+    high: float | None
+    floor: float
+    e_value: float  # evidence against "canary no worse"; FAIL needs >= 1/alpha
+    e_threshold: float
+    p_value: float | None  # latency: the last interval's Mann-Whitney p-value
+    requests_needed: int | None  # more canary requests a decision needs (inconclusive only)
+    summary: str
+
+
+def assess(spec: RolloutSpec, evidence: Evidence, canary: VersionSample,
+           stable: VersionSample) -> tuple[Verdict, Evidence]:
+    """The verdict on everything seen so far, this interval included, and the new evidence."""
+    warming = evidence.intervals * spec.interval_s < spec.latency_warmup_s
+    evidence = evidence.add(canary, stable, latency=not warming)
+    alpha = spec.false_rollback_rate / len(METRICS)
+    metrics = (
+        _judge_rate("error_rate", "error rate", evidence.errors, spec.max_error_rate_increase, alpha),
+        _judge_rate("client_error_rate", "4xx rate", evidence.client_errors, spec.max_client_error_rate_increase,
+                    alpha),
+        _judge_latency(evidence.latency, spec.max_latency_increase, alpha, spec.latency_warmup_s if warming else 0),
+    )
+    numbers: dict[str, Any] = {
+        "canary_requests": canary.requests, "canary_errors": canary.errors,
+        "canary_error_rate": canary.errors / canary.requests if canary.requests else None,
+        "stable_requests": stable.requests,
+        "stable_error_rate": stable.errors / stable.requests if stable.requests else None,
+        "metrics": metrics,
+    }
+    overloads = (f"; overload answers (not judged): canary {evidence.canary_overloads}, stable "
+                 f"{evidence.stable_overloads}" if evidence.canary_overloads or evidence.stable_overloads else "")
+    failed = [m for m in metrics if m.verdict == "fail"]
+    if failed:
+        first = failed[0]
+        return Verdict(Outcome.UNHEALTHY, "; ".join(m.summary for m in failed) + overloads, first.name,
+                       first.effect, first.floor, **numbers), evidence
+    if canary.requests == 0:
+        return Verdict(Outcome.INCONCLUSIVE, "no canary requests this interval" + overloads, **numbers), evidence
+    waiting = [m for m in metrics if m.verdict != "pass"]
+    if waiting:
+        return Verdict(Outcome.INCONCLUSIVE, "; ".join(m.summary for m in waiting) + overloads,
+                       **numbers), evidence
+    return Verdict(Outcome.HEALTHY, "every metric within its floor" + overloads, **numbers), evidence
+
+
+def _judge_rate(name: str, label: str, rates: RateEvidence, floor: float, alpha: float) -> MetricVerdict:
+    n_c, x_c, n_s, x_s = rates.canary_n, rates.canary_events, rates.stable_n, rates.stable_events
+    e_value = math.exp(min(stats.log_mixture(np.asarray(rates.log_lr)), 700.0))
+    if n_c == 0 or n_s == 0:
+        who = "canary" if n_c == 0 else "stable"
+        return MetricVerdict(name, "inconclusive", None, None, None, floor, e_value, 1 / alpha, None, None,
+                             f"{label}: no {who} requests yet")
+    rate_c, rate_s = x_c / n_c, x_s / n_s
+    effect = rate_c - rate_s
+    low = _rate_lower(x_c, n_c) - rate_s
+    high = stats.rate_upper(x_c, n_c, 0.5 + INTERVAL_CONFIDENCE / 2) - rate_s
+    seen = f"canary {rate_c:.2%} of {n_c} vs stable {rate_s:.2%} of {n_s}"
+    if e_value >= 1 / alpha and effect > floor:
+        return MetricVerdict(name, "fail", effect, low, high, floor, e_value, 1 / alpha, None, None,
+                             f"{label} worse: {seen} (+{effect:.2%}, beyond the +{floor:.2%} floor; "
+                             f"evidence {_times(e_value)}, needed {_times(1 / alpha)})")
+    bound = stats.rate_upper(x_c, n_c, PASS_CONFIDENCE) - rate_s
+    if bound < floor:
+        return MetricVerdict(name, "pass", effect, low, high, floor, e_value, 1 / alpha, None, None,
+                             f"{label} fine: {seen} (at most +{max(bound, 0):.2%}, floor +{floor:.2%})")
+    needed = _rate_needed(rates, floor, alpha)
+    return MetricVerdict(name, "inconclusive", effect, low, high, floor, e_value, 1 / alpha, None, needed,
+                         f"{label} undecided: {seen}; {_needed_words(needed)}")
+
+
+def _rate_lower(events: int, n: int) -> float:
+    return 1 - stats.rate_upper(n - events, n, 0.5 + INTERVAL_CONFIDENCE / 2) if events else 0.0
+
+
+def _rate_needed(rates: RateEvidence, floor: float, alpha: float) -> int | None:
+    """More canary requests until a decision, if the rates stayed as observed and the
+    traffic split too: to pass, the upper bound must drop below the floor; to fail, the
+    evidence of the pooled table must reach 1/alpha."""
+    n_c, x_c, n_s, x_s = rates.canary_n, rates.canary_events, rates.stable_n, rates.stable_events
+    rate_c, rate_s = x_c / n_c, x_s / n_s
+    if rate_c - rate_s < floor:
+        def passes(total: int) -> bool:
+            return stats.rate_upper(round(rate_c * total), total, PASS_CONFIDENCE) - rate_s < floor
+        return _first(passes, n_c)
+    if rate_c - rate_s > floor:
+        def fails(total: int) -> bool:
+            scale = total / n_c
+            log_lr = stats.log_conditional_lr(round(x_c * scale), total, round(x_s * scale), round(n_s * scale))
+            return stats.log_mixture(log_lr) >= math.log(1 / alpha)
+        return _first(fails, n_c)
+    return None
+
+
+def _first(decides: Callable[[int], bool], have: int) -> int | None:
+    """Smallest extra count (>= 1) for which ``decides(have + extra)`` holds: doubling, then
+    bisection (the criteria are monotone in the sample size up to rounding)."""
+    high = max(2 * have, have + 10)
+    while not decides(high):
+        if high > MAX_NEEDED:
+            return None
+        high *= 2
+    low = have
+    while high - low > max(1, low // 100):
+        middle = (low + high) // 2
+        if decides(middle):
+            high = middle
+        else:
+            low = middle
+    return max(1, high - have)
+
+
+def _judge_latency(latency: LatencyEvidence, floor: float, alpha: float, warmup_s: float) -> MetricVerdict:
+    if warmup_s:
+        return MetricVerdict("latency", "inconclusive", None, None, None, floor, 1.0, 1 / alpha, None, None,
+                             f"latency: not judged in the rollout's first {warmup_s:g} s (the canary warms up)")
+    if latency.weight == 0:
+        return MetricVerdict("latency", "inconclusive", None, None, None, floor, 1.0, 1 / alpha, None,
+                             max(1, MIN_LATENCIES - len(latency.carry_canary)),
+                             f"latency: fewer than {MIN_LATENCIES} samples of each version yet")
+    shift, variance = latency.weighted_shift / latency.weight, 1 / latency.weight
+    tau = math.log1p(floor)  # the mixture is tuned to effects of the floor's size
+    radius = stats.normal_mixture_radius(variance, tau, alpha)
+    e_value = math.exp(min(stats.normal_mixture_log_e(shift, variance, tau), 700.0))
+    effect, spread = math.expm1(shift), Z_INTERVAL * math.sqrt(variance)
+    low, high = math.expm1(shift - spread), math.expm1(shift + spread)
+    seen = (f"canary median {_percent(effect)} vs stable ({_percent(low)} to {_percent(high)}) over "
+            f"{latency.canary_n} vs {latency.stable_n} samples")
+    args = ("latency", floor, e_value, 1 / alpha, latency.last_p_value)
+    if shift - radius > 0 and shift > tau:
+        return _metric(*args, "fail", effect, low, high, None,
+                       f"latency worse: {seen}, beyond the +{floor:.0%} floor (evidence {_times(e_value)}, "
+                       f"needed {_times(1 / alpha)})")
+    if shift + Z_PASS * math.sqrt(variance) < tau:
+        return _metric(*args, "pass", effect, low, high, None, f"latency fine: {seen} (floor +{floor:.0%})")
+    n = latency.canary_n
+    if shift < tau:
+        needed: int | None = max(1, math.ceil(variance * n * (Z_PASS / (tau - shift)) ** 2) - n)
+    elif shift > tau:
+        needed = _first(lambda total: stats.normal_mixture_radius(variance * n / total, tau, alpha) < shift, n)
+    else:
+        needed = None
+    return _metric(*args, "inconclusive", effect, low, high, needed,
+                   f"latency undecided: {seen}; {_needed_words(needed)}")
+
+
+def _metric(name: str, floor: float, e_value: float, threshold: float, p_value: float | None, verdict: str,
+            effect: float, low: float, high: float, needed: int | None, summary: str) -> MetricVerdict:
+    return MetricVerdict(name, verdict, effect, low, high, floor, e_value, threshold, p_value, needed, summary)
+
+
+def _percent(ratio: float) -> str:
+    return f"{ratio:+.1%}"
+
+
+def _times(e_value: float) -> str:
+    return f"{e_value:.0f}x" if e_value < 1e6 else "over 1,000,000x"
+
+
+def _needed_words(needed: int | None) -> str:
+    if needed is None:
+        return "the effect sits on the floor: no sample size will tell"
+    return f"about {needed} more canary requests needed"

@@ -1,0 +1,58 @@
+"""The latency reservoir: bounded, uniform, and starting over when taken."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import stats
+
+from gateway.telemetry.reservoir import Reservoir
+
+
+def test_fewer_values_than_the_size_are_all_kept_and_take_starts_over() -> None:
+    reservoir = Reservoir(8)
+    for value in range(5):
+        reservoir.add(float(value))
+    assert sorted(reservoir.take()) == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert reservoir.take() == [] and reservoir.seen == 0
+    reservoir.add(9.0)
+    assert reservoir.take() == [9.0]
+
+
+def test_the_sample_is_bounded_and_holds_distinct_added_values() -> None:
+    reservoir = Reservoir(16, rng=np.random.default_rng(1))
+    for value in range(10_000):
+        reservoir.add(float(value))
+    sample = reservoir.take()
+    assert len(sample) == 16 and len(set(sample)) == 16 and all(0 <= v < 10_000 for v in sample)
+
+
+def test_every_value_is_equally_likely_to_be_kept() -> None:
+    """2,000 windows of 200 values into a reservoir of 10 (seeded), taken and reused, so the
+    schedules drawn at take() and the replanning inside a long window are both exercised:
+    each value is kept ~100 times (chi-square against uniform), late values (those Algorithm
+    L reaches by skipping) as often as early ones."""
+    rng = np.random.default_rng(7)
+    counts = [0] * 200
+    reservoir = Reservoir(10, rng=rng)
+    for _ in range(2_000):
+        for value in range(200):
+            reservoir.add(float(value))
+        for kept in reservoir.take():
+            counts[int(kept)] += 1
+    assert sum(counts) == 20_000
+    assert stats.chisquare(counts).pvalue > 0.001
+    assert abs(sum(counts[:100]) - sum(counts[100:])) < 600  # 10,000 each, sd ~ 95
+
+
+def test_a_window_longer_than_one_schedule_stays_uniform() -> None:
+    """Schedules of 3 replacements: a window of 3,000 values into a reservoir of 4 needs
+    ~10 schedules; the kept values still split evenly over the window's halves."""
+    rng = np.random.default_rng(3)
+    halves = [0, 0]
+    reservoir = Reservoir(4, rng=rng, planned=3)
+    for _ in range(300):
+        for value in range(3_000):
+            reservoir.add(float(value))
+        for kept in reservoir.take():
+            halves[kept >= 1_500] += 1
+    assert sum(halves) == 1200 and abs(halves[0] - halves[1]) < 180  # 600 each, sd ~ 17
