@@ -6,12 +6,21 @@ answers) and ``redis://host:port/db`` (replicas: pub/sub change feed plus period
 An unknown scheme fails at start; it never falls back silently.
 
 Revisions are per model and only grow: a delete leaves a tombstone with the next revision,
-so compare-and-set and replica catch-up stay correct across delete and re-create.
+so compare-and-set and replica catch-up stay correct across delete and re-create. They only
+grow *within one generation*: every store has a generation id, made when the store is
+created empty, and a wiped or replaced store (Redis FLUSHALL, a failover to an empty
+replica, a new database file) has a new one, so replicas know to rebuild from it rather
+than ignore its "old" revisions.
+
+Stored records are read leniently (a field this version does not know is ignored with one
+warning: a newer replica may have written it during a rolling upgrade) while the admin API
+stays strict; a record that cannot be read at all is reported, never fatal to the caller.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -30,12 +39,29 @@ class StaleRevision(PreconditionFailed):
     """Compare-and-set lost: someone changed the record since the caller read it."""
 
 
+class CorruptRecord(GatewayError):
+    """A stored record cannot be read (bad JSON, or a value this version cannot accept).
+
+    Readers skip it and count it; the record itself is left as it is, for a human."""
+
+    status = 500
+
+
+RESYNC = "*"  # on the change feed: anything may have changed (feed (re)connected): resync everything
+
+
+def new_generation() -> str:
+    return uuid.uuid4().hex
+
+
 @dataclass(frozen=True)
 class StoredPolicy:
     model: str
     spec: PolicySpec | None  # None: deleted (tombstone), the model is back to passthrough
     revision: int
     updated_at: float
+    generation: str = ""  # of the store it was read from (or written to)
+    actor: str = ""  # who wrote this revision (empty for records written before it was kept)
 
     def document(self) -> dict[str, Any]:
         doc = self.spec.document() if self.spec else {"weights": {}, "sticky_header": None, "rules": []}
@@ -58,6 +84,33 @@ class Event:
     def document(self) -> dict[str, Any]:
         return {"id": self.id, "at": self.at, "actor": self.actor, "action": self.action, "model": self.model,
                 "before": self.before, "after": self.after, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class PolicyScan:
+    """Every policy record of one store generation: the readable ones, and the ones that
+    are not (model -> why), which callers must leave alone rather than treat as deleted."""
+
+    generation: str
+    policies: dict[str, StoredPolicy]
+    corrupt: dict[str, str]
+
+
+@dataclass(frozen=True)
+class AppliedIntent:
+    """The last policy applied from the config file for a model (kubectl's last-applied)."""
+
+    digest: str
+    revision: int
+    at: float
+
+
+@dataclass(frozen=True)
+class AuditBounds:
+    """How much audit trail a store keeps: the newest ``max_events``, none older than ``max_age_s``."""
+
+    max_events: int = 100_000
+    max_age_s: float = 365 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -88,11 +141,18 @@ class StateStore(Protocol):
     async def close(self) -> None:
         """Release connections; pending writes are already durable."""
 
+    async def generation(self) -> str:
+        """This store's generation id (made on first use of an empty store)."""
+
     async def get_policy(self, model: str) -> StoredPolicy | None:
-        """The model's policy record, tombstones included; None if it never had one."""
+        """The model's policy record, tombstones included; None if it never had one.
+        CorruptRecord if the record cannot be read."""
 
     async def list_policies(self) -> dict[str, StoredPolicy]:
-        """Every policy record, tombstones included."""
+        """Every readable policy record, tombstones included (unreadable ones are left out)."""
+
+    async def scan_policies(self) -> PolicyScan:
+        """Every policy record with the store's generation, unreadable records named apart."""
 
     async def put_policy(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
                          event: EventDraft) -> StoredPolicy:
@@ -118,9 +178,22 @@ class StateStore(Protocol):
     async def put_rollout(self, model: str, document: dict[str, Any], expected_revision: int | None) -> StoredRollout:
         """Compare-and-set a rollout document (revision+1); StaleRevision on mismatch."""
 
+    async def delete_rollout(self, model: str, expected_revision: int) -> None:
+        """Remove the model's rollout record if it is still at ``expected_revision``
+        (undoes a record whose rollout could not start); StaleRevision otherwise."""
+
+    async def get_applied(self, model: str) -> AppliedIntent | None:
+        """What the config file last applied for the model, if anything."""
+
+    async def set_applied(self, model: str, intent: AppliedIntent) -> None:
+        """Remember what the config file applied for the model."""
+
     def changes(self) -> AsyncIterator[str]:
-        """Model names whose records changed, as soon as the backend can tell (may repeat,
-        may miss under failure: callers also resync periodically)."""
+        """Model names whose records changed, as soon as the backend can tell (may repeat).
+
+        :data:`RESYNC` first, once the feed is live, and again after every reconnect: the
+        caller then resyncs everything, so no change made while the feed was down is lost.
+        Raises StoreError when the backend is unreachable; the caller calls again."""
 
     async def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
         """Take or renew the lease ``name`` for ``holder``; True while held."""
@@ -135,18 +208,19 @@ async def seed_once(store: StateStore, model: str, spec: PolicySpec, actor: str)
     return True
 
 
-def make_store(url: str) -> StateStore:
+def make_store(url: str, audit: AuditBounds | None = None) -> StateStore:
     """Backend by URL scheme: memory://, sqlite:///path, redis://host:port/db."""
+    audit = audit or AuditBounds()
     if url.startswith("memory://"):
         from gateway.store.memory import InMemoryStore
 
-        return InMemoryStore()
+        return InMemoryStore(audit)
     if url.startswith("sqlite://"):
         from gateway.store.sqlite import SQLiteStore
 
-        return SQLiteStore(url.removeprefix("sqlite://").removeprefix("/") or "gateway-state.db")
+        return SQLiteStore(url.removeprefix("sqlite://").removeprefix("/") or "gateway-state.db", audit=audit)
     if url.startswith(("redis://", "rediss://", "unix://")):
         from gateway.store.redis import RedisStore
 
-        return RedisStore(url)
+        return RedisStore(url, audit=audit)
     raise ValueError(f"unknown store URL scheme in {url!r}: use sqlite:///path, redis://host:port/db or memory://")

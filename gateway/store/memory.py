@@ -4,11 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway.routing import PolicySpec
-from gateway.store.base import Event, EventDraft, StaleRevision, StoredPolicy, StoredRollout, seed_once
+from gateway.store.base import (
+    RESYNC,
+    AppliedIntent,
+    AuditBounds,
+    Event,
+    EventDraft,
+    PolicyScan,
+    StaleRevision,
+    StoredPolicy,
+    StoredRollout,
+    new_generation,
+    seed_once,
+)
 
 
 def check_revision(kind: str, model: str, current: int, expected: int | None) -> None:
@@ -18,10 +31,14 @@ def check_revision(kind: str, model: str, current: int, expected: int | None) ->
 
 
 class InMemoryStore:
-    def __init__(self) -> None:
+    def __init__(self, audit: AuditBounds | None = None) -> None:
+        self.audit = audit or AuditBounds()
+        self._generation = new_generation()
         self._policies: dict[str, StoredPolicy] = {}
         self._rollouts: dict[str, StoredRollout] = {}
-        self._events: list[Event] = []
+        self._applied: dict[str, AppliedIntent] = {}
+        self._events: deque[Event] = deque()
+        self._event_seq = 0
         self._feeds: list[asyncio.Queue[str]] = []
         self._leases: dict[str, tuple[str, float]] = {}
 
@@ -31,17 +48,24 @@ class InMemoryStore:
     async def close(self) -> None:
         return None
 
+    async def generation(self) -> str:
+        return self._generation
+
     async def get_policy(self, model: str) -> StoredPolicy | None:
         return self._policies.get(model)
 
     async def list_policies(self) -> dict[str, StoredPolicy]:
         return dict(self._policies)
 
+    async def scan_policies(self) -> PolicyScan:
+        return PolicyScan(self._generation, dict(self._policies), {})
+
     async def put_policy(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
                          event: EventDraft) -> StoredPolicy:
         current = self._policies.get(model)
         check_revision("policy", model, current.revision if current else 0, expected_revision)
-        stored = StoredPolicy(model, spec, (current.revision if current else 0) + 1, time.time())
+        stored = StoredPolicy(model, spec, (current.revision if current else 0) + 1, time.time(), self._generation,
+                              event.actor)
         self._policies[model] = stored
         before = current.document() if current and current.spec else None
         await self.append_event(model, event.finish(model, before, stored.document() if spec else None))
@@ -52,7 +76,11 @@ class InMemoryStore:
         return await seed_once(self, model, spec, actor)
 
     async def append_event(self, model: str, event: Event) -> None:
-        self._events.append(Event(**{**event.__dict__, "id": len(self._events) + 1}))
+        self._event_seq += 1
+        self._events.append(Event(**{**event.__dict__, "id": self._event_seq}))
+        oldest = time.time() - self.audit.max_age_s
+        while self._events and (len(self._events) > self.audit.max_events or self._events[0].at < oldest):
+            self._events.popleft()  # the oldest first, as the durable stores trim
 
     async def events(self, model: str | None = None, limit: int = 100) -> list[Event]:
         chosen = [e for e in reversed(self._events) if model is None or e.model == model]
@@ -72,10 +100,23 @@ class InMemoryStore:
         self._publish(model)
         return stored
 
+    async def delete_rollout(self, model: str, expected_revision: int) -> None:
+        current = self._rollouts.get(model)
+        check_revision("rollout", model, current.revision if current else 0, expected_revision)
+        self._rollouts.pop(model, None)
+        self._publish(model)
+
+    async def get_applied(self, model: str) -> AppliedIntent | None:
+        return self._applied.get(model)
+
+    async def set_applied(self, model: str, intent: AppliedIntent) -> None:
+        self._applied[model] = intent
+
     async def changes(self) -> AsyncIterator[str]:
         queue: asyncio.Queue[str] = asyncio.Queue()
         self._feeds.append(queue)
         try:
+            yield RESYNC
             while True:
                 yield await queue.get()
         finally:
