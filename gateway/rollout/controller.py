@@ -24,18 +24,19 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
-from gateway.admin.policies import PolicyService
 from gateway.background import Background
-from gateway.errors import Conflict, GatewayError, NotFound
+from gateway.errors import Conflict, GatewayError, MetricsUnavailable, NotFound, StaleRevision
+from gateway.policy import PolicySpec, heaviest, with_weights
 from gateway.rollout import steps
 from gateway.rollout.analysis import judge
 from gateway.rollout.phases import Phase, TransitionError
 from gateway.rollout.spec import RolloutSpec
 from gateway.rollout.steps import Rollout
-from gateway.routing import PolicySpec
-from gateway.store.base import EventDraft, StaleRevision, StoredRollout
+from gateway.services.policies import PolicyService
+from gateway.services.triton_control import TritonControl
+from gateway.store.base import EventDraft, StateStore, StoredRollout
 from gateway.telemetry.recorder import Recorder, Window
-from gateway.telemetry.sources import MetricsSource, MetricsUnavailable
+from gateway.telemetry.sources import MetricsSource
 
 log = logging.getLogger("gateway.rollout")
 ACTOR = "rollout-controller"
@@ -44,13 +45,14 @@ FAST_PATH_KINDS = ("VersionUnavailable", "UpstreamUnavailable")
 
 
 class RolloutController:
-    def __init__(self, policies: PolicyService, source: MetricsSource, recorder: Recorder,
-                 clock: Callable[[], float] = time.time, tick_s: float = 1.0, lifecycle: Any = None,
-                 shadow: Any = None) -> None:
-        self.lifecycle = lifecycle  # gateway.lifecycle.ModelLifecycle: unload_previous after promotion
+    def __init__(self, store: StateStore, triton: TritonControl, policies: PolicyService, source: MetricsSource,
+                 recorder: Recorder, clock: Callable[[], float] = time.time, tick_s: float = 1.0,
+                 lifecycle: Any = None, shadow: Any = None) -> None:
+        self.lifecycle = lifecycle  # gateway.services.lifecycle.ModelLifecycle: unload_previous after promotion
         self.shadow = shadow  # gateway.proxy.shadow.ShadowMirror: shadow numbers in the status
+        self.store = store
+        self.triton = triton
         self.policies = policies
-        self.store = policies.store
         self.source = source
         self.recorder = recorder
         self.clock = clock
@@ -71,7 +73,7 @@ class RolloutController:
         stable = spec.stable or await self._default_stable(model, policy.spec if policy else None)
         if stable == spec.canary:
             raise Conflict(f"version {stable} already takes most of the traffic: name another stable version")
-        await self.policies.triton.require_ready(model, {stable, spec.canary})
+        await self.triton.require_ready(model, {stable, spec.canary})
         for kind in FAST_PATH_KINDS:  # baselines: only errors from now on count
             self._new_errors(model, spec.canary, kind)
             self._new_errors(model, stable, kind)
@@ -153,7 +155,7 @@ class RolloutController:
     async def _canary_lost(self, rollout: Rollout) -> str | None:
         if rollout.canary_percent == 0:
             return None
-        ready = await self.policies.triton.is_version_ready(rollout.model, rollout.canary)
+        ready = await self.triton.is_version_ready(rollout.model, rollout.canary)
         if ready is False:
             return f"Triton reports version {rollout.canary} not READY"
         for kind in FAST_PATH_KINDS:
@@ -199,8 +201,7 @@ class RolloutController:
         if policy is not None and policy.spec is not None and _weights(policy.spec) == _nonzero(weights):
             revision = policy.revision
         else:
-            base = policy.spec.document() if policy is not None and policy.spec is not None else {}
-            spec = PolicySpec.model_validate({**base, "weights": {v: w for v, w in weights.items()}})
+            spec = with_weights(policy.spec if policy is not None else None, weights)
             expected = policy.revision if policy is not None else 0
             urgent = rollout.phase in (Phase.ROLLED_BACK, Phase.ABORTED)
             written = await self.policies.put(rollout.model, spec, expected,
@@ -241,8 +242,8 @@ class RolloutController:
 
     async def _default_stable(self, model: str, policy: PolicySpec | None) -> str:
         if policy is not None:
-            return max(policy.weights.items(), key=lambda kv: (kv[1], int(kv[0])))[0]
-        ready = [v for v, state in (await self.policies.triton.versions(model)).items() if state.state == "READY"]
+            return heaviest(policy.weights)
+        ready = [v for v, state in (await self.triton.versions(model)).items() if state.state == "READY"]
         if not ready:
             raise Conflict(f"model '{model}' has no READY version on Triton")
         return max(ready, key=int)  # Triton's own default for unversioned requests

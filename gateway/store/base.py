@@ -25,27 +25,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.errors import GatewayError, PreconditionFailed
-from gateway.routing import PolicySpec
-
-
-class StoreError(GatewayError):
-    """The backend failed (I/O, connection); translated from sqlite3 / redis errors."""
-
-    status = 503
-
-
-class StaleRevision(PreconditionFailed):
-    """Compare-and-set lost: someone changed the record since the caller read it."""
-
-
-class CorruptRecord(GatewayError):
-    """A stored record cannot be read (bad JSON, or a value this version cannot accept).
-
-    Readers skip it and count it; the record itself is left as it is, for a human."""
-
-    status = 500
-
+from gateway.errors import StaleRevision
+from gateway.policy import PolicySpec
 
 RESYNC = "*"  # on the change feed: anything may have changed (feed (re)connected): resync everything
 

@@ -8,7 +8,8 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.routing import PolicySpec
+from gateway.errors import StaleRevision
+from gateway.policy import PolicySpec
 from gateway.store.base import (
     RESYNC,
     AppliedIntent,
@@ -16,7 +17,6 @@ from gateway.store.base import (
     Event,
     EventDraft,
     PolicyScan,
-    StaleRevision,
     StoredPolicy,
     StoredRollout,
     new_generation,

@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gateway.routing import PolicySpec
-from gateway.store.base import CorruptRecord
+from gateway.errors import CorruptRecord
+from gateway.policy import PolicySpec
 
 log = logging.getLogger("gateway.store")
 _warned: set[str] = set()  # field paths already reported: one warning per field per process

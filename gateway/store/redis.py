@@ -21,19 +21,17 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from gateway.routing import PolicySpec
+from gateway.errors import CorruptRecord, StaleRevision, StoreError
+from gateway.policy import PolicySpec
 from gateway.store.base import (
     RESYNC,
     AppliedIntent,
     AuditBounds,
-    CorruptRecord,
     Event,
     EventDraft,
     PolicyScan,
-    StaleRevision,
     StoredPolicy,
     StoredRollout,
-    StoreError,
     new_generation,
     seed_once,
 )

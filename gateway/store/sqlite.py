@@ -20,18 +20,17 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gateway.routing import PolicySpec
+from gateway.errors import CorruptRecord, StoreError
+from gateway.policy import PolicySpec
 from gateway.store.base import (
     RESYNC,
     AppliedIntent,
     AuditBounds,
-    CorruptRecord,
     Event,
     EventDraft,
     PolicyScan,
     StoredPolicy,
     StoredRollout,
-    StoreError,
     new_generation,
     seed_once,
 )

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.routing import PolicySpec
-from gateway.store.base import RESYNC, AppliedIntent, AuditBounds, EventDraft, StaleRevision, StateStore, make_store
+from gateway.errors import StaleRevision
+from gateway.policy import PolicySpec
+from gateway.store.base import RESYNC, AppliedIntent, AuditBounds, EventDraft, StateStore, make_store
 
 SPEC_A = PolicySpec.model_validate({"weights": {"2": 80, "3": 20}, "rules": []})
 SPEC_B = PolicySpec.model_validate({"weights": {"2": 50, "3": 50},
@@ -216,8 +217,8 @@ async def test_unreadable_records_are_named_apart_and_newer_fields_ignored(
         kind: str, request: pytest.FixtureRequest, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     import json
 
+    from gateway.errors import CorruptRecord
     from gateway.store import records
-    from gateway.store.base import CorruptRecord
 
     records._warned.clear()  # once per process: forget what an earlier test reported
     url = store_url(kind, request, tmp_path)
