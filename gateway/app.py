@@ -39,7 +39,7 @@ from gateway.services.policies import PolicyService
 from gateway.services.state_sync import StateSync
 from gateway.services.triton_control import TritonControl
 from gateway.settings import Settings
-from gateway.store.base import StateStore, make_store
+from gateway.store.base import AuditBounds, StateStore, make_store
 from gateway.telemetry.access_log import AccessLog
 from gateway.telemetry.prometheus import GatewayCollector, make_registry, render
 from gateway.telemetry.recorder import Recorder
@@ -67,17 +67,18 @@ class Gateway:
         self.grpc: GrpcProxy | None = None
         self.grpc_router: GrpcRouter | None = None
         self.grpc_server: Any = None
-        self.store = store or make_store(settings.store_url)
+        self.store = store or make_store(settings.store_url, AuditBounds(
+            settings.audit_max_events, settings.audit_max_age_days * 86400))
         self.triton = TritonControl(self.upstream)
         self.policies = PolicyService(self.store, self.book, self.triton)
-        self.sync = StateSync(self.store, self.policies, settings.resync_interval_s)
+        self.sync = StateSync(self.store, self.policies, settings.resync_interval_s, settings.sync_unready_after_s)
         self.source = make_source(settings, self.recorder)
         self.lifecycle = ModelLifecycle(self.store, self.triton, self.policies, self.recorder, self.pins)
         self.rollouts = RolloutController(self.store, self.triton, self.policies, self.source, self.recorder,
                                           tick_s=settings.controller_tick_s, lifecycle=self.lifecycle,
                                           shadow=self.shadow)
         self.registry = make_registry(GatewayCollector(self.recorder, self.book, self.rollouts.states,
-                                                       self.rollouts.rollbacks, self.shadow.stats))
+                                                       self.rollouts.rollbacks, self.shadow.stats, self.sync))
         self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin)
         self.started = False
         self.control = self._control_app()
@@ -159,6 +160,9 @@ class Gateway:
     async def readyz(self) -> JSONResponse:
         if not self.started:
             return JSONResponse({"error": "gateway is starting: policies not loaded yet"}, status_code=503)
+        problem = self.sync.problem()
+        if problem is not None:
+            return JSONResponse({"error": problem}, status_code=503)
         try:
             response = await self.upstream.request(b"GET", b"/v2/health/live", [],
                                                    timeout_s=self.settings.connect_timeout_s)

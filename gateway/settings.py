@@ -45,6 +45,13 @@ class Settings(BaseSettings):
     store_url: str = Field("sqlite:///gateway-state.db",
                            description="routing state: sqlite:///path (default), redis://host:port/db, memory://")
     resync_interval_s: float = Field(5.0, gt=0, le=3600, description="full state resync period (heals missed changes)")
+    sync_unready_after_s: float = Field(
+        30.0, gt=0, le=86400, description="/readyz fails when policy sync has been failing this long (an unreachable "
+        "store does not count: the replica keeps serving its last policies, and gateway_store_up says so)")
+    audit_max_events: int = Field(100_000, ge=100, le=100_000_000,
+                                  description="audit trail: keep at most this many events (the newest)")
+    audit_max_age_days: float = Field(365.0, gt=0, le=36500,
+                                      description="audit trail: drop events older than this many days")
     admin_token: SecretStr | None = Field(None, description="bearer token for /admin (actor name 'admin')")
     admin_tokens: dict[str, SecretStr] = Field(
         default_factory=dict, description="more named tokens, {actor: token}: one per SRE or automation"

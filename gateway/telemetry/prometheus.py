@@ -10,7 +10,7 @@ know collapse into one ``_unknown`` label.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -20,10 +20,27 @@ from gateway.policy_book import PolicyBook
 from gateway.rollout.phases import Phase
 from gateway.telemetry.recorder import LATENCY_BOUNDS, Recorder
 
+SYNC_ERROR_REASONS = ("corrupt_record", "store_unreachable", "internal")
+
+
+class SyncHealth(Protocol):
+    """What state sync tells /metrics (gateway.services.state_sync.StateSync)."""
+
+    @property
+    def errors(self) -> Mapping[str, int]: ...
+
+    @property
+    def store_up(self) -> bool: ...
+
+    @property
+    def restarts(self) -> Mapping[str, int]: ...
+
 
 class GatewayCollector:
     def __init__(self, recorder: Recorder, book: PolicyBook, rollout_states: Mapping[str, str],
-                 rollbacks: Mapping[tuple[str, str], int], shadow: Mapping[tuple[str, str], Any] | None = None) -> None:
+                 rollbacks: Mapping[tuple[str, str], int], shadow: Mapping[tuple[str, str], Any] | None = None,
+                 sync: SyncHealth | None = None) -> None:
+        self.sync = sync
         self.shadow = shadow if shadow is not None else {}
         self.recorder = recorder
         self.book = book
@@ -35,6 +52,26 @@ class GatewayCollector:
         yield from self._policies()
         yield from self._rollouts()
         yield from self._shadow()
+        yield from self._state()
+
+    def _state(self) -> Iterator[Metric]:
+        if self.sync is None:
+            return
+        up = GaugeMetricFamily("gateway_store_up", "1 while the state store answers, 0 while this replica "
+                               "serves from its last policies without it")
+        up.add_metric([], 1.0 if self.sync.store_up else 0.0)
+        yield up
+        errors = CounterMetricFamily("gateway_state_sync_errors", "Policy sync failures: unreadable stored records "
+                                     "(skipped), store unreachable, internal (a sync loop crashed and restarted)",
+                                     labels=["reason"])
+        for reason in SYNC_ERROR_REASONS:
+            errors.add_metric([reason], self.sync.errors.get(reason, 0))
+        yield errors
+        restarts = CounterMetricFamily("gateway_background_restarts", "Background loops restarted after a crash",
+                                       labels=["loop"])
+        for loop, count in list(self.sync.restarts.items()):
+            restarts.add_metric([loop], count)
+        yield restarts
 
     def _shadow(self) -> Iterator[Metric]:
         results = CounterMetricFamily("gateway_shadow_requests", "Mirrored requests by result",

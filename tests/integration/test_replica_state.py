@@ -1,0 +1,140 @@
+"""Replicas agree with the store whatever happens to it: a wiped store, unreadable records,
+records from a newer version, a store outage (real Redis, real SQLite, real Triton)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import redis
+
+from gateway.devtools.local_triton import LocalTriton
+from tests.support import TOKEN, GatewayThread, admin_call, gateway_settings, infer_version
+
+pytestmark = pytest.mark.triton
+
+
+def routes_to(gateway: GatewayThread, version: str, within_s: float, since: float | None = None) -> float:
+    """Seconds until ``gateway`` sends qc to ``version`` (asserts it happens within ``within_s``)."""
+    started = time.monotonic() if since is None else since
+    while infer_version(gateway.url) != version:
+        assert time.monotonic() - started < within_s, f"{gateway.url} still routes elsewhere after {within_s} s"
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+def sync_errors(gateway: GatewayThread, reason: str) -> float:
+    text = urllib.request.urlopen(f"{gateway.url}/metrics", timeout=10).read().decode()
+    for line in text.splitlines():
+        if line.startswith(f'gateway_state_sync_errors_total{{reason="{reason}"}}'):
+            return float(line.split()[-1])
+    raise AssertionError("gateway_state_sync_errors_total is not exported")
+
+
+@pytest.mark.redis
+def test_after_a_store_reset_a_put_reaches_both_replicas_within_a_second(triton: LocalTriton, redis_url: str) -> None:
+    values = {"store_url": redis_url, "admin_token": TOKEN, "resync_interval_s": 30}
+    with GatewayThread(gateway_settings(triton.http_url, **values)) as a, \
+            GatewayThread(gateway_settings(triton.http_url, **values)) as b:
+        assert admin_call(a.url, "PUT", "/admin/models/qc/policy", {"weights": {"2": 100}})[0] == 200
+        assert admin_call(a.url, "PATCH", "/admin/models/qc/policy/weights", {"weights": {"3": 100}})[0] == 200
+        assert admin_call(a.url, "PUT", "/admin/models/tok/policy", {"weights": {"2": 100}})[0] == 200
+        routes_to(b, "3", within_s=1)
+        assert b.app.book.revision("qc") == 2 and "tok" in b.app.book.snapshot()
+
+        client = redis.Redis.from_url(redis_url)
+        client.flushall()  # the shipped k8s Redis has no volume: a restart is this
+        client.close()
+        changed_at = time.monotonic()
+        status, doc = admin_call(a.url, "PUT", "/admin/models/qc/policy", {"weights": {"1": 100}})
+        assert (status, doc["revision"]) == (200, 1), "the wiped store counts revisions from 1 again"
+        routes_to(a, "1", within_s=1, since=changed_at)
+        routes_to(b, "1", within_s=1, since=changed_at)
+        for replica in (a, b):  # models gone from the store leave the book
+            assert sorted(replica.app.book.snapshot()) == ["qc"]
+            assert admin_call(replica.url, "GET", "/admin/models/tok/policy")[0] == 404
+
+
+@pytest.mark.redis
+def test_a_corrupt_redis_record_is_skipped_and_counted_while_other_models_sync(triton: LocalTriton,
+                                                                                redis_url: str) -> None:
+    values = {"store_url": redis_url, "admin_token": TOKEN, "resync_interval_s": 0.3}
+    with GatewayThread(gateway_settings(triton.http_url, **values)) as a, \
+            GatewayThread(gateway_settings(triton.http_url, **values)) as b:
+        assert admin_call(a.url, "PUT", "/admin/models/tok/policy", {"weights": {"2": 100}})[0] == 200
+        assert admin_call(a.url, "PUT", "/admin/models/qc/policy", {"weights": {"2": 100}})[0] == 200
+        routes_to(b, "2", within_s=1)
+        client = redis.Redis.from_url(redis_url)
+        client.set("gateway:policy:tok", '{"revision": 9, "model": "tok", "spec": {"weights": ')  # cut short
+        client.publish("gateway:changes", "tok")
+        newer = {"revision": 7, "model": "qc", "updated_at": time.time(), "actor": "newer-gateway",
+                 "spec": {"weights": {"3": 100}, "sticky_header": None, "rules": [], "canary_budget": 5}}
+        client.set("gateway:policy:qc", json.dumps(newer))  # a field from a newer version
+        client.publish("gateway:changes", "qc")
+        client.close()
+        for replica in (a, b):
+            routes_to(replica, "3", within_s=1)  # the newer record is read, its unknown field ignored
+            assert replica.app.book.snapshot()["tok"].revision == 1, "the unreadable model keeps its last policy"
+        time.sleep(0.7)  # a few resyncs: every loop is still alive and counting
+        assert admin_call(a.url, "PATCH", "/admin/models/qc/policy/weights", {"weights": {"1": 100}})[0] == 200
+        routes_to(b, "1", within_s=1)
+        for replica in (a, b):
+            assert sync_errors(replica, "corrupt_record") >= 2
+            assert urllib.request.urlopen(f"{replica.url}/readyz", timeout=10).status == 200
+        assert a.app.sync.restarts == {} and b.app.sync.restarts == {}, "nothing crashed"
+        status, doc = admin_call(b.url, "GET", "/admin/models/tok/policy")
+        assert status == 500 and "tok" in doc["error"], "the API names the unreadable record"
+        assert admin_call(b.url, "PUT", "/admin/models/tok/policy", {"weights": {"1": 100}})[0] == 200
+        assert admin_call(a.url, "GET", "/admin/models/tok/policy")[1]["weights"] == {"1": 100}, "repaired by a PUT"
+
+
+def test_a_corrupt_sqlite_record_is_skipped_and_counted_while_other_models_sync(triton: LocalTriton,
+                                                                                 tmp_path: Path) -> None:
+    """Two replicas sharing one SQLite file (the embedded store's way to run several processes)."""
+    path = tmp_path / "state.db"
+    values = {"store_url": f"sqlite:///{path}", "admin_token": TOKEN, "resync_interval_s": 0.3}
+    with GatewayThread(gateway_settings(triton.http_url, **values)) as a, \
+            GatewayThread(gateway_settings(triton.http_url, **values)) as b:
+        assert admin_call(a.url, "PUT", "/admin/models/tok/policy", {"weights": {"2": 100}})[0] == 200
+        assert admin_call(a.url, "PUT", "/admin/models/qc/policy", {"weights": {"2": 100}})[0] == 200
+        routes_to(b, "2", within_s=2)
+        db = sqlite3.connect(path)
+        db.execute("UPDATE policies SET spec = ?, revision = 5 WHERE model = 'tok'",
+                   (json.dumps({"weights": {"2": 90}}),))  # parses, but weights no longer sum to 100
+        db.commit()
+        db.close()
+        assert admin_call(a.url, "PATCH", "/admin/models/qc/policy/weights", {"weights": {"3": 100}})[0] == 200
+        for replica in (a, b):
+            routes_to(replica, "3", within_s=2)
+            assert replica.app.book.snapshot()["tok"].revision == 1
+        time.sleep(0.7)
+        for replica in (a, b):
+            assert sync_errors(replica, "corrupt_record") >= 1
+        assert a.app.sync.restarts == {} and b.app.sync.restarts == {}
+
+
+def test_readyz_reports_a_sync_that_keeps_failing_and_recovers(triton: LocalTriton) -> None:
+    settings = gateway_settings(triton.http_url, admin_token=TOKEN, resync_interval_s=0.1, sync_unready_after_s=0.5,
+                                policies={"qc": {"weights": {"2": 100}}})
+    with GatewayThread(settings) as gw:
+        assert urllib.request.urlopen(f"{gw.url}/readyz", timeout=10).status == 200
+        healthy = gw.app.store.scan_policies
+
+        async def broken() -> None:
+            raise KeyError("a bug in the sync path")
+
+        gw.app.store.scan_policies = broken  # type: ignore[method-assign,assignment]
+        time.sleep(1.0)
+        status = admin_call(gw.url, "GET", "/readyz")
+        assert status[0] == 503 and "policy sync has been failing" in status[1]["error"], status
+        assert infer_version(gw.url) == "2", "the data path still serves the last policies"
+        assert sync_errors(gw, "internal") >= 1
+        gw.app.store.scan_policies = healthy  # type: ignore[method-assign]
+        deadline = time.monotonic() + 5
+        while admin_call(gw.url, "GET", "/readyz")[0] != 200:
+            assert time.monotonic() < deadline, "the restarted sync loop did not recover"
+            time.sleep(0.1)
