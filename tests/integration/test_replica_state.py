@@ -3,17 +3,23 @@ records from a newer version, a store outage (real Redis, real SQLite, real Trit
 
 from __future__ import annotations
 
+import asyncio
 import json
+import shutil
+import socket
 import sqlite3
+import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
+import redis.asyncio
 
 from gateway.devtools.local_triton import LocalTriton
-from tests.support import TOKEN, GatewayThread, admin_call, gateway_settings, infer_version
+from tests.support import TOKEN, BackgroundLoad, GatewayThread, admin_call, gateway_settings, infer_version, wait_for
 
 pytestmark = pytest.mark.triton
 
@@ -138,3 +144,120 @@ def test_readyz_reports_a_sync_that_keeps_failing_and_recovers(triton: LocalTrit
         while admin_call(gw.url, "GET", "/readyz")[0] != 200:
             assert time.monotonic() < deadline, "the restarted sync loop did not recover"
             time.sleep(0.1)
+
+
+class OwnRedis:
+    """A redis-server of the test's own (append-only file on, so a restart keeps the data),
+    which the test stops and starts again on the same port."""
+
+    def __init__(self, workdir: Path) -> None:
+        from gateway.devtools.local_triton import free_port
+
+        self.port = free_port()
+        self.workdir = workdir
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> OwnRedis:
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is not installed: run the suite through `make test`"
+        self.process = subprocess.Popen([binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                         "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.workdir)],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return self
+            except OSError:
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(10)
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
+    server = OwnRedis(tmp_path).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def metric(gateway: GatewayThread, name: str) -> float:
+    text = urllib.request.urlopen(f"{gateway.url}/metrics", timeout=10).read().decode()
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+@pytest.mark.redis
+def test_a_redis_outage_keeps_inference_going_and_a_change_after_it_reaches_both_within_a_second(
+        triton: LocalTriton, own_redis: OwnRedis) -> None:
+    values = {"store_url": own_redis.url, "admin_token": TOKEN, "resync_interval_s": 30}
+    with GatewayThread(gateway_settings(triton.http_url, **values)) as a, \
+            GatewayThread(gateway_settings(triton.http_url, **values)) as b:
+        assert admin_call(a.url, "PUT", "/admin/models/qc/policy", {"weights": {"2": 100}})[0] == 200
+        routes_to(b, "2", within_s=1)
+        with BackgroundLoad(a.url, concurrency=2) as load_a, BackgroundLoad(b.url, concurrency=2) as load_b:
+            own_redis.stop()
+            stopped_at = time.monotonic()
+            wait_for(lambda: metric(a, "gateway_store_up") == 0 and metric(b, "gateway_store_up") == 0, 5,
+                     what="both replicas to notice the store is gone")
+            while time.monotonic() - stopped_at < 10:
+                for replica in (a, b):
+                    assert urllib.request.urlopen(f"{replica.url}/readyz", timeout=10).status == 200
+                time.sleep(1)
+            status, _ = admin_call(a.url, "PUT", "/admin/models/qc/policy", {"weights": {"3": 100}})
+            assert status == 503, "no change is accepted while it cannot be stored"
+            own_redis.start()
+            time.sleep(0.5)  # let the load see the store back too
+        for load in (load_a, load_b):
+            assert load.result.statuses[200] > 50 and set(load.result.statuses) == {200}, load.result.failures[:3]
+            assert set(load.result.versions) == {"2"}, "served by the last policy throughout"
+        status, doc = admin_call(a.url, "PUT", "/admin/models/qc/policy", {"weights": {"1": 100}})
+        changed_at = time.monotonic()
+        assert (status, doc["revision"]) == (200, 2), "the store came back with its data"
+        routes_to(a, "1", within_s=1, since=changed_at)
+        routes_to(b, "1", within_s=1, since=changed_at)
+        wait_for(lambda: metric(a, "gateway_store_up") == 1 and metric(b, "gateway_store_up") == 1, 2,
+                 what="gateway_store_up back to 1")
+
+
+@pytest.mark.redis
+async def test_the_redis_change_feed_stays_up_when_quiet_and_notices_a_frozen_server(own_redis: OwnRedis) -> None:
+    import signal
+
+    from gateway.errors import StoreError
+    from gateway.store.base import RESYNC
+    from gateway.store.redis import RedisStore
+
+    store = RedisStore(own_redis.url, heartbeat_s=0.2)
+    await store.open()
+    feed = store.changes()
+    try:
+        assert await asyncio.wait_for(feed.__anext__(), 2) == RESYNC
+        waiter = asyncio.ensure_future(feed.__anext__())
+        await asyncio.sleep(1.5)  # quiet for several heartbeats: the feed must not give up
+        assert not waiter.done()
+        publisher = redis.asyncio.Redis.from_url(own_redis.url)
+        await publisher.publish("gateway:changes", "qc")
+        await publisher.aclose()
+        assert await asyncio.wait_for(waiter, 2) == "qc"
+        assert own_redis.process is not None
+        own_redis.process.send_signal(signal.SIGSTOP)  # alive to TCP, answers nothing: as a partition looks
+        try:
+            started = time.monotonic()
+            with pytest.raises(StoreError, match="no answer"):
+                await asyncio.wait_for(feed.__anext__(), 5)
+            assert time.monotonic() - started < 2
+        finally:
+            own_redis.process.send_signal(signal.SIGCONT)
+    finally:
+        await feed.aclose()  # type: ignore[attr-defined]
+        await store.close()
