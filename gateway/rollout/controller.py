@@ -79,7 +79,16 @@ class RolloutController:
             self._new_errors(model, stable, kind)
         rollout = steps.begin(model, spec, stable, self.clock())
         stored = await self.store.put_rollout(model, rollout.document(), existing.revision if existing else 0)
-        rollout = await self._apply(stored, rollout, actor)
+        try:
+            rollout = await self._apply(stored, rollout, actor)
+        except Exception:
+            # Refused (a version named by the policy not READY, a concurrent policy change):
+            # take the record back, or it would block every retry as an "active rollout".
+            if existing is not None:
+                await self.store.put_rollout(model, existing.document, stored.revision)
+            else:
+                await self.store.delete_rollout(model, stored.revision)
+            raise
         self.states[model] = rollout.phase.value
         await self.policies.audit(model, actor, "rollout_started", rollout.reason, at=self.clock())
         return rollout

@@ -55,7 +55,8 @@ class PolicyService:
 
     async def delete(self, model: str, expected_revision: int | None, event: EventDraft) -> StoredPolicy:
         current = await self.get(model)
-        stored = await self.store.put_policy(model, None, expected_revision or current.revision, event)
+        expected = current.revision if expected_revision is None else expected_revision  # If-Match: "0" is checked too
+        stored = await self.store.put_policy(model, None, expected, event)
         self.apply(stored)
         _log_change(stored.model, stored.revision, event, None)
         return stored
