@@ -34,6 +34,7 @@ from gateway.proxy.http import HttpProxy, Receive, Scope, Send
 from gateway.proxy.shadow import ShadowMirror
 from gateway.rollout.controller import RolloutController
 from gateway.sequences import SequencePins
+from gateway.services.config_intent import apply_declared
 from gateway.services.lifecycle import ModelLifecycle
 from gateway.services.policies import PolicyService
 from gateway.services.state_sync import StateSync
@@ -114,8 +115,7 @@ class Gateway:
         elif self.auth.insecure:
             log.warning("admin API runs WITHOUT authentication (--insecure-admin): anyone can change routing")
         await self.store.open()
-        for model, spec in self.settings.policies.items():
-            await self.store.seed_policy(model, spec, actor="settings")
+        await apply_declared(self.store, self.settings.policies)  # one log line per model
         await self.sync.resync()
         self.sync.start()
         if self.access_log is not None:

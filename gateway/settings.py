@@ -40,7 +40,8 @@ class Settings(BaseSettings):
     pool_size: int = Field(128, ge=1, le=4096, description="max upstream HTTP connections to Triton")
     sticky_header: HeaderName = Field("x-user-id", description="default header carrying the sticky user key")
     policies: dict[str, PolicySpec] = Field(
-        default_factory=dict, description="static routing policies by model; seed an empty store"
+        default_factory=dict, description="routing policies by model, as declared intent: an entry changed since "
+        "it was last applied is applied at start (audited as actor config); an unchanged one leaves API changes alone"
     )
     store_url: str = Field("sqlite:///gateway-state.db",
                            description="routing state: sqlite:///path (default), redis://host:port/db, memory://")

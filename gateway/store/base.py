@@ -25,7 +25,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.errors import StaleRevision
 from gateway.policy import PolicySpec
 
 RESYNC = "*"  # on the change feed: anything may have changed (feed (re)connected): resync everything
@@ -141,9 +140,6 @@ class StateStore(Protocol):
         atomically and durably. ``expected_revision`` None skips the check; a mismatch raises
         StaleRevision and changes nothing."""
 
-    async def seed_policy(self, model: str, spec: PolicySpec, actor: str) -> bool:
-        """Write ``spec`` only if the model never had a policy record. True if written."""
-
     async def append_event(self, model: str, event: Event) -> None:
         """Append one audit event."""
 
@@ -178,15 +174,6 @@ class StateStore(Protocol):
 
     async def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
         """Take or renew the lease ``name`` for ``holder``; True while held."""
-
-
-async def seed_once(store: StateStore, model: str, spec: PolicySpec, actor: str) -> bool:
-    """The shared seed_policy(): write only if the model never had a record (revision 0)."""
-    try:
-        await store.put_policy(model, spec, 0, EventDraft(actor, "seed", "static policy from the settings"))
-    except StaleRevision:  # the model already has a record: API changes win over the file
-        return False
-    return True
 
 
 def make_store(url: str, audit: AuditBounds | None = None) -> StateStore:

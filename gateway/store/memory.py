@@ -20,7 +20,6 @@ from gateway.store.base import (
     StoredPolicy,
     StoredRollout,
     new_generation,
-    seed_once,
 )
 
 
@@ -71,9 +70,6 @@ class InMemoryStore:
         await self.append_event(model, event.finish(model, before, stored.document() if spec else None))
         self._publish(model)
         return stored
-
-    async def seed_policy(self, model: str, spec: PolicySpec, actor: str) -> bool:
-        return await seed_once(self, model, spec, actor)
 
     async def append_event(self, model: str, event: Event) -> None:
         self._event_seq += 1

@@ -33,7 +33,6 @@ from gateway.store.base import (
     StoredPolicy,
     StoredRollout,
     new_generation,
-    seed_once,
 )
 from gateway.store.records import load_json, record_field, spec_from_document
 
@@ -200,9 +199,6 @@ class RedisStore:
             raise StaleRevision(f"policy of model '{model}' is at revision {current}, not {expected_revision}: "
                                 "read it again and retry")
         return StoredPolicy(model, spec, int(revision), now, str(generation), event.actor)
-
-    async def seed_policy(self, model: str, spec: PolicySpec, actor: str) -> bool:
-        return await seed_once(self, model, spec, actor)
 
     async def append_event(self, model: str, event: Event) -> None:
         await self._call(self._scripts["append"](keys=[self._key("events")], args=[

@@ -32,7 +32,6 @@ from gateway.store.base import (
     StoredPolicy,
     StoredRollout,
     new_generation,
-    seed_once,
 )
 from gateway.store.memory import check_revision
 from gateway.store.records import load_json, spec_from_document
@@ -151,9 +150,6 @@ class SQLiteStore:
             return self._transaction(db, body)
 
         return await self._run(work)
-
-    async def seed_policy(self, model: str, spec: PolicySpec, actor: str) -> bool:
-        return await seed_once(self, model, spec, actor)
 
     async def append_event(self, model: str, event: Event) -> None:
         await self._run(lambda db: self._transaction(db, lambda: self._insert_event(db, event)))

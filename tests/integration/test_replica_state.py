@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
 import socket
 import sqlite3
@@ -18,8 +19,18 @@ import pytest
 import redis
 import redis.asyncio
 
-from gateway.devtools.local_triton import LocalTriton
-from tests.support import TOKEN, BackgroundLoad, GatewayThread, admin_call, gateway_settings, infer_version, wait_for
+from gateway.devtools.local_triton import LocalTriton, free_port
+from gateway.settings import Settings
+from tests.support import (
+    TOKEN,
+    BackgroundLoad,
+    GatewayThread,
+    admin_call,
+    drive,
+    gateway_settings,
+    infer_version,
+    wait_for,
+)
 
 pytestmark = pytest.mark.triton
 
@@ -151,8 +162,6 @@ class OwnRedis:
     which the test stops and starts again on the same port."""
 
     def __init__(self, workdir: Path) -> None:
-        from gateway.devtools.local_triton import free_port
-
         self.port = free_port()
         self.workdir = workdir
         self.process: subprocess.Popen[bytes] | None = None
@@ -261,3 +270,51 @@ async def test_the_redis_change_feed_stays_up_when_quiet_and_notices_a_frozen_se
     finally:
         await feed.aclose()  # type: ignore[attr-defined]
         await store.close()
+
+
+def config_settings(triton: LocalTriton, config: Path, store_url: str) -> Settings:
+    """What `gateway serve --config` builds: the YAML file under the test's ports."""
+    return Settings.load(config, host="127.0.0.1", port=free_port(), grpc_port=free_port(),
+                         triton_url=triton.http_url, store_url=store_url, admin_token=TOKEN)
+
+
+def config_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    lines = [r.getMessage() for r in caplog.records if r.name == "gateway.config"]
+    caplog.clear()
+    return lines
+
+
+def test_the_config_file_is_declared_intent_across_restarts(triton: LocalTriton, tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="gateway.config")
+    config = tmp_path / "gateway.yaml"
+    store = f"sqlite:///{tmp_path}/state.db"
+    config.write_text('policies:\n  qc: {weights: {"2": 80, "3": 20}}\n')
+    with GatewayThread(config_settings(triton, config, store)) as gw:
+        assert config_lines(caplog) == ["policy of qc: applied from the config file as revision 1 (new in the "
+                                        "config file)"]
+        assert admin_call(gw.url, "PATCH", "/admin/models/qc/policy/weights", {"weights": {"2": 50, "3": 50}})[0] == 200
+
+    with GatewayThread(config_settings(triton, config, store)) as gw:  # the same file: the API change stays
+        lines = config_lines(caplog)
+        assert len(lines) == 1 and "the config file and the store differ: kept the store's a different policy, " \
+            "revision 2 by admin at" in lines[0], lines
+        assert admin_call(gw.url, "GET", "/admin/models/qc/policy")[1]["weights"] == {"2": 50, "3": 50}
+
+    config.write_text('policies:\n  qc: {weights: {"2": 99.5, "3": 0.5}}\n')
+    with GatewayThread(config_settings(triton, config, store)) as gw:  # a changed entry is applied
+        assert config_lines(caplog) == ["policy of qc: applied from the config file as revision 3 (the config file "
+                                        "entry changed since it was last applied)"]
+        status, doc = admin_call(gw.url, "GET", "/admin/models/qc/policy")
+        assert (status, doc["revision"], doc["weights"]) == (200, 3, {"2": 99.5, "3": 0.5})
+        latest = admin_call(gw.url, "GET", "/admin/events?model=qc&limit=1")[1]["events"][0]
+        assert (latest["actor"], latest["action"]) == ("config", "apply_config")
+        assert latest["before"]["weights"] == {"2": 50, "3": 50} and latest["after"]["weights"]["3"] == 0.5
+        result = asyncio.run(drive(gw.url, 10_000, concurrency=16))
+        assert result.statuses == {200: 10_000}, result.failures[:3]
+        assert 0.003 <= result.share("3") <= 0.007, result.versions
+
+    with GatewayThread(config_settings(triton, config, store)):  # unchanged again, and the store agrees
+        lines = config_lines(caplog)
+        assert len(lines) == 1 and lines[0].startswith("policy of qc: kept from the store, revision 3 by config at")
+        assert lines[0].endswith("(the same as the config file)")

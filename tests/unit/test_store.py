@@ -53,12 +53,14 @@ async def test_stale_revision_changes_nothing(store: StateStore) -> None:
     assert len(await store.events("qc")) == 1
 
 
-async def test_delete_leaves_a_tombstone_and_seed_never_overwrites(store: StateStore) -> None:
-    assert await store.seed_policy("qc", SPEC_A, "settings") is True
-    assert await store.seed_policy("qc", SPEC_B, "settings") is False
+async def test_delete_leaves_a_tombstone_that_keeps_counting(store: StateStore) -> None:
+    await store.put_policy("qc", SPEC_A, 0, EventDraft("config", "apply_config"))
     deleted = await store.put_policy("qc", None, 1, EventDraft("alice", "delete"))
     assert deleted.revision == 2 and deleted.spec is None
-    assert await store.seed_policy("qc", SPEC_B, "settings") is False, "a deleted policy stays deleted"
+    with pytest.raises(StaleRevision):
+        await store.put_policy("qc", SPEC_B, 0, EventDraft("config", "apply_config"))
+    tombstone = await store.get_policy("qc")
+    assert tombstone is not None and tombstone.spec is None and tombstone.revision == 2
     again = await store.put_policy("qc", SPEC_B, 2, EventDraft("alice", "put"))
     assert again.revision == 3
 
