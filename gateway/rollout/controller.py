@@ -118,7 +118,12 @@ class RolloutController:
     # -- the reconcile tick ----------------------------------------------------------------
     async def tick(self) -> None:
         for model, stored in (await self.store.list_rollouts()).items():
-            rollout = Rollout.from_document(stored.document)
+            try:
+                rollout = Rollout.from_document(stored.document)
+            except Exception as exc:  # one record this version cannot read must not stop every other rollout
+                log.error("rollout of %s: stored record cannot be read (%s: %s): skipped", model,
+                          type(exc).__name__, exc)
+                continue
             self.states[model] = rollout.phase.value
             if not rollout.phase.active:
                 continue

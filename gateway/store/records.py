@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from gateway.errors import CorruptRecord
 from gateway.policy import PolicySpec
 
 log = logging.getLogger("gateway.store")
+M = TypeVar("M", bound=BaseModel)
 _warned: set[str] = set()  # field paths already reported: one warning per field per process
 
 
@@ -31,23 +32,29 @@ def load_json(raw: str | bytes, what: str) -> Any:
 
 def spec_from_document(doc: Any, what: str) -> PolicySpec:
     """A PolicySpec from a stored document, ignoring fields this version does not know."""
+    return lenient_model(PolicySpec, doc, what)
+
+
+def lenient_model(model: type[M], doc: Any, what: str) -> M:
+    """``model`` (a strict pydantic model) from a stored document, ignoring fields this
+    version does not know; CorruptRecord if it is still invalid without them."""
     if not isinstance(doc, dict):
-        raise CorruptRecord(f"{what}: the policy is not a JSON object")
+        raise CorruptRecord(f"{what}: not a JSON object")
     try:
-        return PolicySpec.model_validate(doc)
+        return model.model_validate(doc)
     except ValidationError as exc:
         unknown = [err["loc"] for err in exc.errors() if err["type"] == "extra_forbidden"]
         if not unknown or len(unknown) != len(exc.errors()):
             raise CorruptRecord(f"{what} cannot be read: {_describe(exc)}") from None
     for loc in unknown:
         _drop(doc, loc)
-        path = ".".join("*" if isinstance(part, int) else str(part) for part in loc)
+        path = model.__name__ + "." + ".".join("*" if isinstance(part, int) else str(part) for part in loc)
         if path not in _warned:
             _warned.add(path)
             log.warning("%s has a field this version does not know, '%s' (written by a newer gateway?): "
-                        "ignored", what, path)
+                        "ignored", what, path.split(".", 1)[1])
     try:
-        return PolicySpec.model_validate(doc)
+        return model.model_validate(doc)
     except ValidationError as exc:
         raise CorruptRecord(f"{what} cannot be read: {_describe(exc)}") from None
 

@@ -205,18 +205,22 @@ class RedisStore:
             json.dumps(_event_doc(event)), self.audit.max_events, time.time() - self.audit.max_age_s]))
 
     async def events(self, model: str | None = None, limit: int = 100) -> list[Event]:
-        raw = await self._call(self.redis.lrange(self._key("events"), 0, self.audit.max_events - 1))
-        out = []
-        for item in raw:
-            try:
-                doc = json.loads(item)
-                event = Event(**{name: doc.get(name) for name in _EVENT_FIELDS})
-            except (ValueError, TypeError):
-                continue  # an unreadable audit line hides nothing else
-            if model is None or event.model == model:
-                out.append(event)
-                if len(out) >= limit:
-                    break
+        out: list[Event] = []
+        page = max(limit, 500)  # filtering by model reads on, a page at a time, never the whole trail at once
+        for start in range(0, self.audit.max_events, page):
+            raw = await self._call(self.redis.lrange(self._key("events"), start, start + page - 1))
+            for item in raw:
+                try:
+                    doc = json.loads(item)
+                    event = Event(**{name: doc.get(name) for name in _EVENT_FIELDS})
+                except (ValueError, TypeError):
+                    continue  # an unreadable audit line hides nothing else
+                if model is None or event.model == model:
+                    out.append(event)
+                    if len(out) >= limit:
+                        return out
+            if len(raw) < page:
+                break
         return out
 
     async def count_events(self) -> int:

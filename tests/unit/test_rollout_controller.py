@@ -286,3 +286,14 @@ async def test_a_refused_begin_leaves_no_rollout_record_behind(h: Harness) -> No
         await h.controller.begin("qc", SPEC, "alice")
     stored = await h.store.get_rollout("qc")
     assert stored is not None and stored.document["state"] == "aborted", "the earlier record is put back as it was"
+
+
+async def test_an_unreadable_rollout_record_does_not_stop_the_others(h: Harness) -> None:
+    await h.controller.begin("qc", SPEC, "alice")
+    await h.store.put_rollout("tok", {"model": "tok", "state": "progressing"}, 0)  # half a record
+    qc = await h.store.get_rollout("qc")
+    assert qc is not None
+    newer = {**qc.document, "spec": {**qc.document["spec"], "canary_budget": 3}}  # a newer version's field
+    await h.store.put_rollout("qc", newer, qc.revision)
+    await h.interval(canary=(100, 0, 0.004))
+    assert (await h.weights())["3"] == 20, "qc's rollout went on beside the unreadable one"
