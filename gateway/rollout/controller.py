@@ -42,6 +42,7 @@ log = logging.getLogger("gateway.rollout")
 ACTOR = "rollout-controller"
 LEASE = "rollout-controller"
 FAST_PATH_KINDS = ("VersionUnavailable", "UpstreamUnavailable")
+PHASES = tuple(phase.value for phase in Phase)
 
 
 class RolloutController:
@@ -58,8 +59,6 @@ class RolloutController:
         self.clock = clock
         self.tick_s = tick_s
         self.holder = uuid.uuid4().hex
-        self.rollbacks: dict[tuple[str, str], int] = {}  # (model, metric) -> count, for /metrics
-        self.states: dict[str, str] = {}  # model -> last known phase, for /metrics
         self._seen_errors: dict[tuple[str, str, str], int] = {}
         self._background = Background()  # the loop, and unload tasks after promotions
 
@@ -89,7 +88,7 @@ class RolloutController:
             else:
                 await self.store.delete_rollout(model, stored.revision)
             raise
-        self.states[model] = rollout.phase.value
+        self._show_state(model, rollout.phase)
         await self.policies.audit(model, actor, "rollout_started", rollout.reason, at=self.clock())
         return rollout
 
@@ -115,6 +114,10 @@ class RolloutController:
                              if m == model}
         return doc
 
+    def _show_state(self, model: str, phase: Phase) -> None:
+        """/metrics shows the phase through the recorder (the collector knows no rollout types)."""
+        self.recorder.set_rollout_state(model, phase.value, PHASES)
+
     # -- the reconcile tick ----------------------------------------------------------------
     async def tick(self) -> None:
         for model, stored in (await self.store.list_rollouts()).items():
@@ -124,7 +127,7 @@ class RolloutController:
                 log.error("rollout of %s: stored record cannot be read (%s: %s): skipped", model,
                           type(exc).__name__, exc)
                 continue
-            self.states[model] = rollout.phase.value
+            self._show_state(model, rollout.phase)
             if not rollout.phase.active:
                 continue
             try:
@@ -192,14 +195,13 @@ class RolloutController:
                                  metric: str | None = None) -> Rollout:
         saved = await self.store.put_rollout(rollout.model, rollout.document(), stored.revision)
         if rollout.phase is not Phase(stored.document["state"]):
-            self.states[rollout.model] = rollout.phase.value
+            self._show_state(rollout.model, rollout.phase)
             log.info(json.dumps({"type": "rollout", "model": rollout.model, "state": rollout.phase.value,
                                  "step": rollout.step, "actor": actor, "reason": rollout.reason}))
             await self.policies.audit(rollout.model, actor, f"rollout_{rollout.phase.value}", rollout.reason,
                                       at=self.clock())
             if rollout.phase is Phase.ROLLED_BACK:
-                key = (rollout.model, metric or "unhealthy")
-                self.rollbacks[key] = self.rollbacks.get(key, 0) + 1
+                self.recorder.count_rollback(rollout.model, metric or "unhealthy")
         if rollout.phase is Phase.PAUSED:
             return rollout  # a paused rollout leaves the weights to the humans
         applied = await self._apply(saved, rollout, actor)

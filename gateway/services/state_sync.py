@@ -23,11 +23,13 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Mapping
 
 from gateway.background import Background
 from gateway.errors import CorruptRecord, StoreError
 from gateway.services.policies import PolicyService
 from gateway.store.base import RESYNC, PolicyScan, StateStore
+from gateway.telemetry.recorder import Recorder
 
 log = logging.getLogger("gateway.sync")
 FEED_RETRY_S = (0.1, 0.5)  # first and longest wait before resubscribing: a change after a store
@@ -36,14 +38,13 @@ FEED_RETRY_S = (0.1, 0.5)  # first and longest wait before resubscribing: a chan
 
 class StateSync:
     def __init__(self, store: StateStore, policies: PolicyService, resync_interval_s: float,
-                 unready_after_s: float = 30.0) -> None:
+                 unready_after_s: float = 30.0, recorder: Recorder | None = None) -> None:
         self.store = store
         self.policies = policies
         self.book = policies.book
         self.resync_interval_s = resync_interval_s
         self.unready_after_s = unready_after_s
-        self.errors: Counter[str] = Counter()  # reason -> count: gateway_state_sync_errors_total
-        self.store_up = True
+        self.recorder = recorder or Recorder()  # where /metrics reads sync errors and gateway_store_up
         self._failing_since: float | None = None  # first failure that is not the store being down
         self._last_failure = ""
         self._reported: dict[str, str] = {}  # model -> the unreadable record's message, logged once
@@ -53,6 +54,14 @@ class StateSync:
     @property
     def restarts(self) -> Counter[str]:
         return self._background.restarts
+
+    @property
+    def errors(self) -> Mapping[str, int]:
+        return self.recorder.sync_errors
+
+    @property
+    def store_up(self) -> bool:
+        return self.recorder.store_up
 
     # -- one sync step ------------------------------------------------------------------------
     async def resync(self) -> None:
@@ -112,7 +121,7 @@ class StateSync:
     # -- bookkeeping ----------------------------------------------------------------------------
     def _corrupt(self, corrupt: dict[str, str]) -> None:
         for model, message in corrupt.items():
-            self.errors["corrupt_record"] += 1
+            self.recorder.count_sync_error("corrupt_record")
             if self._reported.get(model) != message:
                 self._reported[model] = message
                 log.error("%s: skipped, the replica keeps its last good policy for %s until the record is "
@@ -126,17 +135,18 @@ class StateSync:
         if up and not self.store_up:
             log.info("state store reachable again")
         elif not up:
-            self.errors["store_unreachable"] += 1
+            self.recorder.count_sync_error("store_unreachable")
             if self.store_up:
                 log.warning("state store unreachable (%s): serving from the last policies until it is back",
                             problem)
-        self.store_up = up
+        self.recorder.store_up = up
 
     def _succeeded(self) -> None:
         self._failing_since = None
 
     def _crashed(self, name: str, problem: BaseException) -> None:
-        self.errors["internal"] += 1
+        self.recorder.count_sync_error("internal")
+        self.recorder.count_loop_restart(name)
         self._last_failure = f"{name}: {type(problem).__name__}: {problem}"
         if self._failing_since is None:
             self._failing_since = time.monotonic()

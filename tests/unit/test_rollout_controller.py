@@ -125,7 +125,7 @@ async def test_unhealthy_canary_rolls_back_at_the_failure_limit(h: Harness) -> N
     assert state["state"] == "rolled_back" and await h.weights() == {"2": 100}
     assert state["verdicts"][-1]["metric"] == "error_rate" and state["verdicts"][-1]["observed"] == 0.3
     assert state["canary_requests"] == 200
-    assert h.controller.rollbacks == {("qc", "error_rate"): 1}
+    assert h.recorder.rollbacks == {("qc", "error_rate"): 1}
     for _ in range(5):  # stays rolled back: no flapping, no silent retry
         await h.interval(canary=(100, 0, 0.004))
     assert (await h.state())["state"] == "rolled_back"
