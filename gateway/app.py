@@ -33,6 +33,7 @@ from gateway.proxy.shadow import ShadowMirror
 from gateway.rollout.controller import RolloutController
 from gateway.sequences import SequencePins
 from gateway.services.config_intent import apply_declared
+from gateway.services.fleet import Fleet
 from gateway.services.lifecycle import ModelLifecycle
 from gateway.services.policies import PolicyService
 from gateway.services.state_sync import StateSync
@@ -76,7 +77,9 @@ class Gateway(Dispatch):
         self.sync = StateSync(self.store, self.policies, settings.resync_interval_s, settings.sync_unready_after_s,
                               self.recorder)
         self.source = make_source(settings.metrics_source, settings.prometheus_url, self.recorder)
-        self.lifecycle = ModelLifecycle(self.store, self.triton, self.policies, self.recorder, self.pins)
+        self.fleet = Fleet(self.store, self.recorder, self.pins)
+        self.lifecycle = ModelLifecycle(self.store, self.triton, self.policies, self.fleet,
+                                        drain_timeout_s=settings.drain_timeout_s)
         self.rollouts = RolloutController(self.store, self.triton, self.policies, self.source, self.recorder,
                                           tick_s=settings.controller_tick_s, lifecycle=self.lifecycle,
                                           shadow=self.shadow)
@@ -119,6 +122,7 @@ class Gateway(Dispatch):
         await apply_declared(self.store, self.settings.policies)  # one log line per model
         await self.sync.resync()
         self.sync.start()
+        self.fleet.start()
         if self.access_log is not None:
             self.access_log.start()
         self.shadow.start()
@@ -139,6 +143,7 @@ class Gateway(Dispatch):
     async def _stop(self) -> None:
         await self.rollouts.stop()
         await self.sync.stop()
+        await self.fleet.stop()
         if self.access_log is not None:
             await self.access_log.stop()
         await self.shadow.stop()

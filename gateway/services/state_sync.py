@@ -44,7 +44,8 @@ class StateSync:
         self.book = policies.book
         self.resync_interval_s = resync_interval_s
         self.unready_after_s = unready_after_s
-        self.recorder = recorder or Recorder()  # where /metrics reads sync errors and gateway_store_up
+        # where /metrics reads sync errors and gateway_store_up
+        self.recorder = recorder if recorder is not None else Recorder()
         self._failing_since: float | None = None  # first failure that is not the store being down
         self._last_failure = ""
         self._reported: dict[str, str] = {}  # model -> the unreadable record's message, logged once

@@ -94,6 +94,28 @@ class AuditBounds:
 
 
 @dataclass(frozen=True)
+class ReplicaReport:
+    """What one replica says about itself, refreshed while it lives (it expires when it stops):
+    for every version being drained, its requests in flight and sequences pinned to it, and
+    which drain it is answering (so an old report never counts for a new drain)."""
+
+    replica: str
+    at: float
+    usage: dict[str, tuple[int, int, str]]  # "model/version" -> (in flight, pinned sequences, drain id)
+
+    def document(self) -> dict[str, Any]:
+        return {"replica": self.replica, "at": self.at, "usage": {k: list(v) for k, v in self.usage.items()}}
+
+    @staticmethod
+    def from_document(doc: Any) -> ReplicaReport | None:
+        try:
+            usage = {str(k): (int(v[0]), int(v[1]), str(v[2])) for k, v in doc["usage"].items()}
+            return ReplicaReport(str(doc["replica"]), float(doc["at"]), usage)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+            return None  # an unreadable report: as if that replica had not reported
+
+
+@dataclass(frozen=True)
 class StoredRollout:
     """A rollout document (owned by gateway.rollout) with its own CAS revision."""
 
@@ -174,6 +196,21 @@ class StateStore(Protocol):
 
     async def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
         """Take or renew the lease ``name`` for ``holder``; True while held."""
+
+    async def release_lease(self, name: str, holder: str) -> None:
+        """Give the lease up, if ``holder`` still has it."""
+
+    async def report_replica(self, report: ReplicaReport, ttl_s: float) -> None:
+        """Publish this replica's report; it disappears ``ttl_s`` after the last one."""
+
+    async def live_replicas(self) -> list[ReplicaReport]:
+        """The latest report of every replica whose report has not expired."""
+
+    async def set_draining(self, model: str, version: str, drain_id: str | None, ttl_s: float = 0.0) -> None:
+        """Mark (``drain_id``) or unmark (None) a version as draining; a mark expires after ``ttl_s``."""
+
+    async def draining(self) -> dict[tuple[str, str], str]:
+        """Versions being drained now: (model, version) -> drain id."""
 
 
 def make_store(url: str, audit: AuditBounds | None = None) -> StateStore:

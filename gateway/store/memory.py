@@ -17,6 +17,7 @@ from gateway.store.base import (
     Event,
     EventDraft,
     PolicyScan,
+    ReplicaReport,
     StoredPolicy,
     StoredRollout,
     new_generation,
@@ -40,6 +41,8 @@ class InMemoryStore:
         self._event_seq = 0
         self._feeds: list[asyncio.Queue[str]] = []
         self._leases: dict[str, tuple[str, float]] = {}
+        self._replicas: dict[str, tuple[ReplicaReport, float]] = {}  # id -> (report, expires)
+        self._draining: dict[tuple[str, str], tuple[str, float]] = {}  # -> (drain id, expires)
 
     async def open(self) -> None:
         return None
@@ -125,6 +128,27 @@ class InMemoryStore:
             self._leases[name] = (holder, now + ttl_s)
             return True
         return False
+
+    async def release_lease(self, name: str, holder: str) -> None:
+        if self._leases.get(name, ("", 0.0))[0] == holder:
+            del self._leases[name]
+
+    async def report_replica(self, report: ReplicaReport, ttl_s: float) -> None:
+        self._replicas[report.replica] = (report, time.monotonic() + ttl_s)
+
+    async def live_replicas(self) -> list[ReplicaReport]:
+        now = time.monotonic()
+        return [report for report, expires in self._replicas.values() if expires > now]
+
+    async def set_draining(self, model: str, version: str, drain_id: str | None, ttl_s: float = 0.0) -> None:
+        if drain_id is None:
+            self._draining.pop((model, version), None)
+        else:
+            self._draining[(model, version)] = (drain_id, time.monotonic() + ttl_s)
+
+    async def draining(self) -> dict[tuple[str, str], str]:
+        now = time.monotonic()
+        return {key: drain_id for key, (drain_id, expires) in self._draining.items() if expires > now}
 
     def _publish(self, model: str) -> None:
         for queue in self._feeds:

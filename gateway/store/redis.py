@@ -30,6 +30,7 @@ from gateway.store.base import (
     Event,
     EventDraft,
     PolicyScan,
+    ReplicaReport,
     StoredPolicy,
     StoredRollout,
     new_generation,
@@ -310,6 +311,40 @@ class RedisStore:
             "return 0", 1, key, holder, ms))
         return bool(renewed)
 
+
+    async def release_lease(self, name: str, holder: str) -> None:
+        await self._call(self.redis.eval(
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+            1, self._key("lease", name), holder))
+
+    async def report_replica(self, report: ReplicaReport, ttl_s: float) -> None:
+        await self._call(self.redis.set(self._key("replica", report.replica), json.dumps(report.document()),
+                                        px=max(1, int(ttl_s * 1000))))
+
+    async def live_replicas(self) -> list[ReplicaReport]:
+        reports = []
+        for raw in (await self._all("replica"))[1].values():  # expired reports are gone: Redis expires them
+            try:
+                report = ReplicaReport.from_document(json.loads(raw))
+            except ValueError:
+                report = None
+            if report is not None:
+                reports.append(report)
+        return reports
+
+    async def set_draining(self, model: str, version: str, drain_id: str | None, ttl_s: float = 0.0) -> None:
+        key = self._key("draining", f"{model}/{version}")
+        if drain_id is None:
+            await self._call(self.redis.delete(key))
+        else:
+            await self._call(self.redis.set(key, drain_id, px=max(1, int(ttl_s * 1000))))
+
+    async def draining(self) -> dict[tuple[str, str], str]:
+        out = {}
+        for name, drain_id in (await self._all("draining"))[1].items():
+            model, _, version = name.rpartition("/")
+            out[(model, version)] = drain_id
+        return out
 
 _EVENT_FIELDS = ("id", "at", "actor", "action", "model", "before", "after", "reason")
 

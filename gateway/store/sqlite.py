@@ -29,6 +29,7 @@ from gateway.store.base import (
     Event,
     EventDraft,
     PolicyScan,
+    ReplicaReport,
     StoredPolicy,
     StoredRollout,
     new_generation,
@@ -50,6 +51,9 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS applied (model TEXT PRIMARY KEY, digest TEXT NOT NULL, revision INTEGER NOT NULL,
                                     at REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS events_by_time ON events (at);
+CREATE TABLE IF NOT EXISTS replicas (id TEXT PRIMARY KEY, report TEXT NOT NULL, expires REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS draining (model TEXT NOT NULL, version TEXT NOT NULL, drain_id TEXT NOT NULL,
+                                     expires REAL NOT NULL, PRIMARY KEY (model, version));
 """
 POLICY_COLUMNS = "model, spec, revision, updated_at, actor"
 
@@ -268,6 +272,45 @@ class SQLiteStore:
             return self._transaction(db, body)
 
         return await self._run(work)
+
+
+    async def release_lease(self, name: str, holder: str) -> None:
+        await self._run(lambda db: db.execute("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder)))
+
+    async def report_replica(self, report: ReplicaReport, ttl_s: float) -> None:
+        text = json.dumps(report.document())
+        await self._run(lambda db: db.execute("INSERT OR REPLACE INTO replicas VALUES (?, ?, ?)",
+                                              (report.replica, text, time.time() + ttl_s)))
+
+    async def live_replicas(self) -> list[ReplicaReport]:
+        rows = await self._run(lambda db: db.execute("SELECT report FROM replicas WHERE expires > ?",
+                                                     (time.time(),)).fetchall())
+        return _live_reports(rows)
+
+    async def set_draining(self, model: str, version: str, drain_id: str | None, ttl_s: float = 0.0) -> None:
+        if drain_id is None:
+            await self._run(lambda db: db.execute("DELETE FROM draining WHERE model = ? AND version = ?",
+                                                  (model, version)))
+        else:
+            await self._run(lambda db: db.execute("INSERT OR REPLACE INTO draining VALUES (?, ?, ?, ?)",
+                                                  (model, version, drain_id, time.time() + ttl_s)))
+
+    async def draining(self) -> dict[tuple[str, str], str]:
+        rows = await self._run(lambda db: db.execute("SELECT model, version, drain_id FROM draining WHERE expires > ?",
+                                                     (time.time(),)).fetchall())
+        return {(r[0], r[1]): r[2] for r in rows}
+
+
+def _live_reports(rows: list[tuple[Any, ...]]) -> list[ReplicaReport]:
+    reports = []
+    for (text,) in rows:
+        try:
+            report = ReplicaReport.from_document(json.loads(text))
+        except ValueError:
+            report = None
+        if report is not None:
+            reports.append(report)
+    return reports
 
 
 def _policy(row: tuple[Any, ...], generation: str) -> StoredPolicy:

@@ -275,3 +275,28 @@ async def test_sqlite_audit_trail_stays_within_its_bound_over_10000_changes(tmp_
             import shutil
 
             shutil.rmtree(folder)
+
+
+async def test_replica_reports_and_drain_marks_expire(store: StateStore) -> None:
+    from gateway.store.base import ReplicaReport
+
+    await store.report_replica(ReplicaReport("a", 1.0, {"qc/3": (2, 1, "d1")}), ttl_s=0.3)
+    await store.report_replica(ReplicaReport("b", 1.0, {}), ttl_s=5)
+    await store.report_replica(ReplicaReport("a", 2.0, {"qc/3": (0, 1, "d1")}), ttl_s=0.3)  # replaces a's report
+    reports = {r.replica: r for r in await store.live_replicas()}
+    assert sorted(reports) == ["a", "b"] and reports["a"].usage == {"qc/3": (0, 1, "d1")}
+    await store.set_draining("qc", "3", "d1", ttl_s=0.3)
+    await store.set_draining("tok", "1", "d2", ttl_s=5)
+    assert await store.draining() == {("qc", "3"): "d1", ("tok", "1"): "d2"}
+    await store.set_draining("tok", "1", None)
+    await asyncio.sleep(0.4)
+    assert [r.replica for r in await store.live_replicas()] == ["b"], "a stopped reporting: it is gone"
+    assert await store.draining() == {}
+
+
+async def test_a_lease_is_released_only_by_its_holder(store: StateStore) -> None:
+    assert await store.acquire_lease("lifecycle:qc", "a", 10)
+    await store.release_lease("lifecycle:qc", "b")
+    assert not await store.acquire_lease("lifecycle:qc", "b", 10)
+    await store.release_lease("lifecycle:qc", "a")
+    assert await store.acquire_lease("lifecycle:qc", "b", 10)
