@@ -121,6 +121,7 @@ class Gateway(Dispatch):
         await self.store.open()
         await apply_declared(self.store, self.settings.policies)  # one log line per model
         await self.sync.resync()
+        await self.fleet.restore_pins()  # sequences pinned before a restart stay on their version
         self.sync.start()
         self.fleet.start()
         if self.access_log is not None:

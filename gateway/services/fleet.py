@@ -13,12 +13,17 @@ past any client's patience).
 
 Loads and unloads of a model take a store lease first, so two replicas (an SRE's load on
 one, the lease holder's promotion cleanup on another) never reload the same model at once.
+
+Sequence pins are written to the store in the background (twice a second, only the pins
+touched since) and read back at start, so the sequences a replica pinned survive its
+restart; in the store they expire by idle time like in memory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -36,6 +41,7 @@ log = logging.getLogger("gateway.fleet")
 REPORT_S = (0.2, 1.0)  # report period while something drains, and otherwise
 REPORT_TTL_S = 3.0  # a replica silent this long is gone
 LOCK_TTL_S = 10.0  # renewed every third of it while held; a crashed holder frees it this fast
+PIN_SAVE_S = 0.5
 
 
 def replica_name() -> str:
@@ -52,11 +58,50 @@ class Fleet:
         self._background = Background()
 
     def start(self) -> None:
-        self._background.supervise("replica-report", self.report_forever,
-                                   lambda name, _: self.recorder.count_loop_restart(name))
+        def crashed(name: str, _: BaseException) -> None:
+            self.recorder.count_loop_restart(name)
+
+        self._background.supervise("replica-report", self.report_forever, crashed)
+        self._background.supervise("pin-save", self.save_pins_forever, crashed)
 
     async def stop(self) -> None:
         await self._background.cancel_all()
+        with contextlib.suppress(StoreError):
+            await self.save_pins()  # the last changes, so a restart finds them
+
+    # -- sequence pins in the store -------------------------------------------------------------
+    async def restore_pins(self) -> int:
+        """Read back the pins saved before a restart; how many were live."""
+        now, restored = time.time(), {}
+        for key, (version, used_at) in (await self.store.load_pins(self.pins.idle_s)).items():
+            parsed = _pin_key(key)
+            if parsed is not None:
+                restored[parsed] = (version, max(0.0, now - used_at))
+        self.pins.restore(restored)
+        return len(restored)
+
+    async def save_pins_forever(self) -> None:
+        while True:
+            await asyncio.sleep(PIN_SAVE_S)
+            try:
+                await self.save_pins()
+            except StoreError as exc:
+                log.debug("saving sequence pins failed: %s", exc)  # kept, and tried again
+
+    async def save_pins(self) -> None:
+        changes = self.pins.take_changes()
+        if not changes:
+            return
+        now = time.time()
+        saved: dict[str, tuple[str, float] | None] = {}
+        for (model, sequence), entry in changes.items():
+            if isinstance(sequence, (int, str)):  # what Triton's sequence ids are; anything else stays local
+                saved[json.dumps([model, sequence])] = None if entry is None else (entry[0], now - entry[1])
+        try:
+            await self.store.save_pins(saved, self.pins.idle_s)
+        except StoreError:
+            self.pins.retry(changes)
+            raise
 
     # -- this replica's report ----------------------------------------------------------------
     async def report_forever(self) -> None:
@@ -131,6 +176,14 @@ class Fleet:
                     log.error("lost the %s lease while holding it (the store was reset?)", name)
             except StoreError as exc:
                 log.warning("could not renew the %s lease: %s", name, exc)
+
+
+def _pin_key(key: str) -> tuple[str, object] | None:
+    try:
+        model, sequence = json.loads(key)
+    except ValueError:
+        return None
+    return (model, sequence) if isinstance(model, str) and isinstance(sequence, (int, str)) else None
 
 
 def _timed_out(model: str, version: str, timeout_s: float, busy: Mapping[str, tuple[int, ...]],

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -211,6 +211,13 @@ class StateStore(Protocol):
 
     async def draining(self) -> dict[tuple[str, str], str]:
         """Versions being drained now: (model, version) -> drain id."""
+
+    async def save_pins(self, changes: Mapping[str, tuple[str, float] | None], idle_s: float) -> None:
+        """Sequence pins by key: (version, wall time of last use), or None to forget one.
+        A pin not saved again within ``idle_s`` of its last use expires."""
+
+    async def load_pins(self, idle_s: float) -> dict[str, tuple[str, float]]:
+        """Every pin used within ``idle_s``: key -> (version, wall time of last use)."""
 
 
 def make_store(url: str, audit: AuditBounds | None = None) -> StateStore:

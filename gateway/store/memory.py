@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from gateway.errors import StaleRevision
@@ -43,6 +43,7 @@ class InMemoryStore:
         self._leases: dict[str, tuple[str, float]] = {}
         self._replicas: dict[str, tuple[ReplicaReport, float]] = {}  # id -> (report, expires)
         self._draining: dict[tuple[str, str], tuple[str, float]] = {}  # -> (drain id, expires)
+        self._pins: dict[str, tuple[str, float]] = {}
 
     async def open(self) -> None:
         return None
@@ -149,6 +150,17 @@ class InMemoryStore:
     async def draining(self) -> dict[tuple[str, str], str]:
         now = time.monotonic()
         return {key: drain_id for key, (drain_id, expires) in self._draining.items() if expires > now}
+
+    async def save_pins(self, changes: Mapping[str, tuple[str, float] | None], idle_s: float) -> None:
+        for key, entry in changes.items():
+            if entry is None:
+                self._pins.pop(key, None)
+            else:
+                self._pins[key] = entry
+
+    async def load_pins(self, idle_s: float) -> dict[str, tuple[str, float]]:
+        oldest = time.time() - idle_s
+        return {key: entry for key, entry in self._pins.items() if entry[1] >= oldest}
 
     def _publish(self, model: str) -> None:
         for queue in self._feeds:

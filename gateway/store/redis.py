@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -344,6 +344,28 @@ class RedisStore:
         for name, drain_id in (await self._all("draining"))[1].items():
             model, _, version = name.rpartition("/")
             out[(model, version)] = drain_id
+        return out
+
+    async def save_pins(self, changes: Mapping[str, tuple[str, float] | None], idle_s: float) -> None:
+        """One key per pin, expiring ``idle_s`` after its last use: Redis forgets idle pins itself."""
+        now = time.time()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key, entry in changes.items():
+                left_s = idle_s - (now - entry[1]) if entry is not None else 0.0
+                if left_s <= 0:
+                    pipe.delete(self._key("pin", key))
+                else:
+                    pipe.set(self._key("pin", key), json.dumps(entry), px=max(1, int(left_s * 1000)))
+            await self._call(pipe.execute())
+
+    async def load_pins(self, idle_s: float) -> dict[str, tuple[str, float]]:
+        out = {}
+        for key, raw in (await self._all("pin"))[1].items():
+            try:
+                version, used_at = json.loads(raw)
+                out[key] = (str(version), float(used_at))
+            except (ValueError, TypeError):
+                continue  # an unreadable pin: that sequence starts over, as after a plain restart
         return out
 
 _EVENT_FIELDS = ("id", "at", "actor", "action", "model", "before", "after", "reason")

@@ -16,7 +16,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,6 +51,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS applied (model TEXT PRIMARY KEY, digest TEXT NOT NULL, revision INTEGER NOT NULL,
                                     at REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS events_by_time ON events (at);
+CREATE TABLE IF NOT EXISTS pins (key TEXT PRIMARY KEY, version TEXT NOT NULL, used_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS replicas (id TEXT PRIMARY KEY, report TEXT NOT NULL, expires REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS draining (model TEXT NOT NULL, version TEXT NOT NULL, drain_id TEXT NOT NULL,
                                      expires REAL NOT NULL, PRIMARY KEY (model, version));
@@ -300,6 +301,25 @@ class SQLiteStore:
                                                      (time.time(),)).fetchall())
         return {(r[0], r[1]): r[2] for r in rows}
 
+
+    async def save_pins(self, changes: Mapping[str, tuple[str, float] | None], idle_s: float) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            def body() -> None:
+                for key, entry in changes.items():
+                    if entry is None:
+                        db.execute("DELETE FROM pins WHERE key = ?", (key,))
+                    else:
+                        db.execute("INSERT OR REPLACE INTO pins VALUES (?, ?, ?)", (key, entry[0], entry[1]))
+                db.execute("DELETE FROM pins WHERE used_at < ?", (time.time() - idle_s,))
+
+            self._transaction(db, body)
+
+        await self._run(work)
+
+    async def load_pins(self, idle_s: float) -> dict[str, tuple[str, float]]:
+        rows = await self._run(lambda db: db.execute("SELECT key, version, used_at FROM pins WHERE used_at >= ?",
+                                                     (time.time() - idle_s,)).fetchall())
+        return {r[0]: (r[1], r[2]) for r in rows}
 
 def _live_reports(rows: list[tuple[Any, ...]]) -> list[ReplicaReport]:
     reports = []

@@ -11,10 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from gateway.devtools.local_triton import LocalTriton
 from tests.conftest import Faults
-from tests.support import INFER_BODY, TOKEN, GatewayThread, admin_call, gateway_settings
+from tests.support import INFER_BODY, TOKEN, GatewayThread, admin_call, gateway_settings, wait_for
 
 pytestmark = [pytest.mark.triton, pytest.mark.redis]
 
@@ -100,3 +101,23 @@ def test_a_sequence_pinned_on_b_makes_the_unload_refuse_until_it_ends(delayed_tr
         status, body = admin_call(a.url, "POST", "/admin/models/qc/versions/3/unload")
         assert status == 200, body
         assert ready_versions(triton) == {"1", "2"}
+
+
+def test_a_sequence_pinned_before_a_restart_keeps_its_version_after_it(triton: LocalTriton, redis_url: str) -> None:
+    """The session's Triton: nothing is loaded or unloaded here."""
+    values = {"store_url": redis_url, "admin_token": TOKEN, "controller_enabled": False}
+    with GatewayThread(gateway_settings(triton.http_url, **values)) as first:
+        policy = {"weights": {"3": 100}, "sequence_affinity": True}
+        assert admin_call(first.url, "PUT", "/admin/models/qc/policy", policy)[0] == 200
+        assert infer(first.url, sequence_id=52, sequence_start=True, sequence_end=False) == "3"
+        assert infer(first.url, sequence_id="text-id", sequence_start=True, sequence_end=False) == "3"
+        assert admin_call(first.url, "PATCH", "/admin/models/qc/policy/weights", {"weights": {"2": 100}})[0] == 200
+        client = redis.Redis.from_url(redis_url)
+        saved = wait_for(lambda: sorted(client.scan_iter("gateway:pin:*")), 2, what="the background save")
+        client.close()
+        assert saved == [b'gateway:pin:["qc", "text-id"]', b'gateway:pin:["qc", 52]'], "saved while serving"
+    with GatewayThread(gateway_settings(triton.http_url, **values)) as second:
+        assert infer(second.url, sequence_id=52, sequence_start=False, sequence_end=False) == "3"
+        assert infer(second.url, sequence_id="text-id", sequence_start=False, sequence_end=True) == "3"
+        assert infer(second.url, sequence_id=53, sequence_start=True, sequence_end=False) == "2", "new ones move"
+        assert infer(second.url, sequence_id="text-id", sequence_start=False, sequence_end=False) == "2", "it ended"

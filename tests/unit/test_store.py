@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -300,3 +301,13 @@ async def test_a_lease_is_released_only_by_its_holder(store: StateStore) -> None
     assert not await store.acquire_lease("lifecycle:qc", "b", 10)
     await store.release_lease("lifecycle:qc", "a")
     assert await store.acquire_lease("lifecycle:qc", "b", 10)
+
+
+async def test_sequence_pins_are_kept_until_idle(store: StateStore) -> None:
+    now = time.time()
+    await store.save_pins({'["qc", 7]': ("3", now), '["qc", "s-1"]': ("2", now - 0.2), '["qc", 8]': ("3", now)},
+                          idle_s=0.5)
+    await store.save_pins({'["qc", 8]': None}, idle_s=0.5)  # ended
+    assert await store.load_pins(0.5) == {'["qc", 7]': ("3", now), '["qc", "s-1"]': ("2", now - 0.2)}
+    await asyncio.sleep(0.35)
+    assert list(await store.load_pins(0.5)) == ['["qc", 7]'], "s-1 was last used 0.55 s ago: idle, gone"
