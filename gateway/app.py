@@ -75,7 +75,7 @@ class Gateway(Dispatch):
         self.triton = TritonControl(self.upstream)
         self.policies = PolicyService(self.store, self.book, self.triton)
         self.sync = StateSync(self.store, self.policies, settings.resync_interval_s, settings.sync_unready_after_s,
-                              self.recorder)
+                              self.recorder, on_new_store=lambda: apply_declared(self.store, settings.policies))
         self.source = make_source(settings.metrics_source, settings.prometheus_url, self.recorder)
         self.fleet = Fleet(self.store, self.recorder, self.pins)
         self.lifecycle = ModelLifecycle(self.store, self.triton, self.policies, self.fleet,

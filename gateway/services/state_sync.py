@@ -9,7 +9,8 @@ What the store holds wins, even when it went *back*: a new store generation (a w
 replaced store) or a revision below the book's (a failover that lost writes) rebuilds the
 book from the store, and models gone from the store leave the book. One record that cannot
 be read is skipped, logged once and counted; every other model keeps syncing, and the
-book keeps the unreadable model's last good policy.
+book keeps the unreadable model's last good policy. A new store generation also gets the
+config file's policies applied again (``on_new_store``): a wiped store forgot them too.
 
 While the store is unreachable the book is left as it is (the data path keeps serving),
 ``store_up`` says so, and /readyz stays ready: pulling every replica out of the load
@@ -23,7 +24,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from gateway.background import Background
 from gateway.errors import CorruptRecord, StoreError
@@ -38,7 +39,9 @@ FEED_RETRY_S = (0.1, 0.5)  # first and longest wait before resubscribing: a chan
 
 class StateSync:
     def __init__(self, store: StateStore, policies: PolicyService, resync_interval_s: float,
-                 unready_after_s: float = 30.0, recorder: Recorder | None = None) -> None:
+                 unready_after_s: float = 30.0, recorder: Recorder | None = None,
+                 on_new_store: Callable[[], Awaitable[object]] | None = None) -> None:
+        self.on_new_store = on_new_store  # run when the store turns out to be a new one (wiped, replaced)
         self.store = store
         self.policies = policies
         self.book = policies.book
@@ -99,6 +102,14 @@ class StateSync:
         self._corrupt(scan.corrupt)
         for model in set(self._reported) - scan.corrupt.keys():
             self._healed(model)
+        if scan.generation != self.book.generation and self.book.generation is not None and self.on_new_store:
+            # A wiped store lost the config file's intent too: declare it again (every replica may;
+            # compare-and-set keeps it to one write per model), then build the book from both.
+            log.warning("the store is a new one (generation %s): applying the config file's policies to it",
+                        scan.generation)
+            await self.on_new_store()
+            scan = await self.store.scan_policies()
+            self._corrupt(scan.corrupt)
         went_back = [m for m, p in scan.policies.items() if p.revision < (self.book.revision(m) or 0)]
         if scan.generation != self.book.generation or went_back:
             self._rebuild(scan, went_back)

@@ -160,7 +160,7 @@ class RedisStore:
         for _ in range(3):  # a reset between the two reads: read again, so records and generation agree
             generation = await self.generation()
             try:
-                keys = [key async for key in self.redis.scan_iter(match=prefix + "*")]
+                keys = [key async for key in self.redis.scan_iter(match=prefix + "*", count=1000)]
             except RedisError as exc:
                 raise StoreError(f"state store {self.url}: {exc}") from exc
             again, values = await self._read(*keys)

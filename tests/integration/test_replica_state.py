@@ -318,3 +318,23 @@ def test_the_config_file_is_declared_intent_across_restarts(triton: LocalTriton,
         lines = config_lines(caplog)
         assert len(lines) == 1 and lines[0].startswith("policy of qc: kept from the store, revision 3 by config at")
         assert lines[0].endswith("(the same as the config file)")
+
+
+@pytest.mark.redis
+def test_a_wiped_store_gets_the_config_files_policies_again_once(triton: LocalTriton, redis_url: str) -> None:
+    policies = {"qc": {"weights": {"2": 100}}, "tok": {"weights": {"1": 100}}}
+    values = {"store_url": redis_url, "admin_token": TOKEN, "resync_interval_s": 0.3, "policies": policies}
+    with GatewayThread(gateway_settings(triton.http_url, **values)) as a, \
+            GatewayThread(gateway_settings(triton.http_url, **values)) as b:
+        assert admin_call(a.url, "PATCH", "/admin/models/qc/policy/weights", {"weights": {"3": 100}})[0] == 200
+        routes_to(b, "3", within_s=1)
+        client = redis.Redis.from_url(redis_url)
+        client.flushall()  # Redis restarted without a volume: the file's intent is gone from the store too
+        client.close()
+        wiped_at = time.monotonic()
+        for replica in (a, b):
+            routes_to(replica, "2", within_s=3, since=wiped_at)  # not Triton's default (the newest version)
+            assert replica.app.book.snapshot()["tok"].spec.basis_points() == {"1": 10_000}
+        events = admin_call(a.url, "GET", "/admin/events")[1]["events"]
+        assert sorted((e["model"], e["actor"], e["action"]) for e in events) == [
+            ("qc", "config", "apply_config"), ("tok", "config", "apply_config")], "one write per model, not per replica"
