@@ -109,7 +109,6 @@ class StateSync:
                         scan.generation)
             await self.on_new_store()
             scan = await self.store.scan_policies()
-            self._corrupt(scan.corrupt)
         went_back = [m for m, p in scan.policies.items() if p.revision < (self.book.revision(m) or 0)]
         if scan.generation != self.book.generation or went_back:
             self._rebuild(scan, went_back)
@@ -117,7 +116,8 @@ class StateSync:
         for stored in scan.policies.values():
             self.policies.apply(stored)
         for model in self.book.known() - scan.policies.keys() - scan.corrupt.keys():
-            log.info("policy of %s is gone from the store: back to Triton's default version", model)
+            if model in self.book.snapshot():
+                log.warning("policy of %s is gone from the store: back to Triton's default version", model)
             self.book.remove(model)
 
     def _rebuild(self, scan: PolicyScan, went_back: list[str]) -> None:
