@@ -32,12 +32,14 @@ from gateway.proxy.http import HttpProxy
 from gateway.proxy.shadow import ShadowMirror
 from gateway.rollout.controller import RolloutController
 from gateway.sequences import SequencePins
+from gateway.services.config_intent import apply_declared
+from gateway.services.fleet import Fleet
 from gateway.services.lifecycle import ModelLifecycle
 from gateway.services.policies import PolicyService
 from gateway.services.state_sync import StateSync
 from gateway.services.triton_control import TritonControl
 from gateway.settings import Settings
-from gateway.store.base import StateStore, make_store
+from gateway.store.base import AuditBounds, StateStore, make_store
 from gateway.telemetry.access_log import AccessLog
 from gateway.telemetry.prometheus import GatewayCollector, make_registry
 from gateway.telemetry.recorder import Recorder
@@ -68,17 +70,21 @@ class Gateway(Dispatch):
         self.grpc: GrpcProxy | None = None
         self.grpc_router: GrpcRouter | None = None
         self.grpc_server: Any = None
-        self.store = store or make_store(settings.store_url)
+        self.store = store or make_store(settings.store_url, AuditBounds(
+            settings.audit_max_events, settings.audit_max_age_days * 86400))
         self.triton = TritonControl(self.upstream)
         self.policies = PolicyService(self.store, self.book, self.triton)
-        self.sync = StateSync(self.store, self.policies, settings.resync_interval_s)
+        self.sync = StateSync(self.store, self.policies, settings.resync_interval_s, settings.sync_unready_after_s,
+                              self.recorder, on_new_store=lambda: apply_declared(self.store, settings.policies))
         self.source = make_source(settings.metrics_source, settings.prometheus_url, self.recorder)
-        self.lifecycle = ModelLifecycle(self.store, self.triton, self.policies, self.recorder, self.pins)
+        self.fleet = Fleet(self.store, self.recorder, self.pins)
+        self.lifecycle = ModelLifecycle(self.store, self.triton, self.policies, self.fleet,
+                                        drain_timeout_s=settings.drain_timeout_s)
         self.rollouts = RolloutController(self.store, self.triton, self.policies, self.source, self.recorder,
                                           tick_s=settings.controller_tick_s, lifecycle=self.lifecycle,
                                           shadow=self.shadow)
         self.registry = make_registry(GatewayCollector(self.recorder, self.book))
-        self.probes = Probes(self.upstream, self.book, self.registry, settings.connect_timeout_s)
+        self.probes = Probes(self.upstream, self.book, self.registry, settings.connect_timeout_s, self.sync.problem)
         self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin)
         self.control = self._control_app()
 
@@ -113,10 +119,11 @@ class Gateway(Dispatch):
 
     async def _start(self) -> None:
         await self.store.open()
-        for model, spec in self.settings.policies.items():
-            await self.store.seed_policy(model, spec, actor="settings")
+        await apply_declared(self.store, self.settings.policies)  # one log line per model
         await self.sync.resync()
+        await self.fleet.restore_pins()  # sequences pinned before a restart stay on their version
         self.sync.start()
+        self.fleet.start()
         if self.access_log is not None:
             self.access_log.start()
         self.shadow.start()
@@ -137,6 +144,7 @@ class Gateway(Dispatch):
     async def _stop(self) -> None:
         await self.rollouts.stop()
         await self.sync.stop()
+        await self.fleet.stop()
         if self.access_log is not None:
             await self.access_log.stop()
         await self.shadow.stop()

@@ -3,6 +3,8 @@ and the one place exceptions become ``{"error": ...}`` responses."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -17,10 +19,12 @@ from gateway.upstream import HttpUpstream
 
 
 class Probes:
-    """``/healthz`` (the process answers), ``/readyz`` (policies loaded and Triton live), ``/metrics``."""
+    """``/healthz`` (the process answers), ``/readyz`` (policies loaded, their sync not failing
+    for too long, and Triton live), ``/metrics``."""
 
     def __init__(self, upstream: HttpUpstream, book: PolicyBook, registry: CollectorRegistry,
-                 timeout_s: float) -> None:
+                 timeout_s: float, sync_problem: Callable[[], str | None] = lambda: None) -> None:
+        self.sync_problem = sync_problem  # why policy sync makes this replica unready, if it does
         self.upstream = upstream
         self.book = book
         self.registry = registry
@@ -44,6 +48,9 @@ class Probes:
     async def readyz(self) -> JSONResponse:
         if not self.started:
             return JSONResponse({"error": "gateway is starting: policies not loaded yet"}, status_code=503)
+        problem = self.sync_problem()
+        if problem is not None:
+            return JSONResponse({"error": problem}, status_code=503)
         try:
             response = await self.upstream.request(b"GET", b"/v2/health/live", [], timeout_s=self.timeout_s)
             await response.read()

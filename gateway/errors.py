@@ -10,6 +10,7 @@
     ├── LoadFailed                 422   Triton refused or failed to load a version
     ├── AdminDisabled              503   no admin token configured (and not --insecure-admin)
     ├── StoreError                 503   the state store failed (sqlite3 / redis, translated)
+    ├── CorruptRecord              500   a stored record cannot be read (skipped by sync, counted)
     ├── MetricsUnavailable         503   the metrics source cannot tell (the analysis says ERROR)
     └── UpstreamError              502   Triton answered nothing usable
         ├── UpstreamUnavailable    503   connection refused / cannot connect in time
@@ -77,6 +78,14 @@ class StoreError(GatewayError):
     """The backend failed (I/O, connection); translated from sqlite3 / redis errors."""
 
     status = 503
+
+
+class CorruptRecord(GatewayError):
+    """A stored record cannot be read (bad JSON, or a value this version cannot accept).
+
+    Readers skip it and count it; the record itself is left as it is, for a human."""
+
+    status = 500
 
 
 class MetricsUnavailable(GatewayError):

@@ -101,7 +101,7 @@ class Pipeline:
                  shadow: ShadowMirror | None = None, access_log: Callable[..., None] | None = None) -> None:
         self.book = book
         self.recorder = recorder
-        self.pins = pins or SequencePins()
+        self.pins = pins if pins is not None else SequencePins()  # not `or`: an empty pin table is falsy
         self.shadow = shadow
         self.access_log = access_log
         self._draw = WeylDraw(seed=time.monotonic_ns())

@@ -4,11 +4,16 @@ Readers (every request) call :meth:`PolicyBook.get`; writers (admin API, rollout
 store change feed) call :meth:`PolicyBook.put` / :meth:`PolicyBook.remove`. A write builds a
 new immutable mapping and swaps it in with one assignment, so a request sees either the
 old or the new policy of a model, never a half-applied one, and needs no lock.
+
+Revisions only grow within one store generation, so the book ignores a revision it has
+already passed, unless told to ``force`` it (state sync does that when the store itself
+went back: a wiped or failed-over store), or :meth:`PolicyBook.rebuild` replaces everything
+with what a new store generation holds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from types import MappingProxyType
 
 from gateway.policy import PolicySpec
@@ -23,6 +28,7 @@ class PolicyBook:
         self._default_sticky_header = default_sticky_header
         self._listeners: list[Listener] = []
         self._revisions: dict[str, int] = {}  # last applied revision per model, deletes included
+        self.generation: str | None = None  # the store generation the book was last rebuilt from
         self.get = self._snapshot.get  # rebound on every swap: one attribute lookup per request
 
     def snapshot(self) -> Mapping[str, Policy]:
@@ -35,10 +41,19 @@ class PolicyBook:
     def compile(self, model: str, spec: PolicySpec, revision: int) -> Policy:
         return compile_policy(model, spec, revision, self._default_sticky_header)
 
-    def put(self, model: str, spec: PolicySpec, revision: int) -> Policy:
-        """Install ``spec`` unless the book already holds the same or a newer revision."""
+    def revision(self, model: str) -> int | None:
+        """The last revision applied for the model (a delete included), None if none was."""
+        return self._revisions.get(model)
+
+    def known(self) -> set[str]:
+        """Every model the book has a revision for, deleted ones included."""
+        return set(self._revisions)
+
+    def put(self, model: str, spec: PolicySpec, revision: int, force: bool = False) -> Policy:
+        """Install ``spec`` unless the book already holds the same or a newer revision
+        (``force``: install it anyway, the store says so)."""
         current = self._snapshot.get(model)
-        if self._revisions.get(model, -1) >= revision:
+        if not force and self._revisions.get(model, -1) >= revision:
             return current  # type: ignore[return-value]
         self._revisions[model] = revision
         policy = self.compile(model, spec, revision)
@@ -46,15 +61,42 @@ class PolicyBook:
         self._notify(model, policy)
         return policy
 
-    def remove(self, model: str, revision: int | None = None) -> None:
-        """Back to passthrough; with a revision, only if it is newer than what the book has."""
-        if revision is not None:
-            if self._revisions.get(model, -1) >= revision:
-                return
+    def remove(self, model: str, revision: int | None = None, force: bool = False) -> None:
+        """Back to passthrough; with a revision, only if it is newer than what the book has
+        (``force``: whatever the book has; without a revision the model is forgotten)."""
+        if revision is None:
+            self._revisions.pop(model, None)
+        elif not force and self._revisions.get(model, -1) >= revision:
+            return
+        else:
             self._revisions[model] = revision
         if model in self._snapshot:
             self._swap({m: p for m, p in self._snapshot.items() if m != model})
             self._notify(model, None)
+
+    def rebuild(self, generation: str, specs: Mapping[str, tuple[PolicySpec, int]], tombstones: Mapping[str, int],
+                keep: Collection[str] = ()) -> None:
+        """Become exactly what a store generation holds: ``specs`` (model -> spec, revision),
+        ``tombstones`` (deleted: model -> revision); every other model leaves the book,
+        except those in ``keep`` (records that could not be read: the last good policy stays).
+        One swap, so a request sees the old book or the new one."""
+        policies = {model: policy for model, policy in self._snapshot.items() if model in keep}
+        revisions = {model: rev for model, rev in self._revisions.items() if model in keep}
+        changed = [model for model in self._snapshot if model not in keep and model not in specs]
+        for model, (spec, revision) in specs.items():
+            current = self._snapshot.get(model)
+            if current is not None and current.revision == revision and current.spec == spec:
+                policies[model] = current  # unchanged: keep the compiled one
+            else:
+                policies[model] = self.compile(model, spec, revision)
+                changed.append(model)
+            revisions[model] = revision
+        revisions.update(tombstones)
+        self._revisions = revisions
+        self.generation = generation
+        self._swap(policies)
+        for model in changed:
+            self._notify(model, policies.get(model))
 
     def _swap(self, policies: dict[str, Policy]) -> None:
         snapshot = MappingProxyType(policies)

@@ -4,13 +4,17 @@ Sequence state lives in one version of one Triton server; continuing a sequence 
 fails with "must specify the START flag". The pin table maps (model, sequence id) to a
 version from ``sequence_start`` until ``sequence_end`` or an idle timeout, whatever the
 weights do meanwhile. Bounded: the least recently used pins go first when it is full.
+
+Every key touched is noted in a set (one ``set.add`` per request), so the control plane can
+write the changed pins to the store in the background (:meth:`take_changes`) and a
+restarted replica can :meth:`restore` them: sequences survive a restart.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 Key = tuple[str, object]
 
@@ -22,6 +26,7 @@ class SequencePins:
         self.idle_s = idle_s
         self._clock = clock
         self._pins: OrderedDict[Key, tuple[str, float]] = OrderedDict()
+        self._changed: set[Key] = set()  # touched since the last take_changes()
 
     def __len__(self) -> int:
         return len(self._pins)
@@ -38,16 +43,42 @@ class SequencePins:
             return None
         self._pins[key] = (version, now)
         self._pins.move_to_end(key)
+        self._changed.add(key)
         return version
 
     def pin(self, model: str, sequence_id: object, version: str) -> None:
-        self._pins[(model, sequence_id)] = (version, self._clock())
-        self._pins.move_to_end((model, sequence_id))
+        key = (model, sequence_id)
+        self._pins[key] = (version, self._clock())
+        self._pins.move_to_end(key)
+        self._changed.add(key)
         while len(self._pins) > self.max_entries:
-            self._pins.popitem(last=False)
+            self._changed.add(self._pins.popitem(last=False)[0])
 
     def release(self, model: str, sequence_id: object) -> None:
         self._pins.pop((model, sequence_id), None)
+        self._changed.add((model, sequence_id))
+
+    def take_changes(self) -> dict[Key, tuple[str, float] | None]:
+        """Every pin touched since the last call: key -> (version, seconds idle), or None if
+        it is gone (ended, evicted). Pins that idle out are not listed: the store expires them too."""
+        changed, self._changed = self._changed, set()
+        now = self._clock()
+        out: dict[Key, tuple[str, float] | None] = {}
+        for key in changed:
+            entry = self._pins.get(key)
+            out[key] = None if entry is None else (entry[0], now - entry[1])
+        return out
+
+    def retry(self, keys: Iterable[Key]) -> None:
+        """Changes taken but not saved (the store was down): list them again next time."""
+        self._changed.update(keys)
+
+    def restore(self, pins: dict[Key, tuple[str, float]]) -> None:
+        """Pins read back from the store after a restart: key -> (version, seconds idle)."""
+        now = self._clock()
+        for key, (version, idle) in sorted(pins.items(), key=lambda item: -item[1][1]):  # least recent first
+            if idle <= self.idle_s and key not in self._pins:
+                self._pins[key] = (version, now - idle)
 
     def open_on(self, model: str, version: str) -> int:
         """Live sequences pinned to a version (drain waits for zero)."""

@@ -40,11 +40,22 @@ class Settings(BaseSettings):
     pool_size: int = Field(128, ge=1, le=4096, description="max upstream HTTP connections to Triton")
     sticky_header: HeaderName = Field("x-user-id", description="default header carrying the sticky user key")
     policies: dict[str, PolicySpec] = Field(
-        default_factory=dict, description="static routing policies by model; seed an empty store"
+        default_factory=dict, description="routing policies by model, as declared intent: an entry changed since "
+        "it was last applied is applied at start (audited as actor config); an unchanged one leaves API changes alone"
     )
     store_url: str = Field("sqlite:///gateway-state.db",
                            description="routing state: sqlite:///path (default), redis://host:port/db, memory://")
     resync_interval_s: float = Field(5.0, gt=0, le=3600, description="full state resync period (heals missed changes)")
+    sync_unready_after_s: float = Field(
+        30.0, gt=0, le=86400, description="/readyz fails when policy sync has been failing this long (an unreachable "
+        "store does not count: the replica keeps serving its last policies, and gateway_store_up says so)")
+    drain_timeout_s: float = Field(
+        60.0, gt=0, le=3600, description="an unload waits this long for every replica's requests and sequences on "
+        "the version to finish; sequences still pinned then make it refuse (requests in flight do not)")
+    audit_max_events: int = Field(100_000, ge=100, le=100_000_000,
+                                  description="audit trail: keep at most this many events (the newest)")
+    audit_max_age_days: float = Field(365.0, gt=0, le=36500,
+                                      description="audit trail: drop events older than this many days")
     admin_token: SecretStr | None = Field(None, description="bearer token for /admin (actor name 'admin')")
     admin_tokens: dict[str, SecretStr] = Field(
         default_factory=dict, description="more named tokens, {actor: token}: one per SRE or automation"

@@ -60,7 +60,8 @@ def add_ctl_parser(commands: Any) -> None:
     get = policy.add_parser("get", help="show the policy")
     get.add_argument("model")
     get.set_defaults(ctl=_policy_get)
-    put = policy.add_parser("set", help="replace the policy from a JSON/YAML file or flags")
+    put = policy.add_parser("set", help="replace the policy from a JSON/YAML file, or change the parts the flags "
+                            "name (--weights alone changes only the weights)")
     put.add_argument("model")
     put.add_argument("--file", help="policy document (JSON or YAML), as in the config's policies: section")
     put.add_argument("--weights", nargs="+", metavar="V=PCT", help="e.g. 2=80 3=20")
@@ -190,24 +191,49 @@ def _policy_get(args: argparse.Namespace, api: Api) -> Any:
 
 
 def _policy_set(args: argparse.Namespace, api: Api) -> Any:
+    """--file replaces the whole policy. Flags change only what they name: --weights alone is
+    a PATCH of the weights; with --sticky-header or --rule, the current policy is read, those
+    parts replaced, and written back guarded by the revision read (rules, shadow and sequence
+    affinity the flags do not name are kept)."""
+    headers = {"If-Match": args.if_match} if args.if_match else None
     if args.file:
         import yaml
 
         with open(args.file) as handle:
             body = yaml.safe_load(handle)
-    elif args.weights:
-        body = {"weights": parse_weights(args.weights), "rules": []}
-        if args.sticky_header:
-            body["sticky_header"] = args.sticky_header
-        for rule in args.rule:
-            header_value, _, version = rule.rpartition(":")
-            header, _, value = header_value.partition("=")
-            body["rules"].append({"header": header, "equals": value, "version": version})
-    else:
-        raise ValueError("give --file or --weights")
-    headers = {"If-Match": args.if_match} if args.if_match else None
-    doc = api.call("PUT", f"/admin/models/{args.model}/policy", body, headers)
+        doc = api.call("PUT", f"/admin/models/{args.model}/policy", body, headers)
+        return doc if args.json else _policy_table(doc)
+    if not (args.weights or args.sticky_header or args.rule):
+        raise ValueError("give --file, or --weights / --sticky-header / --rule")
+    try:
+        current = api.call("GET", f"/admin/models/{args.model}/policy")
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        current = None
+    if current is not None and args.weights and not (args.sticky_header or args.rule):
+        doc = api.call("PATCH", f"/admin/models/{args.model}/policy/weights",
+                       {"weights": parse_weights(args.weights)}, headers)
+        return doc if args.json else _policy_table(doc)
+    body = {key: current[key] for key in ("weights", "sticky_header", "rules", "shadow", "sequence_affinity")
+            if key in current} if current is not None else {}
+    if args.weights:
+        body["weights"] = parse_weights(args.weights)
+    if args.sticky_header:
+        body["sticky_header"] = args.sticky_header
+    if args.rule:
+        body["rules"] = [_parse_rule(rule) for rule in args.rule]
+    if "weights" not in body:
+        raise ValueError(f"model '{args.model}' has no policy yet: give --weights too")
+    expected = args.if_match or f'"{current["revision"] if current is not None else 0}"'
+    doc = api.call("PUT", f"/admin/models/{args.model}/policy", body, {"If-Match": expected})
     return doc if args.json else _policy_table(doc)
+
+
+def _parse_rule(rule: str) -> dict[str, str]:
+    header_value, _, version = rule.rpartition(":")
+    header, _, value = header_value.partition("=")
+    return {"header": header, "equals": value, "version": version}
 
 
 def _policy_delete(args: argparse.Namespace, api: Api) -> Any:

@@ -86,7 +86,16 @@ class RolloutController:
         for version in (spec.canary, stable):  # the first interval's latency sample starts now
             self.recorder.take_latencies(model, version)
         stored = await self.store.put_rollout(model, rollout.document(), existing.revision if existing else 0)
-        rollout = await self._apply(stored, rollout, actor)
+        try:
+            rollout = await self._apply(stored, rollout, actor)
+        except Exception:
+            # Refused (a version named by the policy not READY, a concurrent policy change):
+            # take the record back, or it would block every retry as an "active rollout".
+            if existing is not None:
+                await self.store.put_rollout(model, existing.document, stored.revision)
+            else:
+                await self.store.delete_rollout(model, stored.revision)
+            raise
         self._show_state(model, rollout.phase)
         await self.policies.audit(model, actor, "rollout_started", rollout.reason, at=self.clock())
         return rollout
@@ -120,7 +129,12 @@ class RolloutController:
     # -- the reconcile tick ----------------------------------------------------------------
     async def tick(self) -> None:
         for model, stored in (await self.store.list_rollouts()).items():
-            rollout = Rollout.from_document(stored.document)
+            try:
+                rollout = Rollout.from_document(stored.document)
+            except Exception as exc:  # one record this version cannot read must not stop every other rollout
+                log.error("rollout of %s: stored record cannot be read (%s: %s): skipped", model,
+                          type(exc).__name__, exc)
+                continue
             self._show_state(model, rollout.phase)
             self._watch(rollout)
             if not rollout.phase.active:

@@ -15,6 +15,7 @@ from typing import Any
 from gateway.rollout.analysis import Outcome, Verdict
 from gateway.rollout.phases import Phase, TransitionError, check
 from gateway.rollout.spec import RolloutSpec
+from gateway.store.records import lenient_model
 
 KEEP_VERDICTS = 20
 
@@ -77,7 +78,8 @@ class Rollout:
     @classmethod
     def from_document(cls, doc: dict[str, Any]) -> Rollout:
         return cls(
-            model=doc["model"], spec=RolloutSpec.model_validate(doc["spec"]), stable=doc["stable"],
+            model=doc["model"], spec=lenient_model(RolloutSpec, doc["spec"], f"stored rollout of '{doc['model']}'"),
+            stable=doc["stable"],
             phase=Phase(doc["state"]), step=doc["step"], started_at=doc["started_at"],
             step_started_at=doc["step_started_at"], last_transition_at=doc["last_transition_at"],
             reason=doc["reason"], policy_revision=doc.get("policy_revision", 0),

@@ -3,47 +3,42 @@
 Triton loads and unloads whole models; a version-level change is a reload with a
 ``version_policy`` override naming the versions to keep. Triton's reload is atomic: a
 version that fails to initialise leaves the old ones serving. Unloading first *drains*:
-the version leaves every policy, then we wait until this gateway has no request in
-flight to it and no open sequence pinned to it (or the drain timeout), and only then ask
-Triton to drop it.
+the version leaves every policy, then we wait until no replica has a request in flight to
+it or an open sequence pinned to it (see :mod:`gateway.services.fleet`), and only then ask
+Triton to drop it. Reloads of a model are serialised across replicas by a store lease.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import time
 from typing import Any
 
 from gateway.errors import Conflict, LoadFailed, NotFound, UpstreamError
 from gateway.policy import without_version
-from gateway.sequences import SequencePins
+from gateway.services.fleet import Fleet
 from gateway.services.policies import PolicyService
 from gateway.services.triton_control import TritonControl
 from gateway.store.base import EventDraft, StateStore
-from gateway.telemetry.recorder import Recorder
 
 log = logging.getLogger("gateway.lifecycle")
 
 
 class ModelLifecycle:
-    def __init__(self, store: StateStore, triton: TritonControl, policies: PolicyService, recorder: Recorder,
-                 pins: SequencePins, load_timeout_s: float = 300.0, drain_timeout_s: float = 60.0) -> None:
+    def __init__(self, store: StateStore, triton: TritonControl, policies: PolicyService, fleet: Fleet,
+                 load_timeout_s: float = 300.0, drain_timeout_s: float = 60.0) -> None:
         self.store = store
         self.triton = triton
         self.policies = policies
-        self.recorder = recorder
-        self.pins = pins
+        self.fleet = fleet
         self.load_timeout_s = load_timeout_s
         self.drain_timeout_s = drain_timeout_s
-        self._lock = asyncio.Lock()  # one reload of a model at a time (control plane only)
 
     async def serving(self, model: str) -> set[str]:
         return {v for v, state in (await self.triton.versions(model)).items() if state.state == "READY"}
 
     async def load(self, model: str, version: str, actor: str) -> dict[str, Any]:
-        async with self._lock:
+        async with self.fleet.lock(model, self.load_timeout_s):
             serving = await self.serving(model)
             if version in serving:
                 return {"model": model, "version": version, "state": "READY", "serving": sorted(serving, key=int)}
@@ -64,8 +59,8 @@ class ModelLifecycle:
         if serving == {version}:
             raise Conflict(f"version {version} is the only version of model '{model}' serving: load another first")
         await self._take_out_of_policy(model, version, actor)
-        drained = await self._drain(model, version)
-        async with self._lock:
+        drained = await self.fleet.drain(model, version, self.drain_timeout_s)
+        async with self.fleet.lock(model, self.load_timeout_s):
             await self._reload(model, await self.serving(model) - {version}, self.load_timeout_s)
         reason = f"version {version} drained ({drained}) and unloaded"
         await self._event(model, actor, "version_unloaded", reason)
@@ -83,16 +78,6 @@ class ModelLifecycle:
                 from None
         await self.policies.put(model, spec, stored.revision, EventDraft(actor, "drain", f"draining version {version}"),
                                 require_ready=False)
-
-    async def _drain(self, model: str, version: str) -> str:
-        started = time.monotonic()
-        while time.monotonic() - started < self.drain_timeout_s:
-            inflight = self.recorder.inflight.get((model, version), 0)
-            sequences = self.pins.open_on(model, version)
-            if inflight <= 0 and sequences == 0:
-                return f"idle after {time.monotonic() - started:.1f}s"
-            await asyncio.sleep(0.05)
-        return f"timed out after {self.drain_timeout_s:g}s"
 
     async def _reload(self, model: str, versions: set[str], timeout_s: float) -> None:
         status, config = await self.triton.call(b"GET", f"/v2/models/{model}/config")

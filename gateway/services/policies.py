@@ -55,7 +55,8 @@ class PolicyService:
 
     async def delete(self, model: str, expected_revision: int | None, event: EventDraft) -> StoredPolicy:
         current = await self.get(model)
-        stored = await self.store.put_policy(model, None, expected_revision or current.revision, event)
+        expected = current.revision if expected_revision is None else expected_revision  # If-Match: "0" is checked too
+        stored = await self.store.put_policy(model, None, expected, event)
         self.apply(stored)
         _log_change(stored.model, stored.revision, event, None)
         return stored
@@ -84,12 +85,15 @@ class PolicyService:
         await self.store.append_event(model, Event(at=time.time() if at is None else at, actor=actor, action=action,
                                                    model=model, reason=reason))
 
-    def apply(self, stored: StoredPolicy) -> None:
-        """Bring the local book to a stored record (newer revisions only)."""
+    def apply(self, stored: StoredPolicy, force: bool = False) -> None:
+        """Bring the local book to a stored record: newer revisions only, unless the record
+        comes from a store generation the book was not built from (a wiped store starts
+        again at revision 1: its records are news however small their revisions)."""
+        force = force or stored.generation != self.book.generation
         if stored.spec is None:
-            self.book.remove(stored.model, stored.revision)
+            self.book.remove(stored.model, stored.revision, force=force)
         else:
-            self.book.put(stored.model, stored.spec, stored.revision)
+            self.book.put(stored.model, stored.spec, stored.revision, force=force)
 
 
 def _log_change(model: str, revision: int, event: EventDraft, policy: object) -> None:

@@ -6,18 +6,32 @@ answers) and ``redis://host:port/db`` (replicas: pub/sub change feed plus period
 An unknown scheme fails at start; it never falls back silently.
 
 Revisions are per model and only grow: a delete leaves a tombstone with the next revision,
-so compare-and-set and replica catch-up stay correct across delete and re-create.
+so compare-and-set and replica catch-up stay correct across delete and re-create. They only
+grow *within one generation*: every store has a generation id, made when the store is
+created empty, and a wiped or replaced store (Redis FLUSHALL, a failover to an empty
+replica, a new database file) has a new one, so replicas know to rebuild from it rather
+than ignore its "old" revisions.
+
+Stored records are read leniently (a field this version does not know is ignored with one
+warning: a newer replica may have written it during a rolling upgrade) while the admin API
+stays strict; a record that cannot be read at all is reported, never fatal to the caller.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.errors import StaleRevision
 from gateway.policy import PolicySpec
+
+RESYNC = "*"  # on the change feed: anything may have changed (feed (re)connected): resync everything
+
+
+def new_generation() -> str:
+    return uuid.uuid4().hex
 
 
 @dataclass(frozen=True)
@@ -26,6 +40,8 @@ class StoredPolicy:
     spec: PolicySpec | None  # None: deleted (tombstone), the model is back to passthrough
     revision: int
     updated_at: float
+    generation: str = ""  # of the store it was read from (or written to)
+    actor: str = ""  # who wrote this revision (empty for records written before it was kept)
 
     def document(self) -> dict[str, Any]:
         doc = self.spec.document() if self.spec else {"weights": {}, "sticky_header": None, "rules": []}
@@ -48,6 +64,55 @@ class Event:
     def document(self) -> dict[str, Any]:
         return {"id": self.id, "at": self.at, "actor": self.actor, "action": self.action, "model": self.model,
                 "before": self.before, "after": self.after, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class PolicyScan:
+    """Every policy record of one store generation: the readable ones, and the ones that
+    are not (model -> why), which callers must leave alone rather than treat as deleted."""
+
+    generation: str
+    policies: dict[str, StoredPolicy]
+    corrupt: dict[str, str]
+
+
+@dataclass(frozen=True)
+class AppliedIntent:
+    """The last policy applied from the config file for a model (kubectl's last-applied)."""
+
+    digest: str
+    revision: int
+    at: float
+
+
+@dataclass(frozen=True)
+class AuditBounds:
+    """How much audit trail a store keeps: the newest ``max_events``, none older than ``max_age_s``."""
+
+    max_events: int = 100_000
+    max_age_s: float = 365 * 86400.0
+
+
+@dataclass(frozen=True)
+class ReplicaReport:
+    """What one replica says about itself, refreshed while it lives (it expires when it stops):
+    for every version being drained, its requests in flight and sequences pinned to it, and
+    which drain it is answering (so an old report never counts for a new drain)."""
+
+    replica: str
+    at: float
+    usage: dict[str, tuple[int, int, str]]  # "model/version" -> (in flight, pinned sequences, drain id)
+
+    def document(self) -> dict[str, Any]:
+        return {"replica": self.replica, "at": self.at, "usage": {k: list(v) for k, v in self.usage.items()}}
+
+    @staticmethod
+    def from_document(doc: Any) -> ReplicaReport | None:
+        try:
+            usage = {str(k): (int(v[0]), int(v[1]), str(v[2])) for k, v in doc["usage"].items()}
+            return ReplicaReport(str(doc["replica"]), float(doc["at"]), usage)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+            return None  # an unreadable report: as if that replica had not reported
 
 
 @dataclass(frozen=True)
@@ -78,20 +143,24 @@ class StateStore(Protocol):
     async def close(self) -> None:
         """Release connections; pending writes are already durable."""
 
+    async def generation(self) -> str:
+        """This store's generation id (made on first use of an empty store)."""
+
     async def get_policy(self, model: str) -> StoredPolicy | None:
-        """The model's policy record, tombstones included; None if it never had one."""
+        """The model's policy record, tombstones included; None if it never had one.
+        CorruptRecord if the record cannot be read."""
 
     async def list_policies(self) -> dict[str, StoredPolicy]:
-        """Every policy record, tombstones included."""
+        """Every readable policy record, tombstones included (unreadable ones are left out)."""
+
+    async def scan_policies(self) -> PolicyScan:
+        """Every policy record with the store's generation, unreadable records named apart."""
 
     async def put_policy(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
                          event: EventDraft) -> StoredPolicy:
         """Compare-and-set: write ``spec`` (None deletes) as revision+1 and append the event,
         atomically and durably. ``expected_revision`` None skips the check; a mismatch raises
         StaleRevision and changes nothing."""
-
-    async def seed_policy(self, model: str, spec: PolicySpec, actor: str) -> bool:
-        """Write ``spec`` only if the model never had a policy record. True if written."""
 
     async def append_event(self, model: str, event: Event) -> None:
         """Append one audit event."""
@@ -108,35 +177,62 @@ class StateStore(Protocol):
     async def put_rollout(self, model: str, document: dict[str, Any], expected_revision: int | None) -> StoredRollout:
         """Compare-and-set a rollout document (revision+1); StaleRevision on mismatch."""
 
+    async def delete_rollout(self, model: str, expected_revision: int) -> None:
+        """Remove the model's rollout record if it is still at ``expected_revision``
+        (undoes a record whose rollout could not start); StaleRevision otherwise."""
+
+    async def get_applied(self, model: str) -> AppliedIntent | None:
+        """What the config file last applied for the model, if anything."""
+
+    async def set_applied(self, model: str, intent: AppliedIntent) -> None:
+        """Remember what the config file applied for the model."""
+
     def changes(self) -> AsyncIterator[str]:
-        """Model names whose records changed, as soon as the backend can tell (may repeat,
-        may miss under failure: callers also resync periodically)."""
+        """Model names whose records changed, as soon as the backend can tell (may repeat).
+
+        :data:`RESYNC` first, once the feed is live, and again after every reconnect: the
+        caller then resyncs everything, so no change made while the feed was down is lost.
+        Raises StoreError when the backend is unreachable; the caller calls again."""
 
     async def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
         """Take or renew the lease ``name`` for ``holder``; True while held."""
 
+    async def release_lease(self, name: str, holder: str) -> None:
+        """Give the lease up, if ``holder`` still has it."""
 
-async def seed_once(store: StateStore, model: str, spec: PolicySpec, actor: str) -> bool:
-    """The shared seed_policy(): write only if the model never had a record (revision 0)."""
-    try:
-        await store.put_policy(model, spec, 0, EventDraft(actor, "seed", "static policy from the settings"))
-    except StaleRevision:  # the model already has a record: API changes win over the file
-        return False
-    return True
+    async def report_replica(self, report: ReplicaReport, ttl_s: float) -> None:
+        """Publish this replica's report; it disappears ``ttl_s`` after the last one."""
+
+    async def live_replicas(self) -> list[ReplicaReport]:
+        """The latest report of every replica whose report has not expired."""
+
+    async def set_draining(self, model: str, version: str, drain_id: str | None, ttl_s: float = 0.0) -> None:
+        """Mark (``drain_id``) or unmark (None) a version as draining; a mark expires after ``ttl_s``."""
+
+    async def draining(self) -> dict[tuple[str, str], str]:
+        """Versions being drained now: (model, version) -> drain id."""
+
+    async def save_pins(self, changes: Mapping[str, tuple[str, float] | None], idle_s: float) -> None:
+        """Sequence pins by key: (version, wall time of last use), or None to forget one.
+        A pin not saved again within ``idle_s`` of its last use expires."""
+
+    async def load_pins(self, idle_s: float) -> dict[str, tuple[str, float]]:
+        """Every pin used within ``idle_s``: key -> (version, wall time of last use)."""
 
 
-def make_store(url: str) -> StateStore:
+def make_store(url: str, audit: AuditBounds | None = None) -> StateStore:
     """Backend by URL scheme: memory://, sqlite:///path, redis://host:port/db."""
+    audit = audit or AuditBounds()
     if url.startswith("memory://"):
         from gateway.store.memory import InMemoryStore
 
-        return InMemoryStore()
+        return InMemoryStore(audit)
     if url.startswith("sqlite://"):
         from gateway.store.sqlite import SQLiteStore
 
-        return SQLiteStore(url.removeprefix("sqlite://").removeprefix("/") or "gateway-state.db")
+        return SQLiteStore(url.removeprefix("sqlite://").removeprefix("/") or "gateway-state.db", audit=audit)
     if url.startswith(("redis://", "rediss://", "unix://")):
         from gateway.store.redis import RedisStore
 
-        return RedisStore(url)
+        return RedisStore(url, audit=audit)
     raise ValueError(f"unknown store URL scheme in {url!r}: use sqlite:///path, redis://host:port/db or memory://")

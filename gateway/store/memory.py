@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from gateway.errors import StaleRevision
 from gateway.policy import PolicySpec
-from gateway.store.base import Event, EventDraft, StoredPolicy, StoredRollout, seed_once
+from gateway.store.base import (
+    RESYNC,
+    AppliedIntent,
+    AuditBounds,
+    Event,
+    EventDraft,
+    PolicyScan,
+    ReplicaReport,
+    StoredPolicy,
+    StoredRollout,
+    new_generation,
+)
 
 
 def check_revision(kind: str, model: str, current: int, expected: int | None) -> None:
@@ -19,12 +31,19 @@ def check_revision(kind: str, model: str, current: int, expected: int | None) ->
 
 
 class InMemoryStore:
-    def __init__(self) -> None:
+    def __init__(self, audit: AuditBounds | None = None) -> None:
+        self.audit = audit or AuditBounds()
+        self._generation = new_generation()
         self._policies: dict[str, StoredPolicy] = {}
         self._rollouts: dict[str, StoredRollout] = {}
-        self._events: list[Event] = []
+        self._applied: dict[str, AppliedIntent] = {}
+        self._events: deque[Event] = deque()
+        self._event_seq = 0
         self._feeds: list[asyncio.Queue[str]] = []
         self._leases: dict[str, tuple[str, float]] = {}
+        self._replicas: dict[str, tuple[ReplicaReport, float]] = {}  # id -> (report, expires)
+        self._draining: dict[tuple[str, str], tuple[str, float]] = {}  # -> (drain id, expires)
+        self._pins: dict[str, tuple[str, float]] = {}
 
     async def open(self) -> None:
         return None
@@ -32,28 +51,36 @@ class InMemoryStore:
     async def close(self) -> None:
         return None
 
+    async def generation(self) -> str:
+        return self._generation
+
     async def get_policy(self, model: str) -> StoredPolicy | None:
         return self._policies.get(model)
 
     async def list_policies(self) -> dict[str, StoredPolicy]:
         return dict(self._policies)
 
+    async def scan_policies(self) -> PolicyScan:
+        return PolicyScan(self._generation, dict(self._policies), {})
+
     async def put_policy(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
                          event: EventDraft) -> StoredPolicy:
         current = self._policies.get(model)
         check_revision("policy", model, current.revision if current else 0, expected_revision)
-        stored = StoredPolicy(model, spec, (current.revision if current else 0) + 1, time.time())
+        stored = StoredPolicy(model, spec, (current.revision if current else 0) + 1, time.time(), self._generation,
+                              event.actor)
         self._policies[model] = stored
         before = current.document() if current and current.spec else None
         await self.append_event(model, event.finish(model, before, stored.document() if spec else None))
         self._publish(model)
         return stored
 
-    async def seed_policy(self, model: str, spec: PolicySpec, actor: str) -> bool:
-        return await seed_once(self, model, spec, actor)
-
     async def append_event(self, model: str, event: Event) -> None:
-        self._events.append(Event(**{**event.__dict__, "id": len(self._events) + 1}))
+        self._event_seq += 1
+        self._events.append(Event(**{**event.__dict__, "id": self._event_seq}))
+        oldest = time.time() - self.audit.max_age_s
+        while self._events and (len(self._events) > self.audit.max_events or self._events[0].at < oldest):
+            self._events.popleft()  # the oldest first, as the durable stores trim
 
     async def events(self, model: str | None = None, limit: int = 100) -> list[Event]:
         chosen = [e for e in reversed(self._events) if model is None or e.model == model]
@@ -73,10 +100,23 @@ class InMemoryStore:
         self._publish(model)
         return stored
 
+    async def delete_rollout(self, model: str, expected_revision: int) -> None:
+        current = self._rollouts.get(model)
+        check_revision("rollout", model, current.revision if current else 0, expected_revision)
+        self._rollouts.pop(model, None)
+        self._publish(model)
+
+    async def get_applied(self, model: str) -> AppliedIntent | None:
+        return self._applied.get(model)
+
+    async def set_applied(self, model: str, intent: AppliedIntent) -> None:
+        self._applied[model] = intent
+
     async def changes(self) -> AsyncIterator[str]:
         queue: asyncio.Queue[str] = asyncio.Queue()
         self._feeds.append(queue)
         try:
+            yield RESYNC
             while True:
                 yield await queue.get()
         finally:
@@ -89,6 +129,38 @@ class InMemoryStore:
             self._leases[name] = (holder, now + ttl_s)
             return True
         return False
+
+    async def release_lease(self, name: str, holder: str) -> None:
+        if self._leases.get(name, ("", 0.0))[0] == holder:
+            del self._leases[name]
+
+    async def report_replica(self, report: ReplicaReport, ttl_s: float) -> None:
+        self._replicas[report.replica] = (report, time.monotonic() + ttl_s)
+
+    async def live_replicas(self) -> list[ReplicaReport]:
+        now = time.monotonic()
+        return [report for report, expires in self._replicas.values() if expires > now]
+
+    async def set_draining(self, model: str, version: str, drain_id: str | None, ttl_s: float = 0.0) -> None:
+        if drain_id is None:
+            self._draining.pop((model, version), None)
+        else:
+            self._draining[(model, version)] = (drain_id, time.monotonic() + ttl_s)
+
+    async def draining(self) -> dict[tuple[str, str], str]:
+        now = time.monotonic()
+        return {key: drain_id for key, (drain_id, expires) in self._draining.items() if expires > now}
+
+    async def save_pins(self, changes: Mapping[str, tuple[str, float] | None], idle_s: float) -> None:
+        for key, entry in changes.items():
+            if entry is None:
+                self._pins.pop(key, None)
+            else:
+                self._pins[key] = entry
+
+    async def load_pins(self, idle_s: float) -> dict[str, tuple[str, float]]:
+        oldest = time.time() - idle_s
+        return {key: entry for key, entry in self._pins.items() if entry[1] >= oldest}
 
     def _publish(self, model: str) -> None:
         for queue in self._feeds:

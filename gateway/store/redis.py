@@ -1,52 +1,118 @@
 """Redis store, for several gateway replicas sharing one routing state.
 
 Records are JSON strings under ``{prefix}:policy:{model}`` / ``{prefix}:rollout:{model}``;
-compare-and-set, the audit append and the change notification run in one Lua script, so
-they are atomic. Changes are published on ``{prefix}:changes`` (every replica applies them
-within milliseconds); the caller's periodic resync heals a missed message. Durability is
-Redis's own (AOF/RDB as configured on the server).
+compare-and-set, the audit append and trim, and the change notification run in one Lua
+script, so they are atomic. Changes are published on ``{prefix}:changes`` (every replica
+applies them within milliseconds); the caller's periodic resync heals a missed message.
+Durability is Redis's own (AOF/RDB as configured on the server).
+
+``{prefix}:generation`` is made (SET NX) by whoever first uses an empty database, so after
+a FLUSHALL, or a failover to a replica that never had the data, the store has a new
+generation and every replica rebuilds from it.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from gateway.errors import StaleRevision, StoreError
+from gateway.errors import CorruptRecord, StaleRevision, StoreError
 from gateway.policy import PolicySpec
-from gateway.store.base import Event, EventDraft, StoredPolicy, StoredRollout, seed_once
+from gateway.store.base import (
+    RESYNC,
+    AppliedIntent,
+    AuditBounds,
+    Event,
+    EventDraft,
+    PolicyScan,
+    ReplicaReport,
+    StoredPolicy,
+    StoredRollout,
+    new_generation,
+)
+from gateway.store.records import load_json, record_field, spec_from_document
 
-# KEYS: record, events list, changes channel. ARGV: expected revision ('' = any), record
-# JSON template (revision filled in here), event JSON, model, max events.
-_CAS = """
+# Drops audit events older than the cutoff from the list's tail (the oldest end), a bounded
+# number per call so one write never stalls Redis; count is bounded by LTRIM.
+_TRIM = """
+local function trim(events, keep, cutoff)
+  redis.call('LTRIM', events, 0, keep - 1)
+  for _ = 1, 100 do
+    local oldest = redis.call('LINDEX', events, -1)
+    if not oldest then return end
+    local ok, doc = pcall(cjson.decode, oldest)
+    if ok and type(doc) == 'table' and tonumber(doc['at']) and tonumber(doc['at']) >= cutoff then return end
+    redis.call('RPOP', events)
+  end
+end
+local function revision_of(raw)
+  if not raw then return 0 end
+  local ok, doc = pcall(cjson.decode, raw)
+  if ok and type(doc) == 'table' and tonumber(doc['revision']) then return tonumber(doc['revision']) end
+  return 0  -- an unreadable record: a write replaces it (that is how it gets repaired)
+end
+"""
+
+# KEYS: record, events list, changes channel, generation. ARGV: expected revision ('' = any),
+# record JSON template (revision filled in here), event JSON ('' = none), model, max events,
+# a fresh generation id (used only if the store has none), oldest event time to keep.
+_CAS = _TRIM + """
+redis.call('SET', KEYS[4], ARGV[6], 'NX')
+local generation = redis.call('GET', KEYS[4])
 local current = redis.call('GET', KEYS[1])
-local revision = 0
-if current then revision = cjson.decode(current)['revision'] end
-if ARGV[1] ~= '' and tonumber(ARGV[1]) ~= revision then return {-1, revision, current or ''} end
+local revision = revision_of(current)
+if ARGV[1] ~= '' and tonumber(ARGV[1]) ~= revision then return {-1, revision, generation} end
 -- Splice fields in as text: a cjson round trip would turn [] into {}.
 redis.call('SET', KEYS[1], '{"revision":' .. (revision + 1) .. ',' .. string.sub(ARGV[2], 2))
 if ARGV[3] ~= '' then
   local id = redis.call('INCR', KEYS[2] .. ':seq')
   redis.call('LPUSH', KEYS[2], '{"id":' .. id .. ',' .. string.sub(ARGV[3], 2))
-  redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[5]) - 1)
+  trim(KEYS[2], tonumber(ARGV[5]), tonumber(ARGV[7]))
 end
 redis.call('PUBLISH', KEYS[3], ARGV[4])
-return {revision + 1, revision, current or ''}
+return {revision + 1, revision, generation}
+"""
+
+# KEYS: events list. ARGV: event JSON, max events, oldest event time to keep.
+_APPEND = _TRIM + """
+local id = redis.call('INCR', KEYS[1] .. ':seq')
+redis.call('LPUSH', KEYS[1], '{"id":' .. id .. ',' .. string.sub(ARGV[1], 2))
+trim(KEYS[1], tonumber(ARGV[2]), tonumber(ARGV[3]))
+"""
+
+# KEYS: record, changes channel. ARGV: expected revision, model.
+_DELETE = _TRIM + """
+local revision = revision_of(redis.call('GET', KEYS[1]))
+if tonumber(ARGV[1]) ~= revision then return {-1, revision} end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', KEYS[2], ARGV[2])
+return {0, revision}
+"""
+
+# KEYS: generation, then records to read. ARGV: a fresh generation id. Returns the
+# generation and the records, read atomically with it.
+_READ = """
+redis.call('SET', KEYS[1], ARGV[1], 'NX')
+local out = {redis.call('GET', KEYS[1])}
+for i = 2, #KEYS do out[i] = redis.call('GET', KEYS[i]) or '' end
+return out
 """
 
 
 class RedisStore:
-    def __init__(self, url: str, prefix: str = "gateway", max_events: int = 10_000) -> None:
+    def __init__(self, url: str, prefix: str = "gateway", audit: AuditBounds | None = None,
+                 heartbeat_s: float = 1.0) -> None:
         self.url = url
         self.prefix = prefix
-        self.max_events = max_events
+        self.audit = audit or AuditBounds()
+        self.heartbeat_s = heartbeat_s  # the change feed pings when quiet, to notice a dead connection
         self._redis: aioredis.Redis | None = None
-        self._cas: Any = None
+        self._scripts: dict[str, Any] = {}
 
     @property
     def redis(self) -> aioredis.Redis:
@@ -55,7 +121,8 @@ class RedisStore:
 
     async def open(self) -> None:
         self._redis = aioredis.from_url(self.url, decode_responses=True, socket_connect_timeout=2, socket_timeout=5)
-        self._cas = self._redis.register_script(_CAS)
+        self._scripts = {name: self._redis.register_script(text) for name, text in
+                         (("cas", _CAS), ("append", _APPEND), ("delete", _DELETE), ("read", _READ))}
         try:
             await self._redis.ping()
         except RedisError as exc:
@@ -75,88 +142,163 @@ class RedisStore:
         except RedisError as exc:
             raise StoreError(f"state store {self.url}: {exc}") from exc
 
-    async def get_policy(self, model: str) -> StoredPolicy | None:
-        raw = await self._call(self.redis.get(self._key("policy", model)))
-        return _policy(raw) if raw else None
+    async def _read(self, *keys: str) -> tuple[str, list[str]]:
+        """The generation and the given records ('' for a missing one), atomically."""
+        out = await self._call(self._scripts["read"](keys=[self._key("generation"), *keys], args=[new_generation()]))
+        return str(out[0]), [str(value) for value in out[1:]]
 
-    async def _all(self, kind: str) -> list[str]:
-        """Every record of a kind (policy, rollout), as stored."""
-        try:
-            keys = [key async for key in self.redis.scan_iter(match=self._key(kind, "*"))]
-        except RedisError as exc:
-            raise StoreError(f"state store {self.url}: {exc}") from exc
-        values = await self._call(self.redis.mget(keys)) if keys else []
-        return [value for value in values if value]
+    async def generation(self) -> str:
+        return (await self._read())[0]
+
+    async def get_policy(self, model: str) -> StoredPolicy | None:
+        generation, (raw,) = await self._read(self._key("policy", model))
+        return _policy(model, raw, generation) if raw else None
+
+    async def _all(self, kind: str) -> tuple[str, dict[str, str]]:
+        """The generation and every record of a kind (policy, rollout) by model, as stored."""
+        prefix = f"{self.prefix}:{kind}:"
+        for _ in range(3):  # a reset between the two reads: read again, so records and generation agree
+            generation = await self.generation()
+            try:
+                keys = [key async for key in self.redis.scan_iter(match=prefix + "*", count=1000)]
+            except RedisError as exc:
+                raise StoreError(f"state store {self.url}: {exc}") from exc
+            again, values = await self._read(*keys)
+            if again == generation:
+                break
+        return again, {key.removeprefix(prefix): value for key, value in zip(keys, values) if value}
 
     async def list_policies(self) -> dict[str, StoredPolicy]:
-        return {p.model: p for p in map(_policy, await self._all("policy"))}
+        return (await self.scan_policies()).policies
+
+    async def scan_policies(self) -> PolicyScan:
+        generation, raws = await self._all("policy")
+        policies, corrupt = {}, {}
+        for model, raw in raws.items():
+            try:
+                policies[model] = _policy(model, raw, generation)
+            except CorruptRecord as exc:
+                corrupt[model] = exc.message
+        return PolicyScan(generation, policies, corrupt)
 
     async def put_policy(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
                          event: EventDraft) -> StoredPolicy:
         now = time.time()
-        record = {"model": model, "spec": spec.document() if spec else None, "updated_at": now}
-        before_raw = await self._call(self.redis.get(self._key("policy", model)))
-        before = _policy(before_raw) if before_raw else None
+        record = {"model": model, "spec": spec.document() if spec else None, "updated_at": now, "actor": event.actor}
+        try:
+            before = await self.get_policy(model)
+        except CorruptRecord:  # overwriting a corrupt record is how it gets repaired
+            before = None
         after_doc = StoredPolicy(model, spec, 0, now).document() if spec else None
         finished = event.finish(model, before.document() if before and before.spec else None, after_doc)
-        revision, current, _ = await self._call(self._cas(
-            keys=[self._key("policy", model), self._key("events"), self._key("changes")],
+        revision, current, generation = await self._call(self._scripts["cas"](
+            keys=[self._key("policy", model), self._key("events"), self._key("changes"), self._key("generation")],
             args=["" if expected_revision is None else expected_revision, json.dumps(record),
-                  json.dumps(_event_doc(finished)), model, self.max_events]))
+                  json.dumps(_event_doc(finished)), model, self.audit.max_events, new_generation(),
+                  now - self.audit.max_age_s]))
         if revision == -1:
             raise StaleRevision(f"policy of model '{model}' is at revision {current}, not {expected_revision}: "
                                 "read it again and retry")
-        return StoredPolicy(model, spec, int(revision), now)
-
-    async def seed_policy(self, model: str, spec: PolicySpec, actor: str) -> bool:
-        return await seed_once(self, model, spec, actor)
+        return StoredPolicy(model, spec, int(revision), now, str(generation), event.actor)
 
     async def append_event(self, model: str, event: Event) -> None:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            seq = await self._call(self.redis.incr(self._key("events") + ":seq"))
-            pipe.lpush(self._key("events"), json.dumps({**_event_doc(event), "id": seq}))
-            pipe.ltrim(self._key("events"), 0, self.max_events - 1)
-            await self._call(pipe.execute())
+        await self._call(self._scripts["append"](keys=[self._key("events")], args=[
+            json.dumps(_event_doc(event)), self.audit.max_events, time.time() - self.audit.max_age_s]))
 
     async def events(self, model: str | None = None, limit: int = 100) -> list[Event]:
-        raw = await self._call(self.redis.lrange(self._key("events"), 0, self.max_events - 1))
-        out = []
-        for item in raw:
-            doc = json.loads(item)
-            if model is None or doc["model"] == model:
-                out.append(Event(**doc))
-                if len(out) >= limit:
-                    break
+        out: list[Event] = []
+        page = max(limit, 500)  # filtering by model reads on, a page at a time, never the whole trail at once
+        for start in range(0, self.audit.max_events, page):
+            raw = await self._call(self.redis.lrange(self._key("events"), start, start + page - 1))
+            for item in raw:
+                try:
+                    doc = json.loads(item)
+                    event = Event(**{name: doc.get(name) for name in _EVENT_FIELDS})
+                except (ValueError, TypeError):
+                    continue  # an unreadable audit line hides nothing else
+                if model is None or event.model == model:
+                    out.append(event)
+                    if len(out) >= limit:
+                        return out
+            if len(raw) < page:
+                break
         return out
+
+    async def count_events(self) -> int:
+        return int(await self._call(self.redis.llen(self._key("events"))))
 
     async def get_rollout(self, model: str) -> StoredRollout | None:
         raw = await self._call(self.redis.get(self._key("rollout", model)))
-        return _rollout(raw) if raw else None
+        return _rollout(model, raw) if raw else None
 
     async def list_rollouts(self) -> dict[str, StoredRollout]:
-        return {r.model: r for r in map(_rollout, await self._all("rollout"))}
+        """Every readable rollout record (an unreadable one is left out)."""
+        out = {}
+        for model, raw in (await self._all("rollout"))[1].items():
+            try:
+                out[model] = _rollout(model, raw)
+            except CorruptRecord:
+                continue
+        return out
 
     async def put_rollout(self, model: str, document: dict[str, Any], expected_revision: int | None) -> StoredRollout:
         record = {"model": model, "document": document}
-        revision, current, _ = await self._call(self._cas(
-            keys=[self._key("rollout", model), self._key("events"), self._key("changes")],
+        revision, current, _ = await self._call(self._scripts["cas"](
+            keys=[self._key("rollout", model), self._key("events"), self._key("changes"), self._key("generation")],
             args=["" if expected_revision is None else expected_revision, json.dumps(record), "", model,
-                  self.max_events]))
+                  self.audit.max_events, new_generation(), 0]))
         if revision == -1:
             raise StaleRevision(f"rollout of model '{model}' is at revision {current}, not {expected_revision}")
         return StoredRollout(model, document, int(revision))
 
+    async def delete_rollout(self, model: str, expected_revision: int) -> None:
+        done, current = await self._call(self._scripts["delete"](
+            keys=[self._key("rollout", model), self._key("changes")], args=[expected_revision, model]))
+        if done == -1:
+            raise StaleRevision(f"rollout of model '{model}' is at revision {current}, not {expected_revision}")
+
+    async def get_applied(self, model: str) -> AppliedIntent | None:
+        raw = await self._call(self.redis.hget(self._key("applied"), model))
+        if not raw:
+            return None
+        doc = load_json(raw, f"config intent of model '{model}'")
+        return AppliedIntent(str(doc["digest"]), int(doc["revision"]), float(doc["at"]))
+
+    async def set_applied(self, model: str, intent: AppliedIntent) -> None:
+        await self._call(self.redis.hset(self._key("applied"), model, json.dumps(
+            {"digest": intent.digest, "revision": intent.revision, "at": intent.at})))
+
     async def changes(self) -> AsyncIterator[str]:
+        """Reads with a timeout and pings when quiet: a connection that died without a word
+        (a partition, a frozen server) is noticed within a few heartbeats, not never."""
         pubsub = self.redis.pubsub()
-        await self._call(pubsub.subscribe(self._key("changes")))
         try:
-            async for message in pubsub.listen():
-                if message.get("type") == "message":
-                    yield message["data"]
+            await pubsub.subscribe(self._key("changes"))
+            heard = time.monotonic()
+            pinged = heard
+            while True:
+                message = await pubsub.get_message(timeout=self.heartbeat_s)
+                now = time.monotonic()
+                if message is not None:
+                    heard = now
+                    if message["type"] == "subscribe":
+                        # Live (again: redis-py resubscribes after a reconnect by itself):
+                        # whatever changed before this moment is found by a full resync.
+                        yield RESYNC
+                    elif message["type"] == "message":
+                        yield str(message["data"])
+                elif now - heard > 3 * self.heartbeat_s:
+                    raise StoreError(f"change feed from {self.url}: no answer for {now - heard:.1f} s")
+                if now - max(heard, pinged) >= self.heartbeat_s:
+                    pinged = now
+                    await pubsub.ping()
         except RedisError as exc:
             raise StoreError(f"change feed from {self.url} broke: {exc}") from exc
         finally:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            try:
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+            except RedisError:
+                pass  # the connection is already gone
 
     async def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
         key = self._key("lease", name)
@@ -170,15 +312,84 @@ class RedisStore:
         return bool(renewed)
 
 
-def _policy(raw: str) -> StoredPolicy:
-    doc = json.loads(raw)
-    spec = PolicySpec.model_validate(doc["spec"]) if doc.get("spec") else None
-    return StoredPolicy(doc["model"], spec, int(doc["revision"]), float(doc["updated_at"]))
+    async def release_lease(self, name: str, holder: str) -> None:
+        await self._call(self.redis.eval(
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+            1, self._key("lease", name), holder))
+
+    async def report_replica(self, report: ReplicaReport, ttl_s: float) -> None:
+        await self._call(self.redis.set(self._key("replica", report.replica), json.dumps(report.document()),
+                                        px=max(1, int(ttl_s * 1000))))
+
+    async def live_replicas(self) -> list[ReplicaReport]:
+        reports = []
+        for raw in (await self._all("replica"))[1].values():  # expired reports are gone: Redis expires them
+            try:
+                report = ReplicaReport.from_document(json.loads(raw))
+            except ValueError:
+                report = None
+            if report is not None:
+                reports.append(report)
+        return reports
+
+    async def set_draining(self, model: str, version: str, drain_id: str | None, ttl_s: float = 0.0) -> None:
+        key = self._key("draining", f"{model}/{version}")
+        if drain_id is None:
+            await self._call(self.redis.delete(key))
+        else:
+            await self._call(self.redis.set(key, drain_id, px=max(1, int(ttl_s * 1000))))
+
+    async def draining(self) -> dict[tuple[str, str], str]:
+        out = {}
+        for name, drain_id in (await self._all("draining"))[1].items():
+            model, _, version = name.rpartition("/")
+            out[(model, version)] = drain_id
+        return out
+
+    async def save_pins(self, changes: Mapping[str, tuple[str, float] | None], idle_s: float) -> None:
+        """One key per pin, expiring ``idle_s`` after its last use: Redis forgets idle pins itself."""
+        now = time.time()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key, entry in changes.items():
+                left_s = idle_s - (now - entry[1]) if entry is not None else 0.0
+                if left_s <= 0:
+                    pipe.delete(self._key("pin", key))
+                else:
+                    pipe.set(self._key("pin", key), json.dumps(entry), px=max(1, int(left_s * 1000)))
+            await self._call(pipe.execute())
+
+    async def load_pins(self, idle_s: float) -> dict[str, tuple[str, float]]:
+        out = {}
+        for key, raw in (await self._all("pin"))[1].items():
+            try:
+                version, used_at = json.loads(raw)
+                out[key] = (str(version), float(used_at))
+            except (ValueError, TypeError):
+                continue  # an unreadable pin: that sequence starts over, as after a plain restart
+        return out
+
+_EVENT_FIELDS = ("id", "at", "actor", "action", "model", "before", "after", "reason")
 
 
-def _rollout(raw: str) -> StoredRollout:
-    doc = json.loads(raw)
-    return StoredRollout(doc["model"], doc["document"], int(doc["revision"]))
+def _policy(model: str, raw: str, generation: str) -> StoredPolicy:
+    what = f"stored policy of model '{model}'"
+    doc = load_json(raw, what)
+    if not isinstance(doc, dict):
+        raise CorruptRecord(f"{what} is not a JSON object")
+    revision = record_field(doc, "revision", int, what)
+    what = f"stored policy of model '{model}' (revision {revision})"
+    spec = spec_from_document(doc["spec"], what) if doc.get("spec") is not None else None
+    actor = doc.get("actor")
+    return StoredPolicy(model, spec, revision, record_field(doc, "updated_at", float, what), generation,
+                        actor if isinstance(actor, str) else "")
+
+
+def _rollout(model: str, raw: str) -> StoredRollout:
+    what = f"stored rollout of model '{model}'"
+    doc = load_json(raw, what)
+    if not isinstance(doc, dict) or not isinstance(doc.get("document"), dict):
+        raise CorruptRecord(f"{what} has no rollout document")
+    return StoredRollout(model, doc["document"], record_field(doc, "revision", int, what))
 
 
 def _event_doc(event: Event) -> dict[str, Any]:

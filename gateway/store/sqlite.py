@@ -3,25 +3,42 @@
 Calls run in a worker thread (sqlite3 blocks) behind one lock; compare-and-set runs in a
 ``BEGIN IMMEDIATE`` transaction so several processes may share the file. The change feed
 polls revisions: cheap, and it also picks up changes made by another process.
+
+The generation id is made with the database file: a new (or deleted and re-created) file
+is a new generation. The audit trail is trimmed in the transaction that appends to it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gateway.errors import StoreError
+from gateway.errors import CorruptRecord, StoreError
 from gateway.policy import PolicySpec
-from gateway.store.base import Event, EventDraft, StoredPolicy, StoredRollout, seed_once
+from gateway.store.base import (
+    RESYNC,
+    AppliedIntent,
+    AuditBounds,
+    Event,
+    EventDraft,
+    PolicyScan,
+    ReplicaReport,
+    StoredPolicy,
+    StoredRollout,
+    new_generation,
+)
 from gateway.store.memory import check_revision
+from gateway.store.records import load_json, spec_from_document
 
 T = TypeVar("T")
+log = logging.getLogger("gateway.store")
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS policies (model TEXT PRIMARY KEY, spec TEXT, revision INTEGER NOT NULL,
                                      updated_at REAL NOT NULL);
@@ -30,28 +47,47 @@ CREATE TABLE IF NOT EXISTS events (id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL
 CREATE INDEX IF NOT EXISTS events_by_model ON events (model, id);
 CREATE TABLE IF NOT EXISTS rollouts (model TEXT PRIMARY KEY, document TEXT NOT NULL, revision INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS applied (model TEXT PRIMARY KEY, digest TEXT NOT NULL, revision INTEGER NOT NULL,
+                                    at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS events_by_time ON events (at);
+CREATE TABLE IF NOT EXISTS pins (key TEXT PRIMARY KEY, version TEXT NOT NULL, used_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS replicas (id TEXT PRIMARY KEY, report TEXT NOT NULL, expires REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS draining (model TEXT NOT NULL, version TEXT NOT NULL, drain_id TEXT NOT NULL,
+                                     expires REAL NOT NULL, PRIMARY KEY (model, version));
 """
+POLICY_COLUMNS = "model, spec, revision, updated_at, actor"
 
 
 class SQLiteStore:
-    def __init__(self, path: str | Path, poll_s: float = 0.5) -> None:
+    def __init__(self, path: str | Path, poll_s: float = 0.5, audit: AuditBounds | None = None) -> None:
         self.path = Path(path)
         self.poll_s = poll_s
+        self.audit = audit or AuditBounds()
         self._db: sqlite3.Connection | None = None
         self._lock = threading.Lock()
+        self._generation = ""
 
     async def open(self) -> None:
-        def connect() -> sqlite3.Connection:
+        def connect() -> tuple[sqlite3.Connection, str]:
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")  # durable before the API answers
             db.executescript(SCHEMA)
-            return db
+            columns = {row[1] for row in db.execute("PRAGMA table_info(policies)")}
+            if "actor" not in columns:  # a file from before the writer was kept with the record
+                db.execute("ALTER TABLE policies ADD COLUMN actor TEXT NOT NULL DEFAULT ''")
+            db.execute("INSERT OR IGNORE INTO meta VALUES ('generation', ?)", (new_generation(),))
+            generation = db.execute("SELECT value FROM meta WHERE key = 'generation'").fetchone()[0]
+            return db, str(generation)
 
         try:
-            self._db = await asyncio.to_thread(connect)
+            self._db, self._generation = await asyncio.to_thread(connect)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the state database {self.path}: {exc}") from exc
+
+    async def generation(self) -> str:
+        return self._generation
 
     async def close(self) -> None:
         if self._db is not None:
@@ -81,38 +117,56 @@ class SQLiteStore:
 
     async def get_policy(self, model: str) -> StoredPolicy | None:
         rows = await self._run(lambda db: db.execute(
-            "SELECT model, spec, revision, updated_at FROM policies WHERE model = ?", (model,)).fetchall())
-        return _policy(rows[0]) if rows else None
+            f"SELECT {POLICY_COLUMNS} FROM policies WHERE model = ?", (model,)).fetchall())
+        return _policy(rows[0], self._generation) if rows else None
 
     async def list_policies(self) -> dict[str, StoredPolicy]:
-        query = "SELECT model, spec, revision, updated_at FROM policies"
-        rows = await self._run(lambda db: db.execute(query).fetchall())
-        return {row[0]: _policy(row) for row in rows}
+        return (await self.scan_policies()).policies
+
+    async def scan_policies(self) -> PolicyScan:
+        rows = await self._run(lambda db: db.execute(f"SELECT {POLICY_COLUMNS} FROM policies").fetchall())
+        policies, corrupt = {}, {}
+        for row in rows:
+            try:
+                policies[row[0]] = _policy(row, self._generation)
+            except CorruptRecord as exc:
+                corrupt[row[0]] = exc.message
+        return PolicyScan(self._generation, policies, corrupt)
 
     async def put_policy(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
                          event: EventDraft) -> StoredPolicy:
         def work(db: sqlite3.Connection) -> StoredPolicy:
             def body() -> StoredPolicy:
-                rows = db.execute("SELECT model, spec, revision, updated_at FROM policies WHERE model = ?",
-                                  (model,)).fetchall()
-                current = _policy(rows[0]) if rows else None
-                check_revision("policy", model, current.revision if current else 0, expected_revision)
-                stored = StoredPolicy(model, spec, (current.revision if current else 0) + 1, time.time())
-                db.execute("INSERT OR REPLACE INTO policies VALUES (?, ?, ?, ?)",
-                           (model, json.dumps(spec.document()) if spec else None, stored.revision, stored.updated_at))
+                rows = db.execute(f"SELECT {POLICY_COLUMNS} FROM policies WHERE model = ?", (model,)).fetchall()
+                revision = rows[0][2] if rows else 0
+                check_revision("policy", model, revision, expected_revision)
+                try:
+                    current = _policy(rows[0], self._generation) if rows else None
+                except CorruptRecord:  # overwriting a corrupt record is how it gets repaired
+                    current = None
+                stored = StoredPolicy(model, spec, revision + 1, time.time(), self._generation, event.actor)
+                db.execute(f"INSERT OR REPLACE INTO policies ({POLICY_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
+                           (model, json.dumps(spec.document()) if spec else None, stored.revision, stored.updated_at,
+                            event.actor))
                 before = current.document() if current and current.spec else None
-                _insert_event(db, event.finish(model, before, stored.document() if spec else None))
+                self._insert_event(db, event.finish(model, before, stored.document() if spec else None))
                 return stored
 
             return self._transaction(db, body)
 
         return await self._run(work)
 
-    async def seed_policy(self, model: str, spec: PolicySpec, actor: str) -> bool:
-        return await seed_once(self, model, spec, actor)
-
     async def append_event(self, model: str, event: Event) -> None:
-        await self._run(lambda db: self._transaction(db, lambda: _insert_event(db, event)))
+        await self._run(lambda db: self._transaction(db, lambda: self._insert_event(db, event)))
+
+    def _insert_event(self, db: sqlite3.Connection, event: Event) -> None:
+        db.execute("INSERT INTO events (at, actor, action, model, before, after, reason) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                   (event.at, event.actor, event.action, event.model, json.dumps(event.before),
+                    json.dumps(event.after), event.reason))
+        # Ids only grow and only the oldest rows go, so they stay contiguous: this keeps the
+        # newest max_events rows, by the primary key.
+        db.execute("DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?", (self.audit.max_events,))
+        db.execute("DELETE FROM events WHERE at < ?", (time.time() - self.audit.max_age_s,))
 
     async def events(self, model: str | None = None, limit: int = 100) -> list[Event]:
         query = "SELECT id, at, actor, action, model, before, after, reason FROM events"
@@ -124,14 +178,25 @@ class SQLiteStore:
         return [Event(id=r[0], at=r[1], actor=r[2], action=r[3], model=r[4], before=_load(r[5]), after=_load(r[6]),
                       reason=r[7]) for r in rows]
 
+    async def count_events(self) -> int:
+        """How many audit events the file holds (for operators and the bound's test)."""
+        return int((await self._run(lambda db: db.execute("SELECT COUNT(*) FROM events").fetchone()))[0])
+
     async def get_rollout(self, model: str) -> StoredRollout | None:
         rows = await self._run(lambda db: db.execute(
             "SELECT model, document, revision FROM rollouts WHERE model = ?", (model,)).fetchall())
-        return StoredRollout(rows[0][0], json.loads(rows[0][1]), rows[0][2]) if rows else None
+        return _rollout(rows[0]) if rows else None
 
     async def list_rollouts(self) -> dict[str, StoredRollout]:
+        """Every readable rollout record (an unreadable one is logged and left out)."""
         rows = await self._run(lambda db: db.execute("SELECT model, document, revision FROM rollouts").fetchall())
-        return {r[0]: StoredRollout(r[0], json.loads(r[1]), r[2]) for r in rows}
+        out = {}
+        for row in rows:
+            try:
+                out[row[0]] = _rollout(row)
+            except CorruptRecord as exc:
+                log.warning("%s: skipped", exc.message)
+        return out
 
     async def put_rollout(self, model: str, document: dict[str, Any], expected_revision: int | None) -> StoredRollout:
         def work(db: sqlite3.Connection) -> StoredRollout:
@@ -147,17 +212,47 @@ class SQLiteStore:
 
         return await self._run(work)
 
+    async def delete_rollout(self, model: str, expected_revision: int) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            def body() -> None:
+                rows = db.execute("SELECT revision FROM rollouts WHERE model = ?", (model,)).fetchall()
+                check_revision("rollout", model, rows[0][0] if rows else 0, expected_revision)
+                db.execute("DELETE FROM rollouts WHERE model = ?", (model,))
+
+            self._transaction(db, body)
+
+        await self._run(work)
+
+    async def get_applied(self, model: str) -> AppliedIntent | None:
+        rows = await self._run(lambda db: db.execute(
+            "SELECT digest, revision, at FROM applied WHERE model = ?", (model,)).fetchall())
+        return AppliedIntent(rows[0][0], rows[0][1], rows[0][2]) if rows else None
+
+    async def set_applied(self, model: str, intent: AppliedIntent) -> None:
+        await self._run(lambda db: db.execute("INSERT OR REPLACE INTO applied VALUES (?, ?, ?, ?)",
+                                              (model, intent.digest, intent.revision, intent.at)))
+
     async def changes(self) -> AsyncIterator[str]:
         seen = await self._revisions()
+        yield RESYNC
+        broken = False
         while True:
             await asyncio.sleep(self.poll_s)
             try:
                 now = await self._revisions()
-            except StoreError:
-                continue  # the periodic resync in the caller heals this
+            except StoreError as exc:
+                if not broken:
+                    log.warning("change poll failed (%s): retrying", exc)
+                broken = True
+                continue
+            if broken:  # changes made while we could not look are found by a full resync
+                broken = False
+                yield RESYNC
             for key, revision in now.items():
                 if seen.get(key) != revision:
                     yield key[1]
+            for key in seen.keys() - now.keys():
+                yield key[1]  # a record removed behind our back
             seen = now
 
     async def _revisions(self) -> dict[tuple[str, str], int]:
@@ -180,15 +275,75 @@ class SQLiteStore:
         return await self._run(work)
 
 
-def _policy(row: tuple[Any, ...]) -> StoredPolicy:
-    spec = PolicySpec.model_validate(json.loads(row[1])) if row[1] else None
-    return StoredPolicy(row[0], spec, row[2], row[3])
+    async def release_lease(self, name: str, holder: str) -> None:
+        await self._run(lambda db: db.execute("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder)))
+
+    async def report_replica(self, report: ReplicaReport, ttl_s: float) -> None:
+        text = json.dumps(report.document())
+        await self._run(lambda db: db.execute("INSERT OR REPLACE INTO replicas VALUES (?, ?, ?)",
+                                              (report.replica, text, time.time() + ttl_s)))
+
+    async def live_replicas(self) -> list[ReplicaReport]:
+        rows = await self._run(lambda db: db.execute("SELECT report FROM replicas WHERE expires > ?",
+                                                     (time.time(),)).fetchall())
+        return _live_reports(rows)
+
+    async def set_draining(self, model: str, version: str, drain_id: str | None, ttl_s: float = 0.0) -> None:
+        if drain_id is None:
+            await self._run(lambda db: db.execute("DELETE FROM draining WHERE model = ? AND version = ?",
+                                                  (model, version)))
+        else:
+            await self._run(lambda db: db.execute("INSERT OR REPLACE INTO draining VALUES (?, ?, ?, ?)",
+                                                  (model, version, drain_id, time.time() + ttl_s)))
+
+    async def draining(self) -> dict[tuple[str, str], str]:
+        rows = await self._run(lambda db: db.execute("SELECT model, version, drain_id FROM draining WHERE expires > ?",
+                                                     (time.time(),)).fetchall())
+        return {(r[0], r[1]): r[2] for r in rows}
 
 
-def _insert_event(db: sqlite3.Connection, event: Event) -> None:
-    db.execute("INSERT INTO events (at, actor, action, model, before, after, reason) VALUES (?, ?, ?, ?, ?, ?, ?)",
-               (event.at, event.actor, event.action, event.model, json.dumps(event.before), json.dumps(event.after),
-                event.reason))
+    async def save_pins(self, changes: Mapping[str, tuple[str, float] | None], idle_s: float) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            def body() -> None:
+                for key, entry in changes.items():
+                    if entry is None:
+                        db.execute("DELETE FROM pins WHERE key = ?", (key,))
+                    else:
+                        db.execute("INSERT OR REPLACE INTO pins VALUES (?, ?, ?)", (key, entry[0], entry[1]))
+                db.execute("DELETE FROM pins WHERE used_at < ?", (time.time() - idle_s,))
+
+            self._transaction(db, body)
+
+        await self._run(work)
+
+    async def load_pins(self, idle_s: float) -> dict[str, tuple[str, float]]:
+        rows = await self._run(lambda db: db.execute("SELECT key, version, used_at FROM pins WHERE used_at >= ?",
+                                                     (time.time() - idle_s,)).fetchall())
+        return {r[0]: (r[1], r[2]) for r in rows}
+
+def _live_reports(rows: list[tuple[Any, ...]]) -> list[ReplicaReport]:
+    reports = []
+    for (text,) in rows:
+        try:
+            report = ReplicaReport.from_document(json.loads(text))
+        except ValueError:
+            report = None
+        if report is not None:
+            reports.append(report)
+    return reports
+
+
+def _policy(row: tuple[Any, ...], generation: str) -> StoredPolicy:
+    what = f"stored policy of model '{row[0]}' (revision {row[2]})"
+    spec = spec_from_document(load_json(row[1], what), what) if row[1] else None
+    return StoredPolicy(row[0], spec, row[2], row[3], generation, row[4] or "")
+
+
+def _rollout(row: tuple[Any, ...]) -> StoredRollout:
+    document = load_json(row[1], f"stored rollout of model '{row[0]}'")
+    if not isinstance(document, dict):
+        raise CorruptRecord(f"stored rollout of model '{row[0]}' is not a JSON object")
+    return StoredRollout(row[0], document, row[2])
 
 
 def _load(text: str | None) -> Any:

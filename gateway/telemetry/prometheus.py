@@ -31,6 +31,24 @@ class GatewayCollector:
         yield from self._policies()
         yield from self._rollouts()
         yield from self._shadow()
+        yield from self._state()
+
+    def _state(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("gateway_store_up", "1 while the state store answers, 0 while this replica "
+                               "serves from its last policies without it")
+        up.add_metric([], 1.0 if self.recorder.store_up else 0.0)
+        yield up
+        errors = CounterMetricFamily("gateway_state_sync_errors", "Policy sync failures: unreadable stored records "
+                                     "(skipped), store unreachable, internal (a sync loop crashed and restarted)",
+                                     labels=["reason"])
+        for reason, count in list(self.recorder.sync_errors.items()):
+            errors.add_metric([reason], count)
+        yield errors
+        restarts = CounterMetricFamily("gateway_background_restarts", "Background loops restarted after a crash",
+                                       labels=["loop"])
+        for loop, count in list(self.recorder.loop_restarts.items()):
+            restarts.add_metric([loop], count)
+        yield restarts
 
     def _shadow(self) -> Iterator[Metric]:
         results = CounterMetricFamily("gateway_shadow_requests", "Mirrored requests by result",

@@ -35,6 +35,9 @@ UPSTREAM_ERROR_CODES = "5..|UNAVAILABLE|INTERNAL|UNKNOWN|DEADLINE_EXCEEDED|RESOU
 JUDGED_CODES = "[23]..|OK|" + UPSTREAM_ERROR_CODES  # successes and upstream errors: never 4xx, 499, client codes
 UNKNOWN_MODEL = "_unknown"  # label for model names Triton does not know: bounded cardinality
 MAX_SERIES = 4096  # hard cap on distinct label sets; beyond it samples fold into one overflow series
+# Why policy sync failed: an unreadable stored record (skipped), the store unreachable, or a
+# sync loop that crashed (restarted by its supervisor).
+SYNC_ERROR_REASONS = ("corrupt_record", "store_unreachable", "internal")
 
 
 class Outcome(str, Enum):
@@ -135,6 +138,9 @@ class Recorder:
         self._rollbacks: dict[tuple[str, str], int] = {}  # (model, reason) -> count
         self._shadow: dict[tuple[str, str], ShadowStats] = {}
         self._reservoirs: dict[tuple[str, str], Reservoir] = {}  # (model, version) -> latency sample
+        self._sync_errors: dict[str, int] = dict.fromkeys(SYNC_ERROR_REASONS, 0)  # reason -> count
+        self._loop_restarts: dict[str, int] = {}  # background loop -> restarts after a crash
+        self.store_up = True  # the state store answered the last time state sync asked
         # read-only views, built once: readers never copy and never write
         self.totals: Mapping[tuple[str, str, str, str, str], _Totals] = MappingProxyType(self._totals)
         self.upstream_errors: Mapping[tuple[str, str, str], int] = MappingProxyType(self._upstream_errors)
@@ -142,6 +148,8 @@ class Recorder:
         self.rollout_states: Mapping[str, tuple[str, tuple[str, ...]]] = MappingProxyType(self._rollout_states)
         self.rollbacks: Mapping[tuple[str, str], int] = MappingProxyType(self._rollbacks)
         self.shadow: Mapping[tuple[str, str], ShadowStats] = MappingProxyType(self._shadow)
+        self.sync_errors: Mapping[str, int] = MappingProxyType(self._sync_errors)
+        self.loop_restarts: Mapping[str, int] = MappingProxyType(self._loop_restarts)
 
     def record(self, model: str, version: str, outcome: Outcome, latency_s: float,
                route: str = "", protocol: str = "http", code: str = "200") -> None:
@@ -202,6 +210,13 @@ class Recorder:
     def count_rollback(self, model: str, reason: str) -> None:
         key = (model, reason)
         self._rollbacks[key] = self._rollbacks.get(key, 0) + 1
+
+    def count_sync_error(self, reason: str) -> None:
+        """State sync failed: ``reason`` is one of SYNC_ERROR_REASONS."""
+        self._sync_errors[reason] += 1
+
+    def count_loop_restart(self, loop: str) -> None:
+        self._loop_restarts[loop] = self._loop_restarts.get(loop, 0) + 1
 
     def shadow_stats(self, model: str, version: str) -> ShadowStats:
         """The shadow counters of (model, version), for the shadow worker to bump."""

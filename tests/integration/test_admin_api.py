@@ -131,6 +131,16 @@ async def test_delete_goes_back_to_passthrough(admin: AdminClient) -> None:
     assert (await admin.request("DELETE", "/admin/models/qc/policy")).status_code == 404
 
 
+async def test_delete_checks_every_if_match_even_zero(admin: AdminClient) -> None:
+    await admin.request("PUT", "/admin/models/qc/policy", json={"weights": {"1": 100}})
+    for stale in ('"0"', '"2"'):
+        refused = await admin.request("DELETE", "/admin/models/qc/policy", headers={"If-Match": stale})
+        assert refused.status_code == 412 and "revision 1" in refused.json()["error"], stale
+    assert (await admin.request("GET", "/admin/models/qc/policy")).json()["revision"] == 1, "nothing deleted"
+    deleted = await admin.request("DELETE", "/admin/models/qc/policy", headers={"If-Match": '"1"'})
+    assert deleted.status_code == 200 and deleted.json()["revision"] == 2
+
+
 async def test_audit_trail_names_the_actor(admin: AdminClient) -> None:
     await admin.request("PUT", "/admin/models/qc/policy", json=POLICY, token="alice-token-1")
     await admin.request("PATCH", "/admin/models/qc/policy/weights", token="robot-token-1",

@@ -140,3 +140,27 @@ def test_ctl_commands_against_a_running_gateway(triton: LocalTriton) -> None:
         unauthorised = subprocess.run([sys.executable, "-m", "gateway", "ctl", "--url", gw.url, "models"],
                                       capture_output=True, text=True, timeout=30)
         assert unauthorised.returncode == 1 and "bearer token" in unauthorised.stderr
+
+
+def test_ctl_policy_set_changes_only_what_its_flags_name(triton: LocalTriton) -> None:
+    with GatewayThread(gateway_settings(triton.http_url, admin_token=TOKEN)) as gw:
+        def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "gateway", "ctl", "--url", gw.url, "--token", TOKEN, "--json",
+                                   *args], capture_output=True, text=True, timeout=30)
+
+        made = ctl("policy", "set", "qc", "--weights", "2=80", "3=20", "--rule", "x-canary=always:3")
+        assert made.returncode == 0, made.stderr
+        full = {"weights": {"2": 80, "3": 20}, "sticky_header": "x-user-id", "sequence_affinity": True,
+                "rules": [{"header": "x-canary", "equals": "always", "version": "3"}]}
+        assert admin_call(gw.url, "PUT", "/admin/models/qc/policy", full)[0] == 200
+        weights = ctl("policy", "set", "qc", "--weights", "2=90", "3=10")
+        assert weights.returncode == 0, weights.stderr
+        doc = json.loads(weights.stdout)
+        assert doc["weights"] == {"2": 90, "3": 10} and doc["rules"] == full["rules"]
+        assert doc["sticky_header"] == "x-user-id" and doc["sequence_affinity"] is True
+        assert admin_call(gw.url, "GET", "/admin/events?model=qc&limit=1")[1]["events"][0]["action"] == "set_weights"
+        header = json.loads(ctl("policy", "set", "qc", "--sticky-header", "x-team").stdout)
+        assert header["sticky_header"] == "x-team" and header["weights"] == {"2": 90, "3": 10}
+        assert header["rules"] == full["rules"] and header["sequence_affinity"] is True
+        stale = ctl("policy", "set", "qc", "--weights", "2=50", "3=50", "--if-match", "1")
+        assert stale.returncode == 1 and "412" in stale.stderr

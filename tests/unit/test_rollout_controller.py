@@ -253,3 +253,47 @@ async def test_no_cleanup_without_unload_previous(h: Harness) -> None:
     await h.controller.begin("qc", RolloutSpec.model_validate({**SPEC.model_dump(), "steps": [100]}), "alice")
     await h.interval(canary=(100, 0, 0.004))
     assert (await h.state())["state"] == "promoted" and lifecycle.unloaded == []
+
+
+async def test_a_refused_begin_leaves_no_rollout_record_behind(h: Harness) -> None:
+    from gateway.errors import StaleRevision
+
+    with_rule = PolicySpec.model_validate({"weights": {"2": 100},
+                                           "rules": [{"header": "x-qa", "equals": "1", "version": "1"}]})
+    await h.policies.put("qc", with_rule, None, EventDraft("sre", "put"))
+    h.triton.ready["1"] = False  # the rule's version went away: the rollout's policy write is refused
+    with pytest.raises(Conflict, match="version 1"):
+        await h.controller.begin("qc", SPEC, "alice")
+    assert await h.store.get_rollout("qc") is None, "no orphan record blocks the retry"
+    h.triton.ready["1"] = True
+
+    real_put = h.store.put_policy
+
+    async def someone_else_first(*args: Any, **kwargs: Any) -> Any:
+        h.store.put_policy = real_put  # type: ignore[method-assign]
+        await real_put("qc", with_rule, None, EventDraft("bob", "put"))  # lands between our read and our write
+        return await real_put(*args, **kwargs)
+
+    h.store.put_policy = someone_else_first  # type: ignore[method-assign]
+    with pytest.raises(StaleRevision):
+        await h.controller.begin("qc", SPEC, "alice")
+    assert await h.store.get_rollout("qc") is None
+    rollout = await h.controller.begin("qc", SPEC, "alice")  # and the retry goes ahead
+    assert rollout.phase.value == "progressing" and await h.weights() == {"2": 95, "3": 5}
+    await h.controller.command("qc", "abort", "alice")
+    h.triton.ready["1"] = False
+    with pytest.raises(Conflict):
+        await h.controller.begin("qc", SPEC, "alice")
+    stored = await h.store.get_rollout("qc")
+    assert stored is not None and stored.document["state"] == "aborted", "the earlier record is put back as it was"
+
+
+async def test_an_unreadable_rollout_record_does_not_stop_the_others(h: Harness) -> None:
+    await h.controller.begin("qc", SPEC, "alice")
+    await h.store.put_rollout("tok", {"model": "tok", "state": "progressing"}, 0)  # half a record
+    qc = await h.store.get_rollout("qc")
+    assert qc is not None
+    newer = {**qc.document, "spec": {**qc.document["spec"], "canary_budget": 3}}  # a newer version's field
+    await h.store.put_rollout("qc", newer, qc.revision)
+    await h.interval(canary=(100, 0, 0.004))
+    assert (await h.weights())["3"] == 20, "qc's rollout went on beside the unreadable one"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -10,22 +11,24 @@ import pytest
 
 from gateway.errors import StaleRevision
 from gateway.policy import PolicySpec
-from gateway.store.base import EventDraft, StateStore, make_store
+from gateway.store.base import RESYNC, AppliedIntent, AuditBounds, EventDraft, StateStore, make_store
 
 SPEC_A = PolicySpec.model_validate({"weights": {"2": 80, "3": 20}, "rules": []})
 SPEC_B = PolicySpec.model_validate({"weights": {"2": 50, "3": 50},
                                     "rules": [{"header": "x-canary", "equals": "always", "version": "3"}]})
 
 
+def store_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if kind == "memory":
+        return "memory://"
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path}/state.db"
+    return str(request.getfixturevalue("redis_url"))
+
+
 @pytest.fixture(params=["memory", "sqlite", "redis"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[StateStore]:
-    if request.param == "memory":
-        url = "memory://"
-    elif request.param == "sqlite":
-        url = f"sqlite:///{tmp_path}/state.db"
-    else:
-        url = request.getfixturevalue("redis_url")
-    backend = make_store(url)
+    backend = make_store(store_url(request.param, request, tmp_path))
     await backend.open()
     yield backend
     await backend.close()
@@ -51,12 +54,14 @@ async def test_stale_revision_changes_nothing(store: StateStore) -> None:
     assert len(await store.events("qc")) == 1
 
 
-async def test_delete_leaves_a_tombstone_and_seed_never_overwrites(store: StateStore) -> None:
-    assert await store.seed_policy("qc", SPEC_A, "settings") is True
-    assert await store.seed_policy("qc", SPEC_B, "settings") is False
+async def test_delete_leaves_a_tombstone_that_keeps_counting(store: StateStore) -> None:
+    await store.put_policy("qc", SPEC_A, 0, EventDraft("config", "apply_config"))
     deleted = await store.put_policy("qc", None, 1, EventDraft("alice", "delete"))
     assert deleted.revision == 2 and deleted.spec is None
-    assert await store.seed_policy("qc", SPEC_B, "settings") is False, "a deleted policy stays deleted"
+    with pytest.raises(StaleRevision):
+        await store.put_policy("qc", SPEC_B, 0, EventDraft("config", "apply_config"))
+    tombstone = await store.get_policy("qc")
+    assert tombstone is not None and tombstone.spec is None and tombstone.revision == 2
     again = await store.put_policy("qc", SPEC_B, 2, EventDraft("alice", "put"))
     assert again.revision == 3
 
@@ -93,10 +98,10 @@ async def test_rollout_records_compare_and_set(store: StateStore) -> None:
     assert list(await store.list_rollouts()) == ["qc"]
 
 
-async def test_change_feed_announces_changed_models(store: StateStore) -> None:
+async def test_change_feed_says_resync_once_live_then_announces_changed_models(store: StateStore) -> None:
     feed = store.changes()
+    assert await asyncio.wait_for(feed.__anext__(), 2) == RESYNC, "live: the caller resyncs, nothing is missed"
     waiter = asyncio.ensure_future(feed.__anext__())
-    await asyncio.sleep(0.1)  # let the feed subscribe before the change
     await store.put_policy("qc", SPEC_A, None, EventDraft("alice", "put"))
     assert await asyncio.wait_for(waiter, 2) == "qc"
     await feed.aclose()  # type: ignore[attr-defined]
@@ -113,3 +118,197 @@ async def test_lease_has_one_holder_until_it_expires(store: StateStore) -> None:
 def test_unknown_scheme_fails_loudly() -> None:
     with pytest.raises(ValueError, match="unknown store URL scheme"):
         make_store("postgres://x")
+
+
+async def test_records_carry_the_store_generation_and_writer(store: StateStore) -> None:
+    generation = await store.generation()
+    assert generation and generation == await store.generation(), "one id, stable while the store lives"
+    written = await store.put_policy("qc", SPEC_A, 0, EventDraft("alice", "put"))
+    assert (written.generation, written.actor) == (generation, "alice")
+    read = await store.get_policy("qc")
+    assert read is not None and (read.generation, read.actor) == (generation, "alice")
+    scan = await store.scan_policies()
+    assert scan.generation == generation and list(scan.policies) == ["qc"] and scan.corrupt == {}
+
+
+async def test_a_store_made_again_empty_has_a_new_generation(tmp_path: Path, redis_url: str) -> None:
+    import redis.asyncio as aioredis
+
+    first = make_store(f"sqlite:///{tmp_path}/a.db")
+    await first.open()
+    generation = await first.generation()
+    await first.close()
+    again = make_store(f"sqlite:///{tmp_path}/a.db")
+    await again.open()
+    assert await again.generation() == generation, "the same file is the same store"
+    await again.close()
+    other = make_store(f"sqlite:///{tmp_path}/b.db")
+    await other.open()
+    assert await other.generation() != generation
+    await other.close()
+
+    shared = make_store(redis_url)
+    await shared.open()
+    before = await shared.put_policy("qc", SPEC_A, 0, EventDraft("alice", "put"))
+    client = aioredis.Redis.from_url(redis_url)
+    await client.flushall()
+    await client.aclose()
+    after = await shared.put_policy("qc", SPEC_B, 0, EventDraft("bob", "put"))
+    assert after.revision == before.revision == 1, "the wiped store starts counting again..."
+    assert after.generation != before.generation, "...so the generation is what tells replicas"
+    assert (await shared.get_policy("qc")).generation == after.generation  # type: ignore[union-attr]
+    await shared.close()
+
+
+async def test_rollout_record_delete_is_compare_and_set(store: StateStore) -> None:
+    await store.put_rollout("qc", {"state": "progressing"}, 0)
+    with pytest.raises(StaleRevision):
+        await store.delete_rollout("qc", 2)
+    assert await store.get_rollout("qc") is not None
+    await store.delete_rollout("qc", 1)
+    assert await store.get_rollout("qc") is None and await store.list_rollouts() == {}
+    assert (await store.put_rollout("qc", {"state": "progressing"}, 0)).revision == 1
+
+
+async def test_config_intent_round_trip(store: StateStore) -> None:
+    assert await store.get_applied("qc") is None
+    await store.set_applied("qc", AppliedIntent("abc", 3, 1700000000.5))
+    await store.set_applied("qc", AppliedIntent("def", 4, 1700000001.5))
+    assert await store.get_applied("qc") == AppliedIntent("def", 4, 1700000001.5)
+    assert await store.get_applied("other") is None
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis"])
+async def test_audit_trail_is_bounded_by_count_and_by_age(kind: str, request: pytest.FixtureRequest,
+                                                          tmp_path: Path) -> None:
+    backend = make_store(store_url(kind, request, tmp_path), AuditBounds(max_events=5, max_age_s=0.5))
+    await backend.open()
+    for index in range(8):
+        await backend.put_policy("qc", SPEC_A, None, EventDraft("alice", "put", reason=str(index)))
+    assert [e.reason for e in await backend.events()] == ["7", "6", "5", "4", "3"], "the newest 5 stay"
+    await asyncio.sleep(0.6)  # every line is now older than the age bound
+    await backend.put_policy("qc", SPEC_B, None, EventDraft("alice", "put", reason="8"))
+    assert [e.reason for e in await backend.events()] == ["8"], "the aged lines went"
+    await backend.close()
+
+
+NEWER_RECORD = {"weights": {"2": 90, "3": 10}, "sticky_header": None, "canary_budget": 3,
+                "rules": [{"header": "x-canary", "equals": "always", "version": "3", "priority": 1}]}
+
+
+async def write_raw(kind: str, where: str, model: str, spec_json: str, revision: int = 4) -> None:
+    """Writes a policy record behind the store's back, as a bug or a newer version could."""
+    if kind == "sqlite":
+        import sqlite3
+
+        db = sqlite3.connect(where)
+        db.execute("INSERT OR REPLACE INTO policies (model, spec, revision, updated_at) VALUES (?, ?, ?, ?)",
+                   (model, spec_json, revision, 1.0))
+        db.commit()
+        db.close()
+    else:
+        import redis.asyncio as aioredis
+
+        client = aioredis.Redis.from_url(where)
+        record = f'{{"revision": {revision}, "model": "{model}", "updated_at": 1.0, "spec": {spec_json}}}'
+        await client.set(f"gateway:policy:{model}", record)
+        await client.aclose()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+async def test_unreadable_records_are_named_apart_and_newer_fields_ignored(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import json
+
+    from gateway.errors import CorruptRecord
+    from gateway.store import records
+
+    records._warned.clear()  # once per process: forget what an earlier test reported
+    url = store_url(kind, request, tmp_path)
+    backend = make_store(url)
+    await backend.open()
+    where = f"{tmp_path}/state.db" if kind == "sqlite" else url
+    await backend.put_policy("qc", SPEC_A, 0, EventDraft("alice", "put"))
+    await write_raw(kind, where, "broken", "{not json" if kind == "sqlite" else '{"weights": ')
+    await write_raw(kind, where, "invalid", json.dumps({"weights": {"2": 90}}))
+    await write_raw(kind, where, "newer", json.dumps(NEWER_RECORD))
+    for _ in range(2):
+        scan = await backend.scan_policies()
+        assert sorted(scan.policies) == ["newer", "qc"]
+        assert sorted(scan.corrupt) == ["broken", "invalid"] and "sum to 100" in scan.corrupt["invalid"]
+    newer = scan.policies["newer"].spec
+    assert newer is not None and newer.basis_points() == {"2": 9000, "3": 1000}
+    assert newer.rules[0].version == "3"
+    unknown = [r.getMessage() for r in caplog.records if "does not know" in r.getMessage()]
+    assert len(unknown) == 2 and "canary_budget" in unknown[0] + unknown[1] and "rules.*.priority" in "".join(unknown)
+    with pytest.raises(CorruptRecord, match="broken"):
+        await backend.get_policy("broken")
+    assert sorted(await backend.list_policies()) == ["newer", "qc"]
+    repaired = await backend.put_policy("broken", SPEC_B, None, EventDraft("alice", "repair"))
+    assert (await backend.get_policy("broken")) == repaired
+    await backend.close()
+
+
+async def test_sqlite_audit_trail_stays_within_its_bound_over_10000_changes(tmp_path: Path) -> None:
+    """The acceptance bound, on a real file (in /dev/shm when there is one: same SQLite, no
+    disk flush per change, so 10,000 durable writes take seconds)."""
+    import tempfile
+
+    from gateway.store.sqlite import SQLiteStore
+
+    shm = Path("/dev/shm")
+    folder = Path(tempfile.mkdtemp(dir=shm)) if shm.is_dir() else tmp_path
+    backend = SQLiteStore(folder / "state.db", audit=AuditBounds(max_events=1000))
+    await backend.open()
+    try:
+        largest = 0
+        for index in range(10_000):
+            spec = SPEC_A if index % 2 else SPEC_B
+            await backend.put_policy(f"model{index % 7}", spec, None, EventDraft("alice", "put", reason=str(index)))
+            if index % 500 == 499:
+                largest = max(largest, await backend.count_events())
+        assert largest == 1000 and await backend.count_events() == 1000
+        newest = await backend.events(limit=1000)
+        assert [e.reason for e in newest[:2]] == ["9999", "9998"] and newest[-1].reason == "9000"
+    finally:
+        await backend.close()
+        if folder != tmp_path:
+            import shutil
+
+            shutil.rmtree(folder)
+
+
+async def test_replica_reports_and_drain_marks_expire(store: StateStore) -> None:
+    from gateway.store.base import ReplicaReport
+
+    await store.report_replica(ReplicaReport("a", 1.0, {"qc/3": (2, 1, "d1")}), ttl_s=0.3)
+    await store.report_replica(ReplicaReport("b", 1.0, {}), ttl_s=5)
+    await store.report_replica(ReplicaReport("a", 2.0, {"qc/3": (0, 1, "d1")}), ttl_s=0.3)  # replaces a's report
+    reports = {r.replica: r for r in await store.live_replicas() if r.replica in ("a", "b")}
+    assert sorted(reports) == ["a", "b"] and reports["a"].usage == {"qc/3": (0, 1, "d1")}
+    await store.set_draining("qc", "3", "d1", ttl_s=0.3)
+    await store.set_draining("tok", "1", "d2", ttl_s=5)
+    assert await store.draining() == {("qc", "3"): "d1", ("tok", "1"): "d2"}
+    await store.set_draining("tok", "1", None)
+    await asyncio.sleep(0.4)
+    live = [r.replica for r in await store.live_replicas() if r.replica in ("a", "b")]  # only this test's
+    assert live == ["b"], "a stopped reporting: it is gone"
+    assert await store.draining() == {}
+
+
+async def test_a_lease_is_released_only_by_its_holder(store: StateStore) -> None:
+    assert await store.acquire_lease("lifecycle:qc", "a", 10)
+    await store.release_lease("lifecycle:qc", "b")
+    assert not await store.acquire_lease("lifecycle:qc", "b", 10)
+    await store.release_lease("lifecycle:qc", "a")
+    assert await store.acquire_lease("lifecycle:qc", "b", 10)
+
+
+async def test_sequence_pins_are_kept_until_idle(store: StateStore) -> None:
+    now = time.time()
+    await store.save_pins({'["qc", 7]': ("3", now), '["qc", "s-1"]': ("2", now - 0.2), '["qc", 8]': ("3", now)},
+                          idle_s=0.5)
+    await store.save_pins({'["qc", 8]': None}, idle_s=0.5)  # ended
+    assert await store.load_pins(0.5) == {'["qc", 7]': ("3", now), '["qc", "s-1"]': ("2", now - 0.2)}
+    await asyncio.sleep(0.35)
+    assert list(await store.load_pins(0.5)) == ['["qc", 7]'], "s-1 was last used 0.55 s ago: idle, gone"

@@ -1,0 +1,79 @@
+"""Reading stored policy documents: lenient where the admin API is strict.
+
+The API refuses a field it does not know (a typo must not pass silently), but a stored
+record may have been written by a *newer* replica during a rolling upgrade (as ``shadow``,
+``sequence_affinity`` and ``keep_previous`` once were). Refusing it would stop this
+replica's sync; so unknown fields are dropped with one warning per field, and only a record
+that is still invalid without them is corrupt.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from gateway.errors import CorruptRecord
+from gateway.policy import PolicySpec
+
+log = logging.getLogger("gateway.store")
+M = TypeVar("M", bound=BaseModel)
+_warned: set[str] = set()  # field paths already reported: one warning per field per process
+
+
+def load_json(raw: str | bytes, what: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise CorruptRecord(f"{what} is not valid JSON: {exc}") from None
+
+
+def spec_from_document(doc: Any, what: str) -> PolicySpec:
+    """A PolicySpec from a stored document, ignoring fields this version does not know."""
+    return lenient_model(PolicySpec, doc, what)
+
+
+def lenient_model(model: type[M], doc: Any, what: str) -> M:
+    """``model`` (a strict pydantic model) from a stored document, ignoring fields this
+    version does not know; CorruptRecord if it is still invalid without them."""
+    if not isinstance(doc, dict):
+        raise CorruptRecord(f"{what}: not a JSON object")
+    try:
+        return model.model_validate(doc)
+    except ValidationError as exc:
+        unknown = [err["loc"] for err in exc.errors() if err["type"] == "extra_forbidden"]
+        if not unknown or len(unknown) != len(exc.errors()):
+            raise CorruptRecord(f"{what} cannot be read: {_describe(exc)}") from None
+    for loc in unknown:
+        _drop(doc, loc)
+        path = model.__name__ + "." + ".".join("*" if isinstance(part, int) else str(part) for part in loc)
+        if path not in _warned:
+            _warned.add(path)
+            log.warning("%s has a field this version does not know, '%s' (written by a newer gateway?): "
+                        "ignored", what, path.split(".", 1)[1])
+    try:
+        return model.model_validate(doc)
+    except ValidationError as exc:
+        raise CorruptRecord(f"{what} cannot be read: {_describe(exc)}") from None
+
+
+def record_field(doc: dict[str, Any], name: str, kind: type, what: str) -> Any:
+    """One envelope field (revision, updated_at, ...) of a stored record, type-checked."""
+    value = doc.get(name)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise CorruptRecord(f"{what}: field '{name}' is missing or not a {kind.__name__}")
+    return value
+
+
+def _drop(doc: Any, loc: tuple[int | str, ...]) -> None:
+    for part in loc[:-1]:
+        doc = doc[part]
+    del doc[loc[-1]]
+
+
+def _describe(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'policy'}: {err['msg']}" for err in exc.errors())
