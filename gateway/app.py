@@ -23,6 +23,7 @@ from gateway.admin.api import admin_router
 from gateway.admin.auth import Authenticator
 from gateway.admin.policies import PolicyService
 from gateway.admin.versions import versions_router
+from gateway.control_surface import ControlCall, ControlGate, ControlMode
 from gateway.errors import GatewayError
 from gateway.grpc_upstream import GrpcUpstream
 from gateway.lifecycle import ModelLifecycle
@@ -63,7 +64,6 @@ class Gateway:
         self.access_log = AccessLog() if settings.access_log else None
         self.pins = SequencePins()
         self.shadow = ShadowMirror(self.upstream)
-        self.proxy = HttpProxy(self.book, self.upstream, self.recorder, self.access_log, self.pins, self.shadow)
         self.grpc: GrpcProxy | None = None
         self.grpc_router: GrpcRouter | None = None
         self.grpc_server: Any = None
@@ -78,6 +78,9 @@ class Gateway:
         self.registry = make_registry(GatewayCollector(self.recorder, self.book, self.rollouts.states,
                                                        self.rollouts.rollbacks, self.shadow.stats))
         self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin)
+        self.gate = control_gate(ControlMode(settings.triton_control), self.auth, self.policies)
+        self.proxy = HttpProxy(self.book, self.upstream, self.recorder, self.access_log, self.pins, self.shadow,
+                               self.gate)
         self.started = False
         self.control = self._control_app()
 
@@ -192,6 +195,17 @@ async def _invalid_request(_: Request, exc: RequestValidationError | ValidationE
 
 async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
     return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
+
+def control_gate(mode: ControlMode, auth: Authenticator, policies: PolicyService) -> ControlGate | None:
+    """What the data ports do with Triton model control; None lets it pass (triton_control=allow)."""
+    if mode is ControlMode.ALLOW:
+        return None
+
+    async def audit(call: ControlCall, actor: str, protocol: str) -> None:
+        await policies.audit(call.model, actor, call.action, f"{call.described} through the {protocol} data port")
+
+    return ControlGate(mode, auth.actor, audit)
 
 
 def make_source(settings: Settings, recorder: Recorder) -> MetricsSource:

@@ -6,6 +6,7 @@
     ├── Conflict                   409   e.g. a version that is not READY on Triton
     ├── PreconditionFailed         412   stale If-Match revision
     ├── Unauthorized               401
+    ├── Forbidden                  403   e.g. Triton model control on a data port
     └── UpstreamError              502   Triton answered nothing usable
         ├── UpstreamUnavailable    503   connection refused / cannot connect in time
         ├── UpstreamTimeout        504   the deadline passed before Triton answered
@@ -38,6 +39,10 @@ class BadRequest(GatewayError):
 
 class Unauthorized(GatewayError):
     status = 401
+
+
+class Forbidden(GatewayError):
+    status = 403
 
 
 class NotFound(GatewayError):

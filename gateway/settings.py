@@ -50,6 +50,9 @@ class Settings(BaseSettings):
         default_factory=dict, description="more named tokens, {actor: token}: one per SRE or automation"
     )
     insecure_admin: bool = Field(False, description="serve /admin without a token (logs a warning; never in prod)")
+    triton_control: Literal["deny", "admin", "allow"] = Field(
+        "deny", description="Triton model control (load/unload, shared memory, trace/log setting updates) on the "
+        "data ports: deny (403 / PERMISSION_DENIED), admin (admin bearer token, audited) or allow")
     metrics_source: str = Field("recorder", pattern="^(recorder|prometheus)$",
                                 description="rollout analysis reads this process's recorder, or Prometheus "
                                 "(all replicas' traffic)")
@@ -82,6 +85,9 @@ class Settings(BaseSettings):
             raise ValueError("admin tokens must be at least 8 characters")
         if len(set(secrets)) != len(secrets):
             raise ValueError("two admin tokens are the same: each actor needs its own")
+        if self.triton_control == "admin" and not secrets and not self.insecure_admin:
+            raise ValueError("triton_control=admin needs an admin token to check: set GATEWAY_ADMIN_TOKEN "
+                             "(or admin_tokens), or choose triton_control=deny")
         return self
 
     def actor_tokens(self) -> dict[str, str]:

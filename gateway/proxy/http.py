@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from functools import partial
 from typing import Any
 
+from gateway.control_surface import ControlGate, http_control_call
 from gateway.errors import ClientGone, GatewayError, UpstreamError
 from gateway.policy_book import PolicyBook
 from gateway.proxy.shadow import Mirror, ShadowMirror
@@ -59,8 +60,9 @@ class HttpProxy:
 
     def __init__(self, book: PolicyBook, upstream: HttpUpstream, recorder: Recorder,
                  access_log: Callable[..., None] | None = None, pins: SequencePins | None = None,
-                 shadow: ShadowMirror | None = None) -> None:
+                 shadow: ShadowMirror | None = None, gate: ControlGate | None = None) -> None:
         self.book = book
+        self.gate = gate  # None: Triton control calls pass through (triton_control=allow)
         self.pins = pins or SequencePins()
         self.shadow = shadow
         self.upstream = upstream
@@ -87,7 +89,26 @@ class HttpProxy:
                 model = parts[0]
                 policy = self.book.get(model)
                 decision = Decision(parts[2], Reason.PINNED)
+        if model is None and self.gate is not None:  # never an inference: those were routed above
+            refused = await self._control(scope, path)
+            if refused is not None:
+                await _send_error(send, refused)
+                return
         await self._forward(scope, receive, send, target, model, policy, decision)
+
+    async def _control(self, scope: Scope, path: str) -> GatewayError | None:
+        """Triton model control on the data port: refused, or admitted with its token taken out."""
+        call = http_control_call(scope["method"], path)
+        if call is None or self.gate is None:
+            return None
+        authorization = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+        refused = await self.gate.admit(call, authorization, "http")
+        if refused is None:  # the admin token is the gateway's, not Triton's business
+            scope["headers"] = [(name, value) for name, value in scope["headers"] if name != b"authorization"]
+        return refused
 
     def _route(self, policy: Policy | None, scope: Scope) -> Decision:
         if policy is None:
