@@ -21,30 +21,30 @@ from starlette.exceptions import HTTPException
 
 from gateway.admin.api import admin_router
 from gateway.admin.auth import Authenticator
-from gateway.admin.policies import PolicyService
+from gateway.admin.rollouts import rollout_router
 from gateway.admin.versions import versions_router
 from gateway.control_surface import ControlCall, ControlGate, ControlMode
 from gateway.errors import GatewayError
-from gateway.grpc_upstream import GrpcUpstream
-from gateway.lifecycle import ModelLifecycle
+from gateway.grpc.front import start_server as start_front
+from gateway.grpc.grpcio_front import GrpcProxy
+from gateway.grpc.grpcio_front import start_server as start_grpc
+from gateway.grpc.router import GrpcRouter
+from gateway.grpc.upstream import GrpcUpstream
 from gateway.policy_book import PolicyBook
-from gateway.proxy.grpc import GrpcProxy
-from gateway.proxy.grpc import start_server as start_grpc
-from gateway.proxy.grpc_front import start_server as start_front
-from gateway.proxy.grpc_routing import GrpcRouter
 from gateway.proxy.http import HttpProxy, Receive, Scope, Send
 from gateway.proxy.shadow import ShadowMirror
-from gateway.rollout.api import rollout_router
 from gateway.rollout.controller import RolloutController
 from gateway.sequences import SequencePins
+from gateway.services.lifecycle import ModelLifecycle
+from gateway.services.policies import PolicyService
+from gateway.services.state_sync import StateSync
+from gateway.services.triton_control import TritonControl
 from gateway.settings import Settings
-from gateway.state_sync import StateSync
 from gateway.store.base import StateStore, make_store
 from gateway.telemetry.access_log import AccessLog
 from gateway.telemetry.prometheus import GatewayCollector, make_registry, render
 from gateway.telemetry.recorder import Recorder
 from gateway.telemetry.sources import MetricsSource, PrometheusSource, RecorderSource
-from gateway.triton_control import TritonControl
 from gateway.upstream import HttpUpstream
 
 log = logging.getLogger("gateway")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway.local_triton import LocalTriton
+from gateway.devtools.local_triton import LocalTriton
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +72,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     import socket
     import subprocess
 
-    from gateway.local_triton import free_port
+    from gateway.devtools.local_triton import free_port
 
     binary = shutil.which("redis-server")
     assert binary, "redis-server is not installed: run the suite through `make test`"
@@ -114,7 +114,7 @@ class PrometheusServer:
     def __init__(self, workdir: Path, targets: dict[str, str]) -> None:
         import shutil
 
-        from gateway.local_triton import free_port
+        from gateway.devtools.local_triton import free_port
 
         binary = shutil.which("prometheus")
         assert binary, "prometheus is not installed: run the suite through `make test`"

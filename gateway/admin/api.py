@@ -1,4 +1,4 @@
-"""The admin REST API under /admin: policies, models, audit trail (rollouts in rollout/api).
+"""The admin REST API under /admin: policies, models, audit trail (rollouts in admin/rollouts).
 
 Every endpoint needs ``Authorization: Bearer <token>``; the token's name is the actor in
 the audit trail. Invalid requests are answered 4xx with Triton's ``{"error": "..."}`` shape
@@ -14,9 +14,9 @@ from fastapi import APIRouter, Depends, Header, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.admin.auth import Authenticator
-from gateway.admin.policies import PolicyService
 from gateway.errors import BadRequest
-from gateway.routing import Percent, PolicySpec, Version
+from gateway.policy import Percent, PolicySpec, Version
+from gateway.services.policies import PolicyService
 from gateway.store.base import EventDraft, StoredPolicy
 
 ModelName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")]

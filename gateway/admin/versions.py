@@ -7,8 +7,8 @@ from fastapi import APIRouter, Depends, Header
 
 from gateway.admin.api import ERRORS, ModelName
 from gateway.admin.auth import Authenticator
-from gateway.lifecycle import ModelLifecycle
-from gateway.routing import Version
+from gateway.policy import Version
+from gateway.services.lifecycle import ModelLifecycle
 
 
 def versions_router(lifecycle: ModelLifecycle, auth: Authenticator) -> APIRouter:

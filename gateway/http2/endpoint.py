@@ -41,30 +41,6 @@ def settings_frame(**values: int) -> bytes:
     return frame(SETTINGS, 0, 0, b"".join(struct.pack(">HI", keys[name], value) for name, value in values.items()))
 
 
-def grpc_frame(message: bytes) -> bytes:
-    """One gRPC length-prefixed message (uncompressed)."""
-    return b"\x00" + len(message).to_bytes(4, "big") + message
-
-
-class MessageTooLarge(ValueError):
-    pass
-
-
-def split_messages(data: bytes | bytearray, limit: int = 1 << 30) -> tuple[list[tuple[bool, bytes]], int]:
-    """The whole gRPC messages at the start of ``data`` as (compressed, message), and how many
-    bytes they took; a partial one stays for the next DATA frame."""
-    messages, pos, size = [], 0, len(data)
-    while size - pos >= 5:
-        length = int.from_bytes(data[pos + 1:pos + 5], "big")
-        if length > limit:
-            raise MessageTooLarge(f"message of {length} bytes is above the limit")
-        if size - pos - 5 < length:
-            break
-        messages.append((data[pos] != 0, bytes(data[pos + 5:pos + 5 + length])))
-        pos += 5 + length
-    return messages, pos
-
-
 def open_windows() -> bytes:
     return frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", _CONNECTION_WINDOW - 65535))
 

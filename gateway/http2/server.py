@@ -15,6 +15,7 @@ import zlib
 from collections.abc import Callable
 from typing import Protocol
 
+from gateway.grpc.wire import MessageTooLarge, grpc_frame, split_messages, status_block
 from gateway.http2.endpoint import (
     GOAWAY,
     MAX_FRAME,
@@ -23,13 +24,10 @@ from gateway.http2.endpoint import (
     RST_STREAM,
     Endpoint,
     Headers,
-    MessageTooLarge,
     StreamState,
     frame,
-    grpc_frame,
     open_windows,
     settings_frame,
-    split_messages,
 )
 from gateway.http2.hpack_codec import literal, literal_indexed_name
 
@@ -63,25 +61,6 @@ class ServerStream(StreamState):
         self.handler: StreamHandler | None = None
         self.responded = False  # response HEADERS sent
         self.finished = False  # status sent
-
-
-def grpc_message(details: str) -> bytes:
-    """``grpc-message`` is percent-encoded UTF-8 (printable ASCII other than '%' stays)."""
-    raw = details.encode("utf-8", "replace")
-    if all(0x20 <= byte <= 0x7E and byte != 0x25 for byte in raw):
-        return raw
-    return b"".join(bytes([byte]) if 0x20 <= byte <= 0x7E and byte != 0x25 else b"%%%02X" % byte for byte in raw)
-
-
-def metadata_block(metadata: tuple[tuple[str, str], ...]) -> bytes:
-    return b"".join(literal(key.encode(), value.encode()) for key, value in metadata)
-
-
-def status_block(code: int, details: str) -> bytes:
-    if code == 0 and not details:
-        return _OK_TRAILER
-    block = literal(b"grpc-status", str(code).encode())
-    return block + literal(b"grpc-message", grpc_message(details)) if details else block
 
 
 class Http2ServerConnection(Endpoint):

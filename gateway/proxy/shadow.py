@@ -22,7 +22,7 @@ from google.protobuf.message import DecodeError
 
 from gateway.background import Background
 from gateway.errors import GatewayError
-from gateway.grpc_upstream import OK, UPSTREAM_FAULTS, GrpcUpstream, Metadata
+from gateway.grpc.upstream import OK, UPSTREAM_FAULTS, GrpcUpstream, Metadata
 from gateway.telemetry.recorder import LATENCY_BOUNDS
 from gateway.upstream import HttpUpstream
 

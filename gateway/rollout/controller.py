@@ -24,15 +24,15 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
-from gateway.admin.policies import PolicyService
 from gateway.background import Background
 from gateway.errors import Conflict, GatewayError, NotFound
+from gateway.policy import PolicySpec
 from gateway.rollout import steps
 from gateway.rollout.analysis import judge
 from gateway.rollout.phases import Phase, TransitionError
 from gateway.rollout.spec import RolloutSpec
 from gateway.rollout.steps import Rollout
-from gateway.routing import PolicySpec
+from gateway.services.policies import PolicyService
 from gateway.store.base import EventDraft, StaleRevision, StoredRollout
 from gateway.telemetry.recorder import Recorder, Window
 from gateway.telemetry.sources import MetricsSource, MetricsUnavailable
@@ -47,7 +47,7 @@ class RolloutController:
     def __init__(self, policies: PolicyService, source: MetricsSource, recorder: Recorder,
                  clock: Callable[[], float] = time.time, tick_s: float = 1.0, lifecycle: Any = None,
                  shadow: Any = None) -> None:
-        self.lifecycle = lifecycle  # gateway.lifecycle.ModelLifecycle: unload_previous after promotion
+        self.lifecycle = lifecycle  # gateway.services.lifecycle.ModelLifecycle: unload_previous after promotion
         self.shadow = shadow  # gateway.proxy.shadow.ShadowMirror: shadow numbers in the status
         self.policies = policies
         self.store = policies.store

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway.errors import GatewayError, PreconditionFailed
-from gateway.routing import PolicySpec
+from gateway.policy import PolicySpec
 
 
 class StoreError(GatewayError):

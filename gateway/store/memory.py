@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.routing import PolicySpec
+from gateway.policy import PolicySpec
 from gateway.store.base import Event, EventDraft, StaleRevision, StoredPolicy, StoredRollout, seed_once
 
 

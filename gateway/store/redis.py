@@ -17,7 +17,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from gateway.routing import PolicySpec
+from gateway.policy import PolicySpec
 from gateway.store.base import Event, EventDraft, StaleRevision, StoredPolicy, StoredRollout, StoreError, seed_once
 
 # KEYS: record, events list, changes channel. ARGV: expected revision ('' = any), record

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gateway.routing import PolicySpec
+from gateway.policy import PolicySpec
 from gateway.store.base import Event, EventDraft, StoredPolicy, StoredRollout, StoreError, seed_once
 from gateway.store.memory import check_revision
 

@@ -6,17 +6,17 @@ from typing import Any
 
 import pytest
 
-from gateway.admin.policies import PolicyService
 from gateway.errors import Conflict
+from gateway.policy import PolicySpec
 from gateway.policy_book import PolicyBook
 from gateway.rollout.controller import RolloutController
 from gateway.rollout.spec import RolloutSpec
-from gateway.routing import PolicySpec
+from gateway.services.policies import PolicyService
+from gateway.services.triton_control import VersionState
 from gateway.store.base import EventDraft
 from gateway.store.memory import InMemoryStore
 from gateway.telemetry.recorder import LATENCY_BOUNDS, Recorder, Window
 from gateway.telemetry.sources import MetricsUnavailable
-from gateway.triton_control import VersionState
 
 
 class FakeClock:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.routing import PolicySpec
+from gateway.policy import PolicySpec
 from gateway.store.base import EventDraft, StaleRevision, StateStore, make_store
 
 SPEC_A = PolicySpec.model_validate({"weights": {"2": 80, "3": 20}, "rules": []})

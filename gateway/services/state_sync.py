@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from gateway.admin.policies import PolicyService
 from gateway.background import Background
 from gateway.errors import GatewayError
+from gateway.services.policies import PolicyService
 
 log = logging.getLogger("gateway.sync")
 

@@ -17,10 +17,10 @@ import time
 from decimal import Decimal
 from typing import Any
 
-from gateway.admin.policies import PolicyService
 from gateway.errors import Conflict, GatewayError, NotFound, UpstreamError
-from gateway.routing import PolicySpec
+from gateway.policy import PolicySpec
 from gateway.sequences import SequencePins
+from gateway.services.policies import PolicyService
 from gateway.store.base import EventDraft
 from gateway.telemetry.recorder import Recorder
 

@@ -12,10 +12,10 @@ import logging
 import time
 
 from gateway.errors import NotFound
+from gateway.policy import PolicySpec
 from gateway.policy_book import PolicyBook
-from gateway.routing import PolicySpec
+from gateway.services.triton_control import TritonControl
 from gateway.store.base import Event, EventDraft, StateStore, StoredPolicy
-from gateway.triton_control import TritonControl
 
 log = logging.getLogger("gateway.admin")
 

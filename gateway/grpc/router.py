@@ -1,8 +1,8 @@
 """The gRPC data path without its server: route a ModelInfer, forward it, fall back, record.
 
-Both gRPC servers (``grpc_front``, our own HTTP/2 server, and ``grpc``, grpcio's) hand this
+Both gRPC servers (``grpc.front``, our own HTTP/2 server, and ``grpc.grpcio_front``, grpcio's) hand this
 the raw request message and the client's metadata; only the routing fields are read
-(``grpc_wire``), the tensors are never decoded. Outcomes are classified by gRPC status code:
+(``grpc.wire``), the tensors are never decoded. Outcomes are classified by gRPC status code:
 UNAVAILABLE, INTERNAL, UNKNOWN, DEADLINE_EXCEEDED and RESOURCE_EXHAUSTED count against the
 version, client-caused codes do not.
 """
@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gateway.grpc_upstream import OK, UNAVAILABLE, UPSTREAM_FAULTS, GrpcUpstream
-from gateway.grpc_upstream import Metadata as Forwarded
+from gateway.grpc.upstream import OK, UNAVAILABLE, UPSTREAM_FAULTS, GrpcUpstream
+from gateway.grpc.upstream import Metadata as Forwarded
+from gateway.grpc.wire import RouteFields, route_fields, with_version
 from gateway.policy_book import PolicyBook
-from gateway.proxy.grpc_wire import RouteFields, route_fields, with_version
 from gateway.proxy.shadow import GrpcMirror, ShadowMirror
 from gateway.routing import (
     MAY_SHADOW,
