@@ -125,10 +125,11 @@ class Gateway:
             upstream = GrpcUpstream(self.settings.triton_grpc_url, self.settings.connect_timeout_s)
             self.grpc_router = GrpcRouter(self.book, self.recorder, self.pins, upstream, self.access_log, self.shadow)
             if self.settings.grpc_server == "grpcio":
-                self.grpc = GrpcProxy(self.grpc_router)
+                self.grpc = GrpcProxy(self.grpc_router, self.gate)
                 self.grpc_server = await start_grpc(self.grpc, self.settings.host, self.settings.grpc_port)
             else:
-                self.grpc_server = await start_front(self.grpc_router, self.settings.host, self.settings.grpc_port)
+                self.grpc_server = await start_front(self.grpc_router, self.settings.host, self.settings.grpc_port,
+                                                     self.gate)
         if self.settings.controller_enabled:
             self.rollouts.start()
         self.started = True

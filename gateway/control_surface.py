@@ -24,14 +24,14 @@ plane calls it only for requests it does not route (never for an inference).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from gateway.errors import Forbidden, GatewayError, Unauthorized
-from gateway.proxy.grpc_wire import WireError, top_level_field
+from gateway.grpc.router import SERVICE as GRPC_SERVICE
+from gateway.grpc.wire import WireError, top_level_field
 
-GRPC_SERVICE = "/inference.GRPCInferenceService/"
 ADMIN_LOAD = "POST /admin/models/{model}/versions/{{version}}/load on the gateway's admin API"
 ADMIN_UNLOAD = "POST /admin/models/{model}/versions/{{version}}/unload on the gateway's admin API (drains first)"
 _ON_TRITON = ("Triton's own port (this changes one Triton server, not the gateway), or set "
@@ -152,6 +152,18 @@ def grpc_control_call(path: str, message: bytes) -> ControlCall | None:
     return ControlCall(action, path.rpartition("/")[2] + (f" of model '{model}'" if model else ""), model)
 
 
+Metadata = Sequence[tuple[str | bytes, str | bytes]]
+UNAUTHENTICATED, PERMISSION_DENIED, UNAVAILABLE = 16, 7, 14
+_GRPC_STATUS = {401: UNAUTHENTICATED, 403: PERMISSION_DENIED}
+
+
+def _authorization(metadata: Metadata) -> str | None:
+    for key, value in metadata:
+        if key in ("authorization", b"authorization"):
+            return value if isinstance(value, str) else value.decode("latin-1")
+    return None
+
+
 Auditor = Callable[[ControlCall, str, str], Awaitable[None]]  # (call, actor, protocol)
 
 
@@ -185,3 +197,13 @@ class ControlGate:
         except GatewayError as exc:  # no audit line, no change
             return exc
         return None
+
+    async def admit_grpc(self, path: str, message: bytes, metadata: Metadata) -> tuple[int, str, Metadata]:
+        """``(0, "", metadata to forward)`` to go on, else ``(status code, details, ())`` to answer with."""
+        call = grpc_control_call(path, message)
+        if call is None:
+            return 0, "", metadata
+        refused = await self.admit(call, _authorization(metadata), "grpc")
+        if refused is not None:
+            return _GRPC_STATUS.get(refused.status, UNAVAILABLE), refused.message, ()
+        return 0, "", tuple((k, v) for k, v in metadata if k not in ("authorization", b"authorization"))

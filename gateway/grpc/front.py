@@ -24,6 +24,7 @@ import time
 from functools import lru_cache
 from typing import Any
 
+from gateway.control_surface import ControlGate
 from gateway.grpc.router import (
     INFER,
     SERVICE,
@@ -159,10 +160,16 @@ class UnaryCall(_Call):
             self.reply(result.response, metadata)
 
     async def _pass_through(self) -> None:
-        router = self.front.router
+        router, gate = self.front.router, self.front.gate
         assert self.message is not None
-        code, details, answer = await router.upstream.unary(self.stream.path, self.message,
-                                                            client_metadata(self.stream.headers), self.remaining())
+        metadata: Any = client_metadata(self.stream.headers)
+        if gate is not None:  # Triton model control is refused here, or admitted and audited
+            code, details, metadata = await gate.admit_grpc(self.stream.path, self.message, metadata)
+            if code:
+                self.finish(code, details)
+                return
+        code, details, answer = await router.upstream.unary(self.stream.path, self.message, metadata,
+                                                            self.remaining())
         if code:
             self.finish(code, router.details(code, details))
         else:
@@ -246,8 +253,9 @@ class StreamCall(_Call):
 
 
 class GrpcFront:
-    def __init__(self, router: GrpcRouter) -> None:
+    def __init__(self, router: GrpcRouter, gate: ControlGate | None = None) -> None:
         self.router = router
+        self.gate = gate  # None: Triton control calls pass through (triton_control=allow)
         self.connections: set[Http2ServerConnection] = set()
 
     def on_stream(self, connection: Http2ServerConnection, stream: ServerStream) -> StreamHandler | None:
@@ -282,8 +290,8 @@ class FrontServer:
         await self.server.wait_closed()
 
 
-async def start_server(router: GrpcRouter, host: str, port: int) -> FrontServer:
-    front = GrpcFront(router)
+async def start_server(router: GrpcRouter, host: str, port: int, gate: ControlGate | None = None) -> FrontServer:
+    front = GrpcFront(router, gate)
     server = await asyncio.get_running_loop().create_server(
         lambda: Http2ServerConnection(front.on_stream, front.connections), host, port, reuse_address=True)
     return FrontServer(server, front)

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from gateway.control_surface import ControlGate
 from gateway.grpc.router import SERVICE, GrpcRouter, decision_metadata
 from gateway.grpc.wire import WireError
 
@@ -23,8 +24,9 @@ _STATUS = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
-    def __init__(self, router: GrpcRouter) -> None:
+    def __init__(self, router: GrpcRouter, gate: ControlGate | None = None) -> None:
         self.router = router
+        self.gate = gate  # None: Triton control calls pass through (triton_control=allow)
         self.channel = grpc.aio.insecure_channel(router.upstream.address, options=CHANNEL_OPTIONS)
         self._handlers: dict[str, grpc.RpcMethodHandler | None] = {}
 
@@ -53,7 +55,12 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
             return grpc.unary_unary_rpc_method_handler(infer)
 
         async def passthrough(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-            code, details, answer = await self.router.upstream.unary(method, raw, _forwarded(context),
+            forwarded: Any = _forwarded(context)
+            if self.gate is not None:  # Triton model control is refused here, or admitted and audited
+                refused, details, forwarded = await self.gate.admit_grpc(method, raw, forwarded)
+                if refused:
+                    await context.abort(_STATUS[refused], details)
+            code, details, answer = await self.router.upstream.unary(method, raw, forwarded,
                                                                      context.time_remaining())
             if code:
                 await context.abort(_STATUS.get(code, grpc.StatusCode.UNKNOWN), self.router.details(code, details))

@@ -8,9 +8,11 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import pytest
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from gateway.local_triton import LocalTriton
+from gateway.devtools.local_triton import LocalTriton
 from tests.support import AUTH, TOKEN, GatewayThread, admin_call, gateway_settings, get_json, wait_for
 
 pytestmark = pytest.mark.triton
@@ -36,6 +38,11 @@ def tok_loaded_after(triton: LocalTriton) -> Iterator[None]:
     if not tok_ready(triton):
         post(f"{triton.http_url}/v2/repository/models/tok/load")
         wait_for(lambda: tok_ready(triton), 30, what="tok loaded again")
+
+
+def grpc_stub(gateway: GatewayThread) -> tuple[grpc.Channel, service_pb2_grpc.GRPCInferenceServiceStub]:
+    channel = grpc.insecure_channel(f"127.0.0.1:{gateway.settings.grpc_port}")
+    return channel, service_pb2_grpc.GRPCInferenceServiceStub(channel)
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +79,26 @@ def test_settings_updates_and_shared_memory_are_refused(denying: GatewayThread) 
         assert status == 403 and "GATEWAY_TRITON_CONTROL=admin" in answer["error"], path
 
 
+@pytest.mark.parametrize("server", ["lean", "grpcio"])
+def test_unload_over_grpc_is_refused_and_the_model_stays_loaded(triton: LocalTriton, server: str,
+                                                                tok_loaded_after: None) -> None:
+    settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url, grpc_server=server)
+    with GatewayThread(settings) as gateway:
+        channel, client = grpc_stub(gateway)
+        with pytest.raises(grpc.RpcError) as caught:
+            client.RepositoryModelUnload(service_pb2.RepositoryModelUnloadRequest(model_name="tok"), timeout=10)
+        assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        assert "POST /admin/models/tok/versions/{version}/unload" in (caught.value.details() or "")
+        with pytest.raises(grpc.RpcError) as caught:
+            client.LogSettings(service_pb2.LogSettingsRequest(settings={"log_verbose_level": {"uint32_param": 1}}),
+                               timeout=10)
+        assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        assert client.LogSettings(service_pb2.LogSettingsRequest(), timeout=10).settings  # reading stays open
+        assert len(client.RepositoryIndex(service_pb2.RepositoryIndexRequest(), timeout=10).models) >= 2
+        channel.close()
+    assert tok_ready(triton)
+
+
 @pytest.fixture(scope="module")
 def admitting(triton: LocalTriton) -> Iterator[GatewayThread]:
     settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url, admin_token=TOKEN,
@@ -80,10 +107,12 @@ def admitting(triton: LocalTriton) -> Iterator[GatewayThread]:
         yield running
 
 
-def events(gateway: GatewayThread) -> list[dict[str, Any]]:
+def events(gateway: GatewayThread, protocol: str) -> list[dict[str, Any]]:
+    """The audit lines of control calls that came through one protocol's data port."""
     status, body = admin_call(gateway.url, "GET", "/admin/events?model=tok")
     assert status == 200
-    return [event for event in body["events"] if event["action"].startswith("triton_")]
+    return [event for event in body["events"]
+            if event["action"].startswith("triton_") and f"through the {protocol} data port" in event["reason"]]
 
 
 def test_admin_mode_needs_the_token_and_audits_the_call(admitting: GatewayThread, triton: LocalTriton,
@@ -91,13 +120,31 @@ def test_admin_mode_needs_the_token_and_audits_the_call(admitting: GatewayThread
     status, body = post(f"{admitting.url}/v2/repository/models/tok/unload",
                         headers={"Authorization": "Bearer wrong-token"})
     assert status == 401 and "admin bearer token" in body["error"]
-    assert tok_ready(triton) and events(admitting) == []
+    assert tok_ready(triton) and events(admitting, "http") == []
 
     assert post(f"{admitting.url}/v2/repository/models/tok/unload", headers=AUTH) == (200, None)
     wait_for(lambda: not tok_ready(triton), 30, what="tok unloaded")
     assert post(f"{admitting.url}/v2/repository/models/tok/load", headers=AUTH) == (200, None)
     assert tok_ready(triton)
-    audit = events(admitting)
+    audit = events(admitting, "http")
     assert [(e["action"], e["actor"]) for e in audit] == [("triton_model_load", "admin"),
                                                           ("triton_model_unload", "admin")]  # newest first
-    assert "through the http data port" in audit[1]["reason"]
+
+
+def test_admin_mode_over_grpc(admitting: GatewayThread, triton: LocalTriton, tok_loaded_after: None) -> None:
+    channel, client = grpc_stub(admitting)
+    unload = service_pb2.RepositoryModelUnloadRequest(model_name="tok")
+    with pytest.raises(grpc.RpcError) as caught:
+        client.RepositoryModelUnload(unload, timeout=10)
+    assert caught.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    assert tok_ready(triton) and events(admitting, "grpc") == []
+
+    client.RepositoryModelUnload(unload, metadata=[("authorization", f"Bearer {TOKEN}")], timeout=30)
+    wait_for(lambda: not tok_ready(triton), 30, what="tok unloaded")
+    client.RepositoryModelLoad(service_pb2.RepositoryModelLoadRequest(model_name="tok"),
+                               metadata=[("authorization", f"Bearer {TOKEN}")], timeout=30)
+    assert tok_ready(triton)
+    audit = events(admitting, "grpc")
+    assert [(e["action"], e["actor"]) for e in audit] == [("triton_model_load", "admin"),
+                                                          ("triton_model_unload", "admin")]
+    channel.close()

@@ -8,7 +8,6 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from gateway.control_surface import (
-    GRPC_SERVICE,
     ControlAction,
     ControlCall,
     ControlGate,
@@ -17,6 +16,7 @@ from gateway.control_surface import (
     http_control_call,
 )
 from gateway.errors import GatewayError, Unauthorized
+from gateway.grpc.router import SERVICE as GRPC_SERVICE
 from gateway.settings import Settings, SettingsError
 
 CONTROL = [
