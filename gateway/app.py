@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
+from gateway import tls
 from gateway.admin.api import admin_router
 from gateway.admin.auth import Authenticator
 from gateway.admin.rollouts import rollout_router
@@ -60,7 +61,7 @@ class Gateway:
         self.recorder = Recorder()
         self.upstream = HttpUpstream(settings.triton_url, max_connections=settings.pool_size,
                                      connect_timeout_s=settings.connect_timeout_s,
-                                     request_timeout_s=settings.request_timeout_s)
+                                     request_timeout_s=settings.request_timeout_s, tls=tls.upstream_http(settings))
         self.access_log = AccessLog() if settings.access_log else None
         self.pins = SequencePins()
         self.shadow = ShadowMirror(self.upstream)
@@ -122,14 +123,7 @@ class Gateway:
             self.access_log.start()
         self.shadow.start()
         if self.settings.grpc_enabled:
-            upstream = GrpcUpstream(self.settings.triton_grpc_url, self.settings.connect_timeout_s)
-            self.grpc_router = GrpcRouter(self.book, self.recorder, self.pins, upstream, self.access_log, self.shadow)
-            if self.settings.grpc_server == "grpcio":
-                self.grpc = GrpcProxy(self.grpc_router, self.gate)
-                self.grpc_server = await start_grpc(self.grpc, self.settings.host, self.settings.grpc_port)
-            else:
-                self.grpc_server = await start_front(self.grpc_router, self.settings.host, self.settings.grpc_port,
-                                                     self.gate)
+            await self._start_grpc()
         if self.settings.controller_enabled:
             self.rollouts.start()
         self.started = True
@@ -150,6 +144,18 @@ class Gateway:
                 await self.grpc_router.upstream.aclose()
             await self.upstream.aclose()
             await self.store.close()
+
+    async def _start_grpc(self) -> None:
+        settings = self.settings
+        upstream = GrpcUpstream(settings.triton_grpc_url, settings.connect_timeout_s, tls.upstream_grpc(settings))
+        self.grpc_router = GrpcRouter(self.book, self.recorder, self.pins, upstream, self.access_log, self.shadow)
+        if settings.grpc_server == "grpcio":
+            self.grpc = GrpcProxy(self.grpc_router, self.gate, tls.grpcio_channel_credentials(settings))
+            self.grpc_server = await start_grpc(self.grpc, settings.host, settings.grpc_port,
+                                                tls.grpcio_server_credentials(settings))
+        else:
+            self.grpc_server = await start_front(self.grpc_router, settings.host, settings.grpc_port, self.gate,
+                                                 tls.serving(settings, tls.H2))
 
     async def metrics(self, request: Request) -> Response:
         body, content_type = render(self.registry, request.headers.get("accept"))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -83,6 +84,11 @@ def uvicorn_config(settings: Settings, app: Gateway | None = None) -> uvicorn.Co
         server_header=False,
         log_level=settings.log_level,
         timeout_graceful_shutdown=10,
+        # HTTPS from the same files as the gRPC port's TLS (gateway.tls); mTLS with a client CA
+        ssl_certfile=settings.tls_cert_file,
+        ssl_keyfile=settings.tls_key_file,
+        ssl_ca_certs=None if settings.tls_client_ca_file is None else str(settings.tls_client_ca_file),
+        ssl_cert_reqs=ssl.CERT_NONE if settings.tls_client_ca_file is None else ssl.CERT_REQUIRED,
     )
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, FilePath, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gateway.policy import HeaderName, PolicySpec
@@ -33,8 +33,19 @@ class Settings(BaseSettings):
     grpc_port: int = Field(8081, ge=0, le=65535, description="gRPC port (0: pick a free one)")
     grpc_server: Literal["lean", "grpcio"] = Field(
         "lean", description="gRPC server: lean (our HTTP/2 server, ~3x less CPU per call) or grpcio")
-    triton_grpc_url: str = Field("127.0.0.1:8001", pattern=r"^[^/\s]+:[0-9]+$",
-                                 description="Triton's gRPC endpoint, host:port")
+    triton_grpc_url: str = Field("127.0.0.1:8001", pattern=r"^(grpcs?://)?[^/\s]+:[0-9]+$",
+                                 description="Triton's gRPC endpoint, host:port (grpcs://host:port: over TLS)")
+    tls_cert_file: FilePath | None = Field(None, description="PEM certificate chain: the HTTP port serves HTTPS and "
+                                           "the gRPC port gRPC over TLS (ALPN h2); needs tls_key_file")
+    tls_key_file: FilePath | None = Field(None, description="PEM private key for tls_cert_file")
+    tls_client_ca_file: FilePath | None = Field(
+        None, description="PEM CA bundle: both ports require a client certificate signed by it (mTLS)")
+    triton_ca_file: FilePath | None = Field(
+        None, description="PEM CA bundle to verify Triton's certificate (https:// and grpcs:// URLs); "
+        "default: the system's trust store")
+    triton_client_cert_file: FilePath | None = Field(
+        None, description="PEM client certificate chain presented to a Triton that requires mTLS")
+    triton_client_key_file: FilePath | None = Field(None, description="PEM private key for triton_client_cert_file")
     connect_timeout_s: float = Field(2.0, gt=0, le=60, description="upstream connect timeout")
     request_timeout_s: float = Field(60.0, gt=0, le=3600, description="deadline for one upstream request")
     pool_size: int = Field(128, ge=1, le=4096, description="max upstream HTTP connections to Triton")
@@ -65,8 +76,8 @@ class Settings(BaseSettings):
     @field_validator("triton_url")
     @classmethod
     def _http_url(cls, url: str) -> str:
-        if not url.startswith("http://"):
-            raise ValueError("must start with http:// (TLS to Triton is not supported yet)")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
         return url.rstrip("/")
 
     @field_validator("store_url")
@@ -75,6 +86,16 @@ class Settings(BaseSettings):
         if not url.startswith(("sqlite://", "redis://", "rediss://", "unix://", "memory://")):
             raise ValueError("must be sqlite:///path, redis://host:port/db or memory://")
         return url
+
+    @model_validator(mode="after")
+    def _tls_files_pair_up(self) -> Settings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together: set both to serve TLS, or neither")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("tls_client_ca_file (mTLS) needs TLS: set tls_cert_file and tls_key_file too")
+        if (self.triton_client_cert_file is None) != (self.triton_client_key_file is None):
+            raise ValueError("triton_client_cert_file and triton_client_key_file go together: set both, or neither")
+        return self
 
     @model_validator(mode="after")
     def _tokens_are_distinct(self) -> Settings:

@@ -21,6 +21,7 @@ Every low-level error leaves here as a :mod:`gateway.errors` exception naming th
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
 
@@ -227,11 +228,15 @@ class HttpUpstream:
     """A pool of keep-alive connections to one Triton HTTP endpoint; one per process."""
 
     def __init__(self, url: str, *, max_connections: int = 128, connect_timeout_s: float = 2.0,
-                 request_timeout_s: float = 60.0) -> None:
-        rest = url.removeprefix("http://").rstrip("/")
+                 request_timeout_s: float = 60.0, tls: ssl.SSLContext | None = None) -> None:
+        secure = url.startswith("https://")
+        rest = url.removeprefix("https://" if secure else "http://").rstrip("/")
         host, _, port = rest.partition(":")
         self.name = url
-        self.host, self.port = host or "127.0.0.1", int(port or 80)
+        self.host, self.port = host or "127.0.0.1", int(port or (443 if secure else 80))
+        if secure and tls is None:  # verified against the system's trust store
+            tls = ssl.create_default_context()
+        self.tls = tls
         self.host_header = rest.encode()
         self.max_connections = max_connections
         self.connect_timeout_s = connect_timeout_s
@@ -354,8 +359,8 @@ class HttpUpstream:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(self), self.host, self.port), self.connect_timeout_s
-            )
+                loop.create_connection(lambda: _Connection(self), self.host, self.port, ssl=self.tls),
+                self.connect_timeout_s)
         except TimeoutError:
             self._slot_freed()
             raise UpstreamUnavailable(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from functools import lru_cache
 from typing import Any
@@ -290,8 +291,10 @@ class FrontServer:
         await self.server.wait_closed()
 
 
-async def start_server(router: GrpcRouter, host: str, port: int, gate: ControlGate | None = None) -> FrontServer:
+async def start_server(router: GrpcRouter, host: str, port: int, gate: ControlGate | None = None,
+                       tls: ssl.SSLContext | None = None) -> FrontServer:
+    """``tls``: gRPC over TLS on the same port (the context offers ALPN h2), else plaintext h2c."""
     front = GrpcFront(router, gate)
     server = await asyncio.get_running_loop().create_server(
-        lambda: Http2ServerConnection(front.on_stream, front.connections), host, port, reuse_address=True)
+        lambda: Http2ServerConnection(front.on_stream, front.connections), host, port, reuse_address=True, ssl=tls)
     return FrontServer(server, front)

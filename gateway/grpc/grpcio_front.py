@@ -24,10 +24,13 @@ _STATUS = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
-    def __init__(self, router: GrpcRouter, gate: ControlGate | None = None) -> None:
+    def __init__(self, router: GrpcRouter, gate: ControlGate | None = None,
+                 upstream_credentials: grpc.ChannelCredentials | None = None) -> None:
         self.router = router
         self.gate = gate  # None: Triton control calls pass through (triton_control=allow)
-        self.channel = grpc.aio.insecure_channel(router.upstream.address, options=CHANNEL_OPTIONS)
+        address = router.upstream.address
+        self.channel = (grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) if upstream_credentials is None
+                        else grpc.aio.secure_channel(address, upstream_credentials, options=CHANNEL_OPTIONS))
         self._handlers: dict[str, grpc.RpcMethodHandler | None] = {}
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
@@ -120,9 +123,11 @@ def _forwarded(context: grpc.aio.ServicerContext, metadata: tuple[Any, ...] | No
     return tuple((key, value) for key, value in source if key != "user-agent" and not key.startswith("grpc-"))
 
 
-async def start_server(proxy: GrpcProxy, host: str, port: int) -> grpc.aio.Server:
+async def start_server(proxy: GrpcProxy, host: str, port: int,
+                       credentials: grpc.ServerCredentials | None = None) -> grpc.aio.Server:
     server = grpc.aio.server(handlers=[proxy], options=CHANNEL_OPTIONS)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    bound = server.add_insecure_port(address) if credentials is None else server.add_secure_port(address, credentials)
     if bound == 0:
         raise OSError(f"cannot listen for gRPC on {host}:{port}")
     await server.start()
