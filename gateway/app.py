@@ -64,20 +64,20 @@ class Gateway:
                                      request_timeout_s=settings.request_timeout_s, tls=tls.upstream_http(settings))
         self.access_log = AccessLog() if settings.access_log else None
         self.pins = SequencePins()
-        self.shadow = ShadowMirror(self.upstream)
+        self.shadow = ShadowMirror(self.upstream, self.recorder)
         self.grpc: GrpcProxy | None = None
         self.grpc_router: GrpcRouter | None = None
         self.grpc_server: Any = None
         self.store = store or make_store(settings.store_url)
         self.triton = TritonControl(self.upstream)
         self.policies = PolicyService(self.store, self.book, self.triton)
-        self.sync = StateSync(self.policies, settings.resync_interval_s)
+        self.sync = StateSync(self.store, self.policies, settings.resync_interval_s)
         self.source = make_source(settings, self.recorder)
-        self.lifecycle = ModelLifecycle(self.policies, self.recorder, self.pins)
-        self.rollouts = RolloutController(self.policies, self.source, self.recorder, tick_s=settings.controller_tick_s,
-                                          lifecycle=self.lifecycle, shadow=self.shadow)
-        self.registry = make_registry(GatewayCollector(self.recorder, self.book, self.rollouts.states,
-                                                       self.rollouts.rollbacks, self.shadow.stats))
+        self.lifecycle = ModelLifecycle(self.store, self.triton, self.policies, self.recorder, self.pins)
+        self.rollouts = RolloutController(self.store, self.triton, self.policies, self.source, self.recorder,
+                                          tick_s=settings.controller_tick_s, lifecycle=self.lifecycle,
+                                          shadow=self.shadow)
+        self.registry = make_registry(GatewayCollector(self.recorder, self.book))
         self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin)
         self.gate = control_gate(ControlMode(settings.triton_control), self.auth, self.policies)
         self.proxy = HttpProxy(self.book, self.upstream, self.recorder, self.access_log, self.pins, self.shadow,
@@ -91,9 +91,10 @@ class Gateway:
         app.add_api_route("/healthz", self.healthz, methods=["GET"], include_in_schema=False)
         app.add_api_route("/readyz", self.readyz, methods=["GET"], include_in_schema=False)
         app.add_api_route("/metrics", self.metrics, methods=["GET"], include_in_schema=False)
-        app.include_router(admin_router(self.policies, self.auth), prefix="/admin", tags=["admin"])
-        app.include_router(rollout_router(self.rollouts, self.auth), prefix="/admin", tags=["rollout"])
-        app.include_router(versions_router(self.lifecycle, self.auth), prefix="/admin", tags=["versions"])
+        app.state.auth = self.auth  # read by the shared Actor dependency (gateway.admin.deps)
+        app.include_router(admin_router(self.policies), prefix="/admin", tags=["admin"])
+        app.include_router(rollout_router(self.rollouts), prefix="/admin", tags=["rollout"])
+        app.include_router(versions_router(self.lifecycle), prefix="/admin", tags=["versions"])
         app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
         app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
         app.add_exception_handler(ValidationError, _invalid_request)  # type: ignore[arg-type]

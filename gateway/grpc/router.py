@@ -118,9 +118,8 @@ class GrpcRouter:
         started = time.perf_counter()
         model, policy, decision = routed.fields.model_name, routed.policy, routed.decision
         inflight = inflight_key(model, policy, decision)
-        counts = self.recorder.inflight
         if inflight is not None:  # the drain before an unload waits for these
-            counts[inflight] = counts.get(inflight, 0) + 1
+            self.recorder.add_inflight(inflight)
         try:
             code, details, response = await self.upstream.unary(method, routed.message, forwarded, timeout)
             if code in _VERSION_GONE and decision is not None and decision.version is not None \
@@ -136,7 +135,7 @@ class GrpcRouter:
             raise
         finally:
             if inflight is not None:
-                counts[inflight] -= 1
+                self.recorder.remove_inflight(inflight)
         self.record(model, decision, code, started)
         if code == OK and policy is not None and policy.shadow_version is not None and decision is not None:
             self._maybe_shadow(method, model, policy, decision, raw, forwarded, response)
