@@ -33,6 +33,7 @@ from gateway.grpc.router import GrpcRouter
 from gateway.grpc.upstream import GrpcUpstream
 from gateway.policy_book import PolicyBook
 from gateway.proxy.http import HttpProxy, Receive, Scope, Send
+from gateway.proxy.limits import BodyReader
 from gateway.proxy.shadow import ShadowMirror
 from gateway.rollout.controller import RolloutController
 from gateway.sequences import SequencePins
@@ -81,7 +82,7 @@ class Gateway:
         self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin)
         self.gate = control_gate(ControlMode(settings.triton_control), self.auth, self.policies)
         self.proxy = HttpProxy(self.book, self.upstream, self.recorder, self.access_log, self.pins, self.shadow,
-                               self.gate)
+                               self.gate, BodyReader(settings.max_body_bytes, settings.max_buffered_body_bytes))
         self.started = False
         self.control = self._control_app()
 

@@ -49,6 +49,18 @@ class Settings(BaseSettings):
     connect_timeout_s: float = Field(2.0, gt=0, le=60, description="upstream connect timeout")
     request_timeout_s: float = Field(60.0, gt=0, le=3600, description="deadline for one upstream request")
     pool_size: int = Field(128, ge=1, le=4096, description="max upstream HTTP connections to Triton")
+    header_timeout_s: float = Field(10.0, gt=0, le=600, description="HTTP port: a request's headers must arrive "
+                                    "within this, counted from its first byte or the connection's start (408 after)")
+    body_idle_timeout_s: float = Field(10.0, gt=0, le=600, description="HTTP port: longest pause between two "
+                                       "pieces of a request body (408 after)")
+    keep_alive_timeout_s: int = Field(5, ge=1, le=3600, description="HTTP port: an idle keep-alive connection "
+                                        "is closed after this")
+    max_client_connections: int = Field(4096, ge=1, le=1_000_000, description="HTTP port: connections at once; "
+                                        "one more is answered 503 with Retry-After and closed")
+    max_body_bytes: int = Field(64 << 20, ge=1024, description="largest request body, and largest body the gateway "
+                                "decompresses (413 above); Triton's own default --http-max-input-size")
+    max_buffered_body_bytes: int = Field(256 << 20, ge=1024, description="request bodies held in memory at once, "
+                                         "all clients together (503 with Retry-After above)")
     sticky_header: HeaderName = Field("x-user-id", description="default header carrying the sticky user key")
     policies: dict[str, PolicySpec] = Field(
         default_factory=dict, description="static routing policies by model; seed an empty store"
@@ -86,6 +98,13 @@ class Settings(BaseSettings):
         if not url.startswith(("sqlite://", "redis://", "rediss://", "unix://", "memory://")):
             raise ValueError("must be sqlite:///path, redis://host:port/db or memory://")
         return url
+
+    @model_validator(mode="after")
+    def _one_body_fits(self) -> Settings:
+        if self.max_buffered_body_bytes < self.max_body_bytes:
+            raise ValueError(f"max_buffered_body_bytes ({self.max_buffered_body_bytes}) must be at least "
+                             f"max_body_bytes ({self.max_body_bytes}): a body of the largest size must fit")
+        return self
 
     @model_validator(mode="after")
     def _tls_files_pair_up(self) -> Settings:

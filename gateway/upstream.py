@@ -30,12 +30,18 @@ import httptools
 from gateway.errors import ClientGone, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 
 Headers = list[tuple[bytes, bytes]]
+# Not forwarded: hop-by-hop (RFC 9110 §7.6.1) and what this client sets itself (Host, framing, Expect).
 _HOP_BY_HOP = frozenset(
-    [b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"te", b"trailer", b"upgrade",
-     b"host", b"content-length", b"expect"]
+    [b"connection", b"keep-alive", b"proxy-connection", b"proxy-authorization", b"proxy-authenticate",
+     b"transfer-encoding", b"te", b"trailer", b"upgrade", b"host", b"content-length", b"expect"]
 )
 _IDEMPOTENT = frozenset([b"GET", b"HEAD", b"OPTIONS"])
 _HIGH_WATER = 1 << 20  # buffered streaming bytes before we stop reading from Triton
+
+
+def named_by_connection(value: bytes) -> frozenset[bytes]:
+    """The header names a ``Connection`` header lists: hop-by-hop too (RFC 9110 §7.6.1)."""
+    return frozenset(token.strip().lower() for token in value.split(b",")) - {b"close", b"keep-alive", b""}
 
 
 class UpstreamResponse:
@@ -284,9 +290,15 @@ class HttpUpstream:
     def _head(self, method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]],
               body: bytes | AsyncIterator[bytes], content_length: int | None) -> bytes:
         lines = [method, b" ", target, b" HTTP/1.1\r\nhost: ", self.host_header, b"\r\n"]
+        named: frozenset[bytes] = frozenset()
         for name, value in headers:
             if name not in _HOP_BY_HOP:
                 lines += (name, b": ", value, b"\r\n")
+            elif name == b"connection":
+                named |= named_by_connection(value)
+        if named and named - _HOP_BY_HOP:  # rare: the client's Connection header names more hop-by-hop headers
+            kept = [(name, value) for name, value in headers if name not in named and name != b"connection"]
+            return self._head(method, target, kept, body, content_length)
         if isinstance(body, bytes):
             if body or method not in _IDEMPOTENT:
                 lines += (b"content-length: ", str(len(body)).encode(), b"\r\n")

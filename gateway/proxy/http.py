@@ -20,6 +20,7 @@ from typing import Any
 from gateway.control_surface import ControlGate, http_control_call
 from gateway.errors import ClientGone, GatewayError, UpstreamError
 from gateway.policy_book import PolicyBook
+from gateway.proxy.limits import BodyReader, end_to_end
 from gateway.proxy.shadow import Mirror, ShadowMirror
 from gateway.routing import (
     MAY_FALL_BACK,
@@ -44,7 +45,6 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 CONNECTION_KEY = "gateway.connection"  # set by gateway.server.GatewayHttpProtocol
 ROUTED_ACTIONS = frozenset(["infer", "generate", "generate_stream"])
-_DROP_RESPONSE = frozenset([b"connection", b"keep-alive", b"transfer-encoding", b"content-length"])
 _JSON = [(b"content-type", b"application/json")]
 _UNAVAILABLE = frozenset([404, 503])
 _UNAVAILABLE_MARKERS = tuple(marker.encode() for marker in VERSION_UNAVAILABLE_MARKERS)
@@ -60,8 +60,10 @@ class HttpProxy:
 
     def __init__(self, book: PolicyBook, upstream: HttpUpstream, recorder: Recorder,
                  access_log: Callable[..., None] | None = None, pins: SequencePins | None = None,
-                 shadow: ShadowMirror | None = None, gate: ControlGate | None = None) -> None:
+                 shadow: ShadowMirror | None = None, gate: ControlGate | None = None,
+                 bodies: BodyReader | None = None) -> None:
         self.book = book
+        self.bodies = bodies or BodyReader()
         self.gate = gate  # None: Triton control calls pass through (triton_control=allow)
         self.pins = pins or SequencePins()
         self.shadow = shadow
@@ -123,17 +125,20 @@ class HttpProxy:
                        policy: Policy | None, decision: Decision | None) -> None:
         started = time.perf_counter()
         message = await receive()
-        body: bytes | AsyncIterator[bytes] = message.get("body", b"")
-        length = None
-        if message.get("more_body"):
-            if decision is _NEEDS_BODY:  # sequence requests are small: buffer to read the header
-                body = b"".join([chunk async for chunk in _rest_of_body(body, receive)])  # type: ignore[arg-type]
-            else:
-                body = _rest_of_body(body, receive)  # type: ignore[arg-type]
-                length = _content_length(scope["headers"])
-        if decision is _NEEDS_BODY:
-            decision = self._route_sequence(policy, scope, body)  # type: ignore[arg-type]
-            target = _with_version(target, decision.version)  # type: ignore[arg-type]
+        body: bytes = message.get("body", b"")
+        held = 0
+        try:
+            if message.get("more_body"):  # all of it before an upstream connection is taken (gateway.proxy.limits)
+                body = await self.bodies.read(body, receive, scope["headers"])
+                held = len(body)
+            if decision is _NEEDS_BODY:
+                decision = await self._route_sequence(policy, scope, body)  # type: ignore[arg-type]
+                target = _with_version(target, decision.version)  # type: ignore[arg-type]
+        except GatewayError as exc:  # refused before anything went upstream: not a sample of any version
+            self.bodies.release(held)
+            if not isinstance(exc, ClientGone):
+                await _send_error(send, exc)
+            return
         task = asyncio.current_task()
         done = [False, False]  # [response fully handed to the server, client went away]
         watcher = None
@@ -148,8 +153,7 @@ class HttpProxy:
         if inflight is not None:
             self.recorder.add_inflight(inflight)
         try:
-            response = await self.upstream.request(scope["method"].encode(), target, scope["headers"], body,
-                                                   content_length=length)
+            response = await self.upstream.request(scope["method"].encode(), target, scope["headers"], body)
             if response.status in _UNAVAILABLE and decision is not None and decision.reason in MAY_FALL_BACK:
                 response, decision = await self._fall_back(scope, target, body, response, model, policy, decision)
             await self._relay(response, send, decision, done)
@@ -172,6 +176,8 @@ class HttpProxy:
                 return
             raise
         finally:
+            if held:
+                self.bodies.release(held)
             if inflight is not None:
                 self.recorder.remove_inflight(inflight)
             if watcher is not None and not watcher.done():
@@ -181,12 +187,31 @@ class HttpProxy:
                 connection.on_lost = None
         self._record(model, decision, started, response.status)
 
-    def _route_sequence(self, policy: Policy, scope: Scope, body: bytes) -> Decision:
+    async def _route_sequence(self, policy: Policy, scope: Scope, body: bytes) -> Decision:
         """Routing for models with sequence affinity: the sequence fields live in the body."""
         names = policy.header_names
         found = {name: value for name, value in scope["headers"] if name in names}
-        sequence_id, start, end = sequence_fields(scope["headers"], body)
+        sequence_id, start, end = sequence_fields(await self._json_header(scope["headers"], body))
         return choose_in_sequence(policy, found, self._draw(), self.pins, sequence_id, start, end)
+
+    async def _json_header(self, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes | None:
+        """The request's JSON header: the first Inference-Header-Content-Length bytes of a binary
+        body, else all of it; decompressed (within the body limit) when the body is compressed.
+        None when it cannot be read (Triton answers such a request itself)."""
+        ihcl = encoding = None
+        for name, value in headers:
+            if name == b"inference-header-content-length":
+                ihcl = value
+            elif name == b"content-encoding":
+                encoding = value.lower()
+        try:
+            prefix = int(ihcl) if ihcl is not None else None
+            if prefix is not None and prefix < 0:
+                return None
+            header = await self.bodies.decoded(body, encoding, prefix)  # a decompression bomb: PayloadTooLarge
+        except (ValueError, zlib.error):
+            return None
+        return header[:prefix] if prefix else header
 
     def _maybe_shadow(self, model: str, policy: Policy, decision: Decision, scope: Scope, target: bytes,
                       body: bytes, response: UpstreamResponse) -> None:
@@ -198,7 +223,7 @@ class HttpProxy:
             return
         shadow_target = _retarget(target, decision.version, policy.shadow_version)  # type: ignore[arg-type]
         self.shadow.offer(Mirror(model, policy.shadow_version, scope["method"].encode(), shadow_target,
-                                 scope["headers"], body, response.status, response.body()))
+                                 scope["headers"], body, response.status, response.body(), response.headers))
 
     async def _fall_back(self, scope: Scope, target: bytes, body: bytes | AsyncIterator[bytes],
                          response: UpstreamResponse, model: str | None, policy: Policy | None, decision: Decision,
@@ -217,7 +242,7 @@ class HttpProxy:
         return retried, fallback
 
     async def _relay(self, response: UpstreamResponse, send: Send, decision: Decision | None, done: list[bool]) -> None:
-        headers = [(name, value) for name, value in response.headers if name.lower() not in _DROP_RESPONSE]
+        headers = end_to_end(response.headers)
         if decision is not None:
             headers += self._decision_headers(decision, response)
         if response.complete:
@@ -291,24 +316,6 @@ def _version_from(response: UpstreamResponse) -> str | None:
     return body[start:end].decode() if end > 0 else None
 
 
-async def _rest_of_body(first: bytes, receive: Receive) -> AsyncIterator[bytes]:
-    yield first
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone("the client closed the connection while sending the body")
-        yield message.get("body", b"")
-        if not message.get("more_body"):
-            return
-
-
-def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
-    for name, value in headers:
-        if name == b"content-length":
-            return int(value)
-    return None
-
-
 def _client_lost(task: asyncio.Task[Any] | None, done: list[bool]) -> None:
     if not done[0] and task is not None:
         done[1] = True
@@ -326,28 +333,19 @@ async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any] | None
 async def _send_error(send: Send, error: GatewayError) -> None:
     body = error.body()
     await send({"type": "http.response.start", "status": error.status,
-                "headers": [*_JSON, (b"content-length", str(len(body)).encode())]})
+                "headers": [*_JSON, (b"content-length", str(len(body)).encode()), *error.headers]})
     await send({"type": "http.response.body", "body": body})
 
 
-def sequence_fields(headers: list[tuple[bytes, bytes]], body: bytes) -> tuple[object | None, bool, bool]:
-    """(sequence_id, start, end) from the request's JSON header; only the header is read
-    (the first Inference-Header-Content-Length bytes of a binary body), from a
-    decompressed copy when the body is compressed."""
-    ihcl = encoding = None
-    for name, value in headers:
-        if name == b"inference-header-content-length":
-            ihcl = int(value)
-        elif name == b"content-encoding":
-            encoding = value.lower()
+def sequence_fields(header: bytes | None) -> tuple[object | None, bool, bool]:
+    """(sequence_id, start, end) from a request's JSON header (see ``HttpProxy._json_header``)."""
+    if header is None:
+        return None, False, False
     try:
-        if encoding in (b"gzip", b"deflate"):
-            body = zlib.decompress(body, 47 if encoding == b"gzip" else 15)
-        parameters = json.loads(body[:ihcl] if ihcl else body).get("parameters") or {}
-    except (ValueError, zlib.error, AttributeError):
+        parameters = json.loads(header).get("parameters") or {}
+    except (ValueError, AttributeError):
         return None, False, False  # Triton will answer the malformed request itself
     sequence_id = parameters.get("sequence_id")
     if sequence_id in (None, 0, ""):
         return None, False, False
     return sequence_id, parameters.get("sequence_start") is True, parameters.get("sequence_end") is True
-
