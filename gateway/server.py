@@ -78,6 +78,10 @@ _OPEN, _REFUSED, _LINGERING = 0, 1, 2  # how a connection ends: normally, refuse
 _LINGER_S = 1.0
 
 
+def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    return any(name == b"transfer-encoding" or name == b"content-length" and value != b"0" for name, value in headers)
+
+
 def _error_response(status: bytes, message: str, *extra: bytes) -> bytes:
     body = json.dumps({"error": message}).encode()
     return b"".join([b"HTTP/1.1 ", status, b"\r\ncontent-type: application/json\r\ncontent-length: ",
@@ -119,11 +123,23 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._phase = _BODY
+        if self.parser.should_upgrade() and not self._should_upgrade() and _has_body(self.headers):
+            # httptools hands whatever follows an Upgrade request's headers to the new protocol,
+            # so the application would see an empty body: say so instead of forwarding nothing.
+            self._answer_and_close(_error_response(b"400 Bad Request", (
+                "a request with a body cannot carry Upgrade on this port (no HTTP/2 upgrade, h2c, here): "
+                "send it without the Upgrade and Connection: upgrade headers")))
+            return
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         self._phase = _IDLE
-        super().on_message_complete()
+        if not self._ending:
+            super().on_message_complete()
+
+    def _unsupported_upgrade_warning(self) -> None:
+        """uvicorn logs two warnings per such request, inline: a client could flood the log. The
+        Upgrade header is simply not honoured (nor forwarded)."""
 
     def connection_lost(self, exc: Exception | None) -> None:
         callback, self.on_lost = self.on_lost, None

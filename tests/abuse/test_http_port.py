@@ -274,11 +274,27 @@ def test_hop_by_hop_headers_are_not_forwarded_either_way(bounded: GatewayThread,
         finally:
             writer.close()
 
+    async def upgrade(request: bytes) -> tuple[int, dict[str, str], Any]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", bounded.settings.port)
+        try:
+            writer.write(request)
+            return await read_answer(reader, 3)
+        finally:
+            writer.close()
+
+    upgrade_h2c = b"connection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\nhttp2-settings: AAMAAABkAAQAAP__\r\n"
     before = triton_inferences(triton)
     with Bystander(bounded) as bystander:
         status, headers, body = asyncio.run(smuggle())
+        upgraded_post = asyncio.run(upgrade(REQUEST_HEAD + upgrade_h2c + b"content-length: %d\r\n\r\n%s" % (
+            len(INFER_BODY), INFER_BODY)))
+        upgraded_get = asyncio.run(upgrade(b"GET /v2/health/ready HTTP/1.1\r\nhost: gateway\r\n" + upgrade_h2c
+                                           + b"\r\n"))
     bystander.check(rss_bound=32 * MB)
     assert status == 200 and body["model_version"] == "2"
+    # httptools would hand an Upgrade request's body to the new protocol: refused, never forwarded empty
+    assert upgraded_post[0] == 400 and "cannot carry Upgrade" in upgraded_post[2]["error"]
+    assert upgraded_get[0] == 200 and "upgrade" not in upgraded_get[1]  # no body: served, Upgrade not honoured
     hop_by_hop = {"keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding",
                   "upgrade", "x-internal-auth"}
     assert not hop_by_hop & set(headers), headers
