@@ -30,6 +30,7 @@ from enum import StrEnum
 
 from gateway.errors import Forbidden, GatewayError, Unauthorized
 from gateway.grpc.router import SERVICE as GRPC_SERVICE
+from gateway.grpc.status import status_for
 from gateway.grpc.wire import WireError, top_level_field
 
 ADMIN_LOAD = "POST /admin/models/{model}/versions/{{version}}/load on the gateway's admin API"
@@ -153,8 +154,6 @@ def grpc_control_call(path: str, message: bytes) -> ControlCall | None:
 
 
 Metadata = Sequence[tuple[str | bytes, str | bytes]]
-UNAUTHENTICATED, PERMISSION_DENIED, UNAVAILABLE = 16, 7, 14
-_GRPC_STATUS = {401: UNAUTHENTICATED, 403: PERMISSION_DENIED}
 
 
 def _authorization(metadata: Metadata) -> str | None:
@@ -205,5 +204,5 @@ class ControlGate:
             return 0, "", metadata
         refused = await self.admit(call, _authorization(metadata), "grpc")
         if refused is not None:
-            return _GRPC_STATUS.get(refused.status, UNAVAILABLE), refused.message, ()
+            return status_for(refused), refused.message, ()
         return 0, "", tuple((k, v) for k, v in metadata if k not in ("authorization", b"authorization"))

@@ -1,10 +1,11 @@
 """Hostile clients on the HTTP port, over raw sockets, against the gateway in front of the real Triton.
 
-Each attack runs while a :class:`Bystander` keeps asking ``/readyz`` and for an inference, and
-asserts what issue 12 asks of every attack: the gateway's RSS stays within the stated bound
-(it runs in this process: ``/proc/self/status``), the bystander is answered within 1 s
-throughout, the attacker gets a clear error, and Triton counts no more inferences than the
-requests that completed. Timeouts are shortened (1 s) so that each test takes a few seconds.
+Each attack runs in a process of its own (``http_attacks``) while a :class:`Bystander` keeps
+asking ``/readyz`` and for an inference, and asserts what issue 12 asks of every attack: the
+gateway's RSS stays within the stated bound (it runs in this process: ``/proc/self/status``),
+the bystander is answered within 1 s throughout, the attacker gets a clear error, and Triton
+counts no more inferences than the requests that completed. Timeouts are shortened (1 s) so
+that each test takes a few seconds.
 """
 
 from __future__ import annotations
@@ -14,19 +15,25 @@ import http.client
 import json
 import threading
 import time
-import zlib
-from collections.abc import Coroutine, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
 
 import pytest
 
 from gateway.devtools.local_triton import LocalTriton
+from tests.abuse.http_attacks import (
+    HEAD,
+    Attack,
+    connection_flood,
+    exchange,
+    gzip_bombs,
+    huge_announcements,
+    slowloris,
+    trickling_bodies,
+)
 from tests.support import INFER_BODY, GatewayThread, gateway_settings
 
 pytestmark = pytest.mark.triton
 MB = 1 << 20
-T = TypeVar("T")
-REQUEST_HEAD = b"POST /v2/models/qc/infer HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
 
 
 def rss() -> int:
@@ -106,36 +113,6 @@ class Bystander:
         assert grown < rss_bound, f"RSS grew by {grown / MB:.0f} MB (bound {rss_bound / MB:.0f} MB)"
 
 
-async def read_answer(reader: asyncio.StreamReader, timeout: float) -> tuple[int, dict[str, str], Any]:
-    """One HTTP/1.1 answer: status, headers, JSON body (None when the connection just closed)."""
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
-    lines = head.decode("latin-1").split("\r\n")
-    headers = dict(line.lower().split(": ", 1) for line in lines[1:] if line)
-    body = await asyncio.wait_for(reader.readexactly(int(headers.get("content-length", "0"))), timeout)
-    return int(lines[0].split()[1]), headers, json.loads(body) if body else None
-
-
-def gzip_bomb(head: bytes, spaces: int, tail: bytes) -> bytes:
-    """``head + b" " * spaces + tail``, gzip-compressed piece by piece (never whole in memory)."""
-    packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: gzip framing
-    chunk = b" " * MB
-    pieces = [packer.compress(head)] + [packer.compress(chunk) for _ in range(spaces // MB)]
-    return b"".join([*pieces, packer.compress(tail), packer.flush()])
-
-
-def run_all(coroutines: list[Coroutine[Any, Any, T]], timeout: float) -> list[T]:
-    """Run the attackers side by side on a fresh loop, within ``timeout``."""
-
-    async def together() -> list[T]:
-        return await asyncio.wait_for(asyncio.gather(*coroutines), timeout)
-
-    return asyncio.run(together())
-
-
-async def closed(reader: asyncio.StreamReader, timeout: float) -> bool:
-    return await asyncio.wait_for(reader.read(1), timeout) == b""
-
-
 @pytest.fixture
 def bounded(triton: LocalTriton) -> Iterator[GatewayThread]:
     settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url, header_timeout_s=1,
@@ -145,56 +122,26 @@ def bounded(triton: LocalTriton) -> Iterator[GatewayThread]:
 
 
 def test_slowloris_gets_408_and_costs_nothing(bounded: GatewayThread, triton: LocalTriton) -> None:
-    """200 connections send their headers a byte at a time (and 20 send nothing at all)."""
-
-    async def slow_headers(silent: bool) -> tuple[int, str, float]:
-        reader, writer = await asyncio.open_connection("127.0.0.1", bounded.settings.port)
-        started = time.monotonic()
-        answer = asyncio.ensure_future(read_answer(reader, 5))
-        try:
-            for byte in b"" if silent else REQUEST_HEAD[:40]:
-                if answer.done():
-                    break
-                writer.write(bytes([byte]))
-                await asyncio.sleep(0.1)
-            status, _, body = await answer
-            return status, body["error"], time.monotonic() - started
-        finally:
-            writer.close()
-
+    """200 connections send their headers a byte every 0.25 s (and 20 send nothing at all)."""
     before = triton_inferences(triton)
-    with Bystander(bounded) as bystander:
-        answers = run_all([*(slow_headers(silent=False) for _ in range(200)),
-                           *(slow_headers(silent=True) for _ in range(20))], 15)
+    with Bystander(bounded) as bystander, Attack(slowloris, bounded.settings.port, 200, 20) as attack:
+        answers = attack.result()
     bystander.check(rss_bound=64 * MB)
     assert {(status, error) for status, error, _ in answers} == {
         (408, "request headers not received within 1s (header_timeout_s)")}
-    assert max(took for _, _, took in answers) < 2.5  # the 1 s deadline, not the 4 s the headers would take
+    assert max(took for _, _, took in answers) < 2.5  # the 1 s deadline, not the 10 s the headers would take
     assert triton_inferences(triton) - before <= bystander.inferences
 
 
 def test_slow_bodies_hold_no_upstream_connection(bounded: GatewayThread, triton: LocalTriton) -> None:
     """128 clients announce a 1 MB body and trickle it (pool_size is 4: if a trickling client
     held an upstream connection, the bystander would wait), then stall and get 408."""
-
-    async def trickle() -> tuple[int, str]:
-        reader, writer = await asyncio.open_connection("127.0.0.1", bounded.settings.port)
-        answer = asyncio.ensure_future(read_answer(reader, 6))
-        try:
-            writer.write(REQUEST_HEAD + b"content-length: 1000000\r\n\r\n")
-            for _ in range(8):  # 2.4 s of a byte every 0.3 s: under the 1 s idle bound each time
-                assert not answer.done(), "answered while the body was still coming"
-                writer.write(b"{")
-                await asyncio.sleep(0.3)
-            status, _, body = await answer  # then nothing: the idle bound answers
-            return status, body["error"]
-        finally:
-            writer.close()
-
     before = triton_inferences(triton)
-    with Bystander(bounded) as bystander:
-        answers = run_all([trickle() for _ in range(128)], 15)
-        assert bounded.app.upstream.open_connections <= 4
+    with Bystander(bounded) as bystander, Attack(trickling_bodies, bounded.settings.port, 128) as attack:
+        while not attack.done():
+            assert bounded.app.upstream.open_connections <= 4
+            time.sleep(0.05)
+        answers = attack.result()
     bystander.check(rss_bound=64 * MB)
     assert set(answers) == {(408, "request body stalled: no data for 1s (body_idle_timeout_s)")}
     assert bounded.app.proxy.bodies.held == 0, "every body's bytes were given back"
@@ -203,19 +150,9 @@ def test_slow_bodies_hold_no_upstream_connection(bounded: GatewayThread, triton:
 
 def test_announced_bodies_over_the_limit_are_refused_unread(bounded: GatewayThread, triton: LocalTriton) -> None:
     """The issue's case: 128 clients announce Content-Length 1000000000 and start trickling."""
-
-    async def announce() -> tuple[int, str, bool]:
-        reader, writer = await asyncio.open_connection("127.0.0.1", bounded.settings.port)
-        try:
-            writer.write(REQUEST_HEAD + b"content-length: 1000000000\r\n\r\n{")
-            status, _, body = await read_answer(reader, 3)
-            return status, body["error"], await closed(reader, 3)
-        finally:
-            writer.close()
-
     before = triton_inferences(triton)
-    with Bystander(bounded) as bystander:
-        answers = run_all([announce() for _ in range(128)], 15)
+    with Bystander(bounded) as bystander, Attack(huge_announcements, bounded.settings.port, 128) as attack:
+        answers = attack.result()
     bystander.check(rss_bound=64 * MB)
     assert set(answers) == {(413, "request body of 1000000000 bytes is over the limit of 67108864 bytes", True)}
     assert triton_inferences(triton) - before <= bystander.inferences
@@ -225,33 +162,19 @@ def test_connections_past_the_cap_get_503_with_retry_after(triton: LocalTriton) 
     """16 connections allowed: the bystander's keep-alive one, 15 that hold, and 40 more refused."""
     settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url, max_client_connections=16,
                                 header_timeout_s=10)
+    request = HEAD + b"content-length: %d\r\n\r\n%s" % (len(INFER_BODY), INFER_BODY)
     with GatewayThread(settings) as gateway:
-
-        async def attack() -> list[tuple[int, dict[str, str], Any]]:
-            holders = [await asyncio.open_connection("127.0.0.1", settings.port) for _ in range(15)]
-            for _, writer in holders:
-                writer.write(REQUEST_HEAD[:20])  # a request begun, never finished
-            await asyncio.sleep(0.2)
-            refused = []
-            for _ in range(40):
-                reader, writer = await asyncio.open_connection("127.0.0.1", settings.port)
-                writer.write(REQUEST_HEAD + b"content-length: %d\r\n\r\n%s" % (len(INFER_BODY), INFER_BODY))
-                refused.append(await read_answer(reader, 3))
-                writer.close()
-            for _, writer in holders:
-                writer.close()
-            return refused
-
         before = triton_inferences(triton)
         with Bystander(gateway, keep_alive=True) as bystander:
             time.sleep(0.2)  # its connection is open before the attack
-            [refused] = run_all([attack()], 15)
+            with Attack(connection_flood, settings.port, 15, 40, request) as attack:
+                refused = attack.result()
         bystander.check(rss_bound=64 * MB)
         for status, headers, body in refused:
             assert status == 503 and headers["retry-after"] == "1" and headers["connection"] == "close"
             assert body == {"error": "the gateway has 16 client connections open (max_client_connections): "
                                      "retry shortly"}
-        assert triton_inferences(triton) - before <= bystander.inferences
+        assert len(refused) == 40 and triton_inferences(triton) - before <= bystander.inferences
         time.sleep(0.2)  # the holders are gone: new connections are served again
         connection = http.client.HTTPConnection("127.0.0.1", settings.port, timeout=5)
         connection.request("GET", "/healthz")
@@ -263,41 +186,26 @@ def test_hop_by_hop_headers_are_not_forwarded_either_way(bounded: GatewayThread,
     """The request names extra hop-by-hop headers in Connection; Triton still answers, and
     nothing hop-by-hop comes back but our own framing. (What reaches Triton is checked in
     tests/unit/test_http_limits.py: real Triton does not echo request headers.)"""
-
-    async def smuggle() -> tuple[int, dict[str, str], Any]:
-        reader, writer = await asyncio.open_connection("127.0.0.1", bounded.settings.port)
-        try:
-            writer.write(REQUEST_HEAD + b"connection: keep-alive, x-internal-auth\r\nx-internal-auth: let-me-in\r\n"
-                         b"proxy-authorization: Basic Zm9vOmJhcg==\r\nte: trailers\r\nkeep-alive: timeout=600\r\n"
-                         b"content-length: %d\r\n\r\n%s" % (len(INFER_BODY), INFER_BODY))
-            return await read_answer(reader, 3)
-        finally:
-            writer.close()
-
-    async def upgrade(request: bytes) -> tuple[int, dict[str, str], Any]:
-        reader, writer = await asyncio.open_connection("127.0.0.1", bounded.settings.port)
-        try:
-            writer.write(request)
-            return await read_answer(reader, 3)
-        finally:
-            writer.close()
-
+    port = bounded.settings.port
+    smuggled = HEAD + (b"connection: keep-alive, x-internal-auth\r\nx-internal-auth: let-me-in\r\n"
+                       b"proxy-authorization: Basic Zm9vOmJhcg==\r\nte: trailers\r\nkeep-alive: timeout=600\r\n"
+                       b"content-length: %d\r\n\r\n%s" % (len(INFER_BODY), INFER_BODY))
     upgrade_h2c = b"connection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\nhttp2-settings: AAMAAABkAAQAAP__\r\n"
     before = triton_inferences(triton)
     with Bystander(bounded) as bystander:
-        status, headers, body = asyncio.run(smuggle())
-        upgraded_post = asyncio.run(upgrade(REQUEST_HEAD + upgrade_h2c + b"content-length: %d\r\n\r\n%s" % (
+        status, headers, body = asyncio.run(exchange(port, smuggled))
+        upgraded_post = asyncio.run(exchange(port, HEAD + upgrade_h2c + b"content-length: %d\r\n\r\n%s" % (
             len(INFER_BODY), INFER_BODY)))
-        upgraded_get = asyncio.run(upgrade(b"GET /v2/health/ready HTTP/1.1\r\nhost: gateway\r\n" + upgrade_h2c
-                                           + b"\r\n"))
+        upgraded_get = asyncio.run(exchange(port, b"GET /v2/health/ready HTTP/1.1\r\nhost: gateway\r\n"
+                                            + upgrade_h2c + b"\r\n"))
     bystander.check(rss_bound=32 * MB)
     assert status == 200 and body["model_version"] == "2"
-    # httptools would hand an Upgrade request's body to the new protocol: refused, never forwarded empty
-    assert upgraded_post[0] == 400 and "cannot carry Upgrade" in upgraded_post[2]["error"]
-    assert upgraded_get[0] == 200 and "upgrade" not in upgraded_get[1]  # no body: served, Upgrade not honoured
     hop_by_hop = {"keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding",
                   "upgrade", "x-internal-auth"}
     assert not hop_by_hop & set(headers), headers
+    # httptools would hand an Upgrade request's body to the new protocol: refused, never forwarded empty
+    assert upgraded_post[0] == 400 and "cannot carry Upgrade" in upgraded_post[2]["error"]
+    assert upgraded_get[0] == 200 and "upgrade" not in upgraded_get[1]  # no body: served, Upgrade not honoured
     assert triton_inferences(triton) - before <= bystander.inferences + 1
 
 
@@ -307,22 +215,12 @@ def test_gzip_bomb_with_sequence_affinity(triton: LocalTriton) -> None:
     refused with 413."""
     settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url,
                                 policies={"qc": {"weights": {"2": 100}, "sequence_affinity": True}})
-    bomb = gzip_bomb(b'{"parameters": {"sequence_id": 7, "x": "', 80 * MB, b'"}}')
-
-    async def detonate() -> tuple[int, str]:
-        reader, writer = await asyncio.open_connection("127.0.0.1", settings.port)
-        try:
-            writer.write(REQUEST_HEAD + b"content-encoding: gzip\r\ncontent-length: %d\r\n\r\n" % len(bomb))
-            writer.write(bomb)
-            status, _, body = await read_answer(reader, 10)
-            return status, body["error"]
-        finally:
-            writer.close()
-
     with GatewayThread(settings) as gateway:
         before = triton_inferences(triton)
-        with Bystander(gateway) as bystander:
-            answers = [asyncio.run(detonate()) for _ in range(3)]
+        with Bystander(gateway) as bystander, Attack(gzip_bombs, settings.port, 3, 80) as attack:
+            answers = attack.result()
         bystander.check(rss_bound=256 * MB)
-        assert set(answers) == {(413, "request body decompresses to more than the limit of 67108864 bytes")}
+        assert {(status, error) for status, error, _ in answers} == {
+            (413, "request body decompresses to more than the limit of 67108864 bytes")}
+        assert max(size for _, _, size in answers) < 200_000
         assert triton_inferences(triton) - before <= bystander.inferences
