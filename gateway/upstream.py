@@ -290,12 +290,12 @@ class HttpUpstream:
     def _head(self, method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]],
               body: bytes | AsyncIterator[bytes], content_length: int | None) -> bytes:
         lines = [method, b" ", target, b" HTTP/1.1\r\nhost: ", self.host_header, b"\r\n"]
-        named: frozenset[bytes] = frozenset()
+        named = None
         for name, value in headers:
             if name not in _HOP_BY_HOP:
                 lines += (name, b": ", value, b"\r\n")
             elif name == b"connection":
-                named |= named_by_connection(value)
+                named = named_by_connection(value) | (named or frozenset())
         if named and named - _HOP_BY_HOP:  # rare: the client's Connection header names more hop-by-hop headers
             kept = [(name, value) for name, value in headers if name not in named and name != b"connection"]
             return self._head(method, target, kept, body, content_length)
