@@ -1,0 +1,130 @@
+"""A/B: this tree's gateway against another commit's, interleaved, in one run.
+
+A change that touches the hot path has to show it costs nothing. Comparing two separate `make
+bench` runs on a shared 2-core machine mixes the change with the machine's mood, so this starts
+one Triton and two gateways side by side (this work tree, and `--base` extracted with `git
+archive`), then alternates the same load between them round by round: JSON over HTTP with wrk
+at c=32 and ModelInfer over gRPC with h2load at c=32. It prints every round and the mean
+gateway CPU per request (from /proc, each gateway process alone) for each side.
+
+    .venv/bin/python bench/ab.py --base HEAD~3            # 3 rounds each (default)
+    .venv/bin/python bench/ab.py --base main --rounds 5 --only http
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT))
+
+from overhead import LUA, POLICY, Result, bodies, grpc_body, run_h2load, run_wrk, wait_http  # noqa: E402
+
+from gateway.devtools.local_triton import LocalTriton, free_port  # noqa: E402
+
+
+def extract(commit: str, into: Path) -> Path:
+    """The base side's source, as committed: nothing of this work tree leaks into it."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def start_gateway(tree: Path, triton: LocalTriton, config: Path) -> tuple[subprocess.Popen[bytes], int, int]:
+    port, grpc_port = free_port(), free_port()
+    env = dict(os.environ, PYTHONPATH=str(tree), GATEWAY_PORT=str(port), GATEWAY_GRPC_PORT=str(grpc_port),
+               GATEWAY_TRITON_URL=triton.http_url, GATEWAY_TRITON_GRPC_URL=triton.grpc_url,
+               GATEWAY_LOG_LEVEL="warning", GATEWAY_STORE_URL="memory://")
+    process = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(config)], cwd=tree, env=env)
+    wait_http(f"http://127.0.0.1:{port}/readyz")
+    return process, port, grpc_port
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", required=True, help="the commit to compare this work tree against (e.g. HEAD~1)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved runs of each side (default 3)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="seconds of wrk load per HTTP run (default 5)")
+    parser.add_argument("--grpc-requests", type=int, default=10000, help="h2load requests per gRPC run (10000)")
+    parser.add_argument("--only", choices=("all", "http", "grpc"), default="all", help="which protocol to measure")
+    args = parser.parse_args()
+    for tool in ("wrk", "h2load"):
+        if not shutil.which(tool):
+            print(f"bench: {tool} not found (run `make bench` once: it installs wrk and nghttp2-client)",
+                  file=sys.stderr)
+            return 2
+    workdir = Path(tempfile.mkdtemp(prefix="gateway-ab-"))
+    try:
+        return run(args, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, workdir: Path) -> int:
+    base_tree = extract(args.base, Path(tempfile.mkdtemp(prefix="base-", dir=workdir)))
+    script = workdir / "bench.lua"
+    script.write_text(LUA)
+    config = workdir / "gateway.yaml"
+    config.write_text(POLICY)
+    json_body, _ = bodies(workdir)["json"]
+    grpc = grpc_body(workdir)
+    faults = workdir / "faults.json"
+    faults.write_text("{}")
+    print(f"A = this work tree, B = {args.base}; starting tritonserver ...", flush=True)
+    with LocalTriton.on_free_ports(faults_file=faults) as triton:
+        sides = {"A": start_gateway(ROOT, triton, config), "B": start_gateway(base_tree, triton, config)}
+        try:
+            loads: dict[str, Callable[[tuple[subprocess.Popen[bytes], int, int], bool], Result]] = {}
+            if args.only != "grpc":
+                loads["http json c=32"] = lambda side, warm_up: run_wrk(
+                    f"http://127.0.0.1:{side[1]}/v2/models/qc/infer", json_body, "", 32,
+                    1.0 if warm_up else args.seconds, script, side[0].pid)
+            if args.only != "http":
+                loads["grpc c=32"] = lambda side, warm_up: run_h2load(
+                    f"127.0.0.1:{side[2]}", grpc, 32, 500 if warm_up else args.grpc_requests, workdir, side[0].pid)
+            table: dict[str, dict[str, list[Result]]] = {}
+            for name, load in loads.items():
+                for side in sides.values():
+                    load(side, True)  # warm-up: connections and caches on both sides
+                table[name] = {"A": [], "B": []}
+                for round_no in range(args.rounds):
+                    order = ("A", "B") if round_no % 2 == 0 else ("B", "A")
+                    for label in order:
+                        result = load(sides[label], False)
+                        table[name][label].append(result)
+                        print(f"  {name:<15} round {round_no + 1} {label}: {result.cpu_us or 0:7.1f} us/req "
+                              f"{result.rps:8.0f} rps  p99 {result.p99_us / 1000:6.2f} ms  errors {result.errors}",
+                              flush=True)
+        finally:
+            for process, _, _ in sides.values():
+                process.terminate()
+                process.wait(10)
+    print_summary(table, args.base)
+    return 0
+
+
+def print_summary(table: dict[str, dict[str, list[Result]]], base: str) -> None:
+    print(f"\nmean gateway CPU per request (A = this tree, B = {base}); load generator, both gateways and Triton "
+          "share the machine's cores")
+    print(f"{'load':<15} | {'A us/req':>9} {'B us/req':>9} {'A/B':>7} | {'A rps':>8} {'B rps':>8}")
+    for name, results in table.items():
+        a, b = (mean([r.cpu_us or 0.0 for r in results[s]]) for s in ("A", "B"))
+        a_rps, b_rps = (mean([r.rps for r in results[s]]) for s in ("A", "B"))
+        print(f"{name:<15} | {a:>9.1f} {b:>9.1f} {a / b - 1:>+7.1%} | {a_rps:>8.0f} {b_rps:>8.0f}")
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
