@@ -164,10 +164,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def _expired(self) -> None:
         self._timer = None
         cycle = self.cycle
+        if self.flow.read_paused:  # we stopped reading (the application is busy, pipelining): not the client
+            self._timer = self.loop.call_later(self.body_idle_timeout_s, self._expired)
+            return
         if self._phase == _BODY:
-            if self.flow.read_paused:  # we stopped reading (the application is busy): not the client's pause
-                self._timer = self.loop.call_later(self.body_idle_timeout_s, self._expired)
-                return
             if cycle is not None and not cycle.response_started:
                 self._answer_and_close(_error_response(b"408 Request Timeout", (
                     f"request body stalled: no data for {self.body_idle_timeout_s:g}s (body_idle_timeout_s)")))
