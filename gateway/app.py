@@ -15,11 +15,13 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from gateway import tls
 from gateway.admin.api import admin_router
 from gateway.admin.auth import Authenticator
 from gateway.admin.rollouts import rollout_router
 from gateway.admin.versions import versions_router
 from gateway.asgi import Dispatch
+from gateway.control_surface import ControlCall, ControlGate, ControlMode
 from gateway.endpoints import Probes, install_error_handlers
 from gateway.grpc.front import start_server as start_front
 from gateway.grpc.grpcio_front import GrpcProxy
@@ -29,6 +31,7 @@ from gateway.grpc.upstream import GrpcUpstream
 from gateway.pipeline import Pipeline
 from gateway.policy_book import PolicyBook
 from gateway.proxy.http import HttpProxy
+from gateway.proxy.limits import BodyReader
 from gateway.proxy.shadow import ShadowMirror
 from gateway.rollout.controller import RolloutController
 from gateway.sequences import SequencePins
@@ -61,12 +64,11 @@ class Gateway(Dispatch):
         self.recorder = Recorder()
         self.upstream = HttpUpstream(settings.triton_url, max_connections=settings.pool_size,
                                      connect_timeout_s=settings.connect_timeout_s,
-                                     request_timeout_s=settings.request_timeout_s)
+                                     request_timeout_s=settings.request_timeout_s, tls=tls.upstream_http(settings))
         self.access_log = AccessLog() if settings.access_log else None
         self.pins = SequencePins()
         self.shadow = ShadowMirror(self.upstream, self.recorder)
         self.pipeline = Pipeline(self.book, self.recorder, self.pins, self.shadow, self.access_log)
-        self.proxy = HttpProxy(self.pipeline, self.upstream)
         self.grpc: GrpcProxy | None = None
         self.grpc_router: GrpcRouter | None = None
         self.grpc_server: Any = None
@@ -86,6 +88,9 @@ class Gateway(Dispatch):
         self.registry = make_registry(GatewayCollector(self.recorder, self.book))
         self.probes = Probes(self.upstream, self.book, self.registry, settings.connect_timeout_s, self.sync.problem)
         self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin)
+        self.gate = control_gate(ControlMode(settings.triton_control), self.auth, self.policies)
+        self.proxy = HttpProxy(self.pipeline, self.upstream, self.gate,
+                               BodyReader(settings.max_body_bytes, settings.max_buffered_body_bytes))
         self.control = self._control_app()
 
     @property
@@ -133,13 +138,16 @@ class Gateway(Dispatch):
             self.rollouts.start()
 
     async def _start_grpc(self) -> None:
-        upstream = GrpcUpstream(self.settings.triton_grpc_url, self.settings.connect_timeout_s)
+        settings = self.settings
+        upstream = GrpcUpstream(settings.triton_grpc_url, settings.connect_timeout_s, tls.upstream_grpc(settings))
         self.grpc_router = GrpcRouter(self.pipeline, upstream)
-        if self.settings.grpc_server == "grpcio":
-            self.grpc = GrpcProxy(self.grpc_router)
-            self.grpc_server = await start_grpc(self.grpc, self.settings.host, self.settings.grpc_port)
+        if settings.grpc_server == "grpcio":
+            self.grpc = GrpcProxy(self.grpc_router, self.gate, tls.grpcio_channel_credentials(settings))
+            self.grpc_server = await start_grpc(self.grpc, settings.host, settings.grpc_port,
+                                                tls.grpcio_server_credentials(settings))
         else:
-            self.grpc_server = await start_front(self.grpc_router, self.settings.host, self.settings.grpc_port)
+            self.grpc_server = await start_front(self.grpc_router, settings.host, settings.grpc_port, self.gate,
+                                                 tls.serving(settings, tls.H2))
 
     async def _stop(self) -> None:
         await self.rollouts.stop()
@@ -156,6 +164,17 @@ class Gateway(Dispatch):
             await self.grpc_router.upstream.aclose()
         await self.upstream.aclose()
         await self.store.close()
+
+
+def control_gate(mode: ControlMode, auth: Authenticator, policies: PolicyService) -> ControlGate | None:
+    """What the data ports do with Triton model control; None lets it pass (triton_control=allow)."""
+    if mode is ControlMode.ALLOW:
+        return None
+
+    async def audit(call: ControlCall, actor: str, protocol: str) -> None:
+        await policies.audit(call.model, actor, call.action, f"{call.described} through the {protocol} data port")
+
+    return ControlGate(mode, auth.actor, audit)
 
 
 def create_app(settings: Settings | None = None) -> Any:

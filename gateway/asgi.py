@@ -27,7 +27,8 @@ class Dispatch:
         if scope["type"] == "http" and scope["path"].startswith("/v2"):
             await self.proxy(scope, receive, send)
         elif scope["type"] == "http" and scope["path"].startswith("/admin") and _too_large(scope):
-            await JSONResponse({"error": f"request body over {MAX_ADMIN_BODY} bytes"}, 413)(scope, receive, send)
+            await JSONResponse({"error": f"request body over {MAX_ADMIN_BODY} bytes"}, 413,
+                               headers={"connection": "close"})(scope, receive, send)  # the body stays unread
         else:
             await self.control(scope, receive, send)
 

@@ -71,7 +71,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
-    return JSONResponse({"error": exc.message}, status_code=exc.status)
+    return JSONResponse({"error": exc.message}, status_code=exc.status,
+                        headers={name.decode(): value.decode() for name, value in exc.headers})
 
 
 async def _invalid_request(_: Request, exc: RequestValidationError | ValidationError) -> JSONResponse:

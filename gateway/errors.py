@@ -3,8 +3,10 @@
     GatewayError                 status  meaning
     ├── BadRequest                 400   the client's request cannot be routed as sent
     ├── Unauthorized               401   missing or invalid admin bearer token
+    ├── Forbidden                  403   e.g. Triton model control on a data port
     ├── NotFound                   404
     ├── Conflict                   409   e.g. a version that is not READY on Triton
+    ├── PayloadTooLarge            413   a request body (or its decompressed form) over max_body_bytes
     ├── PreconditionFailed         412   stale If-Match revision
     │   └── StaleRevision          412   a store compare-and-set lost the race
     ├── LoadFailed                 422   Triton refused or failed to load a version
@@ -12,6 +14,7 @@
     ├── StoreError                 503   the state store failed (sqlite3 / redis, translated)
     ├── CorruptRecord              500   a stored record cannot be read (skipped by sync, counted)
     ├── MetricsUnavailable         503   the metrics source cannot tell (the analysis says ERROR)
+    ├── Overloaded                 503   the gateway holds too much already; Retry-After says when to retry
     └── UpstreamError              502   Triton answered nothing usable
         ├── UpstreamUnavailable    503   connection refused / cannot connect in time
         ├── UpstreamTimeout        504   the deadline passed before Triton answered
@@ -30,6 +33,7 @@ import json
 
 class GatewayError(Exception):
     status = 500
+    headers: tuple[tuple[bytes, bytes], ...] = ()  # response headers the answer needs (Retry-After, ...)
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -48,12 +52,28 @@ class Unauthorized(GatewayError):
     status = 401
 
 
+class Forbidden(GatewayError):
+    status = 403
+
+
 class NotFound(GatewayError):
     status = 404
 
 
 class Conflict(GatewayError):
     status = 409
+
+
+class PayloadTooLarge(GatewayError):
+    """The body is not read: the connection closes after the answer."""
+
+    status = 413
+    headers = ((b"connection", b"close"),)
+
+
+class Overloaded(GatewayError):
+    status = 503
+    headers = ((b"retry-after", b"1"), (b"connection", b"close"))
 
 
 class PreconditionFailed(GatewayError):

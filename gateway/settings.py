@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, FilePath, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gateway.policy import HeaderName, PolicySpec
@@ -33,11 +33,34 @@ class Settings(BaseSettings):
     grpc_port: int = Field(8081, ge=0, le=65535, description="gRPC port (0: pick a free one)")
     grpc_server: Literal["lean", "grpcio"] = Field(
         "lean", description="gRPC server: lean (our HTTP/2 server, ~3x less CPU per call) or grpcio")
-    triton_grpc_url: str = Field("127.0.0.1:8001", pattern=r"^[^/\s]+:[0-9]+$",
-                                 description="Triton's gRPC endpoint, host:port")
+    triton_grpc_url: str = Field("127.0.0.1:8001", pattern=r"^(grpcs?://)?[^/\s]+:[0-9]+$",
+                                 description="Triton's gRPC endpoint, host:port (grpcs://host:port: over TLS)")
+    tls_cert_file: FilePath | None = Field(None, description="PEM certificate chain: the HTTP port serves HTTPS and "
+                                           "the gRPC port gRPC over TLS (ALPN h2); needs tls_key_file")
+    tls_key_file: FilePath | None = Field(None, description="PEM private key for tls_cert_file")
+    tls_client_ca_file: FilePath | None = Field(
+        None, description="PEM CA bundle: both ports require a client certificate signed by it (mTLS)")
+    triton_ca_file: FilePath | None = Field(
+        None, description="PEM CA bundle to verify Triton's certificate (https:// and grpcs:// URLs); "
+        "default: the system's trust store")
+    triton_client_cert_file: FilePath | None = Field(
+        None, description="PEM client certificate chain presented to a Triton that requires mTLS")
+    triton_client_key_file: FilePath | None = Field(None, description="PEM private key for triton_client_cert_file")
     connect_timeout_s: float = Field(2.0, gt=0, le=60, description="upstream connect timeout")
     request_timeout_s: float = Field(60.0, gt=0, le=3600, description="deadline for one upstream request")
     pool_size: int = Field(128, ge=1, le=4096, description="max upstream HTTP connections to Triton")
+    header_timeout_s: float = Field(10.0, gt=0, le=600, description="HTTP port: a request's headers must arrive "
+                                    "within this, counted from its first byte or the connection's start (408 after)")
+    body_idle_timeout_s: float = Field(10.0, gt=0, le=600, description="HTTP port: longest pause between two "
+                                       "pieces of a request body (408 after)")
+    keep_alive_timeout_s: int = Field(5, ge=1, le=3600, description="HTTP port: an idle keep-alive connection "
+                                        "is closed after this")
+    max_client_connections: int = Field(4096, ge=1, le=1_000_000, description="HTTP port: connections at once; "
+                                        "one more is answered 503 with Retry-After and closed")
+    max_body_bytes: int = Field(64 << 20, ge=1024, description="largest request body, and largest body the gateway "
+                                "decompresses (413 above); Triton's own default --http-max-input-size")
+    max_buffered_body_bytes: int = Field(256 << 20, ge=1024, description="request bodies held in memory at once, "
+                                         "all clients together (503 with Retry-After above)")
     sticky_header: HeaderName = Field("x-user-id", description="default header carrying the sticky user key")
     policies: dict[str, PolicySpec] = Field(
         default_factory=dict, description="routing policies by model, as declared intent: an entry changed since "
@@ -61,6 +84,9 @@ class Settings(BaseSettings):
         default_factory=dict, description="more named tokens, {actor: token}: one per SRE or automation"
     )
     insecure_admin: bool = Field(False, description="serve /admin without a token (logs a warning; never in prod)")
+    triton_control: Literal["deny", "admin", "allow"] = Field(
+        "deny", description="Triton model control (load/unload, shared memory, trace/log setting updates) on the "
+        "data ports: deny (403 / PERMISSION_DENIED), admin (admin bearer token, audited) or allow")
     metrics_source: str = Field("recorder", pattern="^(recorder|prometheus)$",
                                 description="rollout analysis reads this process's recorder, or Prometheus "
                                 "(all replicas' traffic)")
@@ -73,8 +99,8 @@ class Settings(BaseSettings):
     @field_validator("triton_url")
     @classmethod
     def _http_url(cls, url: str) -> str:
-        if not url.startswith("http://"):
-            raise ValueError("must start with http:// (TLS to Triton is not supported yet)")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
         return url.rstrip("/")
 
     @field_validator("store_url")
@@ -85,6 +111,23 @@ class Settings(BaseSettings):
         return url
 
     @model_validator(mode="after")
+    def _one_body_fits(self) -> Settings:
+        if self.max_buffered_body_bytes < self.max_body_bytes:
+            raise ValueError(f"max_buffered_body_bytes ({self.max_buffered_body_bytes}) must be at least "
+                             f"max_body_bytes ({self.max_body_bytes}): a body of the largest size must fit")
+        return self
+
+    @model_validator(mode="after")
+    def _tls_files_pair_up(self) -> Settings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together: set both to serve TLS, or neither")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("tls_client_ca_file (mTLS) needs TLS: set tls_cert_file and tls_key_file too")
+        if (self.triton_client_cert_file is None) != (self.triton_client_key_file is None):
+            raise ValueError("triton_client_cert_file and triton_client_key_file go together: set both, or neither")
+        return self
+
+    @model_validator(mode="after")
     def _tokens_are_distinct(self) -> Settings:
         secrets = [t.get_secret_value() for t in self.admin_tokens.values()]
         if self.admin_token is not None:
@@ -93,6 +136,9 @@ class Settings(BaseSettings):
             raise ValueError("admin tokens must be at least 8 characters")
         if len(set(secrets)) != len(secrets):
             raise ValueError("two admin tokens are the same: each actor needs its own")
+        if self.triton_control == "admin" and not secrets and not self.insecure_admin:
+            raise ValueError("triton_control=admin needs an admin token to check: set GATEWAY_ADMIN_TOKEN "
+                             "(or admin_tokens), or choose triton_control=deny")
         return self
 
     def actor_tokens(self) -> dict[str, str]:

@@ -21,6 +21,7 @@ Every low-level error leaves here as a :mod:`gateway.errors` exception naming th
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
 
@@ -29,12 +30,18 @@ import httptools
 from gateway.errors import ClientGone, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 
 Headers = list[tuple[bytes, bytes]]
+# Not forwarded: hop-by-hop (RFC 9110 §7.6.1) and what this client sets itself (Host, framing, Expect).
 _HOP_BY_HOP = frozenset(
-    [b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"te", b"trailer", b"upgrade",
-     b"host", b"content-length", b"expect"]
+    [b"connection", b"keep-alive", b"proxy-connection", b"proxy-authorization", b"proxy-authenticate",
+     b"transfer-encoding", b"te", b"trailer", b"upgrade", b"host", b"content-length", b"expect"]
 )
 _IDEMPOTENT = frozenset([b"GET", b"HEAD", b"OPTIONS"])
 _HIGH_WATER = 1 << 20  # buffered streaming bytes before we stop reading from Triton
+
+
+def named_by_connection(value: bytes) -> frozenset[bytes]:
+    """The header names a ``Connection`` header lists: hop-by-hop too (RFC 9110 §7.6.1)."""
+    return frozenset(token.strip().lower() for token in value.split(b",")) - {b"close", b"keep-alive", b""}
 
 
 class UpstreamResponse:
@@ -227,11 +234,15 @@ class HttpUpstream:
     """A pool of keep-alive connections to one Triton HTTP endpoint; one per process."""
 
     def __init__(self, url: str, *, max_connections: int = 128, connect_timeout_s: float = 2.0,
-                 request_timeout_s: float = 60.0) -> None:
-        rest = url.removeprefix("http://").rstrip("/")
+                 request_timeout_s: float = 60.0, tls: ssl.SSLContext | None = None) -> None:
+        secure = url.startswith("https://")
+        rest = url.removeprefix("https://" if secure else "http://").rstrip("/")
         host, _, port = rest.partition(":")
         self.name = url
-        self.host, self.port = host or "127.0.0.1", int(port or 80)
+        self.host, self.port = host or "127.0.0.1", int(port or (443 if secure else 80))
+        if secure and tls is None:  # verified against the system's trust store
+            tls = ssl.create_default_context()
+        self.tls = tls
         self.host_header = rest.encode()
         self.max_connections = max_connections
         self.connect_timeout_s = connect_timeout_s
@@ -279,9 +290,15 @@ class HttpUpstream:
     def _head(self, method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]],
               body: bytes | AsyncIterator[bytes], content_length: int | None) -> bytes:
         lines = [method, b" ", target, b" HTTP/1.1\r\nhost: ", self.host_header, b"\r\n"]
+        named = None
         for name, value in headers:
             if name not in _HOP_BY_HOP:
                 lines += (name, b": ", value, b"\r\n")
+            elif name == b"connection":
+                named = named_by_connection(value) | (named or frozenset())
+        if named and named - _HOP_BY_HOP:  # rare: the client's Connection header names more hop-by-hop headers
+            kept = [(name, value) for name, value in headers if name not in named and name != b"connection"]
+            return self._head(method, target, kept, body, content_length)
         if isinstance(body, bytes):
             if body or method not in _IDEMPOTENT:
                 lines += (b"content-length: ", str(len(body)).encode(), b"\r\n")
@@ -354,8 +371,8 @@ class HttpUpstream:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(self), self.host, self.port), self.connect_timeout_s
-            )
+                loop.create_connection(lambda: _Connection(self), self.host, self.port, ssl=self.tls),
+                self.connect_timeout_s)
         except TimeoutError:
             self._slot_freed()
             raise UpstreamUnavailable(

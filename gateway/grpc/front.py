@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from functools import lru_cache
 from typing import Any
 
+from gateway.control_surface import ControlGate
 from gateway.errors import GatewayError
 from gateway.grpc.router import INFER, SERVICE, STREAM_INFER, GrpcRouter
 from gateway.grpc.status import StatusCode, status_for
@@ -155,10 +157,16 @@ class UnaryCall(_Call):
             self.reply(exchange.response, metadata)
 
     async def _pass_through(self) -> None:
-        router = self.front.router
+        router, gate = self.front.router, self.front.gate
         assert self.message is not None
-        code, details, answer = await router.upstream.unary(self.stream.path, self.message,
-                                                            client_metadata(self.stream.headers), self.remaining())
+        metadata: Any = client_metadata(self.stream.headers)
+        if gate is not None:  # Triton model control is refused here, or admitted and audited
+            refused, details, metadata = await gate.admit_grpc(self.stream.path, self.message, metadata)
+            if refused:
+                self.finish(refused, details)
+                return
+        code, details, answer = await router.upstream.unary(self.stream.path, self.message, metadata,
+                                                            self.remaining())
         if code:
             self.finish(code, router.details(code, details))
         else:
@@ -248,8 +256,9 @@ class StreamCall(_Call):
 
 
 class GrpcFront:
-    def __init__(self, router: GrpcRouter) -> None:
+    def __init__(self, router: GrpcRouter, gate: ControlGate | None = None) -> None:
         self.router = router
+        self.gate = gate  # None: Triton control calls pass through (triton_control=allow)
         self.connections: set[Http2ServerConnection] = set()
 
     def on_stream(self, connection: Http2ServerConnection, stream: ServerStream) -> StreamHandler | None:
@@ -284,8 +293,10 @@ class FrontServer:
         await self.server.wait_closed()
 
 
-async def start_server(router: GrpcRouter, host: str, port: int) -> FrontServer:
-    front = GrpcFront(router)
+async def start_server(router: GrpcRouter, host: str, port: int, gate: ControlGate | None = None,
+                       tls: ssl.SSLContext | None = None) -> FrontServer:
+    """``tls``: gRPC over TLS on the same port (the context offers ALPN h2), else plaintext h2c."""
+    front = GrpcFront(router, gate)
     server = await asyncio.get_running_loop().create_server(
-        lambda: Http2ServerConnection(front.on_stream, front.connections), host, port, reuse_address=True)
+        lambda: Http2ServerConnection(front.on_stream, front.connections), host, port, reuse_address=True, ssl=tls)
     return FrontServer(server, front)

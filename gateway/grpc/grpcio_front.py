@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from gateway.control_surface import ControlGate
 from gateway.grpc.router import SERVICE, GrpcRouter
 from gateway.grpc.wire import WireError
 
@@ -23,9 +24,13 @@ _STATUS = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
-    def __init__(self, router: GrpcRouter) -> None:
+    def __init__(self, router: GrpcRouter, gate: ControlGate | None = None,
+                 upstream_credentials: grpc.ChannelCredentials | None = None) -> None:
         self.router = router
-        self.channel = grpc.aio.insecure_channel(router.upstream.address, options=CHANNEL_OPTIONS)
+        self.gate = gate  # None: Triton control calls pass through (triton_control=allow)
+        address = router.upstream.address
+        self.channel = (grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) if upstream_credentials is None
+                        else grpc.aio.secure_channel(address, upstream_credentials, options=CHANNEL_OPTIONS))
         self._handlers: dict[str, grpc.RpcMethodHandler | None] = {}
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
@@ -53,7 +58,12 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
             return grpc.unary_unary_rpc_method_handler(infer)
 
         async def passthrough(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-            code, details, answer = await self.router.upstream.unary(method, raw, _forwarded(context),
+            forwarded: Any = _forwarded(context)
+            if self.gate is not None:  # Triton model control is refused here, or admitted and audited
+                refused, details, forwarded = await self.gate.admit_grpc(method, raw, forwarded)
+                if refused:
+                    await context.abort(_STATUS[refused], details)
+            code, details, answer = await self.router.upstream.unary(method, raw, forwarded,
                                                                      context.time_remaining())
             if code:
                 await context.abort(_STATUS.get(code, grpc.StatusCode.UNKNOWN), self.router.details(code, details))
@@ -119,9 +129,11 @@ def _forwarded(context: grpc.aio.ServicerContext, metadata: tuple[Any, ...] | No
     return tuple((key, value) for key, value in source if key != "user-agent" and not key.startswith("grpc-"))
 
 
-async def start_server(proxy: GrpcProxy, host: str, port: int) -> grpc.aio.Server:
+async def start_server(proxy: GrpcProxy, host: str, port: int,
+                       credentials: grpc.ServerCredentials | None = None) -> grpc.aio.Server:
     server = grpc.aio.server(handlers=[proxy], options=CHANNEL_OPTIONS)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    bound = server.add_insecure_port(address) if credentials is None else server.add_secure_port(address, credentials)
     if bound == 0:
         raise OSError(f"cannot listen for gRPC on {host}:{port}")
     await server.start()

@@ -38,7 +38,8 @@ class StatusCode(IntEnum):
 # are the client's, CANCELLED is nobody's.
 FAULTS = frozenset([StatusCode.UNAVAILABLE, StatusCode.INTERNAL, StatusCode.UNKNOWN, StatusCode.DEADLINE_EXCEEDED,
                     StatusCode.RESOURCE_EXHAUSTED])
-_BY_HTTP_STATUS = {400: StatusCode.INVALID_ARGUMENT, 401: StatusCode.UNAUTHENTICATED, 404: StatusCode.NOT_FOUND,
+_BY_HTTP_STATUS = {400: StatusCode.INVALID_ARGUMENT, 401: StatusCode.UNAUTHENTICATED,
+                   403: StatusCode.PERMISSION_DENIED, 404: StatusCode.NOT_FOUND,
                    409: StatusCode.FAILED_PRECONDITION, 412: StatusCode.FAILED_PRECONDITION,
                    422: StatusCode.INVALID_ARGUMENT}
 QUEUE_FULL = "Exceeds maximum queue size"  # Triton's UNAVAILABLE for a full queue: overload, not a fault

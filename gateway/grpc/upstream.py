@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ssl
 
 from gateway.errors import UpstreamUnavailable
 from gateway.grpc.status import StatusCode
@@ -41,12 +42,19 @@ def grpc_timeout(seconds: float) -> bytes:
 class GrpcUpstream:
     """Unary calls over one multiplexed HTTP/2 connection, reopened when it goes away."""
 
-    def __init__(self, address: str, connect_timeout: float = 2.0) -> None:
+    def __init__(self, address: str, connect_timeout: float = 2.0, tls: ssl.SSLContext | None = None) -> None:
+        secure = address.startswith("grpcs://")
+        address = address.removeprefix("grpcs://" if secure else "grpc://")
+        if secure and tls is None:  # verified against the system's trust store
+            tls = ssl.create_default_context()
+            tls.set_alpn_protocols(["h2"])
+        self.tls = tls
         self.address = address
         host, _, port = address.rpartition(":")
         self.host, self.port = host.strip("[]") or "127.0.0.1", int(port)
         self.connect_timeout = connect_timeout
         self._authority = literal_indexed_name(1, address.encode())
+        self._post_scheme = b"\x83\x87" if tls is not None else b"\x83\x86"  # HPACK static 3, then 7 or 6
         self._prefix: dict[str, bytes] = {}
         self._metadata: dict[Metadata, bytes] = {}
         self._connection: Http2Connection | None = None
@@ -55,8 +63,8 @@ class GrpcUpstream:
     def header_block(self, path: str, metadata: Metadata,
                      timeout: float | None) -> bytes:
         prefix = self._prefix.get(path)
-        if prefix is None:  # :method POST, :scheme http, :path, :authority, content-type, te
-            prefix = self._prefix[path] = (b"\x83\x86" + literal_indexed_name(4, path.encode()) + self._authority
+        if prefix is None:  # :method POST, :scheme http(s), :path, :authority, content-type, te
+            prefix = self._prefix[path] = (self._post_scheme + literal_indexed_name(4, path.encode()) + self._authority
                                            + literal_indexed_name(31, b"application/grpc")
                                            + literal(b"te", b"trailers"))
         extra = self._metadata.get(metadata)
@@ -126,7 +134,7 @@ class GrpcUpstream:
         closed: asyncio.Future[None] = loop.create_future()
         try:
             _, protocol = await asyncio.wait_for(
-                loop.create_connection(lambda: Http2Connection(closed), self.host, self.port),
+                loop.create_connection(lambda: Http2Connection(closed), self.host, self.port, ssl=self.tls),
                 self.connect_timeout)
         except TimeoutError:
             raise OSError(f"no connection within {self.connect_timeout:g} s") from None

@@ -120,6 +120,15 @@ def _parameter(raw: bytes, start: int, stop: int, out: dict[bytes, object]) -> N
             out[key] = raw[value[0]:value[1]].decode(errors="replace")
 
 
+def top_level_field(raw: bytes, number: int) -> bytes | None:
+    """The last length-delimited value of top-level field ``number`` (proto3: the last one wins), or None."""
+    found = None
+    for field, wire, value in _fields(raw):
+        if field == number and wire == 2:
+            found = value
+    return None if found is None else raw[found[0]:found[1]]
+
+
 def with_version(raw: bytes, version: str) -> bytes:
     """The same message with ``model_version`` set: a trailing field 2 overrides earlier ones."""
     encoded = version.encode()

@@ -13,11 +13,13 @@ import asyncio
 import json
 import time
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from gateway.control_surface import ControlGate, http_control_call
 from gateway.errors import ClientGone, GatewayError, UpstreamError
 from gateway.pipeline import Pipeline, Target, route_metadata
+from gateway.proxy.limits import BodyReader, end_to_end
 from gateway.proxy.shadow import Mirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
 from gateway.telemetry.recorder import Outcome
@@ -30,7 +32,6 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 QUEUE_FULL = b"Exceeds maximum queue size"  # Triton's 503 for a full queue (../shared/docs/triton-protocol.md §1)
 CONNECTION_KEY = "gateway.connection"  # set by gateway.server.GatewayHttpProtocol
 ROUTED_ACTIONS = frozenset(["infer", "generate", "generate_stream"])
-_DROP_RESPONSE = frozenset([b"connection", b"keep-alive", b"transfer-encoding", b"content-length"])
 _JSON = [(b"content-type", b"application/json")]
 _UNAVAILABLE = frozenset([404, 503])
 _UNAVAILABLE_MARKERS = tuple(marker.encode() for marker in VERSION_UNAVAILABLE_MARKERS)
@@ -41,10 +42,13 @@ _AS_SENT = Target(None)  # not an inference call: the path goes upstream as the 
 class HttpProxy:
     """ASGI app for the KServe-v2 / Triton HTTP API: the HTTP side of the shared pipeline."""
 
-    def __init__(self, pipeline: Pipeline, upstream: HttpUpstream) -> None:
+    def __init__(self, pipeline: Pipeline, upstream: HttpUpstream, gate: ControlGate | None = None,
+                 bodies: BodyReader | None = None) -> None:
         self.pipeline = pipeline
         self.book = pipeline.book
         self.upstream = upstream
+        self.gate = gate  # None: Triton control calls pass through (triton_control=allow)
+        self.bodies = bodies or BodyReader()
         self._reason_headers: dict[tuple[str | None, str], list[tuple[bytes, bytes]]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -65,7 +69,26 @@ class HttpProxy:
                 model = parts[0]
                 policy = self.book.get(model)
                 decision = Decision(parts[2], Reason.PINNED)
+        if model is None and self.gate is not None:  # never an inference: those were routed above
+            refused = await self._control(scope, path)
+            if refused is not None:
+                await _send_error(send, refused)
+                return
         await self._forward(scope, receive, send, target, versioned, model, policy, decision)
+
+    async def _control(self, scope: Scope, path: str) -> GatewayError | None:
+        """Triton model control on the data port: refused, or admitted with its token taken out."""
+        call = http_control_call(scope["method"], path)
+        if call is None or self.gate is None:
+            return None
+        authorization = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+        refused = await self.gate.admit(call, authorization, "http")
+        if refused is None:  # the admin token is the gateway's, not Triton's business
+            scope["headers"] = [(name, value) for name, value in scope["headers"] if name != b"authorization"]
+        return refused
 
     def _route(self, policy: Policy | None, scope: Scope) -> Decision:
         if policy is not None and policy.sequence_affinity:
@@ -76,17 +99,20 @@ class HttpProxy:
                        model: str | None, policy: Policy | None, decision: Decision | None) -> None:
         started = time.perf_counter()
         message = await receive()
-        body: bytes | AsyncIterator[bytes] = message.get("body", b"")
-        length = None
-        if message.get("more_body"):
-            if decision is _NEEDS_BODY:  # sequence requests are small: buffer to read the header
-                body = b"".join([chunk async for chunk in _rest_of_body(body, receive)])  # type: ignore[arg-type]
-            else:
-                body = _rest_of_body(body, receive)  # type: ignore[arg-type]
-                length = _content_length(scope["headers"])
-        if decision is _NEEDS_BODY:
-            decision = self._route_sequence(policy, scope, body)  # type: ignore[arg-type]
-        exchange = HttpExchange(self, scope, send, target, versioned, body, length)
+        body: bytes = message.get("body", b"")
+        held = 0
+        try:
+            if message.get("more_body"):  # all of it before an upstream connection is taken (gateway.proxy.limits)
+                body = await self.bodies.read(body, receive, scope["headers"])
+                held = len(body)
+            if decision is _NEEDS_BODY:
+                decision = await self._route_sequence(policy, scope, body)  # type: ignore[arg-type]
+        except GatewayError as exc:  # refused before anything went upstream: not a sample of any version
+            self.bodies.release(held)
+            if not isinstance(exc, ClientGone):
+                await _send_error(send, exc)
+            return
+        exchange = HttpExchange(self, scope, send, target, versioned, body)
         task = exchange.task = asyncio.current_task()
         watcher = None
         connection = scope.get(CONNECTION_KEY)
@@ -117,6 +143,8 @@ class HttpProxy:
                 return
             raise
         finally:
+            if held:
+                self.bodies.release(held)
             if watcher is not None and not watcher.done():
                 exchange.handed = True
                 watcher.cancel()
@@ -131,10 +159,29 @@ class HttpProxy:
         self.pipeline.record(model, decision, Outcome.CANCELLED if cancelled else Outcome.UPSTREAM_ERROR,
                              error.status, "http", started, fault)
 
-    def _route_sequence(self, policy: Policy, scope: Scope, body: bytes) -> Decision:
+    async def _route_sequence(self, policy: Policy, scope: Scope, body: bytes) -> Decision:
         """Routing for models with sequence affinity: the sequence fields live in the body."""
-        sequence_id, start, end = sequence_fields(scope["headers"], body)
+        sequence_id, start, end = sequence_fields(await self._json_header(scope["headers"], body))
         return self.pipeline.route(policy, scope["headers"], sequence_id, start, end)
+
+    async def _json_header(self, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes | None:
+        """The request's JSON header: the first Inference-Header-Content-Length bytes of a binary
+        body, else all of it; decompressed (within the body limit) when the body is compressed.
+        None when it cannot be read (Triton answers such a request itself)."""
+        ihcl = encoding = None
+        for name, value in headers:
+            if name == b"inference-header-content-length":
+                ihcl = value
+            elif name == b"content-encoding":
+                encoding = value.lower()
+        try:
+            prefix = int(ihcl) if ihcl is not None else None
+            if prefix is not None and prefix < 0:
+                return None
+            header = await self.bodies.decoded(body, encoding, prefix)  # a decompression bomb: PayloadTooLarge
+        except (ValueError, zlib.error):
+            return None
+        return header[:prefix] if prefix else header
 
     def decision_headers(self, decision: Decision, response: UpstreamResponse) -> list[tuple[bytes, bytes]]:
         key = (decision.version, decision.reason)
@@ -150,18 +197,17 @@ class HttpProxy:
 class HttpExchange:
     """One HTTP request and its answer, as the pipeline drives it (see ``pipeline.Exchange``)."""
 
-    __slots__ = ("proxy", "scope", "send_to_client", "target", "versioned", "body", "length", "response", "status",
+    __slots__ = ("proxy", "scope", "send_to_client", "target", "versioned", "body", "response", "status",
                  "handed", "client_left", "task")
 
     def __init__(self, proxy: HttpProxy, scope: Scope, send: Send, target: bytes, versioned: bool,
-                 body: bytes | AsyncIterator[bytes], length: int | None) -> None:
+                 body: bytes) -> None:
         self.proxy = proxy
         self.scope = scope
         self.send_to_client = send
         self.target = target
         self.versioned = versioned
-        self.body = body
-        self.length = length
+        self.body = body  # whole: read before anything goes upstream
         self.response: UpstreamResponse | None = None
         self.status: int = 0
         self.handed = False  # the response was fully handed to the server
@@ -176,7 +222,7 @@ class HttpExchange:
     async def send(self, target: Target) -> None:
         scope = self.scope
         self.response = await self.proxy.upstream.request(scope["method"].encode(), self._path(target),
-                                                          scope["headers"], self.body, content_length=self.length)
+                                                          scope["headers"], self.body)
         self.status = self.response.status
 
     def unavailable(self) -> bool:
@@ -184,7 +230,7 @@ class HttpExchange:
 
     async def version_gone(self) -> bool:
         """The request is still in memory and Triton's short error body names the version as gone."""
-        if not isinstance(self.body, bytes) or self.response is None:
+        if self.response is None:
             return False
         answer = await self.response.read()  # a short error body; it may arrive after the headers
         return any(marker in answer for marker in _UNAVAILABLE_MARKERS)
@@ -192,7 +238,7 @@ class HttpExchange:
     async def deliver(self, decision: Decision | None) -> None:
         response, send = self.response, self.send_to_client
         assert response is not None
-        headers = [(name, value) for name, value in response.headers if name.lower() not in _DROP_RESPONSE]
+        headers = end_to_end(response.headers)
         if decision is not None:
             headers += self.proxy.decision_headers(decision, response)
         if response.complete:
@@ -227,14 +273,13 @@ class HttpExchange:
         return None  # an HTTP 5xx counts as an upstream error in the outcome; kinds are transport failures
 
     def mirrorable(self) -> bool:
-        return self.status == 200 and isinstance(self.body, bytes) and self.response is not None \
-            and self.response.complete
+        return self.status == 200 and self.response is not None and self.response.complete
 
     def mirror(self, model: str, decision: Decision, shadow: Target) -> Mirror:
         response = self.response
-        assert response is not None and isinstance(self.body, bytes) and shadow.version is not None
+        assert response is not None and shadow.version is not None
         return Mirror(model, shadow.version, self.scope["method"].encode(), _with_version(self.target, shadow.version),
-                      self.scope["headers"], self.body, response.status, response.body())
+                      self.scope["headers"], self.body, response.status, response.body(), response.headers)
 
     def client_lost(self) -> None:
         """The client went away before the answer was out: stop the upstream work."""
@@ -263,24 +308,6 @@ def _version_from(response: UpstreamResponse) -> str | None:
     return body[start:end].decode() if end > 0 else None
 
 
-async def _rest_of_body(first: bytes, receive: Receive) -> AsyncIterator[bytes]:
-    yield first
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone("the client closed the connection while sending the body")
-        yield message.get("body", b"")
-        if not message.get("more_body"):
-            return
-
-
-def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
-    for name, value in headers:
-        if name == b"content-length":
-            return int(value)
-    return None
-
-
 async def _cancel_on_disconnect(receive: Receive, exchange: HttpExchange) -> None:
     """Cancel the request's task when the client disconnects before the response is sent."""
     message = await receive()
@@ -291,28 +318,19 @@ async def _cancel_on_disconnect(receive: Receive, exchange: HttpExchange) -> Non
 async def _send_error(send: Send, error: GatewayError) -> None:
     body = error.body()
     await send({"type": "http.response.start", "status": error.status,
-                "headers": [*_JSON, (b"content-length", str(len(body)).encode())]})
+                "headers": [*_JSON, (b"content-length", str(len(body)).encode()), *error.headers]})
     await send({"type": "http.response.body", "body": body})
 
 
-def sequence_fields(headers: list[tuple[bytes, bytes]], body: bytes) -> tuple[object | None, bool, bool]:
-    """(sequence_id, start, end) from the request's JSON header; only the header is read
-    (the first Inference-Header-Content-Length bytes of a binary body), from a
-    decompressed copy when the body is compressed."""
-    ihcl = encoding = None
-    for name, value in headers:
-        if name == b"inference-header-content-length":
-            ihcl = int(value)
-        elif name == b"content-encoding":
-            encoding = value.lower()
+def sequence_fields(header: bytes | None) -> tuple[object | None, bool, bool]:
+    """(sequence_id, start, end) from a request's JSON header (see ``HttpProxy._json_header``)."""
+    if header is None:
+        return None, False, False
     try:
-        if encoding in (b"gzip", b"deflate"):
-            body = zlib.decompress(body, 47 if encoding == b"gzip" else 15)
-        parameters = json.loads(body[:ihcl] if ihcl else body).get("parameters") or {}
-    except (ValueError, zlib.error, AttributeError):
+        parameters = json.loads(header).get("parameters") or {}
+    except (ValueError, AttributeError):
         return None, False, False  # Triton will answer the malformed request itself
     sequence_id = parameters.get("sequence_id")
     if sequence_id in (None, 0, ""):
         return None, False, False
     return sequence_id, parameters.get("sequence_start") is True, parameters.get("sequence_end") is True
-

@@ -15,20 +15,23 @@ import asyncio
 import json
 import math
 import time
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, field
 from typing import Any
 
 from google.protobuf.message import DecodeError
 
 from gateway.background import Background
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, PayloadTooLarge
 from gateway.grpc.status import FAULTS, StatusCode
 from gateway.grpc.upstream import GrpcUpstream, Metadata
+from gateway.proxy.limits import MIB, inflate
 from gateway.telemetry.recorder import LATENCY_BOUNDS, Recorder, ShadowStats
 from gateway.upstream import HttpUpstream
 
 REL_TOLERANCE = 1e-3
 SHADOW_TIMEOUT_S = 30.0
+SHADOW_MAX_BODY = 64 * MIB  # the most a compared response is inflated to
 Outputs = dict[str, tuple[str, tuple[int, ...], Any]]  # name -> (datatype, shape, data)
 ABS_TOLERANCE = 1e-5
 
@@ -43,6 +46,7 @@ class Mirror:
     body: bytes
     primary_status: int
     primary_body: bytes
+    primary_headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # its framing: encoding, IHCL
 
 
 @dataclass(frozen=True)
@@ -118,7 +122,10 @@ class ShadowMirror:
             return
         if response.status == 200 and mirror.primary_status == 200:
             stats.compared += 1
-            stats.agreed += agree(mirror.primary_body, body, _ihcl(mirror.headers), _ihcl(response.headers))
+            primary, shadow = await _decoded(mirror.primary_body, mirror.primary_headers), await _decoded(
+                body, response.headers)
+            if primary is not None and shadow is not None:  # each with its own framing (IHCL, encoding)
+                stats.agreed += agree(primary, shadow, _ihcl(mirror.primary_headers), _ihcl(response.headers))
 
 
     async def _send_grpc(self, mirror: GrpcMirror) -> None:
@@ -140,6 +147,18 @@ def _bucket(latency: float) -> int:
     from bisect import bisect_left
 
     return bisect_left(LATENCY_BOUNDS, latency)
+
+
+async def _decoded(body: bytes, headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    """A response body without its Content-Encoding (the client may have asked Triton for gzip),
+    inflated at most to the body limit, off the event loop: None if it cannot be read within that."""
+    for name, value in headers:
+        if name.lower() == b"content-encoding":
+            try:
+                return await asyncio.to_thread(inflate, body, value.strip().lower(), SHADOW_MAX_BODY)
+            except (PayloadTooLarge, zlib.error):
+                return None
+    return body
 
 
 def _ihcl(headers: list[tuple[bytes, bytes]]) -> int | None:

@@ -33,7 +33,7 @@ def test_defaults() -> None:
 
 @pytest.mark.parametrize(("text", "message"), [
     ("port: 0\n", "port"),
-    ("triton_url: https://x\n", "triton_url"),
+    ("triton_url: ftp://x\n", "triton_url"),
     ("policies: {qc: {weights: {'2': 70, '3': 20}}}\n", "policies.qc.weights"),
     ("bogus: 1\n", "bogus"),
     ("- a\n- b\n", "mapping"),

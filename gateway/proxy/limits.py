@@ -1,0 +1,134 @@
+"""What the HTTP port takes from a client before anything goes to Triton, and within which bounds.
+
+- **Whole bodies first.** A request body that did not arrive with its headers is read to the
+  end before an upstream connection is taken, so a client trickling its body holds only its
+  own socket and the bytes it sent, never one of the pool's connections (128 such clients
+  used to starve every other request, ``/readyz`` included). Time between two pieces of a
+  body is bounded by ``body_idle_timeout_s`` in the server protocol (``gateway.server``).
+- **Two byte bounds.** One body: ``max_body_bytes`` (64 MiB, Triton's own default
+  ``--http-max-input-size``), refused from ``Content-Length`` before a byte is read, or as soon
+  as a chunked body passes it: 413. All bodies held at once: ``max_buffered_body_bytes``;
+  past it a request is answered 503 with ``Retry-After`` (overload, not the client's fault).
+- **Bounded decompression.** Wherever the gateway itself decompresses a body (sequence
+  affinity reads the JSON header; shadow comparison reads outputs), it inflates at most
+  ``max_body_bytes``, or only the prefix it needs, so a gzip bomb costs bounded memory and CPU.
+- **Hop-by-hop headers** (RFC 9110 §7.6.1) are not forwarded either way: the fixed set, and
+  whatever a ``Connection`` header names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any
+
+from gateway.errors import ClientGone, Overloaded, PayloadTooLarge
+from gateway.upstream import named_by_connection
+
+MIB = 1 << 20
+Headers = list[tuple[bytes, bytes]]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+# Never forwarded in a response: hop-by-hop (RFC 9110 §7.6.1) plus Content-Length (re-framed by us).
+_COMPRESSED = frozenset([b"gzip", b"deflate"])
+HOP_BY_HOP_RESPONSE = frozenset([b"connection", b"keep-alive", b"proxy-connection", b"proxy-authenticate",
+                                 b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade",
+                                 b"content-length"])
+
+
+class BodyReader:
+    """Reads request bodies whole, within ``max_body`` each and ``max_buffered`` for all at once.
+
+    ``held`` counts the bytes of bodies read this way and not yet released: the caller
+    releases a body's size when its request is over (the body stays in memory until then, for
+    the fallback and the shadow).
+    """
+
+    __slots__ = ("max_body", "max_buffered", "held", "_inflating")
+
+    def __init__(self, max_body: int = 64 * MIB, max_buffered: int = 256 * MIB) -> None:
+        self.max_body = max_body
+        self.max_buffered = max_buffered
+        self.held = 0
+        self._inflating = asyncio.Semaphore(1)
+
+    async def decoded(self, body: bytes, encoding: bytes | None, prefix: int | None = None) -> bytes:
+        """:func:`inflate` within ``max_body``, off the event loop: inflating 64 MiB takes 0.1-0.8 s
+        of CPU here, which would stall every other client. One at a time, so a queue of bombs
+        takes one core at most (zlib releases the GIL while it works)."""
+        if encoding not in _COMPRESSED:
+            return body
+        async with self._inflating:
+            return await asyncio.to_thread(inflate, body, encoding, self.max_body, prefix)
+
+    async def read(self, first: bytes, receive: Receive, headers: Headers) -> bytes:
+        """The whole body, ``first`` being what arrived with the headers. Raises PayloadTooLarge,
+        Overloaded or ClientGone; nothing stays held when it raises."""
+        announced = content_length(headers)
+        if announced is not None and announced > self.max_body:
+            raise PayloadTooLarge(f"request body of {announced} bytes is over the limit of {self.max_body} bytes")
+        chunks, size = [first], len(first)
+        self._take(size)
+        try:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientGone("the client closed the connection while sending the body")
+                chunk = message.get("body", b"")
+                if size + len(chunk) > self.max_body:
+                    raise PayloadTooLarge(f"request body over the limit of {self.max_body} bytes")
+                self._take(len(chunk))
+                size += len(chunk)
+                chunks.append(chunk)
+                if not message.get("more_body"):
+                    return b"".join(chunks)
+        except BaseException:
+            self.held -= size
+            raise
+
+    def release(self, size: int) -> None:
+        self.held -= size
+
+    def _take(self, size: int) -> None:
+        if self.held + size > self.max_buffered:
+            raise Overloaded(f"the gateway holds {self.max_buffered} bytes of request bodies already: retry shortly")
+        self.held += size
+
+
+def content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
+    for name, value in headers:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def inflate(body: bytes, encoding: bytes | None, limit: int, prefix: int | None = None) -> bytes:
+    """``body`` decoded from its Content-Encoding (gzip, deflate; anything else as is), at most
+    ``limit`` bytes of it, else PayloadTooLarge; only the first ``prefix`` bytes when given.
+    A corrupt stream raises zlib.error."""
+    if encoding not in _COMPRESSED:
+        return body
+    inflater = zlib.decompressobj(47 if encoding == b"gzip" else 15)  # 47: gzip or zlib header, detected
+    if prefix is not None and prefix <= limit:
+        return inflater.decompress(body, prefix)
+    data = inflater.decompress(body, limit + 1)
+    if len(data) > limit:
+        raise PayloadTooLarge(f"request body decompresses to more than the limit of {limit} bytes")
+    return data
+
+
+def end_to_end(headers: Headers) -> Headers:
+    """A response's headers minus the hop-by-hop ones (and Content-Length, which we set).
+
+    Cheap in the usual case: a response carries exactly one of the fixed set (Content-Length or
+    Transfer-Encoding), so only when more were dropped can a ``Connection`` header name others.
+    """
+    kept = [(name, value) for name, value in headers if name.lower() not in HOP_BY_HOP_RESPONSE]
+    if len(headers) - len(kept) > 1:
+        named: frozenset[bytes] = frozenset()
+        for name, value in headers:
+            if name.lower() == b"connection":
+                named |= named_by_connection(value)
+        if named:
+            kept = [(name, value) for name, value in kept if name.lower() not in named]
+    return kept

@@ -1,0 +1,116 @@
+"""The HTTP port's bounds as pure parts: whole-body reading, bounded inflation, hop-by-hop headers."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import zlib
+from collections.abc import MutableMapping
+from typing import Any
+
+import pytest
+
+from gateway.errors import ClientGone, Overloaded, PayloadTooLarge
+from gateway.proxy.limits import BodyReader, end_to_end, inflate
+from gateway.proxy.shadow import _decoded, agree
+from gateway.settings import Settings, SettingsError
+from gateway.upstream import HttpUpstream
+
+
+class Pieces:
+    """An ASGI ``receive`` handing out body pieces, then (optionally) a disconnect."""
+
+    def __init__(self, *pieces: bytes, disconnect: bool = False) -> None:
+        self.messages: list[MutableMapping[str, Any]] = [
+            {"type": "http.request", "body": piece, "more_body": i < len(pieces) - 1 or disconnect}
+            for i, piece in enumerate(pieces)]
+        if disconnect:
+            self.messages.append({"type": "http.disconnect"})
+        self.calls = 0
+
+    async def __call__(self) -> MutableMapping[str, Any]:
+        self.calls += 1
+        return self.messages.pop(0)
+
+
+def test_a_body_is_read_whole_and_held_until_released() -> None:
+    reader = BodyReader(max_body=100, max_buffered=1000)
+    body = asyncio.run(reader.read(b"ab", Pieces(b"cd", b"ef"), [(b"content-length", b"6")]))
+    assert body == b"abcdef" and reader.held == 6
+    reader.release(len(body))
+    assert reader.held == 0
+
+
+def test_an_announced_body_over_the_limit_is_refused_unread() -> None:
+    reader, receive = BodyReader(max_body=100, max_buffered=1000), Pieces(b"x")
+    with pytest.raises(PayloadTooLarge, match="1000000000 bytes is over the limit of 100"):
+        asyncio.run(reader.read(b"", receive, [(b"content-length", b"1000000000")]))
+    assert receive.calls == 0 and reader.held == 0
+
+
+@pytest.mark.parametrize(("reader", "pieces", "error"), [
+    (BodyReader(max_body=10, max_buffered=1000), Pieces(b"x" * 6, b"x" * 6), PayloadTooLarge),  # chunked, too long
+    (BodyReader(max_body=100, max_buffered=10), Pieces(b"x" * 6, b"x" * 6), Overloaded),  # all bodies together
+    (BodyReader(max_body=100, max_buffered=1000), Pieces(b"x" * 6, disconnect=True), ClientGone),
+])
+def test_a_refused_body_holds_nothing(reader: BodyReader, pieces: Pieces, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        asyncio.run(reader.read(b"abc", pieces, []))
+    assert reader.held == 0
+
+
+def test_overload_is_answered_with_retry_after() -> None:
+    assert (b"retry-after", b"1") in Overloaded("busy").headers and Overloaded.status == 503
+    assert (b"connection", b"close") in PayloadTooLarge("big").headers  # the unread body is not parsed
+
+
+def test_inflation_is_bounded() -> None:
+    bomb = gzip.compress(b" " * 1_000_000)
+    with pytest.raises(PayloadTooLarge, match="decompresses to more than the limit of 1000 bytes"):
+        inflate(bomb, b"gzip", 1000)
+    assert inflate(bomb, b"gzip", 1000, prefix=10) == b" " * 10  # only the prefix is inflated
+    assert inflate(zlib.compress(b"{}"), b"deflate", 1000) == b"{}"
+    assert inflate(b"plain", None, 3) == b"plain"  # not compressed: nothing to inflate
+    with pytest.raises(zlib.error):
+        inflate(b"not gzip", b"gzip", 1000)
+
+
+def test_decompressing_off_the_loop_gives_the_same_bytes() -> None:
+    reader = BodyReader(max_body=1000)
+    assert asyncio.run(reader.decoded(gzip.compress(b'{"a": 1}'), b"gzip")) == b'{"a": 1}'
+    with pytest.raises(PayloadTooLarge):
+        asyncio.run(reader.decoded(gzip.compress(b" " * 2000), b"gzip"))
+
+
+def test_response_hop_by_hop_headers_are_dropped() -> None:
+    headers = [(b"Content-Type", b"application/json"), (b"Content-Length", b"2"), (b"Connection", b"X-Secret, close"),
+               (b"X-Secret", b"1"), (b"Keep-Alive", b"timeout=5"), (b"Proxy-Authenticate", b"Basic"),
+               (b"Upgrade", b"h2c"), (b"Trailer", b"x"), (b"inference-header-content-length", b"2")]
+    assert end_to_end(headers) == [(b"Content-Type", b"application/json"),
+                                   (b"inference-header-content-length", b"2")]
+    usual = [(b"Content-Type", b"application/json"), (b"Content-Length", b"2")]
+    assert end_to_end(usual) == usual[:1]
+
+
+def test_request_hop_by_hop_headers_are_not_sent_upstream() -> None:
+    upstream = HttpUpstream("http://triton:8000")
+    head = upstream._head(b"POST", b"/v2/models/qc/infer", [
+        (b"content-type", b"application/json"), (b"connection", b"keep-alive, x-internal, X-Other"),
+        (b"x-internal", b"secret"), (b"x-other", b"1"), (b"proxy-authorization", b"Basic Zm9v"),
+        (b"te", b"trailers"), (b"upgrade", b"h2c"), (b"keep-alive", b"timeout=9"), (b"trailer", b"x"),
+        (b"transfer-encoding", b"chunked"), (b"x-user-id", b"42")], b"{}", None)
+    assert head == (b"POST /v2/models/qc/infer HTTP/1.1\r\nhost: triton:8000\r\ncontent-type: application/json\r\n"
+                    b"x-user-id: 42\r\ncontent-length: 2\r\n\r\n")
+
+
+def test_shadow_compares_compressed_answers_by_their_content() -> None:
+    answer = json.dumps({"outputs": [{"name": "OUT", "datatype": "FP32", "shape": [1], "data": [1.0]}]}).encode()
+    packed = asyncio.run(_decoded(gzip.compress(answer), [(b"Content-Encoding", b"gzip")]))
+    assert packed is not None and agree(answer, packed)
+    assert asyncio.run(_decoded(gzip.compress(b" " * (65 << 20)), [(b"content-encoding", b"gzip")])) is None
+
+
+def test_the_buffer_budget_holds_one_largest_body() -> None:
+    with pytest.raises(SettingsError, match="max_buffered_body_bytes .* must be at least max_body_bytes"):
+        Settings.load(None, max_body_bytes=2048, max_buffered_body_bytes=1024)
