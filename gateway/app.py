@@ -25,6 +25,7 @@ from gateway.admin.policies import PolicyService
 from gateway.admin.versions import versions_router
 from gateway.errors import GatewayError
 from gateway.grpc_upstream import GrpcUpstream
+from gateway.http2.server import Limits
 from gateway.lifecycle import ModelLifecycle
 from gateway.policy_book import PolicyBook
 from gateway.proxy.grpc import GrpcProxy
@@ -125,7 +126,8 @@ class Gateway:
                 self.grpc = GrpcProxy(self.grpc_router)
                 self.grpc_server = await start_grpc(self.grpc, self.settings.host, self.settings.grpc_port)
             else:
-                self.grpc_server = await start_front(self.grpc_router, self.settings.host, self.settings.grpc_port)
+                self.grpc_server = await start_front(self.grpc_router, self.settings.host, self.settings.grpc_port,
+                                                     grpc_limits(self.settings))
         if self.settings.controller_enabled:
             self.rollouts.start()
         self.started = True
@@ -202,3 +204,13 @@ def make_source(settings: Settings, recorder: Recorder) -> MetricsSource:
 
 def create_app(settings: Settings | None = None) -> Any:
     return Gateway(settings or Settings.load())
+
+
+def grpc_limits(settings: Settings) -> Limits:
+    """The lean gRPC server's per-connection limits, from the settings."""
+    return Limits(max_concurrent_streams=settings.grpc_max_concurrent_streams,
+                  stream_window=settings.grpc_stream_window_bytes,
+                  connection_window=settings.grpc_connection_window_bytes,
+                  max_header_list=settings.grpc_max_header_list_bytes, max_message=settings.grpc_max_message_bytes,
+                  preface_timeout=settings.grpc_preface_timeout_s, header_timeout=settings.grpc_header_timeout_s,
+                  idle_timeout=settings.grpc_idle_timeout_s)

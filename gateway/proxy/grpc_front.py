@@ -26,7 +26,7 @@ from typing import Any
 
 from gateway.grpc_upstream import UpstreamStream
 from gateway.http2.endpoint import Headers, split_messages
-from gateway.http2.server import Http2ServerConnection, ServerStream, StreamHandler, metadata_block
+from gateway.http2.server import Http2ServerConnection, Limits, ServerStream, StreamHandler, metadata_block
 from gateway.proxy.grpc_routing import (
     INFER,
     SERVICE,
@@ -56,13 +56,15 @@ def client_metadata(headers: Headers) -> tuple[tuple[bytes, bytes], ...]:
 
 
 def deadline_of(headers: Headers) -> float | None:
-    """The ``grpc-timeout`` header as an absolute ``loop.time()``, or None."""
+    """The ``grpc-timeout`` header as an absolute ``loop.time()``; None without one.
+
+    Raises ``ValueError`` for a value the gRPC spec does not allow (1-8 digits and a unit)."""
     for name, value in headers:
         if name == b"grpc-timeout":
-            try:
-                return asyncio.get_running_loop().time() + int(value[:-1]) * _TIMEOUT_UNITS[value[-1:]]
-            except (ValueError, KeyError):
-                return None
+            unit = _TIMEOUT_UNITS.get(value[-1:])
+            if unit is None or not 2 <= len(value) <= 9 or not value[:-1].isdigit():
+                raise ValueError(f"malformed grpc-timeout {value[:20]!r}")
+            return asyncio.get_running_loop().time() + int(value[:-1]) * unit
     return None
 
 
@@ -70,6 +72,7 @@ class _Call:
     """What every call has: its stream, its deadline, and the task doing its upstream work."""
 
     __slots__ = ("front", "connection", "stream", "deadline", "task", "timer")
+    streaming = False  # a unary request is held until END_STREAM (StreamHandler.streaming)
 
     def __init__(self, front: GrpcFront, connection: Http2ServerConnection, stream: ServerStream) -> None:
         self.front = front
@@ -173,6 +176,7 @@ class StreamCall(_Call):
     """ModelStreamInfer: client messages routed and sent up one stream, answers relayed back."""
 
     __slots__ = ("upstream", "waiting", "ended", "model", "decision", "sent", "replies")
+    streaming = True
 
     def __init__(self, front: GrpcFront, connection: Http2ServerConnection, stream: ServerStream) -> None:
         super().__init__(front, connection, stream)
@@ -252,13 +256,17 @@ class GrpcFront:
 
     def on_stream(self, connection: Http2ServerConnection, stream: ServerStream) -> StreamHandler | None:
         path = stream.path
-        if path == INFER:
-            return UnaryCall(self, connection, stream, routed=True)
-        if path == STREAM_INFER:
-            return StreamCall(self, connection, stream)
-        if path.startswith(SERVICE):
-            return UnaryCall(self, connection, stream, routed=False)
-        connection.finish(stream, UNIMPLEMENTED, f"Method not found: {path}")
+        try:  # the calls read grpc-timeout first thing
+            if path == INFER:
+                return UnaryCall(self, connection, stream, routed=True)
+            if path == STREAM_INFER:
+                return StreamCall(self, connection, stream)
+            if path.startswith(SERVICE):
+                return UnaryCall(self, connection, stream, routed=False)
+        except ValueError as exc:  # a malformed grpc-timeout: answered, never raised into the connection
+            connection.finish(stream, INVALID_ARGUMENT, str(exc))
+            return None
+        connection.finish(stream, UNIMPLEMENTED, f"Method not found: {path[:200]}")
         return None
 
 
@@ -282,8 +290,8 @@ class FrontServer:
         await self.server.wait_closed()
 
 
-async def start_server(router: GrpcRouter, host: str, port: int) -> FrontServer:
+async def start_server(router: GrpcRouter, host: str, port: int, limits: Limits | None = None) -> FrontServer:
     front = GrpcFront(router)
     server = await asyncio.get_running_loop().create_server(
-        lambda: Http2ServerConnection(front.on_stream, front.connections), host, port, reuse_address=True)
+        lambda: Http2ServerConnection(front.on_stream, front.connections, limits), host, port, reuse_address=True)
     return FrontServer(server, front)
