@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gateway.local_triton import LocalTriton, free_port  # noqa: E402
+from gateway.devtools.local_triton import LocalTriton, free_port  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 POLICY = 'policies:\n  qc: {weights: {"2": 80, "3": 20}}\n'

@@ -21,30 +21,30 @@ from starlette.exceptions import HTTPException
 
 from gateway.admin.api import admin_router
 from gateway.admin.auth import Authenticator
-from gateway.admin.policies import PolicyService
+from gateway.admin.rollouts import rollout_router
 from gateway.admin.versions import versions_router
 from gateway.errors import GatewayError
-from gateway.grpc_upstream import GrpcUpstream
+from gateway.grpc.front import start_server as start_front
+from gateway.grpc.grpcio_front import GrpcProxy
+from gateway.grpc.grpcio_front import start_server as start_grpc
+from gateway.grpc.router import GrpcRouter
+from gateway.grpc.upstream import GrpcUpstream
 from gateway.http2.server import Limits
-from gateway.lifecycle import ModelLifecycle
 from gateway.policy_book import PolicyBook
-from gateway.proxy.grpc import GrpcProxy
-from gateway.proxy.grpc import start_server as start_grpc
-from gateway.proxy.grpc_front import start_server as start_front
-from gateway.proxy.grpc_routing import GrpcRouter
 from gateway.proxy.http import HttpProxy, Receive, Scope, Send
 from gateway.proxy.shadow import ShadowMirror
-from gateway.rollout.api import rollout_router
 from gateway.rollout.controller import RolloutController
 from gateway.sequences import SequencePins
+from gateway.services.lifecycle import ModelLifecycle
+from gateway.services.policies import PolicyService
+from gateway.services.state_sync import StateSync
+from gateway.services.triton_control import TritonControl
 from gateway.settings import Settings
-from gateway.state_sync import StateSync
 from gateway.store.base import StateStore, make_store
 from gateway.telemetry.access_log import AccessLog
 from gateway.telemetry.prometheus import GatewayCollector, make_registry, render
 from gateway.telemetry.recorder import Recorder
 from gateway.telemetry.sources import MetricsSource, PrometheusSource, RecorderSource
-from gateway.triton_control import TritonControl
 from gateway.upstream import HttpUpstream
 
 log = logging.getLogger("gateway")
@@ -63,7 +63,7 @@ class Gateway:
                                      request_timeout_s=settings.request_timeout_s)
         self.access_log = AccessLog() if settings.access_log else None
         self.pins = SequencePins()
-        self.shadow = ShadowMirror(self.upstream)
+        self.shadow = ShadowMirror(self.upstream, self.recorder)
         self.proxy = HttpProxy(self.book, self.upstream, self.recorder, self.access_log, self.pins, self.shadow)
         self.grpc: GrpcProxy | None = None
         self.grpc_router: GrpcRouter | None = None
@@ -71,13 +71,13 @@ class Gateway:
         self.store = store or make_store(settings.store_url)
         self.triton = TritonControl(self.upstream)
         self.policies = PolicyService(self.store, self.book, self.triton)
-        self.sync = StateSync(self.policies, settings.resync_interval_s)
+        self.sync = StateSync(self.store, self.policies, settings.resync_interval_s)
         self.source = make_source(settings, self.recorder)
-        self.lifecycle = ModelLifecycle(self.policies, self.recorder, self.pins)
-        self.rollouts = RolloutController(self.policies, self.source, self.recorder, tick_s=settings.controller_tick_s,
-                                          lifecycle=self.lifecycle, shadow=self.shadow)
-        self.registry = make_registry(GatewayCollector(self.recorder, self.book, self.rollouts.states,
-                                                       self.rollouts.rollbacks, self.shadow.stats))
+        self.lifecycle = ModelLifecycle(self.store, self.triton, self.policies, self.recorder, self.pins)
+        self.rollouts = RolloutController(self.store, self.triton, self.policies, self.source, self.recorder,
+                                          tick_s=settings.controller_tick_s, lifecycle=self.lifecycle,
+                                          shadow=self.shadow)
+        self.registry = make_registry(GatewayCollector(self.recorder, self.book))
         self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin)
         self.started = False
         self.control = self._control_app()
@@ -88,9 +88,10 @@ class Gateway:
         app.add_api_route("/healthz", self.healthz, methods=["GET"], include_in_schema=False)
         app.add_api_route("/readyz", self.readyz, methods=["GET"], include_in_schema=False)
         app.add_api_route("/metrics", self.metrics, methods=["GET"], include_in_schema=False)
-        app.include_router(admin_router(self.policies, self.auth), prefix="/admin", tags=["admin"])
-        app.include_router(rollout_router(self.rollouts, self.auth), prefix="/admin", tags=["rollout"])
-        app.include_router(versions_router(self.lifecycle, self.auth), prefix="/admin", tags=["versions"])
+        app.state.auth = self.auth  # read by the shared Actor dependency (gateway.admin.deps)
+        app.include_router(admin_router(self.policies), prefix="/admin", tags=["admin"])
+        app.include_router(rollout_router(self.rollouts), prefix="/admin", tags=["rollout"])
+        app.include_router(versions_router(self.lifecycle), prefix="/admin", tags=["versions"])
         app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
         app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
         app.add_exception_handler(ValidationError, _invalid_request)  # type: ignore[arg-type]

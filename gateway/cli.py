@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     reference = commands.add_parser("config-reference", help="print every setting as a Markdown table")
     reference.set_defaults(handler=_config_reference)
 
-    from gateway.admin.ctl import add_ctl_parser
+    from gateway.ctl.commands import add_ctl_parser
 
     add_ctl_parser(commands)
 
@@ -87,14 +87,14 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _config_reference(args: argparse.Namespace) -> int:
-    from gateway.config_reference import markdown
+    from gateway.devtools.config_reference import markdown
 
     print(markdown())
     return 0
 
 
 def _triton(args: argparse.Namespace) -> int:
-    from gateway.local_triton import SAMPLE_MODELS, SAMPLE_REPOSITORY, LocalTriton
+    from gateway.devtools.local_triton import SAMPLE_MODELS, SAMPLE_REPOSITORY, LocalTriton
 
     triton = LocalTriton(repository=args.repository or SAMPLE_REPOSITORY, models=tuple(args.models or SAMPLE_MODELS),
                          http_port=args.http_port, grpc_port=args.http_port + 1, metrics_port=args.http_port + 2)
@@ -110,7 +110,7 @@ def _triton(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from gateway.demo import run_demo
+    from gateway.devtools.demo import run_demo
 
     logging.basicConfig(level=logging.WARNING)
     return run_demo(keep_running=args.keep_running)

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from gateway.routing import Policy, PolicySpec, compile_policy
+from gateway.policy import PolicySpec
+from gateway.routing import Policy, compile_policy
 
 Listener = Callable[[str, "Policy | None"], None]
 

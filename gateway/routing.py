@@ -14,16 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import Decimal
-from typing import Annotated, Protocol
+from typing import Protocol
 
 import mmh3
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gateway.policy import PolicySpec, heaviest
 
 BUCKETS = 10_000  # basis points: 0.01 % resolution
-Version = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,18}$", description="Triton version number, as a string")]
-Percent = Annotated[Decimal, Field(ge=0, le=100, decimal_places=2)]
-HeaderName = Annotated[str, Field(pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")]
 
 
 class Reason:
@@ -36,74 +33,6 @@ class Reason:
     WEIGHTED = "weighted"
     DEFAULT = "default"
     FALLBACK = "fallback"  # the chosen version was unavailable on Triton; another one answered
-
-
-class HeaderRule(BaseModel):
-    """``header: equals -> version``: e.g. ``x-canary: always`` sends a tester to version 3."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    header: HeaderName
-    equals: str = Field(max_length=1024)
-    version: Version
-
-
-class ShadowSpec(BaseModel):
-    """Mirror ``percent`` of the model's routed requests to ``version``; clients never see it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    version: Version
-    percent: Annotated[Decimal, Field(gt=0, le=100, decimal_places=2)]
-
-
-class PolicySpec(BaseModel):
-    """A model's routing policy as written by people: percentages summing to 100."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    weights: dict[Version, Percent] = Field(
-        description="version -> percent of traffic, at most two decimals, summing to 100"
-    )
-    sticky_header: HeaderName | None = Field(
-        default=None, description="header carrying a user id; None means the gateway default"
-    )
-    rules: list[HeaderRule] = Field(default_factory=list, max_length=64)
-    shadow: ShadowSpec | None = Field(default=None, description="mirror a share of requests to a version")
-    sequence_affinity: bool = Field(default=False, description="keep Triton sequences on the version that "
-                                    "served sequence_start (reads the request's JSON header)")
-
-    @field_validator("weights")
-    @classmethod
-    def _weights_sum_to_100(cls, weights: dict[str, Decimal]) -> dict[str, Decimal]:
-        if not weights:
-            raise ValueError("weights must name at least one version")
-        total = sum(weights.values(), Decimal(0))
-        if total != 100:
-            raise ValueError(f"weights must sum to 100, not {total}")
-        return weights
-
-    @model_validator(mode="after")
-    def _rules_are_distinct(self) -> PolicySpec:
-        seen = {(rule.header.lower(), rule.equals) for rule in self.rules}
-        if len(seen) != len(self.rules):
-            raise ValueError("rules repeat the same header and value")
-        return self
-
-    def basis_points(self) -> dict[str, int]:
-        return {version: int(percent * 100) for version, percent in self.weights.items()}
-
-    def versions(self) -> set[str]:
-        """Every version this policy can send traffic to (weight > 0 or named by a rule)."""
-        shadow = {self.shadow.version} if self.shadow else set()
-        return {v for v, w in self.weights.items() if w > 0} | {rule.version for rule in self.rules} | shadow
-
-    def document(self) -> dict[str, object]:
-        """JSON-ready form, weights as plain numbers (ints when whole)."""
-        return {
-            "weights": {v: (int(w) if w == w.to_integral_value() else float(w)) for v, w in self.weights.items()},
-            "sticky_header": self.sticky_header,
-            "rules": [rule.model_dump() for rule in self.rules],
-            "shadow": {"version": self.shadow.version, "percent": float(self.shadow.percent)} if self.shadow else None,
-            "sequence_affinity": self.sequence_affinity,
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,12 +85,12 @@ def compile_policy(model: str, spec: PolicySpec, revision: int = 0, default_stic
     )
     # Every version the policy names gets a fallback, zero weights included: a request routed
     # just before a rollback may come back "unavailable" after the new policy took its weight.
-    weighted = sorted(((w, int(v), v) for v, w in spec.basis_points().items() if w > 0), reverse=True)
+    weighted = {v: w for v, w in spec.basis_points().items() if w > 0}
     fallbacks = {}
     for version in {*spec.weights, *(rule.version for rule in spec.rules)}:
-        other = next((v for _, _, v in weighted if v != version), None)
-        if other is not None:
-            fallbacks[version] = Decision(other, Reason.FALLBACK)
+        others = {v: w for v, w in weighted.items() if v != version}
+        if others:
+            fallbacks[version] = Decision(heaviest(others), Reason.FALLBACK)
     return Policy(
         model=model,
         spec=spec,

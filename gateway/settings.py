@@ -14,7 +14,7 @@ import yaml
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
-from gateway.routing import HeaderName, PolicySpec
+from gateway.policy import HeaderName, PolicySpec
 
 
 class SettingsError(ValueError):

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway.local_triton import LocalTriton
+from gateway.devtools.local_triton import LocalTriton
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +72,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     import socket
     import subprocess
 
-    from gateway.local_triton import free_port
+    from gateway.devtools.local_triton import free_port
 
     binary = shutil.which("redis-server")
     assert binary, "redis-server is not installed: run the suite through `make test`"
@@ -114,7 +114,7 @@ class PrometheusServer:
     def __init__(self, workdir: Path, targets: dict[str, str]) -> None:
         import shutil
 
-        from gateway.local_triton import free_port
+        from gateway.devtools.local_triton import free_port
 
         binary = shutil.which("prometheus")
         assert binary, "prometheus is not installed: run the suite through `make test`"
@@ -166,6 +166,7 @@ def exported_metric_names(triton: LocalTriton) -> set[str]:
 
     from prometheus_client.parser import text_string_to_metric_families
 
+    from gateway.rollout.controller import PHASES
     from tests.support import GatewayThread, drive, gateway_settings
 
     settings = gateway_settings(triton.http_url, admin_token="exported-names-token",
@@ -174,8 +175,8 @@ def exported_metric_names(triton: LocalTriton) -> set[str]:
     with GatewayThread(settings) as gw:
         asyncio.run(drive(gw.url, 20, concurrency=2))
         gw.app.recorder.upstream_error("qc", "2", "probe")
-        gw.app.rollouts.states["qc"] = "progressing"
-        gw.app.rollouts.rollbacks[("qc", "probe")] = 0
+        gw.app.recorder.set_rollout_state("qc", "progressing", PHASES)
+        gw.app.recorder.count_rollback("qc", "probe")
         for url in (f"{gw.url}/metrics", triton.metrics_url):
             text = urllib.request.urlopen(url).read().decode()
             for family in text_string_to_metric_families(text):

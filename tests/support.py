@@ -14,7 +14,7 @@ from typing import Any
 import uvicorn
 
 from gateway.app import Gateway
-from gateway.local_triton import free_port
+from gateway.devtools.local_triton import free_port
 from gateway.server import uvicorn_config
 from gateway.settings import Settings
 from gateway.upstream import HttpUpstream

@@ -13,6 +13,7 @@ import asyncio
 from typing import Protocol
 from urllib.parse import unquote
 
+from gateway.grpc.wire import grpc_frame
 from gateway.http2.endpoint import (
     CANCEL,
     PREFACE,
@@ -21,7 +22,6 @@ from gateway.http2.endpoint import (
     Endpoint,
     Headers,
     StreamState,
-    grpc_frame,
     open_windows,
     settings_frame,
 )

@@ -55,30 +55,6 @@ def settings_frame(**values: int) -> bytes:
                                           for name, value in values.items()))
 
 
-def grpc_frame(message: bytes) -> bytes:
-    """One gRPC length-prefixed message (uncompressed)."""
-    return b"\x00" + len(message).to_bytes(4, "big") + message
-
-
-class MessageTooLarge(ValueError):
-    pass
-
-
-def split_messages(data: bytes | bytearray, limit: int = 1 << 30) -> tuple[list[tuple[bool, bytes]], int]:
-    """The whole gRPC messages at the start of ``data`` as (compressed, message), and how many
-    bytes they took; a partial one stays for the next DATA frame."""
-    messages, pos, size = [], 0, len(data)
-    while size - pos >= 5:
-        length = int.from_bytes(data[pos + 1:pos + 5], "big")
-        if length > limit:
-            raise MessageTooLarge(f"message of {length} bytes is above the limit")
-        if size - pos - 5 < length:
-            break
-        messages.append((data[pos] != 0, bytes(data[pos + 5:pos + 5 + length])))
-        pos += 5 + length
-    return messages, pos
-
-
 def open_windows(size: int = _CONNECTION_WINDOW) -> bytes:
     """Raise the connection's receive window from the RFC's 65,535 to ``size``."""
     return frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", size - 65535)) if size > 65535 else b""

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from gateway.grpc.wire import MessageTooLarge, grpc_frame, split_messages, status_block
 from gateway.http2.endpoint import (
     END_STREAM,
     FLOW_CONTROL_ERROR,
@@ -35,14 +36,11 @@ from gateway.http2.endpoint import (
     WINDOW_UPDATE,
     Endpoint,
     Headers,
-    MessageTooLarge,
     ProtocolError,
     StreamState,
     frame,
-    grpc_frame,
     open_windows,
     settings_frame,
-    split_messages,
     unpad,
 )
 from gateway.http2.hpack_codec import HeaderListTooLarge, literal, literal_indexed_name
@@ -154,25 +152,6 @@ def read_request(headers: Headers) -> tuple[str, bytes] | str:
     if path is None or method is None or scheme is None:
         return "a request without :method, :scheme or :path"
     return path.decode("latin-1"), compression
-
-
-def grpc_message(details: str) -> bytes:
-    """``grpc-message`` is percent-encoded UTF-8 (printable ASCII other than '%' stays)."""
-    raw = details.encode("utf-8", "replace")
-    if all(0x20 <= byte <= 0x7E and byte != 0x25 for byte in raw):
-        return raw
-    return b"".join(bytes([byte]) if 0x20 <= byte <= 0x7E and byte != 0x25 else b"%%%02X" % byte for byte in raw)
-
-
-def metadata_block(metadata: tuple[tuple[str, str], ...]) -> bytes:
-    return b"".join(literal(key.encode(), value.encode()) for key, value in metadata)
-
-
-def status_block(code: int, details: str) -> bytes:
-    if code == 0 and not details:
-        return _OK_TRAILER
-    block = literal(b"grpc-status", str(code).encode())
-    return block + literal(b"grpc-message", grpc_message(details)) if details else block
 
 
 class Http2ServerConnection(Endpoint):

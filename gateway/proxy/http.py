@@ -125,8 +125,7 @@ class HttpProxy:
         response: UpstreamResponse | None = None
         inflight = inflight_key(model, policy, decision)
         if inflight is not None:
-            counts = self.recorder.inflight
-            counts[inflight] = counts.get(inflight, 0) + 1
+            self.recorder.add_inflight(inflight)
         try:
             response = await self.upstream.request(scope["method"].encode(), target, scope["headers"], body,
                                                    content_length=length)
@@ -153,7 +152,7 @@ class HttpProxy:
             raise
         finally:
             if inflight is not None:
-                self.recorder.inflight[inflight] -= 1
+                self.recorder.remove_inflight(inflight)
             if watcher is not None and not watcher.done():
                 done[0] = True
                 watcher.cancel()

@@ -6,7 +6,7 @@ from decimal import Decimal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gateway.routing import Percent, Version
+from gateway.policy import Percent, Version
 
 
 class RolloutSpec(BaseModel):

@@ -15,12 +15,8 @@ from typing import Protocol
 
 import httpx
 
-from gateway.errors import GatewayError
+from gateway.errors import MetricsUnavailable
 from gateway.telemetry.recorder import JUDGED_CODES, LATENCY_BOUNDS, UPSTREAM_ERROR_CODES, Recorder, Window
-
-
-class MetricsUnavailable(GatewayError):
-    status = 503
 
 
 class MetricsSource(Protocol):

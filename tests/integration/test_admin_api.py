@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.local_triton import LocalTriton
+from gateway.devtools.local_triton import LocalTriton
 from tests.support import INFER_BODY, TOKEN, AdminClient, gateway_settings
 
 pytestmark = pytest.mark.triton

@@ -14,7 +14,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from gateway.local_triton import LocalTriton
+from gateway.devtools.local_triton import LocalTriton
 from tests.support import AUTH, TOKEN, GatewayThread, admin_call, gateway_settings
 
 pytestmark = pytest.mark.triton

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from gateway.devtools.local_triton import LocalTriton
 from gateway.http2.endpoint import Endpoint
-from gateway.local_triton import LocalTriton
 from tests.conftest import Faults
 from tests.support import GatewayThread, gateway_settings
 

@@ -17,7 +17,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from gateway.local_triton import LocalTriton, free_port
+from gateway.devtools.local_triton import LocalTriton, free_port
 from tests.conftest import Faults
 from tests.support import TOKEN, GatewayThread, admin_call, gateway_settings
 

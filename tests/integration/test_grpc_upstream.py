@@ -1,4 +1,4 @@
-"""The lean HTTP/2 client (``gateway.grpc_upstream``) straight against the real Triton."""
+"""The lean HTTP/2 client (``gateway.grpc.upstream``) straight against the real Triton."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
-from gateway.grpc_upstream import OK, UNAVAILABLE, GrpcUpstream
-from gateway.local_triton import LocalTriton, free_port
+from gateway.devtools.local_triton import LocalTriton, free_port
+from gateway.grpc.upstream import OK, UNAVAILABLE, GrpcUpstream
 from tests.conftest import Faults
 
 pytestmark = pytest.mark.triton

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.local_triton import LocalTriton, free_port
+from gateway.devtools.local_triton import LocalTriton, free_port
 from gateway.telemetry.recorder import Outcome
 from tests.conftest import Faults
 from tests.support import INFER_BODY, GatewayThread, gateway_settings, get_json

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from gateway.local_triton import LocalTriton
+from gateway.devtools.local_triton import LocalTriton
 from tests.support import INFER_BODY, GatewayThread, drive, gateway_settings, get_json
 
 pytestmark = pytest.mark.triton

@@ -9,7 +9,7 @@ import uuid
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.local_triton import LocalTriton
+from gateway.devtools.local_triton import LocalTriton
 from tests.conftest import Faults
 from tests.support import TOKEN, GatewayThread, admin_call, drive, gateway_settings
 

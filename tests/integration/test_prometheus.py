@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.local_triton import LocalTriton
+from gateway.devtools.local_triton import LocalTriton
 from gateway.telemetry.sources import PrometheusSource
 from tests.conftest import Faults, PrometheusServer
 from tests.support import GatewayThread, drive, gateway_settings, wait_for

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.local_triton import LocalTriton
+from gateway.devtools.local_triton import LocalTriton
 from tests.conftest import Faults
 from tests.support import (
     TOKEN,

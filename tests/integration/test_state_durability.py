@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.local_triton import LocalTriton
+from gateway.devtools.local_triton import LocalTriton
 from tests.support import (
     TOKEN,
     GatewayProcess,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.config_reference import embedded, markdown
+from gateway.devtools.config_reference import embedded, markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 

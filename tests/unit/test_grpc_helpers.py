@@ -7,9 +7,9 @@ from urllib.parse import unquote
 
 import pytest
 
-from gateway.http2.server import grpc_message, status_block
-from gateway.proxy.grpc_front import client_metadata, deadline_of
-from gateway.proxy.grpc_routing import classify, decision_metadata, status_name
+from gateway.grpc.front import client_metadata, deadline_of
+from gateway.grpc.router import classify, decision_metadata, status_name
+from gateway.grpc.wire import grpc_message, status_block
 from gateway.routing import Decision, Reason
 from gateway.telemetry.recorder import Outcome
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hpack
 import pytest
 
-from gateway.grpc_upstream import grpc_timeout
+from gateway.grpc.upstream import grpc_timeout
 from gateway.http2.hpack_codec import Decoder, HpackError, encode_integer, literal, literal_indexed_name
 
 RESPONSE = [(b":status", b"200"), (b"content-type", b"application/grpc"), (b"x-gateway-route", b"weighted")]

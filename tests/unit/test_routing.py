@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gateway.routing import BUCKETS, Policy, PolicySpec, Reason, WeylDraw, bucket, choose, compile_policy, layout
+from gateway.policy import PolicySpec
+from gateway.routing import BUCKETS, Policy, Reason, WeylDraw, bucket, choose, compile_policy, layout
 
 
 def policy(weights: dict[str, float], **extra: object) -> Policy:

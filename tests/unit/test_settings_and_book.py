@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from gateway.policy import PolicySpec
 from gateway.policy_book import PolicyBook
-from gateway.routing import PolicySpec
 from gateway.settings import Settings, SettingsError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "configs" / "gateway.yaml"

@@ -24,17 +24,17 @@ import time
 from functools import lru_cache
 from typing import Any
 
-from gateway.grpc_upstream import UpstreamStream
-from gateway.http2.endpoint import Headers, split_messages
-from gateway.http2.server import Http2ServerConnection, Limits, ServerStream, StreamHandler, metadata_block
-from gateway.proxy.grpc_routing import (
+from gateway.grpc.router import (
     INFER,
     SERVICE,
     STREAM_INFER,
     GrpcRouter,
     decision_metadata,
 )
-from gateway.proxy.grpc_wire import WireError
+from gateway.grpc.upstream import UpstreamStream
+from gateway.grpc.wire import WireError, metadata_block, split_messages
+from gateway.http2.endpoint import Headers
+from gateway.http2.server import Http2ServerConnection, Limits, ServerStream, StreamHandler
 from gateway.routing import Decision
 
 log = logging.getLogger("gateway.grpc")

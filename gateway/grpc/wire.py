@@ -1,5 +1,9 @@
-"""Just enough of the protobuf wire format to route a ``ModelInferRequest`` without decoding it.
+"""gRPC on the wire: message framing and status trailers, and the routing fields of a ModelInferRequest.
 
+Framing (:func:`grpc_frame`, :func:`split_messages`, :func:`status_block`) is gRPC over HTTP/2,
+kept here so that ``gateway.http2`` stays plain RFC 9113 + HPACK.
+
+Just enough of the protobuf wire format to route a ``ModelInferRequest`` without decoding it.
 A ModelInferRequest carries its tensors in ``raw_input_contents`` (field 7); decoding and
 re-encoding it per request would copy every tensor twice. Routing needs only
 ``model_name`` (1), ``model_version`` (2) and, for sequences, three entries of
@@ -12,6 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.http2.hpack_codec import literal
+
+_OK_TRAILER = literal(b"grpc-status", b"0")
 _SEQUENCE_KEYS = (b"sequence_id", b"sequence_start", b"sequence_end")
 
 
@@ -129,3 +136,47 @@ def _encode_varint(value: int) -> bytes:
         else:
             out.append(byte)
             return bytes(out)
+
+
+# -- gRPC message framing (length-prefixed messages, status trailers) ------------------------------
+def grpc_frame(message: bytes) -> bytes:
+    """One gRPC length-prefixed message (uncompressed)."""
+    return b"\x00" + len(message).to_bytes(4, "big") + message
+
+
+class MessageTooLarge(ValueError):
+    pass
+
+
+def split_messages(data: bytes | bytearray, limit: int = 1 << 30) -> tuple[list[tuple[bool, bytes]], int]:
+    """The whole gRPC messages at the start of ``data`` as (compressed, message), and how many
+    bytes they took; a partial one stays for the next DATA frame."""
+    messages, pos, size = [], 0, len(data)
+    while size - pos >= 5:
+        length = int.from_bytes(data[pos + 1:pos + 5], "big")
+        if length > limit:
+            raise MessageTooLarge(f"message of {length} bytes is above the limit")
+        if size - pos - 5 < length:
+            break
+        messages.append((data[pos] != 0, bytes(data[pos + 5:pos + 5 + length])))
+        pos += 5 + length
+    return messages, pos
+
+
+def grpc_message(details: str) -> bytes:
+    """``grpc-message`` is percent-encoded UTF-8 (printable ASCII other than '%' stays)."""
+    raw = details.encode("utf-8", "replace")
+    if all(0x20 <= byte <= 0x7E and byte != 0x25 for byte in raw):
+        return raw
+    return b"".join(bytes([byte]) if 0x20 <= byte <= 0x7E and byte != 0x25 else b"%%%02X" % byte for byte in raw)
+
+
+def metadata_block(metadata: tuple[tuple[str, str], ...]) -> bytes:
+    return b"".join(literal(key.encode(), value.encode()) for key, value in metadata)
+
+
+def status_block(code: int, details: str) -> bytes:
+    if code == 0 and not details:
+        return _OK_TRAILER
+    block = literal(b"grpc-status", str(code).encode())
+    return block + literal(b"grpc-message", grpc_message(details)) if details else block

@@ -1,6 +1,6 @@
 """``inference.GRPCInferenceService`` on grpcio's server (``grpc_server: grpcio``), forwarded to Triton.
 
-The fallback to our own HTTP/2 server (``grpc_front``): a generic handler with no
+The fallback to our own HTTP/2 server (``grpc.front``): a generic handler with no
 (de)serializers, so requests and responses stay raw bytes. ``ModelInfer`` goes through the
 shared ``GrpcRouter``; ``ModelStreamInfer`` through a grpc.aio channel, each message routed;
 every other unary method passes through unchanged. Deadlines and cancellation propagate.
@@ -15,8 +15,8 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from gateway.proxy.grpc_routing import SERVICE, GrpcRouter, decision_metadata
-from gateway.proxy.grpc_wire import WireError
+from gateway.grpc.router import SERVICE, GrpcRouter, decision_metadata
+from gateway.grpc.wire import WireError
 
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 _STATUS = {code.value[0]: code for code in grpc.StatusCode}

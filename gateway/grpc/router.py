@@ -1,8 +1,8 @@
 """The gRPC data path without its server: route a ModelInfer, forward it, fall back, record.
 
-Both gRPC servers (``grpc_front``, our own HTTP/2 server, and ``grpc``, grpcio's) hand this
+Both gRPC servers (``grpc.front``, our own HTTP/2 server, and ``grpc.grpcio_front``, grpcio's) hand this
 the raw request message and the client's metadata; only the routing fields are read
-(``grpc_wire``), the tensors are never decoded. Outcomes are classified by gRPC status code:
+(``grpc.wire``), the tensors are never decoded. Outcomes are classified by gRPC status code:
 UNAVAILABLE, INTERNAL, UNKNOWN, DEADLINE_EXCEEDED and RESOURCE_EXHAUSTED count against the
 version, client-caused codes do not.
 """
@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gateway.grpc_upstream import OK, UNAVAILABLE, UPSTREAM_FAULTS, GrpcUpstream
-from gateway.grpc_upstream import Metadata as Forwarded
+from gateway.grpc.upstream import OK, UNAVAILABLE, UPSTREAM_FAULTS, GrpcUpstream
+from gateway.grpc.upstream import Metadata as Forwarded
+from gateway.grpc.wire import RouteFields, route_fields, with_version
 from gateway.policy_book import PolicyBook
-from gateway.proxy.grpc_wire import RouteFields, route_fields, with_version
 from gateway.proxy.shadow import GrpcMirror, ShadowMirror
 from gateway.routing import (
     MAY_SHADOW,
@@ -118,9 +118,8 @@ class GrpcRouter:
         started = time.perf_counter()
         model, policy, decision = routed.fields.model_name, routed.policy, routed.decision
         inflight = inflight_key(model, policy, decision)
-        counts = self.recorder.inflight
         if inflight is not None:  # the drain before an unload waits for these
-            counts[inflight] = counts.get(inflight, 0) + 1
+            self.recorder.add_inflight(inflight)
         try:
             code, details, response = await self.upstream.unary(method, routed.message, forwarded, timeout)
             if code in _VERSION_GONE and decision is not None and decision.version is not None \
@@ -136,7 +135,7 @@ class GrpcRouter:
             raise
         finally:
             if inflight is not None:
-                counts[inflight] -= 1
+                self.recorder.remove_inflight(inflight)
         self.record(model, decision, code, started)
         if code == OK and policy is not None and policy.shadow_version is not None and decision is not None:
             self._maybe_shadow(method, model, policy, decision, raw, forwarded, response)

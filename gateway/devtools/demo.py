@@ -29,8 +29,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from gateway.admin.ctl import rollout_view
-from gateway.local_triton import LocalTriton, free_port
+from gateway.ctl.commands import rollout_view
+from gateway.devtools.local_triton import LocalTriton, free_port
 from gateway.upstream import HttpUpstream
 
 BODY = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}).encode()

@@ -23,7 +23,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SAMPLE_REPOSITORY = Path(__file__).resolve().parent.parent / "deploy" / "model_repository"
+SAMPLE_REPOSITORY = Path(__file__).resolve().parents[2] / "deploy" / "model_repository"
 SAMPLE_MODELS = ("qc", "tok")
 
 

@@ -1,0 +1,1 @@
+"""The SRE command line (``gateway ctl ...``): a client of the admin API."""

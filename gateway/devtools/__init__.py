@@ -1,0 +1,1 @@
+"""Developer tools, not serving code: a local Triton, the demo, the settings reference."""

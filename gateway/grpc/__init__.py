@@ -1,0 +1,1 @@
+"""gRPC: status codes, message framing and routing fields, the upstream client and both fronts."""

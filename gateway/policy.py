@@ -1,0 +1,115 @@
+"""The policy vocabulary: what SREs write (YAML config or the admin API) about one model's traffic.
+
+These types are shared by the data plane (``routing`` compiles a :class:`PolicySpec` once into
+the form the hot path reads), the store (which keeps specs with revisions) and the control
+plane (admin API, rollouts, lifecycle), so they live apart from all three.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Version = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,18}$", description="Triton version number, as a string")]
+Percent = Annotated[Decimal, Field(ge=0, le=100, decimal_places=2)]
+HeaderName = Annotated[str, Field(pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")]
+
+
+class HeaderRule(BaseModel):
+    """``header: equals -> version``: e.g. ``x-canary: always`` sends a tester to version 3."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    header: HeaderName
+    equals: str = Field(max_length=1024)
+    version: Version
+
+
+class ShadowSpec(BaseModel):
+    """Mirror ``percent`` of the model's routed requests to ``version``; clients never see it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    version: Version
+    percent: Annotated[Decimal, Field(gt=0, le=100, decimal_places=2)]
+
+
+class PolicySpec(BaseModel):
+    """A model's routing policy as written by people: percentages summing to 100."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    weights: dict[Version, Percent] = Field(
+        description="version -> percent of traffic, at most two decimals, summing to 100"
+    )
+    sticky_header: HeaderName | None = Field(
+        default=None, description="header carrying a user id; None means the gateway default"
+    )
+    rules: list[HeaderRule] = Field(default_factory=list, max_length=64)
+    shadow: ShadowSpec | None = Field(default=None, description="mirror a share of requests to a version")
+    sequence_affinity: bool = Field(default=False, description="keep Triton sequences on the version that "
+                                    "served sequence_start (reads the request's JSON header)")
+
+    @field_validator("weights")
+    @classmethod
+    def _weights_sum_to_100(cls, weights: dict[str, Decimal]) -> dict[str, Decimal]:
+        if not weights:
+            raise ValueError("weights must name at least one version")
+        total = sum(weights.values(), Decimal(0))
+        if total != 100:
+            raise ValueError(f"weights must sum to 100, not {total}")
+        return weights
+
+    @model_validator(mode="after")
+    def _rules_are_distinct(self) -> PolicySpec:
+        seen = {(rule.header.lower(), rule.equals) for rule in self.rules}
+        if len(seen) != len(self.rules):
+            raise ValueError("rules repeat the same header and value")
+        return self
+
+    def basis_points(self) -> dict[str, int]:
+        return {version: int(percent * 100) for version, percent in self.weights.items()}
+
+    def versions(self) -> set[str]:
+        """Every version this policy can send traffic to (weight > 0 or named by a rule)."""
+        shadow = {self.shadow.version} if self.shadow else set()
+        return {v for v, w in self.weights.items() if w > 0} | {rule.version for rule in self.rules} | shadow
+
+    def document(self) -> dict[str, object]:
+        """JSON-ready form, weights as plain numbers (ints when whole)."""
+        return {
+            "weights": {v: (int(w) if w == w.to_integral_value() else float(w)) for v, w in self.weights.items()},
+            "sticky_header": self.sticky_header,
+            "rules": [rule.model_dump() for rule in self.rules],
+            "shadow": {"version": self.shadow.version, "percent": float(self.shadow.percent)} if self.shadow else None,
+            "sequence_affinity": self.sequence_affinity,
+        }
+
+
+def heaviest(weights: Mapping[str, Decimal | int]) -> str:
+    """The version with the most weight; the newest (highest number) wins a tie."""
+    return max(weights, key=lambda version: (weights[version], int(version)))
+
+
+def with_weights(spec: PolicySpec | None, weights: Mapping[str, object]) -> PolicySpec:
+    """The same policy with new weights, validated again (they must still sum to 100);
+    a model without a policy gets one with only these weights."""
+    base = spec.document() if spec is not None else {}
+    return PolicySpec.model_validate({**base, "weights": dict(weights)})
+
+
+def without_version(spec: PolicySpec, version: str) -> PolicySpec:
+    """The policy with ``version`` taken out of weights, rules and shadow; its weight goes to
+    the heaviest remaining version. ValueError when no version is left to route to."""
+    weights = {v: Decimal(str(w)) for v, w in spec.weights.items() if v != version}
+    freed = spec.weights.get(version, Decimal(0))
+    if freed and weights:
+        weights[heaviest(weights)] += freed
+    if not weights or sum(weights.values()) != 100:
+        raise ValueError(f"cannot take version {version} out of the policy: nothing left to route to")
+    doc = spec.document()
+    doc["weights"] = weights
+    doc["rules"] = [rule for rule in spec.rules if rule.version != version]
+    if spec.shadow is not None and spec.shadow.version == version:
+        doc["shadow"] = None
+    return PolicySpec.model_validate(doc)

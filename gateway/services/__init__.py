@@ -1,0 +1,1 @@
+"""Control-plane services: policies, state sync, model lifecycle, Triton model control."""
