@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Coroutine
 from functools import lru_cache
 from typing import Any
 
@@ -112,12 +113,13 @@ class _Call:
         if self.task is not None and not self.task.done():
             self.task.cancel()
 
-    def run(self, work: Any) -> None:
+    def run(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """``work`` is called inside the task: a call reset before its task starts leaves no coroutine unawaited."""
         self.task = asyncio.get_running_loop().create_task(self._guarded(work))
 
-    async def _guarded(self, work: Any) -> None:
+    async def _guarded(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         try:
-            await work
+            await work()
         except asyncio.CancelledError:
             pass
         except Exception as exc:  # a bug must not leave the client waiting
@@ -144,7 +146,7 @@ class UnaryCall(_Call):
         if self.message is None:
             self.finish(UNIMPLEMENTED, "a unary call got no request message")
             return
-        self.run(self._infer() if self.routed else self._pass_through())
+        self.run(self._infer if self.routed else self._pass_through)
 
     async def _infer(self) -> None:
         router, raw, headers = self.front.router, self.message, self.stream.headers
@@ -187,7 +189,7 @@ class StreamCall(_Call):
         self.decision: Any = None
         self.sent = time.perf_counter()
         self.replies = bytearray()
-        self.run(self._open())
+        self.run(self._open)
 
     async def _open(self) -> None:
         router = self.front.router

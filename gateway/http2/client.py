@@ -116,7 +116,7 @@ class Http2Connection(Endpoint):
         self._finish(stream, (INTERNAL, f"upstream broke HTTP/2 on the stream (we reset it with {code})", b""))  # type: ignore[arg-type]
 
     def _connection_error(self, code: int, reason: str) -> None:
-        self.closing = True
+        self.closing, self.reading = True, False
         for call in list(self.streams.values()):
             self._finish(call, (INTERNAL, reason, b""))  # type: ignore[arg-type]
         if self.transport is not None:

@@ -90,11 +90,13 @@ class Endpoint(asyncio.Protocol):
     """
 
     expects_preface = False  # the server reads the client's 24-byte preface first
+    frames_per_slice = _UNLIMITED  # frames read in one go before other connections get the loop
 
     def __init__(self, max_frame: int = MAX_FRAME, max_header_block: int = MAX_HEADER_BLOCK,
                  max_header_list: int = _UNLIMITED) -> None:
         self.transport: asyncio.Transport | None = None
         self.closing = False
+        self.reading = True  # False: frames stay in the buffer (paused for backpressure, or closed)
         self.streams: dict[int, StreamState] = {}
         self.peer_max_streams = 1 << 31
         self.max_frame = max_frame  # what we accept
@@ -144,6 +146,9 @@ class Endpoint(asyncio.Protocol):
     def _connection_error(self, code: int, reason: str) -> None:
         raise NotImplementedError
 
+    def _yield_reading(self) -> None:
+        """``frames_per_slice`` frames were read in one go: the rest wait for the next slice."""
+
     # -- frames in ------------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
         buffer = self._buffer
@@ -158,16 +163,22 @@ class Endpoint(asyncio.Protocol):
                 if buffer[:len(PREFACE)] != PREFACE:
                     raise ProtocolError("not an HTTP/2 connection preface")
                 pos, self._preface_seen = len(PREFACE), True
-            while size - pos >= 9 and not self.closing_hard:
+            budget = self.frames_per_slice
+            while size - pos >= 9 and self.reading:
+                if not budget:
+                    self._yield_reading()
+                    break
+                budget -= 1
                 high, low, kind, flags, stream_id = _HEADER.unpack_from(buffer, pos)
                 length = high << 16 | low
                 if length > self.max_frame:
                     raise ProtocolError(f"a {length}-byte frame is above our SETTINGS_MAX_FRAME_SIZE", FRAME_SIZE_ERROR)
+                if length > self.max_header_block and (kind == HEADERS or kind == CONTINUATION):
+                    # refused by its size before a byte of it is read, let alone decoded (HPACK bomb)
+                    raise ProtocolError(f"a {length}-byte header block is above {self.max_header_block}",
+                                        ENHANCE_YOUR_CALM)
                 end = pos + 9 + length
                 if end > size:
-                    if kind in (HEADERS, CONTINUATION) and length > self.max_header_block:
-                        raise ProtocolError(f"a {length}-byte header block is above {self.max_header_block}",
-                                            ENHANCE_YOUR_CALM)
                     break
                 self._frame(kind, flags, stream_id & 0x7FFFFFFF, bytes(buffer[pos + 9:end]))
                 pos = end
@@ -181,11 +192,6 @@ class Endpoint(asyncio.Protocol):
             self._connection_error(PROTOCOL_ERROR, f"unreadable HTTP/2: {exc}")
             return
         del buffer[:pos]
-
-    @property
-    def closing_hard(self) -> bool:
-        """The transport is gone or going: frames still buffered are not worth reading."""
-        return self.transport is None or self.transport.is_closing()
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if self._continuation is not None and (kind != CONTINUATION or stream_id != self._continuation[0]):

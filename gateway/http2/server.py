@@ -48,6 +48,7 @@ from gateway.http2.hpack_codec import HeaderListTooLarge, literal, literal_index
 _RESPONSE_HEADERS = b"\x88" + literal_indexed_name(31, b"application/grpc")  # :status 200, content-type
 _OK_TRAILER = literal(b"grpc-status", b"0")
 _INTERNAL, _UNIMPLEMENTED, _RESOURCE_EXHAUSTED = 13, 12, 8
+_RESET_MEMORY = 64  # streams we reset whose late frames are ignored
 _TICK = 1.0  # seconds between the checks of timeouts and flood counters (one timer per connection)
 
 
@@ -156,6 +157,7 @@ def read_request(headers: Headers) -> tuple[str, bytes] | str:
 
 class Http2ServerConnection(Endpoint):
     expects_preface = True
+    frames_per_slice = 500  # ~10-20 ms of work at most before other clients get the loop
 
     def __init__(self, on_stream: Callable[[Http2ServerConnection, ServerStream], StreamHandler | None],
                  connections: set[Http2ServerConnection], limits: Limits | None = None) -> None:
@@ -179,6 +181,8 @@ class Http2ServerConnection(Endpoint):
         self._active = False  # bytes arrived since the last tick
         self._ticks = self._idle_ticks = self._block_ticks = 0
         self._timer: asyncio.TimerHandle | None = None
+        self._reset_ids: dict[int, None] = {}
+        self._write_paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -191,7 +195,7 @@ class Http2ServerConnection(Endpoint):
         self._timer = asyncio.get_running_loop().call_later(_TICK, self._tick)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closing = True
+        self.closing, self.reading = True, False
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -202,13 +206,33 @@ class Http2ServerConnection(Endpoint):
             self.closed.set_result(None)
 
     # -- backpressure: a client that does not read its answers is not read either --------------
+    # pause_writing is called by the transport from inside a write, as its buffer passes the
+    # high-water mark: the frame loop stops after the current frame, so frames already read wait too.
     def pause_writing(self) -> None:
-        if self.transport is not None:
-            self.transport.pause_reading()
+        self._write_paused = True
+        self._stop_reading()
 
     def resume_writing(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.resume_reading()
+        self._write_paused = False
+        self._continue_reading()
+
+    def _yield_reading(self) -> None:
+        """Thousands of tiny requests in one read must not hold the loop: the rest wait one turn."""
+        self._stop_reading()
+        asyncio.get_running_loop().call_soon(self._continue_reading)
+
+    def _stop_reading(self) -> None:
+        if self.reading and self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+        self.reading = False
+
+    def _continue_reading(self) -> None:
+        if self.reading or self._write_paused or self.transport is None or self.transport.is_closing():
+            return
+        self.reading = True
+        self.transport.resume_reading()
+        if len(self._buffer) >= 9:
+            self.data_received(b"")  # the frames that waited
 
     # -- timeouts and flood counters ------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
@@ -313,7 +337,8 @@ class Http2ServerConnection(Endpoint):
             if stream_id > self._last_stream_id:
                 raise ProtocolError(f"DATA on idle stream {stream_id}")
             self._credit()
-            self.stream_error(stream_id, STREAM_CLOSED)
+            if stream is not None or stream_id not in self._reset_ids:
+                self.stream_error(stream_id, STREAM_CLOSED)
             return
         if length > stream.recv_window:
             self._credit()
@@ -420,6 +445,7 @@ class Http2ServerConnection(Endpoint):
             self.transport.close()
 
     def _connection_error(self, code: int, reason: str) -> None:
+        self.reading = False
         self.goaway(code, reason)
         for stream in list(self.streams.values()):
             self._drop(stream)  # type: ignore[arg-type]
@@ -493,6 +519,19 @@ class Http2ServerConnection(Endpoint):
 
     def reset_id(self, stream_id: int, code: int) -> None:
         self.write(frame(RST_STREAM, 0, stream_id, struct.pack(">I", code)))
+        self._remember_reset(stream_id)
+
+    def stream_error(self, stream_id: int, code: int) -> None:
+        super().stream_error(stream_id, code)
+        self._remember_reset(stream_id)
+
+    def _remember_reset(self, stream_id: int) -> None:
+        """Frames already in flight on a stream we reset are ignored (RFC 9113 5.1), not answered:
+        the last few such streams are remembered, in order, so the memory is bounded."""
+        reset = self._reset_ids
+        reset[stream_id] = None
+        if len(reset) > _RESET_MEMORY:
+            del reset[next(iter(reset))]
 
     def goaway(self, code: int = NO_ERROR, reason: str = "") -> None:
         """No new streams: the ones open finish, then the connection closes."""
