@@ -66,7 +66,7 @@ class Settings(BaseSettings):
                                             description="SETTINGS_MAX_HEADER_LIST_SIZE, enforced while decoding")
     grpc_max_concurrent_streams: int = Field(256, ge=1, le=1 << 16,
                                              description="SETTINGS_MAX_CONCURRENT_STREAMS (REFUSED_STREAM above)")
-    grpc_stream_window_bytes: int = Field(1 << 20, ge=65535, le=(1 << 31) - 1,
+    grpc_stream_window_bytes: int = Field(256 << 10, ge=65535, le=(1 << 31) - 1,
                                           description="HTTP/2 receive window per stream")
     grpc_connection_window_bytes: int = Field(4 << 20, ge=65535, le=(1 << 31) - 1,
                                               description="HTTP/2 receive window per connection")

@@ -20,7 +20,7 @@ import struct
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from gateway.grpc.wire import MessageTooLarge, grpc_frame, split_messages, status_block
 from gateway.http2.endpoint import (
@@ -48,6 +48,7 @@ from gateway.http2.hpack_codec import HeaderListTooLarge, literal, literal_index
 _RESPONSE_HEADERS = b"\x88" + literal_indexed_name(31, b"application/grpc")  # :status 200, content-type
 _OK_TRAILER = literal(b"grpc-status", b"0")
 _INTERNAL, _UNIMPLEMENTED, _RESOURCE_EXHAUSTED = 13, 12, 8
+_INFLATE_SLICE = 4 << 20  # inflated per loop turn (~10-20 ms)
 _RESET_MEMORY = 64  # streams we reset whose late frames are ignored
 _TICK = 1.0  # seconds between the checks of timeouts and flood counters (one timer per connection)
 
@@ -56,17 +57,20 @@ _TICK = 1.0  # seconds between the checks of timeouts and flood counters (one ti
 class Limits:
     """What one client connection may make the server hold or do (the defaults are the settings').
 
-    Windows: a unary request must be whole before it can be routed, so the connection lets
-    one maximum-size message complete and no more: credit for the connection goes back as
-    request bytes are released (handed to the upstream call, answered, or dropped), and
-    while the bytes held stay under one message, so held bytes stay under ``max_message`` plus
-    ``connection_window``. 1 MiB per stream and 4 MiB per connection keep a fast client
-    streaming on loopback and a LAN (~4 MiB in flight per round trip) while a slow upstream
-    cannot make one connection buffer more than that beyond the message being assembled.
+    Windows: a request message must be whole before it can be routed, so the gateway holds
+    it while it arrives. A message spread over DATA frames reserves its announced size; the
+    connection admits reservations up to one maximum-size message in total (the first always),
+    and a stream whose message is not admitted gets no more stream credit until one finishes
+    (its upstream call starts, or the stream ends). So one connection holds at most
+    ``max_message`` plus one stream window per stream (~128 MiB with the defaults), and honest
+    clients sending many large messages at once get them through a few at a time instead of
+    stalling. The connection window only bounds bytes in flight, so its credit goes back on
+    receipt. 256 KiB per stream and 4 MiB per connection keep a fast client streaming on
+    loopback and a LAN, and keep what 256 stalled streams can make the gateway hold to 64 MiB.
     """
 
     max_concurrent_streams: int = 256
-    stream_window: int = 1 << 20
+    stream_window: int = 256 << 10
     connection_window: int = 4 << 20
     max_frame: int = 1 << 20
     max_header_list: int = 16 << 10
@@ -92,7 +96,7 @@ class StreamHandler(Protocol):
 
 class ServerStream(StreamState):
     __slots__ = ("path", "headers", "buffer", "handler", "responded", "finished", "compression", "recv_window",
-                 "held", "remote_closed")
+                 "reserved", "admitted", "remote_closed", "inflating", "end_pending")
 
     def __init__(self, stream_id: int, window: int, headers: Headers, path: str, compression: bytes,
                  recv_window: int) -> None:
@@ -105,8 +109,11 @@ class ServerStream(StreamState):
         self.responded = False  # response HEADERS sent
         self.finished = False  # status sent
         self.recv_window = recv_window  # what the client may still send on this stream
-        self.held = 0  # DATA bytes received and not yet released (see Limits)
+        self.reserved = 0  # the announced size of the message being assembled or held (see Limits)
+        self.admitted = False  # the reservation counts against the connection's; else it waits
         self.remote_closed = False  # the client sent END_STREAM
+        self.inflating = False  # a large compressed message is inflated a slice per loop turn
+        self.end_pending = False  # END_STREAM arrived while inflating
 
 
 _PSEUDO = frozenset([b":method", b":scheme", b":path", b":authority"])
@@ -171,9 +178,10 @@ class Http2ServerConnection(Endpoint):
         self._last_stream_id = 0
         self._recv_window = limits.connection_window  # what the client may still send on the connection
         self._owed = 0  # received bytes not yet given back to the client as connection window
-        self._held = 0  # bytes of request streams not yet released
-        self._held_limit = limits.max_message + limits.stream_window
         self._credit_at = limits.connection_window // 2
+        self._reserved = 0  # admitted reservations (see Limits)
+        self._reserve_limit = limits.max_message + 5
+        self._waiting: list[ServerStream] = []  # reservations not admitted yet, oldest first
         self._calm_pings = max(1, int(limits.pings_per_s * _TICK))
         self._calm_settings = max(1, int(limits.settings_per_s * _TICK))
         self._calm_empty = max(1, int(limits.empty_frames_per_s * _TICK))
@@ -183,6 +191,7 @@ class Http2ServerConnection(Endpoint):
         self._timer: asyncio.TimerHandle | None = None
         self._reset_ids: dict[int, None] = {}
         self._write_paused = False
+        self._inflations: set[asyncio.Task[None]] = set()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -324,57 +333,75 @@ class Http2ServerConnection(Endpoint):
         # RST_STREAM or WINDOW_UPDATE on a closed stream: may cross our own close, nothing to do
 
     def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
-        """Flow control enforced on receipt; credit back as bytes are released (see ``Limits``)."""
+        """Flow control enforced on receipt; stream credit only while the stream's message is admitted."""
         length = len(payload)
         if length > self._recv_window:
             raise ProtocolError("DATA beyond the connection's flow-control window", FLOW_CONTROL_ERROR)
         self._recv_window -= length
         self._owed += length
+        if self._owed >= self._credit_at:
+            self.write(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self._owed)))
+            self._recv_window += self._owed
+            self._owed = 0
         if flags & PADDED:
             payload = unpad(payload)  # a bad pad length is a connection error, whatever the stream's state
         stream: ServerStream | None = self.streams.get(stream_id)  # type: ignore[assignment]
         if stream is None or stream.remote_closed:
             if stream_id > self._last_stream_id:
                 raise ProtocolError(f"DATA on idle stream {stream_id}")
-            self._credit()
             if stream is not None or stream_id not in self._reset_ids:
                 self.stream_error(stream_id, STREAM_CLOSED)
             return
         if length > stream.recv_window:
-            self._credit()
             self.stream_error(stream_id, FLOW_CONTROL_ERROR)
             return
         stream.recv_window -= length
-        stream.held += length
-        self._held += length
-        if flags & END_STREAM:
-            self._on_data(stream, payload, True)
+        self._on_data(stream, payload, bool(flags & END_STREAM))
+        if not stream.remote_closed and not stream.finished and not stream.inflating \
+                and (stream.admitted or not stream.reserved):
+            self._stream_credit(stream, self.limits.stream_window >> 1)
+
+    def _stream_credit(self, stream: ServerStream, threshold: int) -> None:
+        unacked = self.limits.stream_window - stream.recv_window
+        if unacked >= threshold and unacked > 0:
+            stream.recv_window += unacked
+            self.write(frame(WINDOW_UPDATE, 0, stream.id, struct.pack(">I", unacked)))
+
+    def _reserve(self, stream: ServerStream, size: int) -> None:
+        stream.reserved = size
+        if not self._reserved or self._reserved + size <= self._reserve_limit:
+            stream.admitted = True
+            self._reserved += size
         else:
-            window = self.limits.stream_window
-            unacked = window - stream.recv_window
-            if unacked >= window >> 1:
-                stream.recv_window = window
-                self.write(frame(WINDOW_UPDATE, 0, stream_id, struct.pack(">I", unacked)))
-            self._on_data(stream, payload, False)
-        self._credit()
+            self._waiting.append(stream)
 
-    def _credit(self) -> None:
-        if self._owed >= self._credit_at and self._held <= self._held_limit:
-            self.write(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self._owed)))
-            self._recv_window += self._owed
-            self._owed = 0
-
-    def _release(self, stream: ServerStream, size: int) -> None:
-        stream.held -= size
-        self._held -= size
+    def _unreserve(self, stream: ServerStream) -> None:
+        if stream.admitted:
+            self._reserved -= stream.reserved
+            stream.admitted = False
+        elif stream.reserved:
+            self._waiting.remove(stream)
+        stream.reserved = 0
+        waiting = self._waiting
+        while waiting and (not self._reserved or self._reserved + waiting[0].reserved <= self._reserve_limit):
+            admitted = waiting.pop(0)
+            admitted.admitted = True
+            self._reserved += admitted.reserved
+            self._stream_credit(admitted, 1)  # it may be blocked on a window used up
 
     def _on_data(self, stream: StreamState, payload: bytes, end_stream: bool) -> None:
         call: ServerStream = stream  # type: ignore[assignment]
         handler = call.handler
         if call.finished or handler is None:
-            self._release(call, call.held)  # answered already: the rest of the request is dropped
+            if call.reserved:
+                self._unreserve(call)  # answered already: the rest of the request is dropped
             if end_stream:
                 call.remote_closed = True
+            return
+        if call.inflating:  # what follows waits, in order, for the message being inflated
+            call.buffer += payload
+            if end_stream:
+                call.remote_closed = call.end_pending = True
             return
         buffer = call.buffer
         if buffer:  # a message split over DATA frames; usually not, and then payload is parsed as it is
@@ -385,11 +412,17 @@ class Http2ServerConnection(Endpoint):
         except MessageTooLarge as exc:
             self.finish(call, _RESOURCE_EXHAUSTED, str(exc))
             return
-        for compressed, message in messages:
+        for index, (compressed, message) in enumerate(messages):
             if compressed:
-                message = self._decompress(call, message)
-                if call.finished:
+                inflated = self._decompress(call, message)
+                if inflated is None:  # answered, or inflating in slices: what follows it waits
+                    if call.inflating:
+                        rest = b"".join((b"\x01" if flag else b"\x00") + len(later).to_bytes(4, "big") + later
+                                        for flag, later in messages[index + 1:])
+                        call.buffer[:] = rest + data[used:]
+                        call.remote_closed = call.end_pending = end_stream
                     return
+                message = inflated
             handler.on_message(message)
             if call.finished:
                 return
@@ -402,18 +435,24 @@ class Http2ServerConnection(Endpoint):
                 self.finish(call, _INTERNAL, "the request ended inside a message")
             else:
                 self._end_of_request(call)
-        elif messages and handler.streaming:
-            self._release(call, call.held - len(buffer))
+            return
+        if messages and handler.streaming and call.reserved:
+            self._unreserve(call)  # on its way upstream
+        if len(buffer) >= 5 and not call.reserved:  # a message spread over frames: it reserves its size
+            self._reserve(call, int.from_bytes(buffer[1:5], "big") + 5)
 
     def _end_of_request(self, stream: ServerStream) -> None:
         """END_STREAM: exactly once per stream, so one request stream starts one upstream call."""
         stream.remote_closed = True
-        self._release(stream, stream.held)
+        if stream.reserved:
+            self._unreserve(stream)  # the upstream call takes it from here
         if stream.handler is not None and not stream.finished:
             stream.handler.on_end()
 
-    def _decompress(self, call: ServerStream, message: bytes) -> bytes:
-        """Inflated no further than the message limit (a deflate bomb costs a bounded buffer)."""
+    def _decompress(self, call: ServerStream, message: bytes) -> bytes | None:
+        """The inflated message, if one slice inflates all of it; else None: the call was answered
+        (RESOURCE_EXHAUSTED past the limit, a deflate bomb included) or inflation goes on a slice
+        per loop turn, so one large message never holds the other clients for long."""
         if call.compression == b"gzip":
             inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
         elif call.compression == b"deflate":
@@ -421,17 +460,47 @@ class Http2ServerConnection(Endpoint):
         else:
             self.finish(call, _UNIMPLEMENTED,
                         f"compression {call.compression[:40].decode(errors='replace')!r} is not supported")
-            return b""
-        limit = self.limits.max_message
+            return None
         try:
-            inflated = inflater.decompress(message, limit + 1)
+            inflated = inflater.decompress(message, _INFLATE_SLICE)
         except zlib.error as exc:
             self.finish(call, _INTERNAL, f"cannot decompress the request message: {exc}")
-            return b""
-        if len(inflated) > limit or inflater.unconsumed_tail:
+            return None
+        if inflater.eof or len(inflated) < _INFLATE_SLICE and not inflater.unconsumed_tail:
+            return inflated
+        call.inflating = True
+        task = asyncio.get_running_loop().create_task(self._inflate(call, inflater, bytearray(inflated)))
+        self._inflations.add(task)  # the loop keeps only a weak reference
+        task.add_done_callback(self._inflations.discard)
+        return None
+
+    async def _inflate(self, call: ServerStream, inflater: Any, inflated: bytearray) -> None:
+        limit = self.limits.max_message
+        try:
+            while len(inflated) <= limit:
+                await asyncio.sleep(0)
+                if call.finished:
+                    return
+                piece = inflater.decompress(inflater.unconsumed_tail, _INFLATE_SLICE)
+                inflated += piece
+                if inflater.eof or not piece and not inflater.unconsumed_tail:
+                    break
+        except zlib.error as exc:
+            self.finish(call, _INTERNAL, f"cannot decompress the request message: {exc}")
+            return
+        if call.finished:
+            return
+        if len(inflated) > limit:
             self.finish(call, _RESOURCE_EXHAUSTED, f"the request message inflates above {limit} bytes")
-            return b""
-        return inflated
+            return
+        call.inflating = False
+        assert call.handler is not None
+        call.handler.on_message(bytes(inflated))
+        if not call.finished:
+            call.remote_closed = False  # set again, now in order, by what waited
+            self._on_data(call, b"", call.end_pending)
+            if not call.remote_closed and not call.finished and (call.admitted or not call.reserved):
+                self._stream_credit(call, 1)
 
     def _on_reset(self, stream: StreamState, code: int) -> None:
         self._drop(stream)  # type: ignore[arg-type]
@@ -456,7 +525,8 @@ class Http2ServerConnection(Endpoint):
         """The stream is reset or the client went away: the handler stops its upstream work."""
         self.streams.pop(stream.id, None)
         self.drop_pending(stream)
-        self._release(stream, stream.held)
+        if stream.reserved:
+            self._unreserve(stream)
         if not stream.finished:
             stream.finished = True
             if stream.handler is not None:
@@ -512,8 +582,8 @@ class Http2ServerConnection(Endpoint):
         """Our half is closed; the client's too, or it is told it need not send more (RFC 9113 8.1)."""
         if self.streams.pop(stream.id, None) is not None and not stream.remote_closed:
             self.reset_id(stream.id, NO_ERROR)
-        self._release(stream, stream.held)
-        self._credit()
+        if stream.reserved:
+            self._unreserve(stream)
         if self.closing and not self.streams and self.transport is not None:
             self.transport.close()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import grpc
 import h2.config
 import h2.connection
 import pytest
@@ -21,7 +22,7 @@ from tests.abuse.attack import (
     request_headers,
     watch,
 )
-from tests.support import GatewayThread
+from tests.support import GatewayThread, gateway_settings
 
 pytestmark = pytest.mark.triton
 
@@ -39,19 +40,21 @@ def test_streams_past_max_concurrent_streams_are_refused(gateway: GatewayThread,
 
 
 def test_a_client_that_ignores_the_windows_is_cut_off(gateway: GatewayThread, triton: LocalTriton) -> None:
-    """Four streams each announce a 60 MiB message and the client sends 1 MiB frames without
-    waiting for window: the gateway holds at most one message plus its windows (~69 MiB), then
-    FLOW_CONTROL_ERROR. Before, every byte was credited on receipt: 4 x 60 MiB held."""
-    with watch(gateway, triton, rss_bound_mb=192):
+    """Four streams each announce a 60 MiB message and the client sends without waiting for
+    window. One message is admitted (the connection holds at most one maximum-size message);
+    the others get no stream credit, so their next bytes break their window: FLOW_CONTROL_ERROR.
+    Before, every byte was credited on receipt: 4 x 60 MiB held."""
+    with watch(gateway, triton, rss_bound_mb=128):
         attacker = Attacker(gateway.settings.grpc_port)
         streams = [1, 3, 5, 7]
         announce = b"\x00" + (60 * MB).to_bytes(4, "big")
         attacker.send(b"".join(attacker.headers(s, request_headers()) + frame(DATA, 0, s, announce) for s in streams))
-        chunk = bytes(MB - 16)
-        for i in range(120):
+        chunk = bytes(16384)
+        for i in range(4 * 64):  # 4 MiB: 1 MiB per stream, four times the stream window
             if not attacker.send(frame(DATA, 0, streams[i % 4], chunk)):
                 break
-        assert attacker.goaway(until=5).code == FLOW_CONTROL_ERROR
+        resets = attacker.resets(until=2, stop=None)
+        assert sorted(resets.items()) == [(3, FLOW_CONTROL_ERROR), (5, FLOW_CONTROL_ERROR), (7, FLOW_CONTROL_ERROR)]
         attacker.close()
 
 
@@ -86,3 +89,28 @@ def test_rapid_reset_ends_in_enhance_your_calm(gateway: GatewayThread, triton: L
         attacker.send(client.data_to_send())
         assert attacker.goaway(until=5).code == ENHANCE_YOUR_CALM
         attacker.close()
+
+
+def test_large_messages_multiplexed_on_one_connection_all_complete(triton: LocalTriton) -> None:
+    """Not an attack: the memory bound must not stall honest clients. Eight 3 MiB requests at
+    once on one channel, with a 4 MiB message limit: together far above what the connection may
+    hold, so they are taken a few at a time, and every one is answered."""
+    settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url, grpc_max_message_bytes=4 * MB)
+    unknown_field = b"\x7a" + _varint(3 * MB) + bytes(3 * MB)  # field 15, skipped by Triton's parser
+    with GatewayThread(settings):
+        channel = grpc.insecure_channel(f"127.0.0.1:{settings.grpc_port}",
+                                        options=[("grpc.max_send_message_length", 8 * MB)])
+        call = channel.unary_unary("/inference.GRPCInferenceService/ServerMetadata")
+        futures = [call.future(unknown_field, timeout=20) for _ in range(8)]
+        answers = [future.result() for future in futures]
+        channel.close()
+    assert all(b"triton" in answer for answer in answers)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)

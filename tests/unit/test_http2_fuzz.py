@@ -2,7 +2,7 @@
 
 Whatever arrives, no exception escapes ``data_received``, and the connection ends in a defined
 state: either closed after a GOAWAY, with every stream dropped, or open with consistent
-bookkeeping (held bytes add up, windows never negative, no more streams than advertised).
+bookkeeping (reservations add up, windows never negative, no more streams than advertised).
 """
 
 from __future__ import annotations
@@ -20,6 +20,16 @@ from gateway.http2.server import Http2ServerConnection, Limits, ServerStream
 
 LIMITS = Limits(max_concurrent_streams=4, stream_window=65535, connection_window=65535 * 2, max_frame=16384,
                 max_header_list=1024, max_message=4096)
+
+
+class Connection(Http2ServerConnection):
+    """The server, noting a GOAWAY from the client (after which closing is its right)."""
+
+    peer_said_goodbye = False
+
+    def _on_goaway(self, last_stream_id: int, code: int) -> None:
+        self.peer_said_goodbye = True
+        super()._on_goaway(last_stream_id, code)
 
 
 class Transport(asyncio.Transport):
@@ -99,11 +109,11 @@ def mutated(draw: Any) -> list[bytes]:
         index = draw(st.integers(0, len(frames) - 1))
         action = draw(st.sampled_from(["flip", "truncate", "insert", "duplicate", "drop"]))
         chosen = bytearray(frames[index])
-        if action == "flip":
+        if action == "flip" and chosen:
             position = draw(st.integers(0, len(chosen) - 1))
             chosen[position] ^= draw(st.integers(1, 255))
             frames[index] = bytes(chosen)
-        elif action == "truncate":
+        elif action in ("flip", "truncate"):
             frames[index] = bytes(chosen[:draw(st.integers(0, len(chosen)))])
         elif action == "insert":
             frames.insert(index, draw(random_frame))
@@ -114,8 +124,8 @@ def mutated(draw: Any) -> list[bytes]:
     return frames
 
 
-async def feed(frames: list[bytes], cuts: list[int]) -> tuple[Http2ServerConnection, Transport]:
-    connection = Http2ServerConnection(Handler, set(), LIMITS)
+async def feed(frames: list[bytes], cuts: list[int]) -> tuple[Connection, Transport]:
+    connection = Connection(Handler, set(), LIMITS)
     transport = Transport()
     connection.connection_made(transport)
     data = PREFACE + b"".join(frames)
@@ -140,15 +150,16 @@ def written_frames(data: bytes | bytearray) -> list[int]:
     return kinds
 
 
-def check(connection: Http2ServerConnection, transport: Transport) -> None:
+def check(connection: Connection, transport: Transport) -> None:
     kinds = written_frames(transport.written)
     if transport.closed:
-        assert 7 in kinds, "closed without a GOAWAY"
+        assert 7 in kinds or connection.peer_said_goodbye, "closed without a GOAWAY either way"
         assert not connection.streams
         return
     streams: list[ServerStream] = list(connection.streams.values())  # type: ignore[arg-type]
     assert len(streams) <= LIMITS.max_concurrent_streams
-    assert connection._held == sum(stream.held for stream in streams) >= 0
+    assert connection._reserved == sum(stream.reserved for stream in streams if stream.admitted) >= 0
+    assert all(stream in streams and not stream.admitted for stream in connection._waiting)
     assert connection._recv_window >= 0 and all(stream.recv_window >= 0 for stream in streams)
 
 
