@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gateway.grpc.status import StatusCode
 from gateway.grpc.wire import MessageTooLarge, grpc_frame, split_messages, status_block
 from gateway.http2.endpoint import (
     END_STREAM,
@@ -47,7 +48,6 @@ from gateway.http2.hpack_codec import HeaderListTooLarge, literal, literal_index
 
 _RESPONSE_HEADERS = b"\x88" + literal_indexed_name(31, b"application/grpc")  # :status 200, content-type
 _OK_TRAILER = literal(b"grpc-status", b"0")
-_INTERNAL, _UNIMPLEMENTED, _RESOURCE_EXHAUSTED = 13, 12, 8
 _INFLATE_SLICE = 4 << 20  # inflated per loop turn (~10-20 ms)
 _RESET_MEMORY = 64  # streams we reset whose late frames are ignored
 _TICK = 1.0  # seconds between the checks of timeouts and flood counters (one timer per connection)
@@ -319,8 +319,8 @@ class Http2ServerConnection(Endpoint):
         stream: ServerStream | None = self.streams.get(stream_id)  # type: ignore[assignment]
         if stream is None:
             self._new_stream_id(stream_id)
-            self.write(self.headers_frames(stream_id, _RESPONSE_HEADERS + status_block(_RESOURCE_EXHAUSTED, str(error)),
-                                           end_stream=True))
+            answer = _RESPONSE_HEADERS + status_block(StatusCode.RESOURCE_EXHAUSTED, str(error))
+            self.write(self.headers_frames(stream_id, answer, end_stream=True))
             if not end_stream:
                 self.reset_id(stream_id, NO_ERROR)  # the answer is complete: the client need not send more
             return
@@ -410,7 +410,7 @@ class Http2ServerConnection(Endpoint):
         try:
             messages, used = split_messages(data, self.limits.max_message)
         except MessageTooLarge as exc:
-            self.finish(call, _RESOURCE_EXHAUSTED, str(exc))
+            self.finish(call, StatusCode.RESOURCE_EXHAUSTED, str(exc))
             return
         for index, (compressed, message) in enumerate(messages):
             if compressed:
@@ -432,7 +432,7 @@ class Http2ServerConnection(Endpoint):
             buffer += payload[used:]
         if end_stream:
             if buffer:
-                self.finish(call, _INTERNAL, "the request ended inside a message")
+                self.finish(call, StatusCode.INTERNAL, "the request ended inside a message")
             else:
                 self._end_of_request(call)
             return
@@ -458,13 +458,13 @@ class Http2ServerConnection(Endpoint):
         elif call.compression == b"deflate":
             inflater = zlib.decompressobj()
         else:
-            self.finish(call, _UNIMPLEMENTED,
+            self.finish(call, StatusCode.UNIMPLEMENTED,
                         f"compression {call.compression[:40].decode(errors='replace')!r} is not supported")
             return None
         try:
             inflated = inflater.decompress(message, _INFLATE_SLICE)
         except zlib.error as exc:
-            self.finish(call, _INTERNAL, f"cannot decompress the request message: {exc}")
+            self.finish(call, StatusCode.INTERNAL, f"cannot decompress the request message: {exc}")
             return None
         if inflater.eof or len(inflated) < _INFLATE_SLICE and not inflater.unconsumed_tail:
             return inflated
@@ -486,12 +486,12 @@ class Http2ServerConnection(Endpoint):
                 if inflater.eof or not piece and not inflater.unconsumed_tail:
                     break
         except zlib.error as exc:
-            self.finish(call, _INTERNAL, f"cannot decompress the request message: {exc}")
+            self.finish(call, StatusCode.INTERNAL, f"cannot decompress the request message: {exc}")
             return
         if call.finished:
             return
         if len(inflated) > limit:
-            self.finish(call, _RESOURCE_EXHAUSTED, f"the request message inflates above {limit} bytes")
+            self.finish(call, StatusCode.RESOURCE_EXHAUSTED, f"the request message inflates above {limit} bytes")
             return
         call.inflating = False
         assert call.handler is not None

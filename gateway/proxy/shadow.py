@@ -22,7 +22,8 @@ from google.protobuf.message import DecodeError
 
 from gateway.background import Background
 from gateway.errors import GatewayError
-from gateway.grpc.upstream import OK, UPSTREAM_FAULTS, GrpcUpstream, Metadata
+from gateway.grpc.status import FAULTS, StatusCode
+from gateway.grpc.upstream import GrpcUpstream, Metadata
 from gateway.telemetry.recorder import LATENCY_BOUNDS, Recorder, ShadowStats
 from gateway.upstream import HttpUpstream
 
@@ -128,9 +129,9 @@ class ShadowMirror:
         stats.requests += 1
         stats.latency_sum += latency
         stats.histogram[_bucket(latency)] += 1
-        if code in UPSTREAM_FAULTS:
+        if code in FAULTS:
             stats.errors += 1
-        elif code == OK:
+        elif code == StatusCode.OK:
             stats.compared += 1
             stats.agreed += agree_grpc(mirror.primary, answer)
 
