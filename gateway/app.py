@@ -28,6 +28,7 @@ from gateway.grpc.grpcio_front import GrpcProxy
 from gateway.grpc.grpcio_front import start_server as start_grpc
 from gateway.grpc.router import GrpcRouter
 from gateway.grpc.upstream import GrpcUpstream
+from gateway.http2.server import Limits
 from gateway.pipeline import Pipeline
 from gateway.policy_book import PolicyBook
 from gateway.proxy.http import HttpProxy
@@ -147,7 +148,7 @@ class Gateway(Dispatch):
                                                 tls.grpcio_server_credentials(settings))
         else:
             self.grpc_server = await start_front(self.grpc_router, settings.host, settings.grpc_port, self.gate,
-                                                 tls.serving(settings, tls.H2))
+                                                 tls.serving(settings, tls.H2), grpc_limits(settings))
 
     async def _stop(self) -> None:
         await self.rollouts.stop()
@@ -179,3 +180,13 @@ def control_gate(mode: ControlMode, auth: Authenticator, policies: PolicyService
 
 def create_app(settings: Settings | None = None) -> Any:
     return Gateway(settings or Settings.load())
+
+
+def grpc_limits(settings: Settings) -> Limits:
+    """The lean gRPC server's per-connection limits, from the settings."""
+    return Limits(max_concurrent_streams=settings.grpc_max_concurrent_streams,
+                  stream_window=settings.grpc_stream_window_bytes,
+                  connection_window=settings.grpc_connection_window_bytes,
+                  max_header_list=settings.grpc_max_header_list_bytes, max_message=settings.grpc_max_message_bytes,
+                  preface_timeout=settings.grpc_preface_timeout_s, header_timeout=settings.grpc_header_timeout_s,
+                  idle_timeout=settings.grpc_idle_timeout_s)

@@ -95,6 +95,21 @@ class Settings(BaseSettings):
     controller_tick_s: float = Field(1.0, gt=0, le=60, description="rollout controller tick period")
     access_log: bool = Field(False, description="one JSON line per request on stdout, written off the hot path")
     log_level: str = Field("info", pattern="^(critical|error|warning|info|debug)$", description="log level")
+    # -- the lean gRPC server's limits for each client connection (issue 12) --
+    grpc_max_message_bytes: int = Field(64 << 20, ge=1 << 10, le=1 << 30,
+                                        description="largest gRPC request message, compressed and decompressed "
+                                        "(RESOURCE_EXHAUSTED above)")
+    grpc_max_header_list_bytes: int = Field(16 << 10, ge=1 << 10, le=1 << 20,
+                                            description="SETTINGS_MAX_HEADER_LIST_SIZE, enforced while decoding")
+    grpc_max_concurrent_streams: int = Field(256, ge=1, le=1 << 16,
+                                             description="SETTINGS_MAX_CONCURRENT_STREAMS (REFUSED_STREAM above)")
+    grpc_stream_window_bytes: int = Field(256 << 10, ge=65535, le=(1 << 31) - 1,
+                                          description="HTTP/2 receive window per stream")
+    grpc_connection_window_bytes: int = Field(4 << 20, ge=65535, le=(1 << 31) - 1,
+                                              description="HTTP/2 receive window per connection")
+    grpc_preface_timeout_s: float = Field(10.0, gt=0, le=3600, description="time for a client's HTTP/2 preface")
+    grpc_header_timeout_s: float = Field(10.0, gt=0, le=3600, description="time to finish one header block")
+    grpc_idle_timeout_s: float = Field(300.0, gt=0, le=86400, description="close connections idle this long")
 
     @field_validator("triton_url")
     @classmethod

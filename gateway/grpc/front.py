@@ -22,6 +22,7 @@ import asyncio
 import logging
 import ssl
 import time
+from collections.abc import Callable, Coroutine
 from functools import lru_cache
 from typing import Any
 
@@ -32,7 +33,7 @@ from gateway.grpc.status import StatusCode, status_for
 from gateway.grpc.upstream import UpstreamStream
 from gateway.grpc.wire import WireError, metadata_block, split_messages
 from gateway.http2.endpoint import Headers
-from gateway.http2.server import Http2ServerConnection, ServerStream, StreamHandler
+from gateway.http2.server import Http2ServerConnection, Limits, ServerStream, StreamHandler
 from gateway.routing import Decision
 
 log = logging.getLogger("gateway.grpc")
@@ -53,13 +54,15 @@ def client_metadata(headers: Headers) -> tuple[tuple[bytes, bytes], ...]:
 
 
 def deadline_of(headers: Headers) -> float | None:
-    """The ``grpc-timeout`` header as an absolute ``loop.time()``, or None."""
+    """The ``grpc-timeout`` header as an absolute ``loop.time()``; None without one.
+
+    Raises ``ValueError`` for a value the gRPC spec does not allow (1-8 digits and a unit)."""
     for name, value in headers:
         if name == b"grpc-timeout":
-            try:
-                return asyncio.get_running_loop().time() + int(value[:-1]) * _TIMEOUT_UNITS[value[-1:]]
-            except (ValueError, KeyError):
-                return None
+            unit = _TIMEOUT_UNITS.get(value[-1:])
+            if unit is None or not 2 <= len(value) <= 9 or not value[:-1].isdigit():
+                raise ValueError(f"malformed grpc-timeout {value[:20]!r}")
+            return asyncio.get_running_loop().time() + int(value[:-1]) * unit
     return None
 
 
@@ -67,6 +70,7 @@ class _Call:
     """What every call has: its stream, its deadline, and the task doing its upstream work."""
 
     __slots__ = ("front", "connection", "stream", "deadline", "task", "timer")
+    streaming = False  # a unary request is held until END_STREAM (StreamHandler.streaming)
 
     def __init__(self, front: GrpcFront, connection: Http2ServerConnection, stream: ServerStream) -> None:
         self.front = front
@@ -106,12 +110,13 @@ class _Call:
         if self.task is not None and not self.task.done():
             self.task.cancel()
 
-    def run(self, work: Any) -> None:
+    def run(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """``work`` is called inside the task: a call reset before its task starts leaves no coroutine unawaited."""
         self.task = asyncio.get_running_loop().create_task(self._guarded(work))
 
-    async def _guarded(self, work: Any) -> None:
+    async def _guarded(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         try:
-            await work
+            await work()
         except asyncio.CancelledError:
             pass
         except Exception as exc:  # a bug must not leave the client waiting
@@ -138,7 +143,7 @@ class UnaryCall(_Call):
         if self.message is None:
             self.finish(StatusCode.UNIMPLEMENTED, "a unary call got no request message")
             return
-        self.run(self._infer() if self.routed else self._pass_through())
+        self.run(self._infer if self.routed else self._pass_through)
 
     async def _infer(self) -> None:
         router, raw, headers = self.front.router, self.message, self.stream.headers
@@ -177,6 +182,7 @@ class StreamCall(_Call):
     """ModelStreamInfer: client messages routed and sent up one stream, answers relayed back."""
 
     __slots__ = ("upstream", "waiting", "ended", "model", "decision", "sent", "replies")
+    streaming = True
 
     def __init__(self, front: GrpcFront, connection: Http2ServerConnection, stream: ServerStream) -> None:
         super().__init__(front, connection, stream)
@@ -187,7 +193,7 @@ class StreamCall(_Call):
         self.decision: Decision | None = None
         self.sent = time.perf_counter()
         self.replies = bytearray()
-        self.run(self._open())
+        self.run(self._open)
 
     async def _open(self) -> None:
         router = self.front.router
@@ -263,13 +269,17 @@ class GrpcFront:
 
     def on_stream(self, connection: Http2ServerConnection, stream: ServerStream) -> StreamHandler | None:
         path = stream.path
-        if path == INFER:
-            return UnaryCall(self, connection, stream, routed=True)
-        if path == STREAM_INFER:
-            return StreamCall(self, connection, stream)
-        if path.startswith(SERVICE):
-            return UnaryCall(self, connection, stream, routed=False)
-        connection.finish(stream, StatusCode.UNIMPLEMENTED, f"Method not found: {path}")
+        try:  # the calls read grpc-timeout first thing
+            if path == INFER:
+                return UnaryCall(self, connection, stream, routed=True)
+            if path == STREAM_INFER:
+                return StreamCall(self, connection, stream)
+            if path.startswith(SERVICE):
+                return UnaryCall(self, connection, stream, routed=False)
+        except ValueError as exc:  # a malformed grpc-timeout: answered, never raised into the connection
+            connection.finish(stream, StatusCode.INVALID_ARGUMENT, str(exc))
+            return None
+        connection.finish(stream, StatusCode.UNIMPLEMENTED, f"Method not found: {path[:200]}")
         return None
 
 
@@ -294,9 +304,10 @@ class FrontServer:
 
 
 async def start_server(router: GrpcRouter, host: str, port: int, gate: ControlGate | None = None,
-                       tls: ssl.SSLContext | None = None) -> FrontServer:
+                       tls: ssl.SSLContext | None = None, limits: Limits | None = None) -> FrontServer:
     """``tls``: gRPC over TLS on the same port (the context offers ALPN h2), else plaintext h2c."""
     front = GrpcFront(router, gate)
     server = await asyncio.get_running_loop().create_server(
-        lambda: Http2ServerConnection(front.on_stream, front.connections), host, port, reuse_address=True, ssl=tls)
+        lambda: Http2ServerConnection(front.on_stream, front.connections, limits), host, port, reuse_address=True,
+        ssl=tls)
     return FrontServer(server, front)

@@ -26,6 +26,8 @@ from gateway.http2.hpack_codec import literal, literal_indexed_name
 
 __all__ = ["GrpcUpstream", "Reply", "StreamListener", "UpstreamStream", "grpc_timeout"]
 _METADATA_CACHE_LIMIT = 1024
+_METADATA_CACHE_ENTRY = 1024  # larger metadata is encoded per call: the cache stays under ~2 MB
+_PREFIX_CACHE_LIMIT = 256  # distinct paths (clients choose them: pass-through methods)
 # Client metadata: (str, str | bytes) pairs from grpcio, or (bytes, bytes) wire pairs from our server.
 Metadata = tuple[tuple[str | bytes, str | bytes], ...]
 
@@ -64,15 +66,18 @@ class GrpcUpstream:
                      timeout: float | None) -> bytes:
         prefix = self._prefix.get(path)
         if prefix is None:  # :method POST, :scheme http(s), :path, :authority, content-type, te
+            if len(self._prefix) >= _PREFIX_CACHE_LIMIT:
+                self._prefix.clear()
             prefix = self._prefix[path] = (self._post_scheme + literal_indexed_name(4, path.encode()) + self._authority
                                            + literal_indexed_name(31, b"application/grpc")
                                            + literal(b"te", b"trailers"))
         extra = self._metadata.get(metadata)
         if extra is None:
             extra = b"".join(_metadata_field(key, value) for key, value in metadata)
-            if len(self._metadata) >= _METADATA_CACHE_LIMIT:
-                self._metadata.clear()
-            self._metadata[metadata] = extra
+            if len(extra) <= _METADATA_CACHE_ENTRY:
+                if len(self._metadata) >= _METADATA_CACHE_LIMIT:
+                    self._metadata.clear()
+                self._metadata[metadata] = extra
         if timeout is not None:
             return prefix + extra + literal(b"grpc-timeout", grpc_timeout(timeout))
         return prefix + extra

@@ -115,8 +115,11 @@ class Http2Connection(Endpoint):
     def _on_settings(self) -> None:
         self._wake_all()
 
-    def _protocol_error(self, reason: str) -> None:
-        self.closing = True
+    def _on_stream_error(self, stream: StreamState, code: int) -> None:
+        self._finish(stream, (INTERNAL, f"upstream broke HTTP/2 on the stream (we reset it with {code})", b""))  # type: ignore[arg-type]
+
+    def _connection_error(self, code: int, reason: str) -> None:
+        self.closing, self.reading = True, False
         for call in list(self.streams.values()):
             self._finish(call, (INTERNAL, reason, b""))  # type: ignore[arg-type]
         if self.transport is not None:

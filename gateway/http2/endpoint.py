@@ -12,37 +12,59 @@ from __future__ import annotations
 import asyncio
 import struct
 
-from gateway.http2.hpack_codec import Decoder
+from gateway.http2.hpack_codec import Decoder, HeaderListTooLarge, HpackError
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 4, 6, 7, 8, 9
+DATA, HEADERS, PRIORITY_FRAME, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
-CANCEL, REFUSED_STREAM = 0x8, 0x7
-RECEIVE_WINDOW = 1 << 24  # per stream; the connection window is opened to 1 GiB
-MAX_FRAME = 1 << 20  # what we accept (SETTINGS_MAX_FRAME_SIZE)
+# error codes (RFC 9113 section 7)
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
+STREAM_CLOSED, FRAME_SIZE_ERROR = 0x5, 0x6
+REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x7, 0x8, 0x9, 0xB
+RECEIVE_WINDOW = 1 << 24  # per stream, for the upstream client; the connection window is opened to 1 GiB
+MAX_FRAME = 1 << 20  # what the upstream client accepts (SETTINGS_MAX_FRAME_SIZE)
 MAX_HEADER_BLOCK = 1 << 20  # a header block spread over CONTINUATION frames may not grow past this
+MAX_WINDOW = 0x7FFFFFFF
 _CONNECTION_WINDOW = 1 << 30
 _HEADER = struct.Struct(">BHBBI")
+_UNLIMITED = 1 << 62
 
 Headers = list[tuple[bytes, bytes]]
 
 
 class ProtocolError(ValueError):
-    """The peer broke HTTP/2 (RFC 9113 PROTOCOL_ERROR and friends): the connection is dropped."""
+    """The peer broke HTTP/2: a connection error (RFC 9113 5.4.1), GOAWAY with ``code``, then the close."""
+
+    def __init__(self, reason: str, code: int = PROTOCOL_ERROR) -> None:
+        super().__init__(reason)
+        self.code = code
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     return _HEADER.pack(len(payload) >> 16, len(payload) & 0xFFFF, kind, flags, stream_id) + payload
 
 
+_SETTING_KEYS = {"header_table_size": 1, "enable_push": 2, "max_concurrent_streams": 3, "initial_window": 4,
+                 "max_frame": 5, "max_header_list": 6}
+
+
 def settings_frame(**values: int) -> bytes:
-    """Our SETTINGS: 2 = ENABLE_PUSH, 3 = MAX_CONCURRENT_STREAMS, 4 = INITIAL_WINDOW_SIZE, 5 = MAX_FRAME_SIZE."""
-    keys = {"enable_push": 2, "max_concurrent_streams": 3, "initial_window": 4, "max_frame": 5}
-    return frame(SETTINGS, 0, 0, b"".join(struct.pack(">HI", keys[name], value) for name, value in values.items()))
+    """Our SETTINGS, by name: ``enable_push``, ``max_concurrent_streams``, ``initial_window``, ``max_frame``,
+    ``max_header_list``, ``header_table_size``."""
+    return frame(SETTINGS, 0, 0, b"".join(struct.pack(">HI", _SETTING_KEYS[name], value)
+                                          for name, value in values.items()))
 
 
-def open_windows() -> bytes:
-    return frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", _CONNECTION_WINDOW - 65535))
+def open_windows(size: int = _CONNECTION_WINDOW) -> bytes:
+    """Raise the connection's receive window from the RFC's 65,535 to ``size``."""
+    return frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", size - 65535)) if size > 65535 else b""
+
+
+def unpad(payload: bytes) -> bytes:
+    """A PADDED frame's content; padding as long as the payload is a PROTOCOL_ERROR (RFC 9113 6.1)."""
+    if not payload or payload[0] >= len(payload):
+        raise ProtocolError("padding longer than the frame")
+    return payload[1:len(payload) - payload[0]]
 
 
 class StreamState:
@@ -60,15 +82,27 @@ class StreamState:
 
 
 class Endpoint(asyncio.Protocol):
-    expects_preface = False  # the server reads the client's 24-byte preface first
+    """Frames in, checked as RFC 9113 says, and frames out within the peer's windows.
 
-    def __init__(self) -> None:
+    Every check is O(1) per frame. Floods of control frames are counted in per-connection
+    counters that the server role clears once a second (``_calm_*`` limits); the client role,
+    which talks to Triton only, keeps them unlimited.
+    """
+
+    expects_preface = False  # the server reads the client's 24-byte preface first
+    frames_per_slice = _UNLIMITED  # frames read in one go before other connections get the loop
+
+    def __init__(self, max_frame: int = MAX_FRAME, max_header_block: int = MAX_HEADER_BLOCK,
+                 max_header_list: int = _UNLIMITED) -> None:
         self.transport: asyncio.Transport | None = None
         self.closing = False
+        self.reading = True  # False: frames stay in the buffer (paused for backpressure, or closed)
         self.streams: dict[int, StreamState] = {}
         self.peer_max_streams = 1 << 31
+        self.max_frame = max_frame  # what we accept
+        self.max_header_block = max_header_block
         self._buffer = bytearray()
-        self._decoder = Decoder()
+        self._decoder = Decoder(max_list_size=max_header_list)
         self._send_window = 65535
         self._peer_initial_window = 65535
         self._peer_max_frame = 16384
@@ -76,6 +110,9 @@ class Endpoint(asyncio.Protocol):
         self._blocked: list[StreamState] = []
         self._continuation: tuple[int, int, bytearray] | None = None
         self._preface_seen = not self.expects_preface
+        # flood counters (cleared by the server's tick) and their limits
+        self._pings = self._settings_frames = self._empty_frames = self._resets = 0
+        self._calm_pings = self._calm_settings = self._calm_empty = self._calm_resets = _UNLIMITED
 
     # -- hooks for the role ---------------------------------------------------------------------
     def _on_headers(self, stream_id: int, headers: Headers, end_stream: bool) -> None:
@@ -96,8 +133,21 @@ class Endpoint(asyncio.Protocol):
     def _on_flushed(self, stream: StreamState) -> None:
         """Everything queued on ``stream`` went out."""
 
-    def _protocol_error(self, reason: str) -> None:
+    def _on_header_list_too_large(self, stream_id: int, end_stream: bool, error: HeaderListTooLarge) -> None:
+        raise ProtocolError(str(error), ENHANCE_YOUR_CALM)
+
+    def _on_stream_error(self, stream: StreamState, code: int) -> None:
+        """We reset ``stream`` for breaking the protocol: the role forgets it."""
+
+    def _unknown_stream(self, kind: int, stream_id: int) -> None:
+        """A frame other than HEADERS for a stream not in ``streams``: the client role ignores it
+        (a call it already finished); the server tells idle streams from closed ones."""
+
+    def _connection_error(self, code: int, reason: str) -> None:
         raise NotImplementedError
+
+    def _yield_reading(self) -> None:
+        """``frames_per_slice`` frames were read in one go: the rest wait for the next slice."""
 
     # -- frames in ------------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
@@ -107,71 +157,183 @@ class Endpoint(asyncio.Protocol):
         try:
             if not self._preface_seen:
                 if size < len(PREFACE):
+                    if buffer != PREFACE[:size]:
+                        raise ProtocolError("not an HTTP/2 connection preface")
                     return
                 if buffer[:len(PREFACE)] != PREFACE:
                     raise ProtocolError("not an HTTP/2 connection preface")
                 pos, self._preface_seen = len(PREFACE), True
-            while size - pos >= 9:
+            budget = self.frames_per_slice
+            while size - pos >= 9 and self.reading:
+                if not budget:
+                    self._yield_reading()
+                    break
+                budget -= 1
                 high, low, kind, flags, stream_id = _HEADER.unpack_from(buffer, pos)
                 length = high << 16 | low
+                if length > self.max_frame:
+                    raise ProtocolError(f"a {length}-byte frame is above our SETTINGS_MAX_FRAME_SIZE", FRAME_SIZE_ERROR)
+                if length > self.max_header_block and (kind == HEADERS or kind == CONTINUATION):
+                    # refused by its size before a byte of it is read, let alone decoded (HPACK bomb)
+                    raise ProtocolError(f"a {length}-byte header block is above {self.max_header_block}",
+                                        ENHANCE_YOUR_CALM)
                 end = pos + 9 + length
                 if end > size:
-                    if length > MAX_FRAME:
-                        raise ProtocolError(f"a {length}-byte frame is above our SETTINGS_MAX_FRAME_SIZE")
                     break
                 self._frame(kind, flags, stream_id & 0x7FFFFFFF, bytes(buffer[pos + 9:end]))
                 pos = end
-        except (ValueError, struct.error, IndexError) as exc:  # ProtocolError, HpackError, a bad header value
-            self._protocol_error(f"unreadable HTTP/2: {exc}")
+        except ProtocolError as exc:
+            self._connection_error(exc.code, str(exc))
+            return
+        except HpackError as exc:
+            self._connection_error(COMPRESSION_ERROR, f"unreadable header block: {exc}")
+            return
+        except (ValueError, struct.error, IndexError) as exc:  # a bad header value, a truncated field
+            self._connection_error(PROTOCOL_ERROR, f"unreadable HTTP/2: {exc}")
             return
         del buffer[:pos]
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
-        if self._continuation is not None and kind != CONTINUATION:
+        if self._continuation is not None and (kind != CONTINUATION or stream_id != self._continuation[0]):
             raise ProtocolError("header block interrupted")
         if kind == DATA:
+            if stream_id == 0:
+                raise ProtocolError("DATA on stream 0")
+            if not payload and not flags & END_STREAM:
+                self._count_empty()
             self._data(flags, stream_id, payload)
         elif kind == HEADERS:
-            if flags & PADDED:
-                payload = payload[1:len(payload) - payload[0]]
-            if flags & PRIORITY:
-                payload = payload[5:]
-            if flags & END_HEADERS:
-                self._on_headers(stream_id, self._decoder.decode(payload), bool(flags & END_STREAM))
-            else:
-                self._continuation = (stream_id, flags, bytearray(payload))
+            self._headers(flags, stream_id, payload)
         elif kind == CONTINUATION:
-            if self._continuation is None or self._continuation[0] != stream_id:
-                raise ProtocolError("unexpected CONTINUATION")
-            self._continuation[2].extend(payload)
-            if len(self._continuation[2]) > MAX_HEADER_BLOCK:
-                raise ProtocolError(f"a header block above {MAX_HEADER_BLOCK} bytes")
+            continuation = self._continuation
+            if continuation is None:
+                raise ProtocolError("CONTINUATION without a header block to continue")
+            block = continuation[2]
+            block += payload
+            if len(block) > self.max_header_block:
+                raise ProtocolError(f"a header block above {self.max_header_block} bytes", ENHANCE_YOUR_CALM)
             if flags & END_HEADERS:
-                _, first_flags, block = self._continuation
                 self._continuation = None
-                self._on_headers(stream_id, self._decoder.decode(bytes(block)), bool(first_flags & END_STREAM))
+                self._header_block(stream_id, bool(continuation[1] & END_STREAM), bytes(block))
+            elif not payload:
+                self._count_empty()
         elif kind == WINDOW_UPDATE:
-            increment = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF
-            if stream_id == 0:
-                self._send_window += increment
-            elif (stream := self.streams.get(stream_id)) is not None:
-                stream.window += increment
-            if self._blocked:
-                self._flush_blocked()
+            self._window_update(stream_id, payload)
         elif kind == SETTINGS:
-            if not flags & ACK:
-                self._settings(payload)
+            if stream_id:
+                raise ProtocolError("SETTINGS on a stream")
+            if flags & ACK:
+                if payload:
+                    raise ProtocolError("SETTINGS ACK with a payload", FRAME_SIZE_ERROR)
+                return
+            if len(payload) % 6:
+                raise ProtocolError("SETTINGS length is not a multiple of 6", FRAME_SIZE_ERROR)
+            self._settings_frames += 1
+            if self._settings_frames > self._calm_settings:
+                raise ProtocolError("too many SETTINGS frames", ENHANCE_YOUR_CALM)
+            self._settings(payload)
         elif kind == PING:
+            if stream_id:
+                raise ProtocolError("PING on a stream")
+            if len(payload) != 8:
+                raise ProtocolError("PING of a length other than 8", FRAME_SIZE_ERROR)
             if not flags & ACK:
+                self._pings += 1
+                if self._pings > self._calm_pings:
+                    raise ProtocolError("too many PINGs", ENHANCE_YOUR_CALM)
                 self.write(frame(PING, ACK, 0, payload))
         elif kind == RST_STREAM:
+            if stream_id == 0:
+                raise ProtocolError("RST_STREAM on stream 0")
+            if len(payload) != 4:
+                raise ProtocolError("RST_STREAM of a length other than 4", FRAME_SIZE_ERROR)
             if (stream := self.streams.get(stream_id)) is not None:
-                self._on_reset(stream, int.from_bytes(payload[:4], "big"))
+                self._resets += 1
+                if self._resets > self._calm_resets:  # rapid reset (CVE-2023-44487)
+                    raise ProtocolError("too many stream resets", ENHANCE_YOUR_CALM)
+                self._on_reset(stream, int.from_bytes(payload, "big"))
+            else:
+                self._unknown_stream(kind, stream_id)
+        elif kind == PRIORITY_FRAME:
+            if stream_id == 0:
+                raise ProtocolError("PRIORITY on stream 0")
+            self._count_empty()  # it asks nothing of us: as cheap to flood as an empty frame
+            if len(payload) != 5:
+                self.stream_error(stream_id, FRAME_SIZE_ERROR)
+            elif int.from_bytes(payload[:4], "big") & 0x7FFFFFFF == stream_id:
+                self.stream_error(stream_id, PROTOCOL_ERROR)  # a stream cannot depend on itself
         elif kind == GOAWAY:
+            if stream_id:
+                raise ProtocolError("GOAWAY on a stream")
+            if len(payload) < 8:
+                raise ProtocolError("GOAWAY shorter than 8 bytes", FRAME_SIZE_ERROR)
             self._on_goaway(int.from_bytes(payload[:4], "big") & 0x7FFFFFFF, int.from_bytes(payload[4:8], "big"))
-        # PRIORITY, PUSH_PROMISE (refused in our SETTINGS) and unknown frame types are ignored
+        elif kind == PUSH_PROMISE:
+            raise ProtocolError("PUSH_PROMISE: push is disabled (and clients cannot push)")
+        else:
+            self._count_empty()  # unknown frame types are ignored (RFC 9113 4.1), but not without limit
+
+    def _count_empty(self) -> None:
+        self._empty_frames += 1
+        if self._empty_frames > self._calm_empty:
+            raise ProtocolError("too many empty frames", ENHANCE_YOUR_CALM)
+
+    def _headers(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id == 0:
+            raise ProtocolError("HEADERS on stream 0")
+        if flags & PADDED:
+            payload = unpad(payload)
+        if flags & PRIORITY:
+            if len(payload) < 5:
+                raise ProtocolError("HEADERS too short for its priority fields", FRAME_SIZE_ERROR)
+            if int.from_bytes(payload[:4], "big") & 0x7FFFFFFF == stream_id:
+                # a stream cannot depend on itself; a connection error, as skipping the block would
+                # leave our HPACK table out of step with the client's
+                raise ProtocolError("HEADERS that depend on their own stream")
+            payload = payload[5:]
+        if flags & END_HEADERS:
+            self._header_block(stream_id, bool(flags & END_STREAM), payload)
+        else:
+            if not payload:
+                self._count_empty()
+            self._continuation = (stream_id, flags, bytearray(payload))
+
+    def _header_block(self, stream_id: int, end_stream: bool, block: bytes) -> None:
+        try:
+            headers = self._decoder.decode(block)
+        except HeaderListTooLarge as exc:
+            self._on_header_list_too_large(stream_id, end_stream, exc)
+            return
+        self._on_headers(stream_id, headers, end_stream)
+
+    def _window_update(self, stream_id: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise ProtocolError("WINDOW_UPDATE of a length other than 4", FRAME_SIZE_ERROR)
+        increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
+        if stream_id == 0:
+            if increment == 0:
+                raise ProtocolError("WINDOW_UPDATE with a zero increment")
+            self._send_window += increment
+            if self._send_window > MAX_WINDOW:
+                raise ProtocolError("connection window above 2^31-1", FLOW_CONTROL_ERROR)
+        elif (stream := self.streams.get(stream_id)) is None:
+            self._unknown_stream(WINDOW_UPDATE, stream_id)
+            if increment == 0:  # on a closed stream too: the peer is broken, and says so cheaply
+                self.stream_error(stream_id, PROTOCOL_ERROR)
+            return
+        elif increment == 0:
+            self.stream_error(stream_id, PROTOCOL_ERROR)
+            return
+        else:
+            stream.window += increment
+            if stream.window > MAX_WINDOW:
+                self.stream_error(stream_id, FLOW_CONTROL_ERROR)
+                return
+        if self._blocked:
+            self._flush_blocked()
 
     def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        """The client role: Triton is trusted, credit goes back on receipt, windows stay wide."""
         length = len(payload)
         self._recv_unacked += length
         if self._recv_unacked > _CONNECTION_WINDOW // 2:
@@ -181,7 +343,7 @@ class Endpoint(asyncio.Protocol):
         if stream is None:
             return  # a stream already finished or reset; its data still counted for the connection
         if flags & PADDED:
-            payload = payload[1:length - payload[0]]
+            payload = unpad(payload)
         end_stream = bool(flags & END_STREAM)
         if not end_stream:
             stream.unacked += length
@@ -191,17 +353,22 @@ class Endpoint(asyncio.Protocol):
         self._on_data(stream, payload, end_stream)
 
     def _settings(self, payload: bytes) -> None:
-        for offset in range(0, len(payload) - 5, 6):
+        for offset in range(0, len(payload), 6):
             key, value = struct.unpack_from(">HI", payload, offset)
-            if key == 3:
+            if key == 2:
+                if value > 1:
+                    raise ProtocolError(f"SETTINGS_ENABLE_PUSH {value} is neither 0 nor 1")
+            elif key == 3:
                 self.peer_max_streams = value
             elif key == 4:
-                if value > 0x7FFFFFFF:
-                    raise ProtocolError(f"SETTINGS_INITIAL_WINDOW_SIZE {value} is above 2^31-1")
+                if value > MAX_WINDOW:
+                    raise ProtocolError(f"SETTINGS_INITIAL_WINDOW_SIZE {value} is above 2^31-1", FLOW_CONTROL_ERROR)
                 delta = value - self._peer_initial_window
                 self._peer_initial_window = value
                 for stream in self.streams.values():
                     stream.window += delta
+                    if stream.window > MAX_WINDOW:
+                        raise ProtocolError("a stream window above 2^31-1", FLOW_CONTROL_ERROR)
             elif key == 5:
                 if not 16384 <= value <= 0xFFFFFF:
                     raise ProtocolError(f"SETTINGS_MAX_FRAME_SIZE {value} is outside 16384..2^24-1")
@@ -210,6 +377,15 @@ class Endpoint(asyncio.Protocol):
         self._on_settings()
         if self._blocked:
             self._flush_blocked()
+
+    def stream_error(self, stream_id: int, code: int) -> None:
+        """A stream error (RFC 9113 5.4.2): RST_STREAM, and the stream is forgotten."""
+        self._resets += 1
+        if self._resets > self._calm_resets:  # resets we are made to send count too
+            raise ProtocolError("too many stream errors", ENHANCE_YOUR_CALM)
+        self.write(frame(RST_STREAM, 0, stream_id, struct.pack(">I", code)))
+        if (stream := self.streams.get(stream_id)) is not None:
+            self._on_stream_error(stream, code)
 
     # -- frames out -----------------------------------------------------------------------------
     def write(self, data: bytes) -> None:

@@ -3,7 +3,11 @@
 The decoder keeps the dynamic table the server's encoder builds; after the first response
 Triton's header blocks are a few indexed bytes, so decoding one is a handful of dict and list
 lookups. Huffman-coded strings are decoded by the ``hpack`` package and cached, because the
-same few values (``application/grpc``, ``0``) arrive on every call. The encoder never adds to
+same few values (``application/grpc``, ``0``) arrive on every call; only short strings are
+cached, and only so many, so a hostile peer cannot grow the cache. The decoder stops building
+the header list once it passes ``max_list_size`` (SETTINGS_MAX_HEADER_LIST_SIZE) but still
+reads the rest of the block to keep its table in step with the peer's encoder: one entry
+referenced 100,000 times costs a loop over the block, never 100,000 copies. The encoder never adds to
 the server's table: every field is a literal without indexing, so there is no encoder state
 to keep in step and a request's header block can be built from cached pieces.
 """
@@ -15,11 +19,21 @@ from hpack.table import HeaderTable
 
 _STATIC: tuple[tuple[bytes, bytes], ...] = HeaderTable.STATIC_TABLE
 _STATIC_LEN = len(_STATIC)
-_HUFFMAN_CACHE_LIMIT = 4096
+_HUFFMAN_CACHE_LIMIT = 256  # entries per connection
+_HUFFMAN_CACHE_STRING = 64  # longer strings are decoded every time: the cache stays under ~40 KB
+_ENTRY_OVERHEAD = 32  # RFC 7541 4.1: what one entry costs on top of its name and value
 
 
 class HpackError(ValueError):
-    """A header block this decoder cannot read: the connection has to be dropped."""
+    """A header block this decoder cannot read: the connection has to be dropped (COMPRESSION_ERROR)."""
+
+
+class HeaderListTooLarge(Exception):
+    """The block decoded (the table is in step) but its header list is above ``max_list_size``."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"a header list of at least {size} bytes is above the limit of {limit}")
+        self.size = size
 
 
 def _integer(data: bytes, pos: int, prefix_bits: int) -> tuple[int, int]:
@@ -43,8 +57,9 @@ def _integer(data: bytes, pos: int, prefix_bits: int) -> tuple[int, int]:
 
 
 class Decoder:
-    def __init__(self, max_table_size: int = 4096) -> None:
+    def __init__(self, max_table_size: int = 4096, max_list_size: int = 1 << 62) -> None:
         self.max_table_size = max_table_size  # what we advertised in SETTINGS_HEADER_TABLE_SIZE
+        self.max_list_size = max_list_size  # what we advertised in SETTINGS_MAX_HEADER_LIST_SIZE
         self._table_limit = max_table_size
         self._dynamic: list[tuple[bytes, bytes]] = []  # newest first
         self._size = 0
@@ -53,24 +68,31 @@ class Decoder:
     def decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
         headers: list[tuple[bytes, bytes]] = []
         pos, end = 0, len(block)
+        size, limit = 0, self.max_list_size
         while pos < end:
             byte = block[pos]
             if byte & 0x80:  # indexed field
                 index, pos = _integer(block, pos, 7)
-                headers.append(self._entry(index))
+                name, value = self._entry(index)
             elif byte & 0x40:  # literal with incremental indexing
                 name, value, pos = self._literal(block, pos, 6)
-                headers.append((name, value))
                 self._add(name, value)
-            elif byte & 0x20:  # dynamic table size update
-                size, pos = _integer(block, pos, 5)
-                if size > self.max_table_size:
-                    raise HpackError(f"table size {size} above the advertised {self.max_table_size}")
-                self._table_limit = size
+            elif byte & 0x20:  # dynamic table size update: only before the first field (RFC 7541 4.2)
+                if size:
+                    raise HpackError("a dynamic table size update after a header field")
+                table_size, pos = _integer(block, pos, 5)
+                if table_size > self.max_table_size:
+                    raise HpackError(f"table size {table_size} above the advertised {self.max_table_size}")
+                self._table_limit = table_size
                 self._evict()
+                continue
             else:  # literal without indexing (0000) or never indexed (0001)
                 name, value, pos = self._literal(block, pos, 4)
+            size += len(name) + len(value) + _ENTRY_OVERHEAD
+            if size <= limit:
                 headers.append((name, value))
+        if size > limit:
+            raise HeaderListTooLarge(size, limit)
         return headers
 
     def _entry(self, index: int) -> tuple[bytes, bytes]:
@@ -107,19 +129,19 @@ class Decoder:
                 decoded = decode_huffman(raw)
             except Exception as exc:  # hpack raises its own error type
                 raise HpackError(f"bad huffman string: {exc}") from exc
-            if len(self._huffman) < _HUFFMAN_CACHE_LIMIT:
+            if length <= _HUFFMAN_CACHE_STRING and len(self._huffman) < _HUFFMAN_CACHE_LIMIT:
                 self._huffman[raw] = decoded
         return decoded, pos
 
     def _add(self, name: bytes, value: bytes) -> None:
         self._dynamic.insert(0, (name, value))
-        self._size += len(name) + len(value) + 32
+        self._size += len(name) + len(value) + _ENTRY_OVERHEAD
         self._evict()
 
     def _evict(self) -> None:
         while self._size > self._table_limit and self._dynamic:
             name, value = self._dynamic.pop()
-            self._size -= len(name) + len(value) + 32
+            self._size -= len(name) + len(value) + _ENTRY_OVERHEAD
 
 
 def encode_integer(value: int, prefix_bits: int, first: int = 0) -> bytes:

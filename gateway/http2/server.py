@@ -4,7 +4,13 @@ Each request stream gets a handler from the application (``on_stream``); the con
 splits the request DATA into gRPC messages (decompressing gzip/deflate ones) and hands them
 over, tells the handler when the client half-closes or resets, and offers the three ways a
 gRPC response goes out: a whole unary answer in one write, or headers, messages and a status
-one by one for streams. A client that sends something this cannot read gets GOAWAY.
+one by one for streams. A client that breaks the protocol gets the RFC's error: RST_STREAM
+for a stream error, GOAWAY and the close for a connection error.
+
+The port faces every client, so every resource a client can make this hold has a bound
+(``Limits``): header list, message size before and after decompression, concurrent streams,
+flow-control windows, unread answers, control-frame rates, and the time before the preface,
+inside a header block and while idle.
 """
 
 from __future__ import annotations
@@ -13,143 +19,493 @@ import asyncio
 import struct
 import zlib
 from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from gateway.grpc.status import StatusCode
 from gateway.grpc.wire import MessageTooLarge, grpc_frame, split_messages, status_block
 from gateway.http2.endpoint import (
+    END_STREAM,
+    FLOW_CONTROL_ERROR,
     GOAWAY,
-    MAX_FRAME,
-    RECEIVE_WINDOW,
+    NO_ERROR,
+    PADDED,
+    PROTOCOL_ERROR,
     REFUSED_STREAM,
     RST_STREAM,
+    STREAM_CLOSED,
+    WINDOW_UPDATE,
     Endpoint,
     Headers,
+    ProtocolError,
     StreamState,
     frame,
     open_windows,
     settings_frame,
+    unpad,
 )
-from gateway.http2.hpack_codec import literal, literal_indexed_name
+from gateway.http2.hpack_codec import HeaderListTooLarge, literal, literal_indexed_name
 
-MAX_CONCURRENT_STREAMS = 1000
-MAX_MESSAGE = 1 << 30
 _RESPONSE_HEADERS = b"\x88" + literal_indexed_name(31, b"application/grpc")  # :status 200, content-type
 _OK_TRAILER = literal(b"grpc-status", b"0")
-_PROTOCOL_ERROR, _INTERNAL = 0x1, StatusCode.INTERNAL
+_INFLATE_SLICE = 4 << 20  # inflated per loop turn (~10-20 ms)
+_RESET_MEMORY = 64  # streams we reset whose late frames are ignored
+_TICK = 1.0  # seconds between the checks of timeouts and flood counters (one timer per connection)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one client connection may make the server hold or do (the defaults are the settings').
+
+    Windows: a request message must be whole before it can be routed, so the gateway holds
+    it while it arrives. A message spread over DATA frames reserves its announced size; the
+    connection admits reservations up to one maximum-size message in total (the first always),
+    and a stream whose message is not admitted gets no more stream credit until one finishes
+    (its upstream call starts, or the stream ends). So one connection holds at most
+    ``max_message`` plus one stream window per stream (~128 MiB with the defaults), and honest
+    clients sending many large messages at once get them through a few at a time instead of
+    stalling. The connection window only bounds bytes in flight, so its credit goes back on
+    receipt. 256 KiB per stream and 4 MiB per connection keep a fast client streaming on
+    loopback and a LAN, and keep what 256 stalled streams can make the gateway hold to 64 MiB.
+    """
+
+    max_concurrent_streams: int = 256
+    stream_window: int = 256 << 10
+    connection_window: int = 4 << 20
+    max_frame: int = 1 << 20
+    max_header_list: int = 16 << 10
+    max_message: int = 64 << 20
+    write_high_water: int = 1 << 20  # unread answers past this pause reading from the client
+    preface_timeout: float = 10.0
+    header_timeout: float = 10.0
+    idle_timeout: float = 300.0
+    # per second; past them: GOAWAY ENHANCE_YOUR_CALM
+    pings_per_s: int = 100  # counted between answers only, so a busy client's BDP probes never trip it
+    settings_per_s: int = 100
+    empty_frames_per_s: int = 200  # empty DATA/CONTINUATION, PRIORITY, unknown types
+    resets_per_s: int = 200  # RST_STREAM from the client on live streams, and stream errors we had to send
 
 
 class StreamHandler(Protocol):
+    streaming: bool  # True: a message handed over is on its way upstream; False: held until END_STREAM
+
     def on_message(self, message: bytes) -> None: ...
     def on_end(self) -> None: ...
     def on_reset(self) -> None: ...
 
 
 class ServerStream(StreamState):
-    __slots__ = ("path", "headers", "buffer", "handler", "responded", "finished", "compression")
+    __slots__ = ("path", "headers", "buffer", "handler", "responded", "finished", "compression", "recv_window",
+                 "reserved", "admitted", "remote_closed", "inflating", "end_pending")
 
-    def __init__(self, stream_id: int, window: int, headers: Headers) -> None:
+    def __init__(self, stream_id: int, window: int, headers: Headers, path: str, compression: bytes,
+                 recv_window: int) -> None:
         super().__init__(stream_id, window)
         self.headers = headers
-        self.path = ""
-        self.compression = b""
-        for name, value in headers:
-            if name == b":path":
-                self.path = value.decode("latin-1")
-            elif name == b"grpc-encoding":
-                self.compression = value
+        self.path = path
+        self.compression = compression
         self.buffer = bytearray()
         self.handler: StreamHandler | None = None
         self.responded = False  # response HEADERS sent
         self.finished = False  # status sent
+        self.recv_window = recv_window  # what the client may still send on this stream
+        self.reserved = 0  # the announced size of the message being assembled or held (see Limits)
+        self.admitted = False  # the reservation counts against the connection's; else it waits
+        self.remote_closed = False  # the client sent END_STREAM
+        self.inflating = False  # a large compressed message is inflated a slice per loop turn
+        self.end_pending = False  # END_STREAM arrived while inflating
+
+
+_PSEUDO = frozenset([b":method", b":scheme", b":path", b":authority"])
+_CONNECTION_SPECIFIC = frozenset([b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding",
+                                  b"upgrade"])
+_LOWERCASE_KNOWN = frozenset([b"content-type", b"te", b"user-agent", b"grpc-timeout", b"grpc-encoding",
+                              b"grpc-accept-encoding", b"x-user-id", b"content-length", b"accept-encoding"])
+
+
+def read_request(headers: Headers) -> tuple[str, bytes] | str:
+    """(``:path``, ``grpc-encoding``) of a well-formed request (RFC 9113 8.1.1-8.3.1), else the problem."""
+    path = method = scheme = None
+    compression = b""
+    regular = False
+    for name, value in headers:
+        if name[:1] == b":":
+            if regular:
+                return "a pseudo-header after a regular header"
+            if name == b":path":
+                if path is not None or not value:
+                    return "an empty or repeated :path"
+                path = value
+            elif name == b":method":
+                if method is not None:
+                    return "a repeated :method"
+                method = value
+            elif name == b":scheme":
+                if scheme is not None:
+                    return "a repeated :scheme"
+                scheme = value
+            elif name not in _PSEUDO:
+                return f"pseudo-header {name[:40]!r} in a request"
+            continue
+        regular = True
+        if name not in _LOWERCASE_KNOWN:
+            if name != name.lower():
+                return "an uppercase header name"
+            if name in _CONNECTION_SPECIFIC:
+                return f"connection-specific header {name.decode()!r}"
+        if name == b"grpc-encoding":
+            compression = value
+        elif name == b"te" and value != b"trailers":
+            return "TE other than 'trailers'"
+    if path is None or method is None or scheme is None:
+        return "a request without :method, :scheme or :path"
+    return path.decode("latin-1"), compression
 
 
 class Http2ServerConnection(Endpoint):
     expects_preface = True
+    frames_per_slice = 500  # ~10-20 ms of work at most before other clients get the loop
 
     def __init__(self, on_stream: Callable[[Http2ServerConnection, ServerStream], StreamHandler | None],
-                 connections: set[Http2ServerConnection]) -> None:
-        super().__init__()
+                 connections: set[Http2ServerConnection], limits: Limits | None = None) -> None:
+        limits = limits or Limits()
+        # a raw block can only be smaller than its header list by the few bytes of table size updates
+        super().__init__(limits.max_frame, limits.max_header_list + 64, limits.max_header_list)
         self.on_stream = on_stream
         self.connections = connections
+        self.limits = limits
         self.closed = asyncio.get_running_loop().create_future()
         self._last_stream_id = 0
+        self._recv_window = limits.connection_window  # what the client may still send on the connection
+        self._owed = 0  # received bytes not yet given back to the client as connection window
+        self._credit_at = limits.connection_window // 2
+        self._reserved = 0  # admitted reservations (see Limits)
+        self._reserve_limit = limits.max_message + 5
+        self._waiting: list[ServerStream] = []  # reservations not admitted yet, oldest first
+        self._calm_pings = max(1, int(limits.pings_per_s * _TICK))
+        self._calm_settings = max(1, int(limits.settings_per_s * _TICK))
+        self._calm_empty = max(1, int(limits.empty_frames_per_s * _TICK))
+        self._calm_resets = max(1, int(limits.resets_per_s * _TICK))
+        self._active = False  # bytes arrived since the last tick
+        self._ticks = self._idle_ticks = self._block_ticks = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._reset_ids: dict[int, None] = {}
+        self._write_paused = False
+        self._inflations: set[asyncio.Task[None]] = set()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.connections.add(self)
-        self.write(settings_frame(max_concurrent_streams=MAX_CONCURRENT_STREAMS, initial_window=RECEIVE_WINDOW,
-                                  max_frame=MAX_FRAME) + open_windows())
+        limits = self.limits
+        transport.set_write_buffer_limits(high=limits.write_high_water)  # type: ignore[attr-defined]
+        self.write(settings_frame(max_concurrent_streams=limits.max_concurrent_streams,
+                                  initial_window=limits.stream_window, max_frame=limits.max_frame,
+                                  max_header_list=limits.max_header_list) + open_windows(limits.connection_window))
+        self._timer = asyncio.get_running_loop().call_later(_TICK, self._tick)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closing = True
+        self.closing, self.reading = True, False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self.connections.discard(self)
         for stream in list(self.streams.values()):
             self._drop(stream)  # type: ignore[arg-type]
         if not self.closed.done():
             self.closed.set_result(None)
 
+    # -- backpressure: a client that does not read its answers is not read either --------------
+    # pause_writing is called by the transport from inside a write, as its buffer passes the
+    # high-water mark: the frame loop stops after the current frame, so frames already read wait too.
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        self._stop_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._continue_reading()
+
+    def _yield_reading(self) -> None:
+        """Thousands of tiny requests in one read must not hold the loop: the rest wait one turn."""
+        self._stop_reading()
+        asyncio.get_running_loop().call_soon(self._continue_reading)
+
+    def _stop_reading(self) -> None:
+        if self.reading and self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+        self.reading = False
+
+    def _continue_reading(self) -> None:
+        if self.reading or self._write_paused or self.transport is None or self.transport.is_closing():
+            return
+        self.reading = True
+        self.transport.resume_reading()
+        if len(self._buffer) >= 9:
+            self.data_received(b"")  # the frames that waited
+
+    # -- timeouts and flood counters ------------------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        self._active = True
+        super().data_received(data)
+
+    def _tick(self) -> None:
+        self._timer = None
+        if self.transport is None or self.transport.is_closing():
+            return
+        limits = self.limits
+        self._ticks += 1
+        self._pings = self._settings_frames = self._empty_frames = self._resets = 0
+        if not self._preface_seen and self._ticks * _TICK >= limits.preface_timeout:
+            self.transport.close()  # not an HTTP/2 client, or a slow one holding a socket
+            return
+        if self._continuation is None:
+            self._block_ticks = 0
+        else:
+            self._block_ticks += 1
+            if self._block_ticks * _TICK >= limits.header_timeout:
+                self._connection_error(PROTOCOL_ERROR, f"a header block unfinished after {limits.header_timeout:g} s")
+                return
+        if self._active or self.streams:
+            self._active, self._idle_ticks = False, 0
+        else:
+            self._idle_ticks += 1
+            if self._idle_ticks * _TICK >= limits.idle_timeout:
+                self.goaway(NO_ERROR, "idle")
+                return
+        self._timer = asyncio.get_running_loop().call_later(_TICK, self._tick)
+
     # -- frames in ------------------------------------------------------------------------------
     def _on_headers(self, stream_id: int, headers: Headers, end_stream: bool) -> None:
         stream: ServerStream | None = self.streams.get(stream_id)  # type: ignore[assignment]
-        if stream is None:
-            if stream_id % 2 == 0 or stream_id <= self._last_stream_id:
-                return  # trailers for a stream we finished, or nonsense: nothing to do
-            self._last_stream_id = stream_id
-            if self.closing:
-                self.write(frame(RST_STREAM, 0, stream_id, struct.pack(">I", REFUSED_STREAM)))
-                return
-            stream = ServerStream(stream_id, self._peer_initial_window, headers)
-            self.streams[stream_id] = stream
-            stream.handler = self.on_stream(self, stream)
+        if stream is not None:
+            self._trailers(stream, headers, end_stream)
+            return
+        self._new_stream_id(stream_id)
+        if self.closing:
+            self.stream_error(stream_id, REFUSED_STREAM)
+            return
+        if len(self.streams) >= self.limits.max_concurrent_streams:
+            self.stream_error(stream_id, REFUSED_STREAM)
+            return
+        request = read_request(headers)
+        if isinstance(request, str):
+            self.stream_error(stream_id, PROTOCOL_ERROR)  # a malformed request (RFC 9113 8.1.1)
+            return
+        stream = ServerStream(stream_id, self._peer_initial_window, headers, request[0], request[1],
+                              self.limits.stream_window)
+        stream.remote_closed = end_stream
+        self.streams[stream_id] = stream
+        stream.handler = self.on_stream(self, stream)
         if end_stream and stream.handler is not None and not stream.finished:
             stream.handler.on_end()
 
+    def _new_stream_id(self, stream_id: int) -> None:
+        if stream_id % 2 == 0:
+            raise ProtocolError(f"stream {stream_id}: clients open odd-numbered streams")
+        if stream_id <= self._last_stream_id:
+            # a closed stream, or one skipped and so implicitly closed (RFC 9113 5.1.1)
+            raise ProtocolError(f"HEADERS on stream {stream_id}, not above the last one opened")
+        self._last_stream_id = stream_id
+
+    def _trailers(self, stream: ServerStream, headers: Headers, end_stream: bool) -> None:
+        if stream.remote_closed:
+            self.stream_error(stream.id, STREAM_CLOSED)
+        elif not end_stream or any(name[:1] == b":" for name, _ in headers):
+            self.stream_error(stream.id, PROTOCOL_ERROR)  # trailers end the stream and carry no pseudo-headers
+        else:
+            self._end_of_request(stream)
+
+    def _on_header_list_too_large(self, stream_id: int, end_stream: bool, error: HeaderListTooLarge) -> None:
+        stream: ServerStream | None = self.streams.get(stream_id)  # type: ignore[assignment]
+        if stream is None:
+            self._new_stream_id(stream_id)
+            answer = _RESPONSE_HEADERS + status_block(StatusCode.RESOURCE_EXHAUSTED, str(error))
+            self.write(self.headers_frames(stream_id, answer, end_stream=True))
+            if not end_stream:
+                self.reset_id(stream_id, NO_ERROR)  # the answer is complete: the client need not send more
+            return
+        self._drop(stream)
+        self.stream_error(stream_id, PROTOCOL_ERROR)
+
+    def _unknown_stream(self, kind: int, stream_id: int) -> None:
+        if stream_id > self._last_stream_id:
+            raise ProtocolError(f"frame type {kind} on idle stream {stream_id}")
+        # RST_STREAM or WINDOW_UPDATE on a closed stream: may cross our own close, nothing to do
+
+    def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        """Flow control enforced on receipt; stream credit only while the stream's message is admitted."""
+        length = len(payload)
+        if length > self._recv_window:
+            raise ProtocolError("DATA beyond the connection's flow-control window", FLOW_CONTROL_ERROR)
+        self._recv_window -= length
+        self._owed += length
+        if self._owed >= self._credit_at:
+            self.write(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self._owed)))
+            self._recv_window += self._owed
+            self._owed = 0
+        if flags & PADDED:
+            payload = unpad(payload)  # a bad pad length is a connection error, whatever the stream's state
+        stream: ServerStream | None = self.streams.get(stream_id)  # type: ignore[assignment]
+        if stream is None or stream.remote_closed:
+            if stream_id > self._last_stream_id:
+                raise ProtocolError(f"DATA on idle stream {stream_id}")
+            if stream is not None or stream_id not in self._reset_ids:
+                self.stream_error(stream_id, STREAM_CLOSED)
+            return
+        if length > stream.recv_window:
+            self.stream_error(stream_id, FLOW_CONTROL_ERROR)
+            return
+        stream.recv_window -= length
+        self._on_data(stream, payload, bool(flags & END_STREAM))
+        if not stream.remote_closed and not stream.finished and not stream.inflating \
+                and (stream.admitted or not stream.reserved):
+            self._stream_credit(stream, self.limits.stream_window >> 1)
+
+    def _stream_credit(self, stream: ServerStream, threshold: int) -> None:
+        unacked = self.limits.stream_window - stream.recv_window
+        if unacked >= threshold and unacked > 0:
+            stream.recv_window += unacked
+            self.write(frame(WINDOW_UPDATE, 0, stream.id, struct.pack(">I", unacked)))
+
+    def _reserve(self, stream: ServerStream, size: int) -> None:
+        stream.reserved = size
+        if not self._reserved or self._reserved + size <= self._reserve_limit:
+            stream.admitted = True
+            self._reserved += size
+        else:
+            self._waiting.append(stream)
+
+    def _unreserve(self, stream: ServerStream) -> None:
+        if stream.admitted:
+            self._reserved -= stream.reserved
+            stream.admitted = False
+        elif stream.reserved:
+            self._waiting.remove(stream)
+        stream.reserved = 0
+        waiting = self._waiting
+        while waiting and (not self._reserved or self._reserved + waiting[0].reserved <= self._reserve_limit):
+            admitted = waiting.pop(0)
+            admitted.admitted = True
+            self._reserved += admitted.reserved
+            self._stream_credit(admitted, 1)  # it may be blocked on a window used up
+
     def _on_data(self, stream: StreamState, payload: bytes, end_stream: bool) -> None:
         call: ServerStream = stream  # type: ignore[assignment]
-        if call.finished or call.handler is None:
+        handler = call.handler
+        if call.finished or handler is None:
+            if call.reserved:
+                self._unreserve(call)  # answered already: the rest of the request is dropped
+            if end_stream:
+                call.remote_closed = True
+            return
+        if call.inflating:  # what follows waits, in order, for the message being inflated
+            call.buffer += payload
+            if end_stream:
+                call.remote_closed = call.end_pending = True
             return
         buffer = call.buffer
         if buffer:  # a message split over DATA frames; usually not, and then payload is parsed as it is
             buffer += payload
         data = buffer or payload
         try:
-            messages, used = split_messages(data, MAX_MESSAGE)
+            messages, used = split_messages(data, self.limits.max_message)
         except MessageTooLarge as exc:
             self.finish(call, StatusCode.RESOURCE_EXHAUSTED, str(exc))
             return
-        for compressed, message in messages:
+        for index, (compressed, message) in enumerate(messages):
             if compressed:
-                message = self._decompress(call, message)
-                if call.finished:
+                inflated = self._decompress(call, message)
+                if inflated is None:  # answered, or inflating in slices: what follows it waits
+                    if call.inflating:
+                        rest = b"".join((b"\x01" if flag else b"\x00") + len(later).to_bytes(4, "big") + later
+                                        for flag, later in messages[index + 1:])
+                        call.buffer[:] = rest + data[used:]
+                        call.remote_closed = call.end_pending = end_stream
                     return
-            call.handler.on_message(message)
+                message = inflated
+            handler.on_message(message)
             if call.finished:
                 return
         if buffer:
             del buffer[:used]
         elif used < len(payload):
             buffer += payload[used:]
-        if end_stream and not call.finished:
+        if end_stream:
             if buffer:
-                self.finish(call, _INTERNAL, "the request ended inside a message")
+                self.finish(call, StatusCode.INTERNAL, "the request ended inside a message")
             else:
-                call.handler.on_end()
+                self._end_of_request(call)
+            return
+        if messages and handler.streaming and call.reserved:
+            self._unreserve(call)  # on its way upstream
+        if len(buffer) >= 5 and not call.reserved:  # a message spread over frames: it reserves its size
+            self._reserve(call, int.from_bytes(buffer[1:5], "big") + 5)
 
-    def _decompress(self, call: ServerStream, message: bytes) -> bytes:
+    def _end_of_request(self, stream: ServerStream) -> None:
+        """END_STREAM: exactly once per stream, so one request stream starts one upstream call."""
+        stream.remote_closed = True
+        if stream.reserved:
+            self._unreserve(stream)  # the upstream call takes it from here
+        if stream.handler is not None and not stream.finished:
+            stream.handler.on_end()
+
+    def _decompress(self, call: ServerStream, message: bytes) -> bytes | None:
+        """The inflated message, if one slice inflates all of it; else None: the call was answered
+        (RESOURCE_EXHAUSTED past the limit, a deflate bomb included) or inflation goes on a slice
+        per loop turn, so one large message never holds the other clients for long."""
+        if call.compression == b"gzip":
+            inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif call.compression == b"deflate":
+            inflater = zlib.decompressobj()
+        else:
+            self.finish(call, StatusCode.UNIMPLEMENTED,
+                        f"compression {call.compression[:40].decode(errors='replace')!r} is not supported")
+            return None
         try:
-            if call.compression == b"gzip":
-                return zlib.decompress(message, 16 + zlib.MAX_WBITS)
-            if call.compression == b"deflate":
-                return zlib.decompress(message)
+            inflated = inflater.decompress(message, _INFLATE_SLICE)
         except zlib.error as exc:
-            self.finish(call, _INTERNAL, f"cannot decompress the request message: {exc}")
-            return b""
-        self.finish(call, StatusCode.UNIMPLEMENTED,
-                    f"compression {call.compression.decode(errors='replace')!r} is not supported")
-        return b""
+            self.finish(call, StatusCode.INTERNAL, f"cannot decompress the request message: {exc}")
+            return None
+        if inflater.eof or len(inflated) < _INFLATE_SLICE and not inflater.unconsumed_tail:
+            return inflated
+        call.inflating = True
+        task = asyncio.get_running_loop().create_task(self._inflate(call, inflater, bytearray(inflated)))
+        self._inflations.add(task)  # the loop keeps only a weak reference
+        task.add_done_callback(self._inflations.discard)
+        return None
+
+    async def _inflate(self, call: ServerStream, inflater: Any, inflated: bytearray) -> None:
+        limit = self.limits.max_message
+        try:
+            while len(inflated) <= limit:
+                await asyncio.sleep(0)
+                if call.finished:
+                    return
+                piece = inflater.decompress(inflater.unconsumed_tail, _INFLATE_SLICE)
+                inflated += piece
+                if inflater.eof or not piece and not inflater.unconsumed_tail:
+                    break
+        except zlib.error as exc:
+            self.finish(call, StatusCode.INTERNAL, f"cannot decompress the request message: {exc}")
+            return
+        if call.finished:
+            return
+        if len(inflated) > limit:
+            self.finish(call, StatusCode.RESOURCE_EXHAUSTED, f"the request message inflates above {limit} bytes")
+            return
+        call.inflating = False
+        assert call.handler is not None
+        call.handler.on_message(bytes(inflated))
+        if not call.finished:
+            call.remote_closed = False  # set again, now in order, by what waited
+            self._on_data(call, b"", call.end_pending)
+            if not call.remote_closed and not call.finished and (call.admitted or not call.reserved):
+                self._stream_credit(call, 1)
 
     def _on_reset(self, stream: StreamState, code: int) -> None:
+        self._drop(stream)  # type: ignore[arg-type]
+
+    def _on_stream_error(self, stream: StreamState, code: int) -> None:
         self._drop(stream)  # type: ignore[arg-type]
 
     def _on_goaway(self, last_stream_id: int, code: int) -> None:
@@ -157,17 +513,20 @@ class Http2ServerConnection(Endpoint):
         if not self.streams and self.transport is not None:
             self.transport.close()
 
-    def _protocol_error(self, reason: str) -> None:
-        self.goaway(_PROTOCOL_ERROR, reason)
+    def _connection_error(self, code: int, reason: str) -> None:
+        self.reading = False
+        self.goaway(code, reason)
         for stream in list(self.streams.values()):
             self._drop(stream)  # type: ignore[arg-type]
         if self.transport is not None:
             self.transport.close()
 
     def _drop(self, stream: ServerStream) -> None:
-        """The client reset the stream or went away: the handler stops its upstream work."""
+        """The stream is reset or the client went away: the handler stops its upstream work."""
         self.streams.pop(stream.id, None)
         self.drop_pending(stream)
+        if stream.reserved:
+            self._unreserve(stream)
         if not stream.finished:
             stream.finished = True
             if stream.handler is not None:
@@ -184,6 +543,7 @@ class Http2ServerConnection(Endpoint):
         if stream.finished:
             return
         stream.responded = stream.finished = True
+        self._pings = 0
         before = self.headers_frames(stream.id, _RESPONSE_HEADERS + metadata)
         trailer = self.headers_frames(stream.id, _OK_TRAILER, end_stream=True)
         self.send(stream, grpc_frame(message), trailer=trailer, before=before)
@@ -193,6 +553,7 @@ class Http2ServerConnection(Endpoint):
     def send_headers(self, stream: ServerStream, metadata: bytes = b"") -> None:
         if not stream.responded and not stream.finished:
             stream.responded = True
+            self._pings = 0
             self.write(self.headers_frames(stream.id, _RESPONSE_HEADERS + metadata))
 
     def send_message(self, stream: ServerStream, message: bytes) -> None:
@@ -206,6 +567,7 @@ class Http2ServerConnection(Endpoint):
         if stream.finished:
             return
         stream.finished = True
+        self._pings = 0
         if stream.responded:
             trailer = self.headers_frames(stream.id, status_block(code, details), end_stream=True)
         else:
@@ -217,13 +579,34 @@ class Http2ServerConnection(Endpoint):
             self._forget(stream)
 
     def _forget(self, stream: ServerStream) -> None:
-        self.streams.pop(stream.id, None)
+        """Our half is closed; the client's too, or it is told it need not send more (RFC 9113 8.1)."""
+        if self.streams.pop(stream.id, None) is not None and not stream.remote_closed:
+            self.reset_id(stream.id, NO_ERROR)
+        if stream.reserved:
+            self._unreserve(stream)
         if self.closing and not self.streams and self.transport is not None:
             self.transport.close()
 
-    def goaway(self, code: int = 0, reason: str = "") -> None:
+    def reset_id(self, stream_id: int, code: int) -> None:
+        self.write(frame(RST_STREAM, 0, stream_id, struct.pack(">I", code)))
+        self._remember_reset(stream_id)
+
+    def stream_error(self, stream_id: int, code: int) -> None:
+        super().stream_error(stream_id, code)
+        self._remember_reset(stream_id)
+
+    def _remember_reset(self, stream_id: int) -> None:
+        """Frames already in flight on a stream we reset are ignored (RFC 9113 5.1), not answered:
+        the last few such streams are remembered, in order, so the memory is bounded."""
+        reset = self._reset_ids
+        reset[stream_id] = None
+        if len(reset) > _RESET_MEMORY:
+            del reset[next(iter(reset))]
+
+    def goaway(self, code: int = NO_ERROR, reason: str = "") -> None:
         """No new streams: the ones open finish, then the connection closes."""
         self.closing = True
         self.write(frame(GOAWAY, 0, 0, struct.pack(">II", self._last_stream_id, code) + reason.encode()[:200]))
         if not self.streams and self.transport is not None:
             self.transport.close()
+

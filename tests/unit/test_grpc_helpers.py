@@ -34,11 +34,21 @@ def test_grpc_timeout_units(value: bytes, seconds: float) -> None:
     assert asyncio.run(remaining()) == pytest.approx(seconds, abs=0.01)
 
 
-def test_bad_or_missing_timeouts_mean_no_deadline() -> None:
-    async def deadlines() -> list[float | None]:
-        return [deadline_of([]), deadline_of([(b"grpc-timeout", b"5X")]), deadline_of([(b"grpc-timeout", b"S")])]
+def test_no_timeout_means_no_deadline() -> None:
+    async def deadline() -> float | None:
+        return deadline_of([(b"x-user-id", b"u1")])
 
-    assert asyncio.run(deadlines()) == [None, None, None]
+    assert asyncio.run(deadline()) is None
+
+
+@pytest.mark.parametrize("value", [b"5X", b"S", b"", b"123456789S", b"-5S", b"1e9S", b"9" * 400 + b"H"])
+def test_malformed_timeouts_are_refused(value: bytes) -> None:
+    """The gRPC spec allows 1-8 digits and a unit; anything else is the client's error, never a crash."""
+    async def deadline() -> float | None:
+        return deadline_of([(b"grpc-timeout", value)])
+
+    with pytest.raises(ValueError, match="malformed grpc-timeout"):
+        asyncio.run(deadline())
 
 
 def test_grpc_message_is_percent_encoded_utf8() -> None:

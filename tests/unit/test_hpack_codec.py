@@ -6,7 +6,14 @@ import hpack
 import pytest
 
 from gateway.grpc.upstream import grpc_timeout
-from gateway.http2.hpack_codec import Decoder, HpackError, encode_integer, literal, literal_indexed_name
+from gateway.http2.hpack_codec import (
+    Decoder,
+    HeaderListTooLarge,
+    HpackError,
+    encode_integer,
+    literal,
+    literal_indexed_name,
+)
 
 RESPONSE = [(b":status", b"200"), (b"content-type", b"application/grpc"), (b"x-gateway-route", b"weighted")]
 TRAILERS = [(b"grpc-status", b"0"), (b"grpc-message", b"all good")]
@@ -56,3 +63,27 @@ def test_grpc_timeout_keeps_to_eight_digits() -> None:
     assert grpc_timeout(0.0) == b"1u"
     assert grpc_timeout(250.0) == b"250000m"
     assert grpc_timeout(10**9) == b"99999999S"
+
+
+def test_a_header_list_past_the_limit_is_not_built_but_the_table_stays_in_step() -> None:
+    encoder, decoder = hpack.Encoder(), Decoder(max_list_size=1024)
+    big = [(b"x-big", b"b" * 2000)]
+    with pytest.raises(HeaderListTooLarge):
+        decoder.decode(encoder.encode(big))  # indexed by the encoder: the decoder must index it too
+    assert decoder._dynamic[0] == big[0]
+    small = [(b"x-user-id", b"u1")]
+    assert decoder.decode(encoder.encode(small)) == small
+
+
+def test_references_to_one_entry_are_counted_not_copied() -> None:
+    decoder = Decoder(max_list_size=16 << 10)
+    block = b"\x40\x05x-big\x7f" + bytes([0x80 | ((4000 - 127) & 0x7F), (4000 - 127) >> 7]) + b"b" * 4000
+    with pytest.raises(HeaderListTooLarge) as caught:
+        decoder.decode(block + b"\xbe" * 10_000)
+    assert caught.value.size > 40_000_000  # what the list would have been: never built
+
+
+def test_a_table_size_update_after_a_field_is_refused() -> None:
+    with pytest.raises(HpackError, match="after a header field"):
+        Decoder().decode(b"\x82\x20")  # :method GET, then a size update
+    assert Decoder().decode(b"\x20\x3f\xe1\x1f\x82") == [(b":method", b"GET")]  # two updates first are fine
