@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.errors import GatewayError, PreconditionFailed
+from gateway.errors import Conflict, GatewayError, PreconditionFailed
 from gateway.policy import PolicySpec
 
 
@@ -28,6 +28,21 @@ class StoreError(GatewayError):
 
 class StaleRevision(PreconditionFailed):
     """Compare-and-set lost: someone changed the record since the caller read it."""
+
+
+class LeaseLost(Conflict):
+    """A fenced write from a holder whose lease epoch is no longer the current one: another
+    replica took the lease (or it was never held), so the write is refused and changes nothing."""
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Proof of holding lease ``name``: the epoch :meth:`StateStore.acquire_fenced_lease` returned.
+    The epoch grows every time the lease is taken anew, so a deposed holder's epoch is stale."""
+
+    name: str
+    holder: str
+    epoch: int
 
 
 @dataclass(frozen=True)
@@ -124,6 +139,21 @@ class StateStore(Protocol):
 
     async def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
         """Take or renew the lease ``name`` for ``holder``; True while held."""
+
+    # -- fencing (the rollout controller's writes) -------------------------------------------
+    async def acquire_fenced_lease(self, name: str, holder: str, ttl_s: float) -> int | None:
+        """Take or renew the fenced lease ``name``: its epoch while ``holder`` holds it, else None.
+        Renewing keeps the epoch; taking it anew (first time, after expiry, from another holder)
+        gives the previous epoch + 1, durably, so epochs never repeat for a name."""
+
+    async def put_policy_fenced(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
+                                event: EventDraft, fence: Fence) -> StoredPolicy:
+        """:meth:`put_policy`, done only if ``fence`` is still the lease's current holder and epoch,
+        checked atomically with the write; LeaseLost otherwise (nothing changes)."""
+
+    async def put_rollout_fenced(self, model: str, document: dict[str, Any], expected_revision: int | None,
+                                 fence: Fence) -> StoredRollout:
+        """:meth:`put_rollout`, fenced like :meth:`put_policy_fenced`."""
 
 
 async def seed_once(store: StateStore, model: str, spec: PolicySpec, actor: str) -> bool:

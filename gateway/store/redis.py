@@ -18,7 +18,18 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.policy import PolicySpec
-from gateway.store.base import Event, EventDraft, StaleRevision, StoredPolicy, StoredRollout, StoreError, seed_once
+from gateway.store.base import (
+    Event,
+    EventDraft,
+    Fence,
+    LeaseLost,
+    StaleRevision,
+    StoredPolicy,
+    StoredRollout,
+    StoreError,
+    seed_once,
+)
+from gateway.store.memory import fence_message
 
 # KEYS: record, events list, changes channel. ARGV: expected revision ('' = any), record
 # JSON template (revision filled in here), event JSON, model, max events.
@@ -167,6 +178,67 @@ class RedisStore:
             "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end "
             "return 0", 1, key, holder, ms))
         return bool(renewed)
+
+    # -- fencing: the epoch check runs inside the same Lua script as the write -------------
+    async def acquire_fenced_lease(self, name: str, holder: str, ttl_s: float) -> int | None:
+        epoch = await self._call(self.redis.eval(
+            _ACQUIRE_FENCED, 2, self._key("fence", name), self._key("fence", name) + ":live", holder,
+            max(1, int(ttl_s * 1000))))
+        return None if int(epoch) < 0 else int(epoch)
+
+    async def put_policy_fenced(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
+                                event: EventDraft, fence: Fence) -> StoredPolicy:
+        now = time.time()
+        record = {"model": model, "spec": spec.document() if spec else None, "updated_at": now}
+        before_raw = await self._call(self.redis.get(self._key("policy", model)))
+        before = _policy(before_raw) if before_raw else None
+        after_doc = StoredPolicy(model, spec, 0, now).document() if spec else None
+        finished = event.finish(model, before.document() if before and before.spec else None, after_doc)
+        revision, current = await self._fenced_cas("policy", model, expected_revision, record,
+                                                   json.dumps(_event_doc(finished)), fence)
+        return StoredPolicy(model, spec, revision, now)
+
+    async def put_rollout_fenced(self, model: str, document: dict[str, Any], expected_revision: int | None,
+                                 fence: Fence) -> StoredRollout:
+        revision, _ = await self._fenced_cas("rollout", model, expected_revision,
+                                             {"model": model, "document": document}, "", fence)
+        return StoredRollout(model, document, revision)
+
+    async def _fenced_cas(self, kind: str, model: str, expected_revision: int | None, record: dict[str, Any],
+                          event: str, fence: Fence) -> tuple[int, int]:
+        script = self.redis.register_script(_FENCED_CAS)
+        revision, current, _ = await self._call(script(
+            keys=[self._key(kind, model), self._key("events"), self._key("changes"), self._key("fence", fence.name)],
+            args=["" if expected_revision is None else expected_revision, json.dumps(record), event, model,
+                  self.max_events, fence.holder, fence.epoch]))
+        if revision == -2:
+            raise LeaseLost(fence_message(fence, int(current)))
+        if revision == -1:
+            raise StaleRevision(f"{kind} of model '{model}' is at revision {current}, not {expected_revision}: "
+                                "read it again and retry")
+        return int(revision), int(current)
+
+
+# KEYS: fence record (hash: epoch, last holder; never expires), liveness key (expires).
+# ARGV: holder, ttl ms. Returns the epoch, or -1 while another holder's lease is live.
+_ACQUIRE_FENCED = """
+local live = redis.call('GET', KEYS[2])
+if live and live ~= ARGV[1] then return -1 end
+local epoch = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0')
+if not live then
+  epoch = epoch + 1
+  redis.call('HSET', KEYS[1], 'epoch', epoch, 'holder', ARGV[1])
+end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+return epoch
+"""
+# _CAS behind a fence check: KEYS[4] is the fence record, ARGV[6] the holder, ARGV[7] the epoch.
+_FENCED_CAS = """
+local fence = redis.call('HMGET', KEYS[4], 'holder', 'epoch')
+if fence[1] ~= ARGV[6] or tonumber(fence[2]) ~= tonumber(ARGV[7]) then
+  return {-2, tonumber(fence[2]) or 0, ''}
+end
+""" + _CAS
 
 
 def _policy(raw: str) -> StoredPolicy:

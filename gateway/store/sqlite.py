@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gateway.policy import PolicySpec
-from gateway.store.base import Event, EventDraft, StoredPolicy, StoredRollout, StoreError, seed_once
-from gateway.store.memory import check_revision
+from gateway.store.base import Event, EventDraft, Fence, LeaseLost, StoredPolicy, StoredRollout, StoreError, seed_once
+from gateway.store.memory import check_revision, fence_message
 
 T = TypeVar("T")
 SCHEMA = """
@@ -29,6 +29,8 @@ CREATE TABLE IF NOT EXISTS events (id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL
 CREATE INDEX IF NOT EXISTS events_by_model ON events (model, id);
 CREATE TABLE IF NOT EXISTS rollouts (model TEXT PRIMARY KEY, document TEXT NOT NULL, revision INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS fenced_leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires REAL NOT NULL,
+                                          epoch INTEGER NOT NULL);
 """
 
 
@@ -177,6 +179,70 @@ class SQLiteStore:
             return self._transaction(db, body)
 
         return await self._run(work)
+
+    # -- fencing: the lease check runs in the same BEGIN IMMEDIATE transaction as the write ----
+    async def acquire_fenced_lease(self, name: str, holder: str, ttl_s: float) -> int | None:
+        def work(db: sqlite3.Connection) -> int | None:
+            def body() -> int | None:
+                now = time.time()
+                row = db.execute("SELECT holder, expires, epoch FROM fenced_leases WHERE name = ?", (name,)).fetchone()
+                if row is not None and row[1] > now and row[0] != holder:
+                    return None
+                epoch = row[2] if row is not None and row[1] > now else (row[2] if row else 0) + 1
+                db.execute("INSERT OR REPLACE INTO fenced_leases VALUES (?, ?, ?, ?)",
+                           (name, holder, now + ttl_s, epoch))
+                return int(epoch)
+
+            return self._transaction(db, body)
+
+        return await self._run(work)
+
+    async def put_policy_fenced(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
+                                event: EventDraft, fence: Fence) -> StoredPolicy:
+        def work(db: sqlite3.Connection) -> StoredPolicy:
+            def body() -> StoredPolicy:
+                _check_fence(db, fence)
+                return _write_policy(db, model, spec, expected_revision, event)
+
+            return self._transaction(db, body)
+
+        return await self._run(work)
+
+    async def put_rollout_fenced(self, model: str, document: dict[str, Any], expected_revision: int | None,
+                                 fence: Fence) -> StoredRollout:
+        def work(db: sqlite3.Connection) -> StoredRollout:
+            def body() -> StoredRollout:
+                _check_fence(db, fence)
+                rows = db.execute("SELECT revision FROM rollouts WHERE model = ?", (model,)).fetchall()
+                current = rows[0][0] if rows else 0
+                check_revision("rollout", model, current, expected_revision)
+                db.execute("INSERT OR REPLACE INTO rollouts VALUES (?, ?, ?)",
+                           (model, json.dumps(document), current + 1))
+                return StoredRollout(model, document, current + 1)
+
+            return self._transaction(db, body)
+
+        return await self._run(work)
+
+
+def _check_fence(db: sqlite3.Connection, fence: Fence) -> None:
+    row = db.execute("SELECT holder, epoch FROM fenced_leases WHERE name = ?", (fence.name,)).fetchone()
+    if row is None or (row[0], row[1]) != (fence.holder, fence.epoch):
+        raise LeaseLost(fence_message(fence, row[1] if row else 0))
+
+
+def _write_policy(db: sqlite3.Connection, model: str, spec: PolicySpec | None, expected_revision: int | None,
+                  event: EventDraft) -> StoredPolicy:
+    """put_policy's statements, for use inside a transaction that checked something first."""
+    rows = db.execute("SELECT model, spec, revision, updated_at FROM policies WHERE model = ?", (model,)).fetchall()
+    current = _policy(rows[0]) if rows else None
+    check_revision("policy", model, current.revision if current else 0, expected_revision)
+    stored = StoredPolicy(model, spec, (current.revision if current else 0) + 1, time.time())
+    db.execute("INSERT OR REPLACE INTO policies VALUES (?, ?, ?, ?)",
+               (model, json.dumps(spec.document()) if spec else None, stored.revision, stored.updated_at))
+    before = current.document() if current and current.spec else None
+    _insert_event(db, event.finish(model, before, stored.document() if spec else None))
+    return stored
 
 
 def _policy(row: tuple[Any, ...]) -> StoredPolicy:

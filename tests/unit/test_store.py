@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gateway.policy import PolicySpec
-from gateway.store.base import EventDraft, StaleRevision, StateStore, make_store
+from gateway.store.base import EventDraft, Fence, LeaseLost, StaleRevision, StateStore, make_store
 
 SPEC_A = PolicySpec.model_validate({"weights": {"2": 80, "3": 20}, "rules": []})
 SPEC_B = PolicySpec.model_validate({"weights": {"2": 50, "3": 50},
@@ -112,3 +112,40 @@ async def test_lease_has_one_holder_until_it_expires(store: StateStore) -> None:
 def test_unknown_scheme_fails_loudly() -> None:
     with pytest.raises(ValueError, match="unknown store URL scheme"):
         make_store("postgres://x")
+
+
+async def test_fenced_lease_epoch_grows_only_when_the_lease_changes_hands(store: StateStore) -> None:
+    first = await store.acquire_fenced_lease("controller", "a", 0.3)
+    assert first is not None
+    assert await store.acquire_fenced_lease("controller", "b", 0.3) is None
+    assert await store.acquire_fenced_lease("controller", "a", 0.3) == first, "renewing keeps the epoch"
+    await asyncio.sleep(0.4)
+    assert await store.acquire_fenced_lease("controller", "b", 0.3) == first + 1
+
+
+async def test_a_deposed_holders_fenced_writes_are_refused(store: StateStore) -> None:
+    epoch_a = await store.acquire_fenced_lease("controller", "a", 0.2)
+    assert epoch_a is not None
+    fence_a = Fence("controller", "a", epoch_a)
+    written = await store.put_policy_fenced("qc", SPEC_A, 0, EventDraft("a", "put"), fence_a)
+    rollout = await store.put_rollout_fenced("qc", {"step": 0}, 0, fence_a)
+    assert (written.revision, rollout.revision) == (1, 1)
+    await asyncio.sleep(0.3)
+    epoch_b = await store.acquire_fenced_lease("controller", "b", 5)
+    assert epoch_b == epoch_a + 1
+    with pytest.raises(LeaseLost, match="deposed"):
+        await store.put_policy_fenced("qc", SPEC_B, 1, EventDraft("a", "put"), fence_a)
+    with pytest.raises(LeaseLost):
+        await store.put_rollout_fenced("qc", {"step": 1}, 1, fence_a)
+    stored = await store.get_policy("qc")
+    assert stored is not None and stored.revision == 1 and stored.spec == SPEC_A, "the refused write changed nothing"
+    assert (await store.get_rollout("qc")).document == {"step": 0}  # type: ignore[union-attr]
+    fence_b = Fence("controller", "b", epoch_b)
+    assert (await store.put_policy_fenced("qc", SPEC_B, 1, EventDraft("b", "put"), fence_b)).revision == 2
+    with pytest.raises(StaleRevision):
+        await store.put_rollout_fenced("qc", {"step": 1}, 0, fence_b)
+
+
+async def test_fenced_writes_need_the_lease(store: StateStore) -> None:
+    with pytest.raises(LeaseLost):
+        await store.put_rollout_fenced("qc", {}, None, Fence("controller", "a", 1))
