@@ -31,12 +31,12 @@ from gateway.routing import (
     inflight_key,
 )
 from gateway.sequences import SequencePins
-from gateway.telemetry.recorder import UNKNOWN_MODEL, Outcome, Recorder
+from gateway.telemetry.recorder import QUEUE_FULL, UNKNOWN_MODEL, Outcome, Recorder
 
 SERVICE = "/inference.GRPCInferenceService/"
 INFER = SERVICE + "ModelInfer"
 STREAM_INFER = SERVICE + "ModelStreamInfer"
-CANCELLED, NOT_FOUND, INTERNAL = 1, 5, 13
+CANCELLED, NOT_FOUND, RESOURCE_EXHAUSTED, INTERNAL = 1, 5, 8, 13
 STATUS_NAMES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
                 "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
                 "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")
@@ -46,12 +46,15 @@ _PINNED = Reason.PINNED
 Metadata = Sequence[tuple[str | bytes, str | bytes]]
 
 
-def classify(code: int) -> Outcome:
-    """gRPC answers HTTP 200 even on failure: the status code says whose fault it was."""
+def classify(code: int, details: str = "") -> Outcome:
+    """gRPC answers HTTP 200 even on failure: the status code says whose fault it was (and for
+    UNAVAILABLE, the message: Triton's full queue is overload, not a broken version)."""
     if code == OK:
         return Outcome.SUCCESS
     if code == CANCELLED:
         return Outcome.CANCELLED
+    if code == RESOURCE_EXHAUSTED or (code == UNAVAILABLE and QUEUE_FULL in details):
+        return Outcome.OVERLOAD
     return Outcome.UPSTREAM_ERROR if code in UPSTREAM_FAULTS else Outcome.CLIENT_ERROR
 
 
@@ -137,7 +140,7 @@ class GrpcRouter:
         finally:
             if inflight is not None:
                 counts[inflight] -= 1
-        self.record(model, decision, code, started)
+        self.record(model, decision, code, started, details)
         if code == OK and policy is not None and policy.shadow_version is not None and decision is not None:
             self._maybe_shadow(method, model, policy, decision, raw, forwarded, response)
         return InferResult(model, decision, code, details, response)
@@ -164,14 +167,15 @@ class GrpcRouter:
         failed = response[:1] == b"\x0a" and len(response) > 1 and response[1] != 0
         self.record(model, decision, INTERNAL if failed else OK, started)
 
-    def record(self, model: str | None, decision: Decision | None, code: int, started: float) -> None:
+    def record(self, model: str | None, decision: Decision | None, code: int, started: float,
+               details: str = "") -> None:
         if model is None:
             return
         version = decision.version if decision is not None and decision.version else ""
         reason = decision.reason if decision is not None else Reason.DEFAULT
         if code == NOT_FOUND or (decision is None and code != OK and self.book.get(model) is None):
             model, version = UNKNOWN_MODEL, ""
-        outcome = classify(code)
+        outcome = classify(code, details)
         name = status_name(code)
         if outcome is Outcome.UPSTREAM_ERROR:
             self.recorder.upstream_error(model, version, name)

@@ -34,7 +34,7 @@ from gateway.routing import (
     inflight_key,
 )
 from gateway.sequences import SequencePins
-from gateway.telemetry.recorder import UNKNOWN_MODEL, Outcome, Recorder
+from gateway.telemetry.recorder import UNKNOWN_MODEL, Outcome, Recorder, http_outcome
 from gateway.upstream import HttpUpstream, UpstreamResponse
 
 Scope = MutableMapping[str, Any]
@@ -159,7 +159,9 @@ class HttpProxy:
                 watcher.cancel()
             if connection is not None:
                 connection.on_lost = None
-        self._record(model, decision, started, response.status)
+        # A 503's short body tells Triton's queue-full (overload) from a failing version.
+        self._record(model, decision, started, response.status,
+                     response.body() if response.status == 503 and response.complete else b"")
 
     def _route_sequence(self, policy: Policy, scope: Scope, body: bytes) -> Decision:
         """Routing for models with sequence affinity: the sequence fields live in the body."""
@@ -227,13 +229,13 @@ class HttpProxy:
         return cached
 
     def _record(self, model: str | None, decision: Decision | None, started: float,
-                result: int | GatewayError) -> None:
+                result: int | GatewayError, body: bytes = b"") -> None:
         if model is None or decision is None:
             return
         latency = time.perf_counter() - started
         if isinstance(result, int):
             code = result
-            outcome = Outcome.SUCCESS if code < 400 else Outcome.CLIENT_ERROR if code < 500 else Outcome.UPSTREAM_ERROR
+            outcome = http_outcome(code, body)
             if code == 404:  # names and versions Triton does not know: one label, bounded cardinality
                 model, decision = UNKNOWN_MODEL, _UNKNOWN
         else:

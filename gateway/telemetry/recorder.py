@@ -1,7 +1,8 @@
 """The recorder: where the data plane leaves one sample per request for the control plane.
 
 ``record()`` is O(1) and allocation-light: a ring of one-second slots per (model, version),
-each holding a request count, an upstream-error count and a fixed-bucket latency histogram.
+each holding a request count, an upstream-error count, client-error and overload counts and a
+fixed-bucket latency histogram of the judged requests (successes and upstream errors).
 Memory is bounded by (series x slots x buckets), never by request count. ``window()`` sums
 the last N seconds for the rollout analysis; cumulative totals per label set feed
 ``/metrics`` at scrape time, so the hot path never touches prometheus-client.
@@ -20,10 +21,13 @@ LATENCY_BOUNDS: tuple[float, ...] = (
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15,
     0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0,
 )
-# The `code` label holds an HTTP status or a gRPC status name. PromQL that judges versions
-# (PrometheusSource, alert rules, the dashboard) uses these two regexes.
-UPSTREAM_ERROR_CODES = "5..|UNAVAILABLE|INTERNAL|UNKNOWN|DEADLINE_EXCEEDED|RESOURCE_EXHAUSTED"
+# The `code` label holds an HTTP status or a gRPC status name. Dashboards that split by code
+# use these regexes; judging a version uses gateway_version_requests_total{outcome=...}, which
+# also tells a queue-full 503 (overload) from a failing version.
+UPSTREAM_ERROR_CODES = "5..|UNAVAILABLE|INTERNAL|UNKNOWN|DEADLINE_EXCEEDED"
 JUDGED_CODES = "[23]..|OK|" + UPSTREAM_ERROR_CODES  # successes and upstream errors: never 4xx, 499, client codes
+# Triton's answer when a model's queue is full (HTTP 503, gRPC UNAVAILABLE): load, not a broken version.
+QUEUE_FULL = "Exceeds maximum queue size"
 UNKNOWN_MODEL = "_unknown"  # label for model names Triton does not know: bounded cardinality
 MAX_SERIES = 4096  # hard cap on distinct label sets; beyond it samples fold into one overflow series
 
@@ -31,8 +35,22 @@ MAX_SERIES = 4096  # hard cap on distinct label sets; beyond it samples fold int
 class Outcome(str, Enum):
     SUCCESS = "success"
     UPSTREAM_ERROR = "upstream_error"  # 5xx from Triton, transport errors, timeouts
-    CLIENT_ERROR = "client_error"  # 4xx: never counted against a version
+    CLIENT_ERROR = "client_error"  # 4xx: judged apart, relative to the stable's rate
     CANCELLED = "cancelled"  # the client went away first
+    OVERLOAD = "overload"  # 429, Triton's queue-full 503, RESOURCE_EXHAUSTED: shown, never held against a version
+
+
+OUTCOMES = tuple(Outcome)
+_QUEUE_FULL = QUEUE_FULL.encode()
+
+
+def http_outcome(status: int, body: bytes = b"") -> Outcome:
+    """Whose fault an HTTP answer was. ``body`` matters only for a 503 (a short error body)."""
+    if status < 400:
+        return Outcome.SUCCESS
+    if status == 429 or (status == 503 and _QUEUE_FULL in body):
+        return Outcome.OVERLOAD
+    return Outcome.CLIENT_ERROR if status < 500 else Outcome.UPSTREAM_ERROR
 
 
 @dataclass(frozen=True)
@@ -46,6 +64,13 @@ class Window:
     errors: int
     client_errors: int
     histogram: tuple[int, ...]  # counts per LATENCY_BOUNDS bucket (+1 overflow) of judged requests
+    overloads: int = 0  # overload answers: not judged, but shown
+
+    @property
+    def client_error_rate(self) -> float | None:
+        """Client errors over every answered request (judged + client errors)."""
+        answered = self.requests + self.client_errors
+        return self.client_errors / answered if answered else None
 
     @property
     def error_rate(self) -> float | None:
@@ -69,7 +94,7 @@ class Window:
 
 
 class _Series:
-    __slots__ = ("stamp", "requests", "errors", "client_errors", "hist")
+    __slots__ = ("stamp", "requests", "errors", "client_errors", "overloads", "hist", "outcomes")
 
     def __init__(self, slots: int) -> None:
         buckets = len(LATENCY_BOUNDS) + 1
@@ -77,7 +102,9 @@ class _Series:
         self.requests = [0] * slots
         self.errors = [0] * slots
         self.client_errors = [0] * slots
+        self.overloads = [0] * slots
         self.hist = [[0] * buckets for _ in range(slots)]
+        self.outcomes = dict.fromkeys(OUTCOMES, 0)  # cumulative, for gateway_version_requests_total
 
 
 class _Totals:
@@ -112,25 +139,30 @@ class Recorder:
         slot = second % self._slots
         if series.stamp[slot] != second:
             series.stamp[slot] = second
-            series.requests[slot] = series.errors[slot] = series.client_errors[slot] = 0
+            series.requests[slot] = series.errors[slot] = series.client_errors[slot] = series.overloads[slot] = 0
             hist = series.hist[slot]
             for index in range(len(hist)):
                 hist[index] = 0
-        bucket = bisect_left(LATENCY_BOUNDS, latency_s)
-        if outcome is Outcome.SUCCESS or outcome is Outcome.UPSTREAM_ERROR:
-            series.requests[slot] += 1
-            series.hist[slot][bucket] += 1
-            if outcome is Outcome.UPSTREAM_ERROR:
-                series.errors[slot] += 1
-        elif outcome is Outcome.CLIENT_ERROR:
-            series.client_errors[slot] += 1
+        series.outcomes[outcome] += 1
         label = (model, version, route, protocol, code)
         totals = self.totals.get(label)
         if totals is None:
             totals = self._new_totals(label)
         totals.count += 1
-        totals.sum += latency_s
-        totals.hist[bucket] += 1
+        if outcome is Outcome.SUCCESS or outcome is Outcome.UPSTREAM_ERROR:
+            # Latency only of judged requests, here and in /metrics, so that Prometheus' p99
+            # and the recorder's are of the same requests.
+            bucket = bisect_left(LATENCY_BOUNDS, latency_s)
+            series.requests[slot] += 1
+            series.hist[slot][bucket] += 1
+            totals.sum += latency_s
+            totals.hist[bucket] += 1
+            if outcome is Outcome.UPSTREAM_ERROR:
+                series.errors[slot] += 1
+        elif outcome is Outcome.CLIENT_ERROR:
+            series.client_errors[slot] += 1
+        elif outcome is Outcome.OVERLOAD:
+            series.overloads[slot] += 1
 
     def upstream_error(self, model: str, version: str, kind: str) -> None:
         key = (model, version, kind)
@@ -141,7 +173,7 @@ class Recorder:
         """Sum of the last ``seconds`` (whole seconds, the current one included)."""
         span = max(1, min(int(seconds), self._slots))
         now = int(self._clock())
-        requests = errors = client_errors = 0
+        requests = errors = client_errors = overloads = 0
         hist = [0] * (len(LATENCY_BOUNDS) + 1)
         series = self._series.get((model, version))
         if series is not None:
@@ -152,12 +184,17 @@ class Recorder:
                 requests += series.requests[slot]
                 errors += series.errors[slot]
                 client_errors += series.client_errors[slot]
+                overloads += series.overloads[slot]
                 for index, count in enumerate(series.hist[slot]):
                     hist[index] += count
-        return Window(model, version, float(span), requests, errors, client_errors, tuple(hist))
+        return Window(model, version, float(span), requests, errors, client_errors, tuple(hist), overloads)
 
     def series(self) -> list[tuple[str, str]]:
         return list(self._series)
+
+    def outcome_totals(self) -> dict[tuple[str, str], dict[Outcome, int]]:
+        """Cumulative requests per (model, version) and outcome, every outcome present (from 0)."""
+        return {key: dict(series.outcomes) for key, series in list(self._series.items())}
 
     def _new_series(self, key: tuple[str, str]) -> _Series:
         if len(self._series) >= MAX_SERIES:
