@@ -18,6 +18,10 @@ class RolloutSpec(BaseModel):
                                  min_length=1, max_length=20, description="canary percent per step, ascending")
     interval_s: float = Field(30.0, ge=1, le=86_400, description="seconds per analysis interval")
     max_error_rate: float | None = Field(0.01, ge=0, le=1, description="upstream errors / requests")
+    max_client_error_rate_increase: float | None = Field(
+        0.05, ge=0, le=1, description="4xx share of the canary's answers minus the stable's over the same window "
+        "(the same clients reach both, so bad requests are shared evenly; a canary that rejects valid input is "
+        "not). 0.05: one more user request in 20 refused, beyond ~2.5 standard errors at 50 requests")
     max_p99_ms: float | None = Field(None, gt=0, description="absolute p99 latency limit")
     max_p99_ratio: float | None = Field(1.5, gt=1, description="canary p99 / stable p99 over the same window")
     min_p99_delta_ms: float = Field(10.0, ge=0, description="p99 ratio breaches count only past this many ms "
