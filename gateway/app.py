@@ -74,7 +74,9 @@ class Gateway:
         self.source = make_source(settings, self.recorder)
         self.lifecycle = ModelLifecycle(self.policies, self.recorder, self.pins)
         self.rollouts = RolloutController(self.policies, self.source, self.recorder, tick_s=settings.controller_tick_s,
-                                          lifecycle=self.lifecycle, shadow=self.shadow)
+                                          lifecycle=self.lifecycle, shadow=self.shadow,
+                                          lease_ttl_s=settings.controller_lease_ttl_s,
+                                          call_timeout_s=settings.controller_call_timeout_s)
         self.registry = make_registry(GatewayCollector(self.recorder, self.book, self.rollouts.states,
                                                        self.rollouts.rollbacks, self.shadow.stats))
         self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin)
@@ -196,7 +198,7 @@ async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
 
 def make_source(settings: Settings, recorder: Recorder) -> MetricsSource:
     if settings.metrics_source == "prometheus":
-        return PrometheusSource(settings.prometheus_url)
+        return PrometheusSource(settings.prometheus_url, timeout_s=settings.controller_call_timeout_s)
     return RecorderSource(recorder)
 
 

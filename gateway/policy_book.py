@@ -56,6 +56,15 @@ class PolicyBook:
             self._swap({m: p for m, p in self._snapshot.items() if m != model})
             self._notify(model, None)
 
+    def override(self, model: str, spec: PolicySpec) -> Policy:
+        """Install ``spec`` now, keeping the recorded revision, so the next stored revision still
+        replaces it. For a rollback while the store is down: this replica stops sending traffic to
+        the canary at once; the store's record catches up when it is back."""
+        policy = self.compile(model, spec, self._revisions.get(model, 0))
+        self._swap({**self._snapshot, model: policy})
+        self._notify(model, policy)
+        return policy
+
     def _swap(self, policies: dict[str, Policy]) -> None:
         snapshot = MappingProxyType(policies)
         self._snapshot = snapshot

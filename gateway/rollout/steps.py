@@ -37,6 +37,16 @@ class Rollout:
     canary_requests: int = 0  # judged requests that reached the canary, over the whole rollout
     verdicts: tuple[dict[str, Any], ...] = ()
     history: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    # Level-triggered apply (the controller's bookkeeping, not the state machine's):
+    applied: bool = False  # the policy shows weights(); a final phase counts only once it does
+    apply_reason: str = "not written yet"  # why not applied (or how it was)
+    pending_revision: int = 0  # the policy revision our write in flight will produce: a crash after it resumes
+    manual_revision: int = 0  # a policy revision a human wrote that this rollout yields to (final phases)
+
+    @property
+    def settled(self) -> bool:
+        """Nothing left to drive: a final phase whose weights are in place, or left to humans."""
+        return not self.phase.active and (self.applied or self.manual_revision > 0)
 
     @property
     def canary(self) -> str:
@@ -69,6 +79,8 @@ class Rollout:
             "policy_revision": self.policy_revision, "consecutive_failures": self.consecutive_failures,
             "consecutive_errors": self.consecutive_errors, "awaiting_promote": self.awaiting_promote,
             "canary_requests": self.canary_requests, "verdicts": list(self.verdicts), "history": list(self.history),
+            "applied": self.applied, "apply_reason": self.apply_reason, "pending_revision": self.pending_revision,
+            "manual_revision": self.manual_revision,
         }
 
     @classmethod
@@ -81,6 +93,8 @@ class Rollout:
             consecutive_failures=doc["consecutive_failures"], consecutive_errors=doc["consecutive_errors"],
             awaiting_promote=doc["awaiting_promote"], canary_requests=doc["canary_requests"],
             verdicts=tuple(doc["verdicts"]), history=tuple(doc["history"]),
+            applied=doc.get("applied", False), apply_reason=doc.get("apply_reason", "not written yet"),
+            pending_revision=doc.get("pending_revision", 0), manual_revision=doc.get("manual_revision", 0),
         )
 
 
@@ -92,6 +106,7 @@ def _move(rollout: Rollout, phase: Phase, now: float, reason: str, **changes: An
     check(rollout.phase, phase)
     entry = {"at": now, "from": rollout.phase.value, "to": phase.value, "step": changes.get("step", rollout.step),
              "reason": reason}
+    changes.setdefault("applied", False)  # new weights (maybe): applied again only once the policy shows them
     return dataclasses.replace(rollout, phase=phase, last_transition_at=now, reason=reason,
                                history=(*rollout.history, entry)[-100:], **changes)
 
