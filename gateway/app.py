@@ -78,7 +78,8 @@ class Gateway:
                                           lease_ttl_s=settings.controller_lease_ttl_s,
                                           call_timeout_s=settings.controller_call_timeout_s)
         self.registry = make_registry(GatewayCollector(self.recorder, self.book, self.rollouts.states,
-                                                       self.rollouts.rollbacks, self.shadow.stats))
+                                                       self.rollouts.rollbacks, self.shadow.stats,
+                                                       rollback_blocked=self.rollouts.blocked))
         self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin)
         self.started = False
         self.control = self._control_app()

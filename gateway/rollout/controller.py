@@ -74,6 +74,7 @@ class RolloutController:
         self.fence: Fence | None = None  # set while this replica holds the lease
         self._unsaved: dict[str, tuple[int, Rollout]] = {}  # model -> (base revision, state the store has not taken)
         self._background = Background()  # the loop, and unload tasks after promotions
+        self._restoring: asyncio.Task[Any] | None = None
 
     # -- commands from the admin API -----------------------------------------------------
     async def begin(self, model: str, spec: RolloutSpec, actor: str) -> Rollout:
@@ -307,6 +308,20 @@ class RolloutController:
                              "error_rate": window.error_rate, "p99_ms": None if p99 is None else round(p99 * 1000, 3)}
         return live
 
+    def _restore_loaded_versions(self) -> None:
+        """In the background (a reload takes seconds): Triton back to the versions the gateway
+        loaded, e.g. after Triton restarted with only its config.pbtxt's list."""
+        if self.lifecycle is None or (self._restoring is not None and not self._restoring.done()):
+            return
+
+        async def restore() -> None:
+            try:
+                await self.lifecycle.restore()
+            except GatewayError as exc:
+                log.warning("restoring loaded versions failed: %s", exc)
+
+        self._restoring = self._background.spawn(restore())
+
     # -- the loop ------------------------------------------------------------------------------
     def start(self) -> None:
         self._background.spawn(self._run())
@@ -341,5 +356,6 @@ class RolloutController:
             self.fence = Fence(LEASE, self.holder, epoch) if epoch is not None else None
             if self.fence is None:
                 return
+            self._restore_loaded_versions()
         async with asyncio.timeout(self.lease_ttl_s / 2):  # a tick never outlives the lease it started with
             await self.tick(self.fence)

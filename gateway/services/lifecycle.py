@@ -54,6 +54,7 @@ class ModelLifecycle:
                 return {"model": model, "version": version, "state": "READY", "serving": sorted(serving, key=int)}
             keep = serving | {version}
             await self._reload(model, keep, self.load_timeout_s)
+            await self.policies.store.put_loaded_versions(model, sorted(keep))  # restored after a Triton restart
             states = await self.triton.versions(model)
             state = states.get(version)
             if state is None or state.state != "READY":
@@ -68,13 +69,50 @@ class ModelLifecycle:
             raise NotFound(f"version {version} of model '{model}' is not loaded")
         if serving == {version}:
             raise Conflict(f"version {version} is the only version of model '{model}' serving: load another first")
+        await self._refuse_if_referenced(model, version)
         await self._take_out_of_policy(model, version, actor)
         drained = await self._drain(model, version)
         async with self._lock:
-            await self._reload(model, await self.serving(model) - {version}, self.load_timeout_s)
+            keep = await self.serving(model) - {version}
+            await self._reload(model, keep, self.load_timeout_s)
+            await self.policies.store.put_loaded_versions(model, sorted(keep))
         reason = f"version {version} drained ({drained}) and unloaded"
         await self._event(model, actor, "version_unloaded", reason)
         return {"model": model, "version": version, "state": "UNLOADED", "drain": drained}
+
+    async def _refuse_if_referenced(self, model: str, version: str) -> None:
+        """409 naming what still needs the version: an active rollout (its stable is the rollback
+        target, its canary takes traffic) or a non-zero weight."""
+        rollout = await self.policies.store.get_rollout(model)
+        if rollout is not None and rollout.document["state"] in ("progressing", "paused"):
+            for role in ("stable", "canary"):
+                if rollout.document[role] == version:
+                    raise Conflict(f"version {version} of model '{model}' is the {role} of its "
+                                   f"{rollout.document['state']} rollout: abort or finish the rollout first")
+        stored = await self.policies.store.get_policy(model)
+        weight = stored.spec.weights.get(version, 0) if stored is not None and stored.spec is not None else 0
+        if weight:
+            raise Conflict(f"version {version} of model '{model}' takes {weight}% of its traffic in policy revision "
+                           f"{stored.revision if stored else 0}: move its weight to another version first")
+
+    async def restore(self) -> list[str]:
+        """Bring Triton back to the versions the gateway loaded, per model (after a restart
+        Triton falls back to config.pbtxt's list). Models where anything is loading or a wanted
+        version is unknown are left for the next call. Returns the models reloaded."""
+        restored = []
+        for model, wanted in (await self.policies.store.loaded_versions()).items():
+            async with self._lock:
+                states = await self.triton.versions(model)
+                if not states or any(s.state in ("LOADING", "UNLOADING") for s in states.values()):
+                    continue
+                ready = {v for v, s in states.items() if s.state == "READY"}
+                if ready == set(wanted):
+                    continue
+                await self._reload(model, set(wanted), self.load_timeout_s)
+            restored.append(model)
+            await self._event(model, "gateway", "versions_restored",
+                              f"Triton served {sorted(ready, key=int)} (restarted?); versions {wanted} loaded again")
+        return restored
 
     async def _take_out_of_policy(self, model: str, version: str, actor: str) -> None:
         stored = await self.policies.store.get_policy(model)

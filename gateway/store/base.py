@@ -155,6 +155,13 @@ class StateStore(Protocol):
                                  fence: Fence) -> StoredRollout:
         """:meth:`put_rollout`, fenced like :meth:`put_policy_fenced`."""
 
+    # -- the versions the gateway wants loaded, restored after a Triton restart ----------------
+    async def put_loaded_versions(self, model: str, versions: list[str]) -> None:
+        """Record the versions of ``model`` the gateway wants loaded (after a load or unload)."""
+
+    async def loaded_versions(self) -> dict[str, list[str]]:
+        """Every model's recorded set of versions to keep loaded."""
+
 
 async def seed_once(store: StateStore, model: str, spec: PolicySpec, actor: str) -> bool:
     """The shared seed_policy(): write only if the model never had a record (revision 0)."""

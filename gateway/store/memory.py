@@ -34,6 +34,7 @@ class InMemoryStore:
         self._feeds: list[asyncio.Queue[str]] = []
         self._leases: dict[str, tuple[str, float]] = {}
         self._fenced: dict[str, tuple[str, float, int]] = {}  # name -> (holder, expires, epoch)
+        self._loaded: dict[str, list[str]] = {}
 
     async def open(self) -> None:
         return None
@@ -131,6 +132,13 @@ class InMemoryStore:
                                  fence: Fence) -> StoredRollout:
         self._check_fence(fence)
         return await self.put_rollout(model, document, expected_revision)
+
+
+    async def put_loaded_versions(self, model: str, versions: list[str]) -> None:
+        self._loaded[model] = sorted(versions, key=int)
+
+    async def loaded_versions(self) -> dict[str, list[str]]:
+        return dict(self._loaded)
 
 
 def fence_message(fence: Fence, current_epoch: int) -> str:

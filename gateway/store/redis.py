@@ -219,6 +219,14 @@ class RedisStore:
         return int(revision), int(current)
 
 
+    async def put_loaded_versions(self, model: str, versions: list[str]) -> None:
+        await self._call(self.redis.hset(self._key("loaded"), model, json.dumps(sorted(versions, key=int))))
+
+    async def loaded_versions(self) -> dict[str, list[str]]:
+        raw = await self._call(self.redis.hgetall(self._key("loaded")))
+        return {model: json.loads(versions) for model, versions in raw.items()}
+
+
 # KEYS: fence record (hash: epoch, last holder; never expires), liveness key (expires).
 # ARGV: holder, ttl ms. Returns the epoch, or -1 while another holder's lease is live.
 _ACQUIRE_FENCED = """

@@ -31,6 +31,7 @@ CREATE TABLE IF NOT EXISTS rollouts (model TEXT PRIMARY KEY, document TEXT NOT N
 CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS fenced_leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires REAL NOT NULL,
                                           epoch INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS loaded_versions (model TEXT PRIMARY KEY, versions TEXT NOT NULL);
 """
 
 
@@ -223,6 +224,16 @@ class SQLiteStore:
             return self._transaction(db, body)
 
         return await self._run(work)
+
+
+    async def put_loaded_versions(self, model: str, versions: list[str]) -> None:
+        text = json.dumps(sorted(versions, key=int))
+        await self._run(lambda db: self._transaction(db, lambda: db.execute(
+            "INSERT OR REPLACE INTO loaded_versions VALUES (?, ?)", (model, text))))
+
+    async def loaded_versions(self) -> dict[str, list[str]]:
+        rows = await self._run(lambda db: db.execute("SELECT model, versions FROM loaded_versions").fetchall())
+        return {row[0]: json.loads(row[1]) for row in rows}
 
 
 def _check_fence(db: sqlite3.Connection, fence: Fence) -> None:

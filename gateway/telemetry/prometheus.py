@@ -23,8 +23,10 @@ from gateway.telemetry.recorder import LATENCY_BOUNDS, OUTCOMES, Recorder
 
 class GatewayCollector:
     def __init__(self, recorder: Recorder, book: PolicyBook, rollout_states: Mapping[str, str],
-                 rollbacks: Mapping[tuple[str, str], int], shadow: Mapping[tuple[str, str], Any] | None = None) -> None:
+                 rollbacks: Mapping[tuple[str, str], int], shadow: Mapping[tuple[str, str], Any] | None = None,
+                 rollback_blocked: Mapping[str, int] | None = None) -> None:
         self.shadow = shadow if shadow is not None else {}
+        self.rollback_blocked = rollback_blocked if rollback_blocked is not None else {}
         self.recorder = recorder
         self.book = book
         self.rollout_states = rollout_states
@@ -126,6 +128,11 @@ class GatewayCollector:
         for (model, reason), count in list(self.rollbacks.items()):
             rollbacks.add_metric([model, reason], count)
         yield rollbacks
+        blocked = GaugeMetricFamily("gateway_rollback_blocked", "1 while a rollback waits for a stable version "
+                                    "that is not READY (traffic stays where it is served)", labels=["model"])
+        for model, value in list(self.rollback_blocked.items()):
+            blocked.add_metric([model], value)
+        yield blocked
 
 
 def make_registry(collector: GatewayCollector) -> CollectorRegistry:

@@ -149,3 +149,11 @@ async def test_a_deposed_holders_fenced_writes_are_refused(store: StateStore) ->
 async def test_fenced_writes_need_the_lease(store: StateStore) -> None:
     with pytest.raises(LeaseLost):
         await store.put_rollout_fenced("qc", {}, None, Fence("controller", "a", 1))
+
+
+async def test_loaded_versions_are_kept_per_model(store: StateStore) -> None:
+    assert await store.loaded_versions() == {}
+    await store.put_loaded_versions("qc", ["3", "10", "2"])
+    await store.put_loaded_versions("tok", ["1"])
+    await store.put_loaded_versions("qc", ["2", "3"])
+    assert await store.loaded_versions() == {"qc": ["2", "3"], "tok": ["1"]}
