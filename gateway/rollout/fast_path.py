@@ -6,9 +6,12 @@ on it throws away a good canary (and at the 100% step the stable has no traffic 
 with). So the fast path fires only when
 
 - Triton reports the canary not READY while the stable is READY, or
-- the data path saw "version unavailable" answers from the canary and none from the stable;
-  at the 100% step, where the stable takes no traffic, the stable's readiness stands in for
-  its traffic.
+- the data path saw "version unavailable" answers from the canary and none from the stable
+  (below 100%: at the 100% step the stable takes no traffic to compare with, so only
+  readiness counts there).
+
+Both readiness answers come from one snapshot of Triton's repository index, so a Triton that
+is restarting (nothing READY) never looks like a broken canary.
 
 A paused rollout never gets here: its weights belong to the humans.
 """
@@ -20,18 +23,19 @@ from typing import Protocol
 
 from gateway.errors import GatewayError
 from gateway.rollout.steps import Rollout
+from gateway.services.triton_control import VersionState
 from gateway.telemetry.recorder import Recorder
 
 # Failures the data path records per version that only a broken version produces.
 VERSION_SPECIFIC_KINDS = ("VersionUnavailable",)
 
 
-class Readiness(Protocol):
-    async def is_version_ready(self, model: str, version: str) -> bool | None: ...
+class VersionStates(Protocol):
+    async def versions(self, model: str) -> dict[str, VersionState]: ...
 
 
 class FastPath:
-    def __init__(self, recorder: Recorder, triton: Readiness, call_timeout_s: float) -> None:
+    def __init__(self, recorder: Recorder, triton: VersionStates, call_timeout_s: float) -> None:
         self.recorder = recorder
         self.triton = triton
         self.call_timeout_s = call_timeout_s
@@ -43,30 +47,42 @@ class FastPath:
             for kind in VERSION_SPECIFIC_KINDS:
                 self._new_failures(model, version, kind)
 
-    async def ready(self, model: str, version: str) -> bool | None:
-        """Triton's word, within the call timeout; None when it cannot be asked."""
+    async def states(self, model: str) -> dict[str, VersionState] | None:
+        """One snapshot of Triton's repository index for the model, within the call timeout;
+        None when Triton cannot be asked."""
         try:
             async with asyncio.timeout(self.call_timeout_s):
-                return await self.triton.is_version_ready(model, version)
+                return await self.triton.versions(model)
         except (TimeoutError, GatewayError):
             return None
+
+    async def ready(self, model: str, version: str) -> bool | None:
+        states = await self.states(model)
+        if states is None:
+            return None
+        state = states.get(version)
+        return state is not None and state.state == "READY"
 
     async def reason_to_roll_back(self, rollout: Rollout) -> str | None:
         if rollout.canary_percent == 0:
             return None
-        canary_ready = await self.ready(rollout.model, rollout.canary)
         failures = {kind: self._new_failures(rollout.model, rollout.canary, kind) for kind in VERSION_SPECIFIC_KINDS}
         stable_failures = {kind: self._new_failures(rollout.model, rollout.stable, kind)
                            for kind in VERSION_SPECIFIC_KINDS}
-        if canary_ready is not False and not any(failures.values()):
-            return None
-        stable_ready = await self.ready(rollout.model, rollout.stable)
-        if stable_ready is not True:
+        states = await self.states(rollout.model)
+        if states is None:
+            return None  # Triton cannot be asked: nothing here is the canary's own
+        stable, canary = states.get(rollout.stable), states.get(rollout.canary)
+        if stable is None or stable.state != "READY":
             return None  # Triton-wide trouble (a restart), or nothing to roll back to: hold
-        if canary_ready is False:
-            return f"Triton reports version {rollout.canary} not READY"
+        if canary is None or canary.state not in ("READY", "LOADING"):
+            state = f"{canary.state} ({canary.reason})" if canary is not None and canary.reason else \
+                canary.state if canary is not None else "not in the repository index"
+            return f"Triton reports version {rollout.canary} {state}, not READY, while {rollout.stable} is READY"
+        if rollout.canary_percent == 100:
+            return None  # the stable takes no traffic to compare with; its readiness was the check
         for kind, count in failures.items():
-            if count and (rollout.canary_percent == 100 or not stable_failures[kind]):
+            if count and not stable_failures[kind]:
                 return f"version {rollout.canary} failed with {kind} ({count} requests) while stable did not"
         return None
 
