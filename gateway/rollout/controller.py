@@ -31,8 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.background import Background
-from gateway.errors import Conflict, GatewayError, NotFound
-from gateway.policy import PolicySpec
+from gateway.errors import Conflict, GatewayError, LeaseLost, MetricsUnavailable, NotFound, StaleRevision, StoreError
+from gateway.policy import PolicySpec, heaviest
 from gateway.rollout import steps
 from gateway.rollout.analysis import judge
 from gateway.rollout.driver import PolicyDriver, PolicyMoved, adopt_own_write, manual_change
@@ -41,23 +41,27 @@ from gateway.rollout.phases import Phase, TransitionError
 from gateway.rollout.spec import RolloutSpec
 from gateway.rollout.steps import Rollout
 from gateway.services.policies import PolicyService
-from gateway.store.base import Fence, LeaseLost, StaleRevision, StoredPolicy, StoredRollout, StoreError
+from gateway.services.triton_control import TritonControl
+from gateway.store.base import Fence, StateStore, StoredPolicy, StoredRollout
 from gateway.telemetry.recorder import Recorder, Window
-from gateway.telemetry.sources import MetricsSource, MetricsUnavailable
+from gateway.telemetry.sources import MetricsSource
 
 log = logging.getLogger("gateway.rollout")
 ACTOR = "rollout-controller"
 LEASE = "rollout-controller"
+PHASES = tuple(phase.value for phase in Phase)
 
 
 class RolloutController:
-    def __init__(self, policies: PolicyService, source: MetricsSource, recorder: Recorder,
-                 clock: Callable[[], float] = time.time, tick_s: float = 1.0, lifecycle: Any = None,
-                 shadow: Any = None, lease_ttl_s: float = 15.0, call_timeout_s: float = 1.5) -> None:
+    def __init__(self, store: StateStore, triton: TritonControl, policies: PolicyService, source: MetricsSource,
+                 recorder: Recorder, clock: Callable[[], float] = time.time, tick_s: float = 1.0,
+                 lifecycle: Any = None, shadow: Any = None, lease_ttl_s: float = 15.0,
+                 call_timeout_s: float = 1.5) -> None:
         self.lifecycle = lifecycle  # gateway.services.lifecycle.ModelLifecycle: unload_previous after promotion
         self.shadow = shadow  # gateway.proxy.shadow.ShadowMirror: shadow numbers in the status
+        self.store = store
+        self.triton = triton
         self.policies = policies
-        self.store = policies.store
         self.source = source
         self.recorder = recorder
         self.clock = clock
@@ -65,11 +69,8 @@ class RolloutController:
         self.lease_ttl_s = lease_ttl_s
         self.call_timeout_s = call_timeout_s  # every metrics query and Triton call of a tick, well inside the TTL
         self.holder = uuid.uuid4().hex
-        self.rollbacks: dict[tuple[str, str], int] = {}  # (model, metric) -> count, for /metrics
-        self.states: dict[str, str] = {}  # model -> last known phase, for /metrics
-        self.blocked: dict[str, int] = {}  # model -> 1 while a rollback waits for a stable that is not READY
-        self.fast = FastPath(recorder, policies.triton, call_timeout_s)
-        self.driver = PolicyDriver(self.store, policies, self.fast)
+        self.fast = FastPath(recorder, triton, call_timeout_s)
+        self.driver = PolicyDriver(store, triton, policies, self.fast)
         self._listed = self.driver.known  # the newest records seen: the tick's memory while the store is down
         self.fence: Fence | None = None  # set while this replica holds the lease
         self._unsaved: dict[str, tuple[int, Rollout]] = {}  # model -> (base revision, state the store has not taken)
@@ -86,12 +87,13 @@ class RolloutController:
         stable = spec.stable or await self._default_stable(model, policy.spec if policy else None)
         if stable == spec.canary:
             raise Conflict(f"version {stable} already takes most of the traffic: name another stable version")
-        await self.policies.triton.require_ready(model, {stable, spec.canary})
+        await self.triton.require_ready(model, {stable, spec.canary})
         self.fast.baseline(model, spec.canary, stable)  # only failures from now on count
         rollout = dataclasses.replace(steps.begin(model, spec, stable, self.clock()),
                                       policy_revision=policy.revision if policy else 0)
         stored = await self.store.put_rollout(model, rollout.document(), existing.revision if existing else 0)
         rollout = await self._commit(stored, rollout, policy, None, actor)
+        self._show_state(model, rollout.phase)
         await self.policies.audit(model, actor, "rollout_started", rollout.reason, at=self.clock())
         return rollout
 
@@ -121,6 +123,10 @@ class RolloutController:
                              if m == model}
         return doc
 
+    def _show_state(self, model: str, phase: Phase) -> None:
+        """/metrics shows the phase through the recorder (the collector knows no rollout types)."""
+        self.recorder.set_rollout_state(model, phase.value, PHASES)
+
     # -- the reconcile tick ----------------------------------------------------------------
     async def tick(self, fence: Fence | None = None) -> None:
         """One pass over every rollout; ``fence`` (the loop's lease) is checked on every write."""
@@ -132,7 +138,7 @@ class RolloutController:
             log.warning("rollout controller: store unavailable (%s): judging from memory", exc)
         for model, stored in list(self._listed.items()):
             rollout = self._working(model, stored)
-            self.states[model] = rollout.phase.value
+            self._show_state(model, rollout.phase)
             if rollout.settled:
                 continue
             try:
@@ -226,26 +232,32 @@ class RolloutController:
     async def _commit(self, stored: StoredRollout, rollout: Rollout, policy: StoredPolicy | None,
                       fence: Fence | None, actor: str, metric: str | None = None) -> Rollout:
         before = Phase(stored.document["state"])
-        if rollout.phase is not before:
-            self.states[rollout.model] = rollout.phase.value
-            if rollout.phase is Phase.ROLLED_BACK:
-                key = (rollout.model, metric or "unhealthy")
-                self.rollbacks[key] = self.rollbacks.get(key, 0) + 1
         try:
-            saved, rollout = await self.driver.commit(stored, rollout, policy, fence, actor)
-        finally:
-            self.blocked[rollout.model] = int(rollout.canary_percent == 0 and not rollout.applied
-                                              and not rollout.manual_revision and "not READY" in rollout.apply_reason)
+            _, rollout = await self.driver.commit(stored, rollout, policy, fence, actor)
+        except GatewayError:
+            saved = self.driver.known.get(rollout.model)
+            if rollout.phase is not before and saved is not None and saved.revision > stored.revision:
+                await self._announce(rollout, actor, metric)  # the phase change is stored; its weights are not
+            raise
+        self.recorder.set_rollback_blocked(rollout.model, rollout.canary_percent == 0 and not rollout.applied
+                                           and not rollout.manual_revision and "not READY" in rollout.apply_reason)
         if rollout.phase is not before:
-            log.info(json.dumps({"type": "rollout", "model": rollout.model, "state": rollout.phase.value,
-                                 "step": rollout.step, "actor": actor, "reason": rollout.reason}))
-            await self.policies.audit(rollout.model, actor, f"rollout_{rollout.phase.value}", rollout.reason,
-                                      at=self.clock())
+            await self._announce(rollout, actor, metric)
         was_done = before is Phase.PROMOTED and stored.document.get("applied", False)
         if rollout.phase is Phase.PROMOTED and rollout.applied and not was_done and rollout.spec.unload_previous \
                 and self.lifecycle is not None:
             self._cleanup(rollout)  # only once the promoted weights are in place
         return rollout
+
+    async def _announce(self, rollout: Rollout, actor: str, metric: str | None) -> None:
+        """A phase change the store has taken: metrics, log line, audit trail (once)."""
+        self._show_state(rollout.model, rollout.phase)
+        if rollout.phase is Phase.ROLLED_BACK:
+            self.recorder.count_rollback(rollout.model, metric or "unhealthy")
+        log.info(json.dumps({"type": "rollout", "model": rollout.model, "state": rollout.phase.value,
+                             "step": rollout.step, "actor": actor, "reason": rollout.reason}))
+        await self.policies.audit(rollout.model, actor, f"rollout_{rollout.phase.value}", rollout.reason,
+                                  at=self.clock())
 
     async def _deposed(self) -> None:
         """Another replica holds the lease now: forget what we could not save, and give the
@@ -290,8 +302,8 @@ class RolloutController:
 
     async def _default_stable(self, model: str, policy: PolicySpec | None) -> str:
         if policy is not None:
-            return max(policy.weights.items(), key=lambda kv: (kv[1], int(kv[0])))[0]
-        ready = [v for v, state in (await self.policies.triton.versions(model)).items() if state.state == "READY"]
+            return heaviest(policy.weights)
+        ready = [v for v, state in (await self.triton.versions(model)).items() if state.state == "READY"]
         if not ready:
             raise Conflict(f"model '{model}' has no READY version on Triton")
         return max(ready, key=int)  # Triton's own default for unversioned requests

@@ -22,12 +22,13 @@ import dataclasses
 from decimal import Decimal
 
 from gateway.errors import UpstreamTimeout
-from gateway.policy import PolicySpec
+from gateway.policy import PolicySpec, with_weights
 from gateway.policy_book import PolicyBook
 from gateway.rollout.fast_path import FastPath
 from gateway.rollout.phases import Phase
 from gateway.rollout.steps import Rollout
 from gateway.services.policies import PolicyService
+from gateway.services.triton_control import TritonControl
 from gateway.store.base import EventDraft, Fence, StateStore, StoredPolicy, StoredRollout
 
 
@@ -40,8 +41,9 @@ class PolicyMoved(Exception):
 
 
 class PolicyDriver:
-    def __init__(self, store: StateStore, policies: PolicyService, fast: FastPath) -> None:
+    def __init__(self, store: StateStore, triton: TritonControl, policies: PolicyService, fast: FastPath) -> None:
         self.store = store
+        self.triton = triton
         self.policies = policies
         self.book: PolicyBook = policies.book
         self.fast = fast
@@ -91,7 +93,7 @@ class PolicyDriver:
         if not urgent:  # moving traffic *away* from a broken version never waits on its health
             try:
                 async with asyncio.timeout(self.fast.call_timeout_s):
-                    await self.policies.triton.require_ready(rollout.model, spec.versions())
+                    await self.triton.require_ready(rollout.model, spec.versions())
             except TimeoutError:
                 raise UpstreamTimeout(f"Triton did not answer within {self.fast.call_timeout_s:g}s") from None
         event = EventDraft(actor, "rollout_weights", rollout.reason)
@@ -134,7 +136,3 @@ def weights_of(spec: PolicySpec | None) -> dict[str, Decimal]:
 def nonzero(weights: dict[str, Decimal]) -> dict[str, Decimal]:
     return {v: Decimal(w) for v, w in weights.items() if w}
 
-
-def with_weights(spec: PolicySpec | None, weights: dict[str, Decimal]) -> PolicySpec:
-    base = spec.document() if spec is not None else {}
-    return PolicySpec.model_validate({**base, "weights": dict(weights)})

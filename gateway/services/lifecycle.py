@@ -14,30 +14,25 @@ import asyncio
 import json
 import logging
 import time
-from decimal import Decimal
 from typing import Any
 
-from gateway.errors import Conflict, GatewayError, NotFound, UpstreamError
-from gateway.policy import PolicySpec
+from gateway.errors import Conflict, LoadFailed, NotFound, UpstreamError
+from gateway.policy import without_version
 from gateway.sequences import SequencePins
 from gateway.services.policies import PolicyService
-from gateway.store.base import EventDraft
+from gateway.services.triton_control import TritonControl
+from gateway.store.base import EventDraft, StateStore
 from gateway.telemetry.recorder import Recorder
 
 log = logging.getLogger("gateway.lifecycle")
 
 
-class LoadFailed(GatewayError):
-    """Triton refused or failed to load the version; the message carries Triton's reason."""
-
-    status = 422
-
-
 class ModelLifecycle:
-    def __init__(self, policies: PolicyService, recorder: Recorder, pins: SequencePins,
-                 load_timeout_s: float = 300.0, drain_timeout_s: float = 60.0) -> None:
+    def __init__(self, store: StateStore, triton: TritonControl, policies: PolicyService, recorder: Recorder,
+                 pins: SequencePins, load_timeout_s: float = 300.0, drain_timeout_s: float = 60.0) -> None:
+        self.store = store
+        self.triton = triton
         self.policies = policies
-        self.triton = policies.triton
         self.recorder = recorder
         self.pins = pins
         self.load_timeout_s = load_timeout_s
@@ -54,7 +49,7 @@ class ModelLifecycle:
                 return {"model": model, "version": version, "state": "READY", "serving": sorted(serving, key=int)}
             keep = serving | {version}
             await self._reload(model, keep, self.load_timeout_s)
-            await self.policies.store.put_loaded_versions(model, sorted(keep))  # restored after a Triton restart
+            await self.store.put_loaded_versions(model, sorted(keep))  # restored after a Triton restart
             states = await self.triton.versions(model)
             state = states.get(version)
             if state is None or state.state != "READY":
@@ -75,7 +70,7 @@ class ModelLifecycle:
         async with self._lock:
             keep = await self.serving(model) - {version}
             await self._reload(model, keep, self.load_timeout_s)
-            await self.policies.store.put_loaded_versions(model, sorted(keep))
+            await self.store.put_loaded_versions(model, sorted(keep))
         reason = f"version {version} drained ({drained}) and unloaded"
         await self._event(model, actor, "version_unloaded", reason)
         return {"model": model, "version": version, "state": "UNLOADED", "drain": drained}
@@ -83,13 +78,13 @@ class ModelLifecycle:
     async def _refuse_if_referenced(self, model: str, version: str) -> None:
         """409 naming what still needs the version: an active rollout (its stable is the rollback
         target, its canary takes traffic) or a non-zero weight."""
-        rollout = await self.policies.store.get_rollout(model)
+        rollout = await self.store.get_rollout(model)
         if rollout is not None and rollout.document["state"] in ("progressing", "paused"):
             for role in ("stable", "canary"):
                 if rollout.document[role] == version:
                     raise Conflict(f"version {version} of model '{model}' is the {role} of its "
                                    f"{rollout.document['state']} rollout: abort or finish the rollout first")
-        stored = await self.policies.store.get_policy(model)
+        stored = await self.store.get_policy(model)
         weight = stored.spec.weights.get(version, 0) if stored is not None and stored.spec is not None else 0
         if weight:
             raise Conflict(f"version {version} of model '{model}' takes {weight}% of its traffic in policy revision "
@@ -100,7 +95,7 @@ class ModelLifecycle:
         Triton falls back to config.pbtxt's list). Models where anything is loading or a wanted
         version is unknown are left for the next call. Returns the models reloaded."""
         restored = []
-        for model, wanted in (await self.policies.store.loaded_versions()).items():
+        for model, wanted in (await self.store.loaded_versions()).items():
             async with self._lock:
                 states = await self.triton.versions(model)
                 if not states or any(s.state in ("LOADING", "UNLOADING") for s in states.values()):
@@ -115,24 +110,15 @@ class ModelLifecycle:
         return restored
 
     async def _take_out_of_policy(self, model: str, version: str, actor: str) -> None:
-        stored = await self.policies.store.get_policy(model)
+        stored = await self.store.get_policy(model)
         if stored is None or stored.spec is None or version not in stored.spec.versions() and \
                 version not in stored.spec.weights:
             return
-        doc: dict[str, Any] = stored.spec.document()
-        weights = {v: Decimal(str(w)) for v, w in stored.spec.weights.items() if v != version}
-        freed = stored.spec.weights.get(version, Decimal(0))
-        if freed and weights:
-            heir = max(weights, key=lambda v: (weights[v], int(v)))
-            weights[heir] += freed
-        if not weights or sum(weights.values()) != 100:
-            raise Conflict(f"cannot take version {version} out of the policy of '{model}': nothing left to route to")
-        doc["weights"] = weights
-        doc["rules"] = [rule for rule in doc["rules"] if rule["version"] != version]
-        shadow = doc.get("shadow")
-        if shadow and shadow.get("version") == version:
-            doc["shadow"] = None
-        spec = PolicySpec.model_validate(doc)
+        try:
+            spec = without_version(stored.spec, version)
+        except ValueError:
+            raise Conflict(f"cannot take version {version} out of the policy of '{model}': nothing left to route to") \
+                from None
         await self.policies.put(model, spec, stored.revision, EventDraft(actor, "drain", f"draining version {version}"),
                                 require_ready=False)
 

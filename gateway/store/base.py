@@ -16,23 +16,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.errors import Conflict, GatewayError, PreconditionFailed
+from gateway.errors import StaleRevision
 from gateway.policy import PolicySpec
-
-
-class StoreError(GatewayError):
-    """The backend failed (I/O, connection); translated from sqlite3 / redis errors."""
-
-    status = 503
-
-
-class StaleRevision(PreconditionFailed):
-    """Compare-and-set lost: someone changed the record since the caller read it."""
-
-
-class LeaseLost(Conflict):
-    """A fenced write from a holder whose lease epoch is no longer the current one: another
-    replica took the lease (or it was never held), so the write is refused and changes nothing."""
 
 
 @dataclass(frozen=True)

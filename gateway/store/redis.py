@@ -17,18 +17,9 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from gateway.errors import LeaseLost, StaleRevision, StoreError
 from gateway.policy import PolicySpec
-from gateway.store.base import (
-    Event,
-    EventDraft,
-    Fence,
-    LeaseLost,
-    StaleRevision,
-    StoredPolicy,
-    StoredRollout,
-    StoreError,
-    seed_once,
-)
+from gateway.store.base import Event, EventDraft, Fence, StoredPolicy, StoredRollout, seed_once
 from gateway.store.memory import fence_message
 
 # KEYS: record, events list, changes channel. ARGV: expected revision ('' = any), record

@@ -16,8 +16,9 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gateway.errors import LeaseLost, StoreError
 from gateway.policy import PolicySpec
-from gateway.store.base import Event, EventDraft, Fence, LeaseLost, StoredPolicy, StoredRollout, StoreError, seed_once
+from gateway.store.base import Event, EventDraft, Fence, StoredPolicy, StoredRollout, seed_once
 from gateway.store.memory import check_revision, fence_message
 
 T = TypeVar("T")

@@ -9,28 +9,22 @@ know collapse into one ``_unknown`` label.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
 from gateway.policy_book import PolicyBook
-from gateway.rollout.phases import Phase
 from gateway.telemetry.recorder import LATENCY_BOUNDS, OUTCOMES, Recorder
 
 
 class GatewayCollector:
-    def __init__(self, recorder: Recorder, book: PolicyBook, rollout_states: Mapping[str, str],
-                 rollbacks: Mapping[tuple[str, str], int], shadow: Mapping[tuple[str, str], Any] | None = None,
-                 rollback_blocked: Mapping[str, int] | None = None) -> None:
-        self.shadow = shadow if shadow is not None else {}
-        self.rollback_blocked = rollback_blocked if rollback_blocked is not None else {}
+    """Reads only the two meeting points of the planes: the recorder and the policy book."""
+
+    def __init__(self, recorder: Recorder, book: PolicyBook) -> None:
         self.recorder = recorder
         self.book = book
-        self.rollout_states = rollout_states
-        self.rollbacks = rollbacks
 
     def collect(self) -> Iterator[Metric]:
         yield from self._requests()
@@ -41,7 +35,7 @@ class GatewayCollector:
     def _shadow(self) -> Iterator[Metric]:
         results = CounterMetricFamily("gateway_shadow_requests", "Mirrored requests by result",
                                       labels=["model", "version", "result"])
-        for (model, version), stats in list(self.shadow.items()):
+        for (model, version), stats in list(self.recorder.shadow.items()):
             results.add_metric([model, version, "agree"], stats.agreed)
             results.add_metric([model, version, "disagree"], stats.compared - stats.agreed)
             results.add_metric([model, version, "error"], stats.errors)
@@ -49,7 +43,7 @@ class GatewayCollector:
         yield results
         latency = CounterMetricFamily("gateway_shadow_latency_seconds", "Total latency of mirrored requests",
                                       labels=["model", "version"])
-        for (model, version), stats in list(self.shadow.items()):
+        for (model, version), stats in list(self.recorder.shadow.items()):
             latency.add_metric([model, version], stats.latency_sum)
         yield latency
 
@@ -119,18 +113,18 @@ class GatewayCollector:
     def _rollouts(self) -> Iterator[Metric]:
         state = GaugeMetricFamily("gateway_rollout_state", "1 for the rollout's current state",
                                   labels=["model", "state"])
-        for model, current in list(self.rollout_states.items()):
-            for phase in Phase:
-                state.add_metric([model, phase.value], 1.0 if phase.value == current else 0.0)
+        for model, (current, states) in list(self.recorder.rollout_states.items()):
+            for name in states:
+                state.add_metric([model, name], 1.0 if name == current else 0.0)
         yield state
         rollbacks = CounterMetricFamily("gateway_rollbacks", "Automatic rollbacks, by the metric that caused them",
                                         labels=["model", "reason"])
-        for (model, reason), count in list(self.rollbacks.items()):
+        for (model, reason), count in list(self.recorder.rollbacks.items()):
             rollbacks.add_metric([model, reason], count)
         yield rollbacks
         blocked = GaugeMetricFamily("gateway_rollback_blocked", "1 while a rollback waits for a stable version "
                                     "that is not READY (traffic stays where it is served)", labels=["model"])
-        for model, value in list(self.rollback_blocked.items()):
+        for model, value in list(self.recorder.rollback_blocked.items()):
             blocked.add_metric([model], value)
         yield blocked
 

@@ -15,12 +15,8 @@ from typing import Protocol
 
 import httpx
 
-from gateway.errors import GatewayError
+from gateway.errors import MetricsUnavailable
 from gateway.telemetry.recorder import LATENCY_BOUNDS, Outcome, Recorder, Window
-
-
-class MetricsUnavailable(GatewayError):
-    status = 503
 
 
 class MetricsSource(Protocol):
@@ -76,3 +72,12 @@ class PrometheusSource:
 
 def _escape(value: str) -> str:
     return urllib.parse.quote(value, safe="") if '"' in value or "\\" in value else value
+
+
+def make_source(kind: str, prometheus_url: str, recorder: Recorder, timeout_s: float = 5.0) -> MetricsSource:
+    """``recorder`` (this replica's traffic) or ``prometheus`` (every replica's, via its query API)."""
+    if kind == "prometheus":
+        return PrometheusSource(prometheus_url, timeout_s)
+    if kind != "recorder":
+        raise ValueError(f"unknown metrics source {kind!r}: use 'recorder' or 'prometheus'")
+    return RecorderSource(recorder)

@@ -133,7 +133,6 @@ def roll_back_through_an_outage(gw: GatewayThread, faults: Faults, outage: Any, 
         outage()
         try:
             wait_for(lambda: book_weights(gw) == {"2": 100}, 15, what="the canary at 0% during the outage")
-            assert gw.app.rollouts.states["qc"] in ("progressing", "rolled_back")
         finally:
             recovered_at = time.monotonic()
             recover()

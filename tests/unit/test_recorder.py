@@ -134,7 +134,7 @@ def test_a_routed_version_exports_every_outcome_from_zero() -> None:
 
     book, recorder = PolicyBook(), Recorder()
     book.put("qc", PolicySpec.model_validate({"weights": {"2": 95, "3": 5}}), 1)
-    registry = make_registry(GatewayCollector(recorder, book, {}, {}))
+    registry = make_registry(GatewayCollector(recorder, book))
     for outcome in Outcome:  # before the canary's first request: present, at 0
         assert registry.get_sample_value("gateway_version_requests_total",
                                          {"model": "qc", "version": "3", "outcome": outcome.value}) == 0

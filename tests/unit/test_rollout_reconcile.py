@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 
+from gateway.errors import LeaseLost, StoreError
 from gateway.policy import PolicySpec
 from gateway.rollout.controller import LEASE, RolloutController
 from gateway.rollout.spec import RolloutSpec
-from gateway.store.base import EventDraft, Fence, LeaseLost, StoreError
+from gateway.services.policies import PolicyService
+from gateway.store.base import EventDraft, Fence
 from gateway.store.memory import InMemoryStore
 from gateway.telemetry.recorder import Window
 from tests.unit.test_rollout_controller import SPEC, FakeSource, Harness
@@ -83,9 +85,9 @@ class SlowSource(FakeSource):
 async def h() -> Harness:
     harness = Harness()
     harness.store = FlakyStore()
+    harness.policies = PolicyService(harness.store, harness.book, harness.triton)  # type: ignore[arg-type]
     harness.source = SlowSource()
-    harness.policies.store = harness.store
-    harness.controller = RolloutController(harness.policies, harness.source, harness.recorder, clock=harness.clock)
+    harness.controller = harness.new_controller()
     await harness.policies.put("qc", PolicySpec.model_validate({"weights": {"2": 100}}), 0, EventDraft("sre", "put"))
     return harness
 
@@ -151,7 +153,7 @@ async def test_a_crash_between_the_policy_write_and_the_rollout_write_resumes_at
     assert await h.weights() == {"2": 80, "3": 20}, "the policy was written"
     stored = (await h.state())
     assert stored["step"] == 1 and stored["pending_revision"] == (await h.store.get_policy("qc")).revision  # type: ignore[union-attr]
-    h.controller = RolloutController(h.policies, h.source, h.recorder, clock=h.clock)  # the restarted process
+    h.controller = h.new_controller()  # the restarted process
     await h.interval(canary=(100, 0, 0.004), seconds=0.5)
     state = await h.state()
     assert (state["state"], state["step"], state["applied"]) == ("progressing", 1, True), state["reason"]
@@ -177,8 +179,10 @@ async def test_store_down_the_holder_rolls_back_locally_then_persists(h: Harness
 
 
 async def test_a_deposed_holders_writes_are_refused(h: Harness) -> None:
-    other = RolloutController(h.policies, h.source, h.recorder, clock=h.clock, lease_ttl_s=0.2)
-    h.controller = RolloutController(h.policies, h.source, h.recorder, clock=h.clock, lease_ttl_s=0.2)
+    other = RolloutController(h.store, h.triton, h.policies, h.source, h.recorder,  # type: ignore[arg-type]
+                              clock=h.clock, lease_ttl_s=0.2)
+    h.controller = RolloutController(h.store, h.triton, h.policies, h.source, h.recorder,  # type: ignore[arg-type]
+                                     clock=h.clock, lease_ttl_s=0.2)
     await h.controller.begin("qc", SPEC, "alice")
     epoch = await h.store.acquire_fenced_lease(LEASE, h.controller.holder, 0.2)
     assert epoch is not None
@@ -242,9 +246,9 @@ async def test_a_rollback_to_a_stable_that_is_not_ready_keeps_traffic_where_it_i
     state = await h.state()
     assert (state["state"], state["applied"]) == ("rolled_back", False)
     assert "2 is not READY" in state["apply_reason"] and await h.weights() == {"2": 95, "3": 5}
-    assert h.controller.blocked["qc"] == 1
+    assert h.recorder.rollback_blocked["qc"] == 1
     h.triton.ready["2"] = True
     await h.interval(canary=(0, 0, 0.004), seconds=0.5)
     state = await h.state()
     assert (state["state"], state["applied"]) == ("rolled_back", True) and await h.weights() == {"2": 100}
-    assert h.controller.blocked["qc"] == 0
+    assert h.recorder.rollback_blocked["qc"] == 0
