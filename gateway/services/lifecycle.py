@@ -25,6 +25,7 @@ from gateway.store.base import EventDraft, StateStore
 from gateway.telemetry.recorder import Recorder
 
 log = logging.getLogger("gateway.lifecycle")
+RESTORE_GRACE_S = 2.0
 
 
 class ModelLifecycle:
@@ -37,6 +38,7 @@ class ModelLifecycle:
         self.pins = pins
         self.load_timeout_s = load_timeout_s
         self.drain_timeout_s = drain_timeout_s
+        self._mismatch_since: dict[str, tuple[frozenset[str], float]] = {}  # model -> (READY set, first seen)
         self._lock = asyncio.Lock()  # one reload of a model at a time (control plane only)
 
     async def serving(self, model: str) -> set[str]:
@@ -92,22 +94,37 @@ class ModelLifecycle:
 
     async def restore(self) -> list[str]:
         """Bring Triton back to the versions the gateway loaded, per model (after a restart
-        Triton falls back to config.pbtxt's list). Models where anything is loading or a wanted
-        version is unknown are left for the next call. Returns the models reloaded."""
+        Triton falls back to config.pbtxt's list). A mismatch must outlast ``RESTORE_GRACE_S``
+        (a load on another replica reloads Triton a moment before it records the new set), and
+        models where anything is loading are left for the next call. Returns the models reloaded."""
         restored = []
-        for model, wanted in (await self.store.loaded_versions()).items():
-            async with self._lock:
+        for model in await self.store.loaded_versions():
+            async with self._lock:  # the wanted set is read under the lock: never older than our own load
+                wanted = set((await self.store.loaded_versions()).get(model, []))
                 states = await self.triton.versions(model)
-                if not states or any(s.state in ("LOADING", "UNLOADING") for s in states.values()):
+                if not wanted or not states or any(s.state in ("LOADING", "UNLOADING") for s in states.values()):
                     continue
                 ready = {v for v, s in states.items() if s.state == "READY"}
-                if ready == set(wanted):
+                if not self._mismatch_lasted(model, ready, wanted):
                     continue
-                await self._reload(model, set(wanted), self.load_timeout_s)
+                await self._reload(model, wanted, self.load_timeout_s)
             restored.append(model)
-            await self._event(model, "gateway", "versions_restored",
-                              f"Triton served {sorted(ready, key=int)} (restarted?); versions {wanted} loaded again")
+            await self._event(model, "gateway", "versions_restored", f"Triton served {sorted(ready, key=int)} "
+                              f"(restarted?); versions {sorted(wanted, key=int)} loaded again")
         return restored
+
+    def _mismatch_lasted(self, model: str, ready: set[str], wanted: set[str]) -> bool:
+        if ready == wanted:
+            self._mismatch_since.pop(model, None)
+            return False
+        seen = self._mismatch_since.setdefault(model, (frozenset(ready), time.monotonic()))
+        if seen[0] != ready:
+            self._mismatch_since[model] = (frozenset(ready), time.monotonic())
+            return False
+        if time.monotonic() - seen[1] < RESTORE_GRACE_S:
+            return False
+        del self._mismatch_since[model]
+        return True
 
     async def _take_out_of_policy(self, model: str, version: str, actor: str) -> None:
         stored = await self.store.get_policy(model)
