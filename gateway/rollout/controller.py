@@ -34,7 +34,7 @@ from gateway.background import Background
 from gateway.errors import Conflict, GatewayError, LeaseLost, MetricsUnavailable, NotFound, StaleRevision, StoreError
 from gateway.policy import PolicySpec, heaviest
 from gateway.rollout import steps
-from gateway.rollout.analysis import judge
+from gateway.rollout.analysis import Outcome, Verdict, judge
 from gateway.rollout.driver import PolicyDriver, PolicyMoved, adopt_own_write, manual_change
 from gateway.rollout.fast_path import FastPath
 from gateway.rollout.phases import Phase, TransitionError
@@ -199,6 +199,10 @@ class RolloutController:
         if lost:
             return steps.roll_back(rollout, now, lost), "canary_lost"
         if rollout.applied and rollout.due(now):  # judge a step only once its weights are in place
+            if self.fast.troubled_within(rollout.model, rollout.spec.interval_s + self.tick_s):
+                verdict = Verdict(Outcome.INCONCLUSIVE, "Triton could not serve the model during this interval "
+                                  "(down, restarting or reloading): its errors are no version's fault")
+                return steps.on_verdict(rollout, verdict, now), None
             verdict = judge(rollout.spec, *await self._windows(rollout))
             judged = steps.on_verdict(rollout, verdict, now)
             return judged, verdict.metric if judged.phase is Phase.ROLLED_BACK else None

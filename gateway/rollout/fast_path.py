@@ -19,6 +19,7 @@ A paused rollout never gets here: its weights belong to the humans.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Protocol
 
 from gateway.errors import GatewayError
@@ -40,6 +41,7 @@ class FastPath:
         self.triton = triton
         self.call_timeout_s = call_timeout_s
         self._seen: dict[tuple[str, str, str], int] = {}
+        self.troubled_at: dict[str, float] = {}  # model -> last time Triton itself could not serve it
 
     def baseline(self, model: str, *versions: str) -> None:
         """Only failures from now on count (a new rollout, or after a pause)."""
@@ -70,11 +72,17 @@ class FastPath:
         stable_failures = {kind: self._new_failures(rollout.model, rollout.stable, kind)
                            for kind in VERSION_SPECIFIC_KINDS}
         states = await self.states(rollout.model)
-        if states is None:
-            return None  # Triton cannot be asked: nothing here is the canary's own
-        stable, canary = states.get(rollout.stable), states.get(rollout.canary)
-        if stable is None or stable.state != "READY":
-            return None  # Triton-wide trouble (a restart), or nothing to roll back to: hold
+        stable = states.get(rollout.stable) if states is not None else None
+        canary = states.get(rollout.canary) if states is not None else None
+        stable_ready = stable is not None and stable.state == "READY"
+        if states is None or any(s.state in ("LOADING", "UNLOADING") for s in states.values()) \
+                or (not stable_ready and (canary is None or canary.state != "READY")):
+            # Triton-wide trouble (down, restarting, reloading the model): nothing is the canary's
+            # own, and the judge is told not to hold this interval's errors against it.
+            self.troubled_at[rollout.model] = time.monotonic()
+            return None
+        if not stable_ready:
+            return None  # nothing to roll back to at once; the judge may still roll back (and wait)
         if canary is None or canary.state not in ("READY", "LOADING"):
             state = f"{canary.state} ({canary.reason})" if canary is not None and canary.reason else \
                 canary.state if canary is not None else "not in the repository index"
@@ -93,3 +101,8 @@ class FastPath:
         previous = self._seen.get(key)
         self._seen[key] = count
         return 0 if previous is None else count - previous
+
+    def troubled_within(self, model: str, seconds: float) -> bool:
+        """Triton could not serve the model (both versions) at some tick of the last ``seconds``."""
+        at = self.troubled_at.get(model)
+        return at is not None and time.monotonic() - at <= seconds

@@ -89,26 +89,29 @@ def test_the_stable_is_protected_and_triton_restarts_neither_roll_back_nor_lose_
             status, body = admin_call(gw.url, "POST", "/admin/models/qc/versions/1/unload")
             assert status == 200, body
             assert ready_versions(own) == {"2", "3"}
-            begin(gw.url, steps=[50, 100], interval_s=3600)  # no verdicts: this is about readiness
-            for version, role in (("2", "stable"), ("3", "canary")):
-                status, body = admin_call(gw.url, "POST", f"/admin/models/qc/versions/{version}/unload")
-                assert status == 409 and role in body["error"] and "rollout" in body["error"], body
-            assert ready_versions(own) == {"2", "3"}
-
-            own.stop()  # Triton restarts mid-rollout: it comes back with config.pbtxt's versions 1, 2, 3
-            own.start()
-            wait_for(lambda: ready_versions(own) == {"2", "3"}, 30, interval=0.2,
-                     what="the gateway's loaded versions restored")
-            time.sleep(1.0)
-            doc = rollout(gw.url)
-            assert (doc["state"], doc["step"]) == ("progressing", 0), doc["reason"]
+            with BackgroundLoad(gw.url, concurrency=2):
+                begin(gw.url, steps=[50, 100], interval_s=2, min_requests=10, failure_limit=1)
+                for version, role in (("2", "stable"), ("3", "canary")):
+                    status, body = admin_call(gw.url, "POST", f"/admin/models/qc/versions/{version}/unload")
+                    assert status == 409 and role in body["error"] and "rollout" in body["error"], body
+                own.stop()  # Triton restarts mid-rollout, under judged traffic: it comes back with
+                own.start()  # config.pbtxt's versions 1, 2, 3
+                wait_for(lambda: ready_versions(own) == {"2", "3"}, 30, interval=0.2,
+                         what="the gateway's loaded versions restored")
+                doc = wait_for(lambda: ended(gw.url), 20, what="the rollout to go on to its end")
+            assert doc["state"] == "promoted", doc["reason"]
+            assert any("could not serve" in v["reason"] for v in doc["verdicts"]), "the restart was judged"
             events = admin_call(gw.url, "GET", "/admin/events?model=qc")[1]["events"]
             assert any(e["action"] == "versions_restored" for e in events)
 
+            # Back to 2 by a second rollout, restarting Triton during its 100% step.
+            status, body = admin_call(gw.url, "POST", "/admin/models/qc/rollout",
+                                      {"canary": "2", "stable": "3", "steps": [50, 100], "interval_s": 3600})
+            assert status == 200, body
             assert admin_call(gw.url, "POST", "/admin/models/qc/rollout/promote")[0] == 200  # the 100% step
-            assert rollout(gw.url)["weights"] == {"2": 0, "3": 100}
+            assert rollout(gw.url)["weights"] == {"2": 100, "3": 0}
             with BackgroundLoad(gw.url, concurrency=2):
-                own.stop()  # and again during the 100% step, under traffic
+                own.stop()
                 own.start()
                 wait_for(lambda: ready_versions(own) == {"2", "3"}, 30, interval=0.2, what="restored again")
                 time.sleep(1.0)

@@ -252,3 +252,15 @@ async def test_a_rollback_to_a_stable_that_is_not_ready_keeps_traffic_where_it_i
     state = await h.state()
     assert (state["state"], state["applied"]) == ("rolled_back", True) and await h.weights() == {"2": 100}
     assert h.recorder.rollback_blocked["qc"] == 0
+
+
+async def test_errors_from_an_interval_in_which_triton_could_not_serve_are_no_versions_fault(h: Harness) -> None:
+    spec = RolloutSpec.model_validate({**SPEC.model_dump(), "failure_limit": 1})
+    await h.controller.begin("qc", spec, "alice")
+    h.triton.ready = {"1": False, "2": False, "3": False}  # Triton restarting mid-interval
+    await h.interval(canary=(0, 0, 0.004), seconds=0.5)
+    h.triton.ready = {"1": True, "2": True, "3": True}
+    await h.interval(canary=(100, 60, 0.004), stable=(900, 540, 0.004), seconds=9.5)
+    state = await h.state()
+    assert state["state"] == "progressing", state["reason"]
+    assert state["verdicts"][-1]["outcome"] == "inconclusive" and "could not serve" in state["verdicts"][-1]["reason"]
