@@ -73,7 +73,8 @@ class RolloutController:
         self.driver = PolicyDriver(store, triton, policies, self.fast)
         self._listed = self.driver.known  # the newest records seen: the tick's memory while the store is down
         self.fence: Fence | None = None  # set while this replica holds the lease
-        self._unsaved: dict[str, tuple[int, Rollout]] = {}  # model -> (base revision, state the store has not taken)
+        # model -> (base revision, state the store has not taken, the metric that decided it)
+        self._unsaved: dict[str, tuple[int, Rollout, str | None]] = {}
         self._background = Background()  # the loop, and unload tasks after promotions
         self._restoring: asyncio.Task[Any] | None = None
 
@@ -173,13 +174,16 @@ class RolloutController:
         if rollout.phase is Phase.PAUSED:
             return
         decided, metric = await self._decide(rollout, now)
+        unsaved = self._unsaved.get(rollout.model)
+        if metric is None and unsaved is not None and unsaved[1] == rollout:
+            metric = unsaved[2]  # decided on an earlier tick, while the store was down
         try:
             await self._commit(stored, decided, policy, fence, ACTOR, metric)
         except PolicyMoved as moved:  # a human wrote during this tick: theirs stands
             await self._yield(stored, rollout, moved.policy, now, fence)
         except StoreError:
             if decided.step == rollout.step or decided.canary_percent == 0:  # hold, never advance, from memory
-                self._unsaved[rollout.model] = (stored.revision, decided)
+                self._unsaved[rollout.model] = (stored.revision, decided, metric)
             raise
 
     async def _policy(self, model: str) -> StoredPolicy | None:

@@ -176,6 +176,7 @@ async def test_store_down_the_holder_rolls_back_locally_then_persists(h: Harness
     state = await h.state()
     assert (state["state"], state["applied"]) == ("rolled_back", True), state["apply_reason"]
     assert await h.weights() == {"2": 100} and "error rate" in state["reason"]
+    assert h.recorder.rollbacks == {("qc", "error_rate"): 1}, "counted once, with the metric that decided it"
 
 
 async def test_a_deposed_holders_writes_are_refused(h: Harness) -> None:
