@@ -61,7 +61,9 @@ def test_overload_on_both_versions_rolls_nothing_back(gateway: GatewayThread, fa
     faults.set("qc", "2", overload_rate=0.3)
     faults.set("qc", "3", overload_rate=0.3)
     with BackgroundLoad(gateway.url, concurrency=4) as load:
-        begin(gateway.url, steps=[20, 50, 100], interval_s=1, min_requests=10, failure_limit=1)
+        # failure_limit 1: a single interval holding overload against the canary would roll it back.
+        # Latency is not what this test is about (on 2 shared cores a p99 ratio can wobble past 1.5x).
+        begin(gateway.url, steps=[20, 50, 100], interval_s=1, min_requests=10, failure_limit=1, max_p99_ratio=None)
         doc = wait_for(lambda: ended(gateway.url), 20, what="the rollout to end")
     assert doc["state"] == "promoted", doc["reason"]
     assert load.result.statuses[503] > 50, "Triton's queue-full answers reached the clients"
