@@ -79,13 +79,15 @@ class Gateway(Dispatch):
         self.policies = PolicyService(self.store, self.book, self.triton)
         self.sync = StateSync(self.store, self.policies, settings.resync_interval_s, settings.sync_unready_after_s,
                               self.recorder, on_new_store=lambda: apply_declared(self.store, settings.policies))
-        self.source = make_source(settings.metrics_source, settings.prometheus_url, self.recorder)
+        self.source = make_source(settings.metrics_source, settings.prometheus_url, self.recorder,
+                                  timeout_s=settings.controller_call_timeout_s)
         self.fleet = Fleet(self.store, self.recorder, self.pins)
         self.lifecycle = ModelLifecycle(self.store, self.triton, self.policies, self.fleet,
                                         drain_timeout_s=settings.drain_timeout_s)
         self.rollouts = RolloutController(self.store, self.triton, self.policies, self.source, self.recorder,
                                           tick_s=settings.controller_tick_s, lifecycle=self.lifecycle,
-                                          shadow=self.shadow)
+                                          shadow=self.shadow, lease_ttl_s=settings.controller_lease_ttl_s,
+                                          call_timeout_s=settings.controller_call_timeout_s)
         self.registry = make_registry(GatewayCollector(self.recorder, self.book))
         self.probes = Probes(self.upstream, self.book, self.registry, settings.connect_timeout_s, self.sync.problem)
         self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin)

@@ -7,6 +7,7 @@
     ├── NotFound                   404
     ├── Conflict                   409   e.g. a version that is not READY on Triton
     ├── PayloadTooLarge            413   a request body (or its decompressed form) over max_body_bytes
+    │   └── LeaseLost              409   a fenced write from a deposed lease holder, refused
     ├── PreconditionFailed         412   stale If-Match revision
     │   └── StaleRevision          412   a store compare-and-set lost the race
     ├── LoadFailed                 422   Triton refused or failed to load a version
@@ -74,6 +75,11 @@ class PayloadTooLarge(GatewayError):
 class Overloaded(GatewayError):
     status = 503
     headers = ((b"retry-after", b"1"), (b"connection", b"close"))
+
+
+class LeaseLost(Conflict):
+    """A fenced write from a holder whose lease epoch is no longer the current one: another
+    replica took the lease (or it was never held), so the write is refused and changes nothing."""
 
 
 class PreconditionFailed(GatewayError):

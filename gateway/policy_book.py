@@ -98,6 +98,15 @@ class PolicyBook:
         for model in changed:
             self._notify(model, policies.get(model))
 
+    def override(self, model: str, spec: PolicySpec) -> Policy:
+        """Install ``spec`` now, keeping the recorded revision, so the next stored revision still
+        replaces it. For a rollback while the store is down: this replica stops sending traffic to
+        the canary at once; the store's record catches up when it is back."""
+        policy = self.compile(model, spec, self._revisions.get(model, 0))
+        self._swap({**self._snapshot, model: policy})
+        self._notify(model, policy)
+        return policy
+
     def _swap(self, policies: dict[str, Policy]) -> None:
         snapshot = MappingProxyType(policies)
         self._snapshot = snapshot

@@ -93,6 +93,10 @@ class Settings(BaseSettings):
     prometheus_url: str = Field("http://127.0.0.1:9090", description="Prometheus query API, for metrics_source")
     controller_enabled: bool = Field(True, description="run the rollout controller loop (lease-elected)")
     controller_tick_s: float = Field(1.0, gt=0, le=60, description="rollout controller tick period")
+    controller_lease_ttl_s: float = Field(15.0, gt=0, le=600, description="the controller lease: a holder silent "
+                                          "this long is replaced; a tick is cut off at half of it")
+    controller_call_timeout_s: float = Field(1.5, gt=0, le=60, description="timeout of each metrics query and "
+                                             "Triton call in a controller tick (well inside the lease)")
     access_log: bool = Field(False, description="one JSON line per request on stdout, written off the hot path")
     log_level: str = Field("info", pattern="^(critical|error|warning|info|debug)$", description="log level")
     # -- the lean gRPC server's limits for each client connection (issue 12) --
@@ -154,6 +158,17 @@ class Settings(BaseSettings):
         if self.triton_control == "admin" and not secrets and not self.insecure_admin:
             raise ValueError("triton_control=admin needs an admin token to check: set GATEWAY_ADMIN_TOKEN "
                              "(or admin_tokens), or choose triton_control=deny")
+        return self
+
+    @model_validator(mode="after")
+    def _ticks_fit_in_the_lease(self) -> Settings:
+        # A tick makes up to ~4 bounded calls per rollout and is cut off at half the TTL.
+        if self.controller_call_timeout_s * 4 > self.controller_lease_ttl_s / 2:
+            raise ValueError("controller_call_timeout_s must be at most controller_lease_ttl_s / 8, so a tick's "
+                             "calls finish well inside the lease: lower the timeout or raise the TTL")
+        if self.controller_tick_s >= self.controller_lease_ttl_s / 2:
+            raise ValueError("controller_tick_s must be below controller_lease_ttl_s / 2, or the lease lapses "
+                             "between ticks")
         return self
 
     def actor_tokens(self) -> dict[str, str]:

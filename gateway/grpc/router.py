@@ -12,14 +12,14 @@ import asyncio
 import time
 from collections.abc import Iterable, Sequence
 
-from gateway.grpc.status import FAULTS, QUEUE_FULL, StatusCode, classify, status_name
+from gateway.grpc.status import FAULTS, StatusCode, classify, status_name
 from gateway.grpc.upstream import GrpcUpstream
 from gateway.grpc.upstream import Metadata as Forwarded
 from gateway.grpc.wire import RouteFields, WireError, route_fields, with_version
 from gateway.pipeline import Pipeline, Target, route_metadata
 from gateway.proxy.shadow import GrpcMirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
-from gateway.telemetry.recorder import Outcome
+from gateway.telemetry.recorder import QUEUE_FULL, Outcome
 
 SERVICE = "/inference.GRPCInferenceService/"
 INFER = SERVICE + "ModelInfer"
@@ -66,12 +66,10 @@ class GrpcInfer:
         return None
 
     def outcome(self) -> Outcome:
-        if self.code == StatusCode.UNAVAILABLE and QUEUE_FULL in self.details:  # Triton's full queue: load
-            return Outcome.OVERLOAD
-        return classify(self.code)
+        return classify(self.code, self.details)
 
     def fault(self) -> str | None:
-        return self.status if self.code in FAULTS and self.outcome() is Outcome.UPSTREAM_ERROR else None
+        return self.status if self.code in FAULTS and QUEUE_FULL not in self.details else None
 
     def mirrorable(self) -> bool:
         return self.code == StatusCode.OK

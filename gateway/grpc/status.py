@@ -9,7 +9,7 @@ from __future__ import annotations
 from enum import IntEnum
 
 from gateway.errors import ClientGone, GatewayError, UpstreamTimeout, UpstreamUnavailable
-from gateway.telemetry.recorder import Outcome
+from gateway.telemetry.recorder import QUEUE_FULL, Outcome
 
 
 class StatusCode(IntEnum):
@@ -35,14 +35,12 @@ class StatusCode(IntEnum):
 
 
 # Codes that count against the version that answered them; INVALID_ARGUMENT, NOT_FOUND & co.
-# are the client's, CANCELLED is nobody's.
-FAULTS = frozenset([StatusCode.UNAVAILABLE, StatusCode.INTERNAL, StatusCode.UNKNOWN, StatusCode.DEADLINE_EXCEEDED,
-                    StatusCode.RESOURCE_EXHAUSTED])
+# are the client's, CANCELLED and RESOURCE_EXHAUSTED (overload) nobody's.
+FAULTS = frozenset([StatusCode.UNAVAILABLE, StatusCode.INTERNAL, StatusCode.UNKNOWN, StatusCode.DEADLINE_EXCEEDED])
 _BY_HTTP_STATUS = {400: StatusCode.INVALID_ARGUMENT, 401: StatusCode.UNAUTHENTICATED,
                    403: StatusCode.PERMISSION_DENIED, 404: StatusCode.NOT_FOUND,
                    409: StatusCode.FAILED_PRECONDITION, 412: StatusCode.FAILED_PRECONDITION,
                    422: StatusCode.INVALID_ARGUMENT}
-QUEUE_FULL = "Exceeds maximum queue size"  # Triton's UNAVAILABLE for a full queue: overload, not a fault
 _NAMES = tuple(code.name for code in StatusCode)  # a tuple index per request, not an enum lookup
 
 
@@ -50,13 +48,14 @@ def status_name(code: int) -> str:
     return _NAMES[code] if 0 <= code < len(_NAMES) else "UNKNOWN"
 
 
-def classify(code: int) -> Outcome:
-    """gRPC answers HTTP 200 even on failure: the status code says whose fault it was."""
+def classify(code: int, details: str = "") -> Outcome:
+    """gRPC answers HTTP 200 even on failure: the status code says whose fault it was (and for
+    UNAVAILABLE, the message: Triton's full queue is overload, not a broken version)."""
     if code == StatusCode.OK:
         return Outcome.SUCCESS
     if code == StatusCode.CANCELLED:
         return Outcome.CANCELLED
-    if code == StatusCode.RESOURCE_EXHAUSTED:  # overload: the server's load, never the version's fault
+    if code == StatusCode.RESOURCE_EXHAUSTED or (code == StatusCode.UNAVAILABLE and QUEUE_FULL in details):
         return Outcome.OVERLOAD
     return Outcome.UPSTREAM_ERROR if code in FAULTS else Outcome.CLIENT_ERROR
 

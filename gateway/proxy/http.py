@@ -22,14 +22,13 @@ from gateway.pipeline import Pipeline, Target, route_metadata
 from gateway.proxy.limits import BodyReader, end_to_end
 from gateway.proxy.shadow import Mirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
-from gateway.telemetry.recorder import Outcome
+from gateway.telemetry.recorder import Outcome, http_outcome
 from gateway.upstream import HttpUpstream, UpstreamResponse
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
-QUEUE_FULL = b"Exceeds maximum queue size"  # Triton's 503 for a full queue (../shared/docs/triton-protocol.md §1)
 CONNECTION_KEY = "gateway.connection"  # set by gateway.server.GatewayHttpProtocol
 ROUTED_ACTIONS = frozenset(["infer", "generate", "generate_stream"])
 _JSON = [(b"content-type", b"application/json")]
@@ -256,18 +255,10 @@ class HttpExchange:
         await send({"type": "http.response.body", "body": b""})
 
     def outcome(self) -> Outcome:
-        code = self.status
-        if code < 400:
-            return Outcome.SUCCESS
-        if code == 429 or (code == 503 and self._queue_full()):  # load, not the version's fault
-            return Outcome.OVERLOAD
-        return Outcome.CLIENT_ERROR if code < 500 else Outcome.UPSTREAM_ERROR
-
-    def _queue_full(self) -> bool:
-        """Triton answers a full queue (``max_queue_size``) with 503 and this message; a version
-        that is not READY answers 503 too, and that one is the version's fault."""
         response = self.response
-        return response is not None and response.complete and QUEUE_FULL in response.body()
+        # A 503's short body tells Triton's queue-full (overload) from a failing version.
+        body = response.body() if self.status == 503 and response is not None and response.complete else b""
+        return http_outcome(self.status, body)
 
     def fault(self) -> str | None:
         return None  # an HTTP 5xx counts as an upstream error in the outcome; kinds are transport failures

@@ -38,6 +38,11 @@ class Verdict:
     stable_error_rate: float | None = None
     stable_p99_ms: float | None = None
     metrics: tuple[Any, ...] = ()  # the statistical judge's per-metric evidence (judge.MetricVerdict)
+    canary_client_errors: int = 0
+    canary_client_error_rate: float | None = None
+    stable_client_error_rate: float | None = None
+    canary_overloads: int = 0  # shown, never judged: load is nobody's version's fault
+    stable_overloads: int = 0
 
     def document(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -59,10 +64,18 @@ def judge(spec: RolloutSpec, canary: Window | None, stable: Window | None) -> Ve
         "stable_requests": stable.requests if stable else 0,
         "stable_error_rate": stable.error_rate if stable else None,
         "stable_p99_ms": _ms(stable.quantile(0.99)) if stable else None,
+        "canary_client_errors": canary.client_errors, "canary_client_error_rate": canary.client_error_rate,
+        "stable_client_error_rate": stable.client_error_rate if stable else None,
+        "canary_overloads": canary.overloads, "stable_overloads": stable.overloads if stable else 0,
     }
-    if canary.requests < spec.min_requests:
-        return Verdict(Outcome.INCONCLUSIVE, f"{canary.requests} canary requests, fewer than {spec.min_requests}",
+    answered = canary.requests + canary.client_errors  # a canary refusing every request is not "no data"
+    if answered < spec.min_requests:
+        return Verdict(Outcome.INCONCLUSIVE, f"{answered} canary requests, fewer than {spec.min_requests}",
                        **numbers)
+    client = _client_error_breach(spec, canary, stable)
+    if client is not None:
+        return Verdict(Outcome.UNHEALTHY, client[0], "client_error_rate_increase", client[1],
+                       spec.client_error_floor(), **numbers)
     rate = canary.error_rate or 0.0
     if spec.max_error_rate is not None and rate > spec.max_error_rate:
         return Verdict(Outcome.UNHEALTHY, f"error rate {rate:.2%} above {spec.max_error_rate:.2%}",
@@ -79,3 +92,19 @@ def judge(spec: RolloutSpec, canary: Window | None, stable: Window | None) -> Ve
             return Verdict(Outcome.UNHEALTHY, f"p99 {p99:.1f} ms is {ratio:.2f}x the stable's {stable_p99:.1f} ms "
                            f"(limit {spec.max_p99_ratio}x)", "p99_ratio", ratio, spec.max_p99_ratio, **numbers)
     return Verdict(Outcome.HEALTHY, "within every threshold", **numbers)
+
+
+def _client_error_breach(spec: RolloutSpec, canary: Window, stable: Window | None) -> tuple[str, float] | None:
+    """4xx judged relative to the stable over the same window (0 when the stable has too few
+    answers to tell, e.g. at the 100% step)."""
+    limit = spec.client_error_floor()
+    rate = canary.client_error_rate
+    if limit >= 1 or rate is None:
+        return None
+    base = 0.0
+    if stable is not None and stable.requests + stable.client_errors >= spec.min_requests:
+        base = stable.client_error_rate or 0.0
+    if rate - base <= limit:
+        return None
+    return (f"client error rate {rate:.2%} is {rate - base:.2%} above the stable's {base:.2%} "
+            f"(limit {limit:.2%})", rate - base)

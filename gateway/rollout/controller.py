@@ -1,15 +1,22 @@
-"""The rollout controller: a reconcile tick over every active rollout, and its loop.
+"""The rollout controller: a level-triggered reconcile tick over every rollout, and its loop.
 
-All state lives in the store, so any replica can run a tick and a restarted gateway
-carries on at the same step. Only the holder of the ``rollout-controller`` lease runs the
-loop. Each tick, per active rollout:
+All state lives in the store, so any replica can run a tick and a restarted gateway carries on
+at the same step. Only the holder of the fenced ``rollout-controller`` lease runs the loop, and
+every write it makes carries the lease's epoch: a holder deposed mid-tick (a pause longer than
+the lease) has its writes refused by the store. Each tick, per rollout not yet settled:
 
-1. fast path: a canary Triton reports not READY, or that the data path saw fail with
-   "version unavailable" / connection errors, is rolled back at once;
-2. a policy revision newer than the one the rollout wrote means someone changed the
-   weights by hand: the rollout pauses instead of overwriting them;
-3. when the interval is over: judge the canary against the stable over the same window,
-   step (pure), persist with compare-and-set, then apply the weights.
+1. a policy revision the rollout did not write is a human's: an active rollout pauses, a
+   finished one yields, and the human's weights are never overwritten;
+2. a paused rollout is left alone;
+3. fast path (:mod:`gateway.rollout.fast_path`): failures that are the canary's own roll back
+   at once;
+4. when the interval is over and the step's weights are in place: judge the canary against
+   the stable over the same window and step (pure);
+5. drive the policy toward the rollout's weights (:mod:`gateway.rollout.driver`) until it
+   shows them, whatever the phase; a final phase counts as applied only then.
+
+While the store is down, the last lease holder keeps judging from memory; a rollback then
+goes into this replica's policy book at once and into the store when it is back.
 """
 
 from __future__ import annotations
@@ -21,35 +28,36 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from decimal import Decimal
 from typing import Any
 
 from gateway.background import Background
-from gateway.errors import Conflict, GatewayError, MetricsUnavailable, NotFound, StaleRevision
-from gateway.policy import PolicySpec, heaviest, with_weights
+from gateway.errors import Conflict, GatewayError, LeaseLost, MetricsUnavailable, NotFound, StaleRevision, StoreError
+from gateway.policy import PolicySpec, heaviest
 from gateway.rollout import steps
-from gateway.rollout.analysis import Verdict, judge
+from gateway.rollout.analysis import Outcome, Verdict, judge
+from gateway.rollout.driver import PolicyDriver, PolicyMoved, adopt_own_write, manual_change
+from gateway.rollout.fast_path import FastPath
 from gateway.rollout.judge import Evidence, VersionSample, assess
 from gateway.rollout.phases import Phase, TransitionError
 from gateway.rollout.spec import RolloutSpec
 from gateway.rollout.steps import Rollout
 from gateway.services.policies import PolicyService
 from gateway.services.triton_control import TritonControl
-from gateway.store.base import EventDraft, StateStore, StoredRollout
+from gateway.store.base import Fence, StateStore, StoredPolicy, StoredRollout
 from gateway.telemetry.recorder import Recorder, Window
 from gateway.telemetry.sources import MetricsSource
 
 log = logging.getLogger("gateway.rollout")
 ACTOR = "rollout-controller"
 LEASE = "rollout-controller"
-FAST_PATH_KINDS = ("VersionUnavailable", "UpstreamUnavailable")
 PHASES = tuple(phase.value for phase in Phase)
 
 
 class RolloutController:
     def __init__(self, store: StateStore, triton: TritonControl, policies: PolicyService, source: MetricsSource,
                  recorder: Recorder, clock: Callable[[], float] = time.time, tick_s: float = 1.0,
-                 lifecycle: Any = None, shadow: Any = None) -> None:
+                 lifecycle: Any = None, shadow: Any = None, lease_ttl_s: float = 15.0,
+                 call_timeout_s: float = 1.5) -> None:
         self.lifecycle = lifecycle  # gateway.services.lifecycle.ModelLifecycle: unload_previous after promotion
         self.shadow = shadow  # gateway.proxy.shadow.ShadowMirror: shadow numbers in the status
         self.store = store
@@ -59,9 +67,17 @@ class RolloutController:
         self.recorder = recorder
         self.clock = clock
         self.tick_s = tick_s
+        self.lease_ttl_s = lease_ttl_s
+        self.call_timeout_s = call_timeout_s  # every metrics query and Triton call of a tick, well inside the TTL
         self.holder = uuid.uuid4().hex
-        self._seen_errors: dict[tuple[str, str, str], int] = {}
+        self.fast = FastPath(recorder, triton, call_timeout_s)
+        self.driver = PolicyDriver(store, triton, policies, self.fast)
+        self._listed = self.driver.known  # the newest records seen: the tick's memory while the store is down
+        self.fence: Fence | None = None  # set while this replica holds the lease
+        # model -> (base revision, state the store has not taken, the metric that decided it)
+        self._unsaved: dict[str, tuple[int, Rollout, str | None]] = {}
         self._background = Background()  # the loop, and unload tasks after promotions
+        self._restoring: asyncio.Task[Any] | None = None
 
     # -- commands from the admin API -----------------------------------------------------
     async def begin(self, model: str, spec: RolloutSpec, actor: str) -> Rollout:
@@ -78,23 +94,24 @@ class RolloutController:
             raise Conflict(f"version {spec.canary} of model '{model}' was rolled back ({existing.document['reason']}); "
                            f'start again with "retry": true to roll it out anyway')
         await self.triton.require_ready(model, {stable, spec.canary})
-        for kind in FAST_PATH_KINDS:  # baselines: only errors from now on count
-            self._new_errors(model, spec.canary, kind)
-            self._new_errors(model, stable, kind)
-        rollout = steps.begin(model, spec, stable, self.clock())
+        self.fast.baseline(model, spec.canary, stable)  # only failures from now on count
+        rollout = dataclasses.replace(steps.begin(model, spec, stable, self.clock()),
+                                      policy_revision=policy.revision if policy else 0)
         self._watch(rollout)
         for version in (spec.canary, stable):  # the first interval's latency sample starts now
             self.recorder.take_latencies(model, version)
         stored = await self.store.put_rollout(model, rollout.document(), existing.revision if existing else 0)
         try:
-            rollout = await self._apply(stored, rollout, actor)
+            rollout = await self._commit(stored, rollout, policy, None, actor)
         except Exception:
             # Refused (a version named by the policy not READY, a concurrent policy change):
             # take the record back, or it would block every retry as an "active rollout".
+            saved = self.driver.known.get(model)
+            revision = saved.revision if saved is not None and saved.revision > stored.revision else stored.revision
             if existing is not None:
-                await self.store.put_rollout(model, existing.document, stored.revision)
+                await self.store.put_rollout(model, existing.document, revision)
             else:
-                await self.store.delete_rollout(model, stored.revision)
+                await self.store.delete_rollout(model, revision)
             raise
         self._show_state(model, rollout.phase)
         await self.policies.audit(model, actor, "rollout_started", rollout.reason, at=self.clock())
@@ -106,10 +123,14 @@ class RolloutController:
             changed = steps.on_command(rollout, command, self.clock(), actor)
         except TransitionError as exc:
             raise Conflict(str(exc)) from None
-        if command == "resume":  # the SRE's resume re-asserts the rollout's weights
-            policy = await self.store.get_policy(model)
-            changed = _with_revision(changed, policy.revision if policy else 0)
-        result = await self._persist_and_apply(stored, changed, actor)
+        policy = await self.store.get_policy(model)
+        if command == "resume":  # the SRE's resume re-asserts the rollout's weights over theirs
+            changed = dataclasses.replace(changed, policy_revision=policy.revision if policy else 0)
+            self.fast.baseline(model, changed.canary, changed.stable)
+        try:
+            result = await self._commit(stored, changed, policy, None, actor)
+        except PolicyMoved:
+            raise Conflict(f"the policy of '{model}' changed while the command ran: try again") from None
         await self.policies.audit(model, actor, f"rollout_{command}", result.reason, at=self.clock())
         return result
 
@@ -127,46 +148,109 @@ class RolloutController:
         self.recorder.set_rollout_state(model, phase.value, PHASES)
 
     # -- the reconcile tick ----------------------------------------------------------------
-    async def tick(self) -> None:
-        for model, stored in (await self.store.list_rollouts()).items():
+    async def tick(self, fence: Fence | None = None) -> None:
+        """One pass over every rollout; ``fence`` (the loop's lease) is checked on every write."""
+        try:
+            listed = await self.store.list_rollouts()
+            self._listed.clear()
+            self._listed.update(listed)
+        except StoreError as exc:
+            log.warning("rollout controller: store unavailable (%s): judging from memory", exc)
+        for model, stored in list(self._listed.items()):
             try:
-                rollout = Rollout.from_document(stored.document)
+                rollout = self._working(model, stored)
             except Exception as exc:  # one record this version cannot read must not stop every other rollout
                 log.error("rollout of %s: stored record cannot be read (%s: %s): skipped", model,
                           type(exc).__name__, exc)
                 continue
             self._show_state(model, rollout.phase)
             self._watch(rollout)
-            if not rollout.phase.active:
+            if rollout.settled:
                 continue
             try:
-                await self._reconcile(stored, rollout)
+                await self._reconcile(stored, rollout, fence)
+                self._unsaved.pop(model, None)
             except StaleRevision:
-                continue  # an admin command got there first; next tick sees it
+                self._unsaved.pop(model, None)  # someone else wrote: next tick starts from the store
+            except LeaseLost as exc:
+                log.warning("rollout controller deposed: %s", exc)
+                await self._deposed()
+                return
+            except StoreError as exc:
+                log.warning("rollout of %s: store unavailable (%s): kept in memory", model, exc)
             except GatewayError as exc:
                 log.warning("rollout of %s: tick failed: %s", model, exc)
 
-    async def _reconcile(self, stored: StoredRollout, rollout: Rollout) -> None:
+    def _working(self, model: str, stored: StoredRollout) -> Rollout:
+        """The store's rollout, or the newer state this replica could not save yet on top of it."""
+        unsaved = self._unsaved.get(model)
+        if unsaved is not None and unsaved[0] == stored.revision:
+            return unsaved[1]
+        self._unsaved.pop(model, None)
+        return Rollout.from_document(stored.document)
+
+    async def _reconcile(self, stored: StoredRollout, rollout: Rollout, fence: Fence | None) -> None:
         now = self.clock()
-        lost = await self._canary_lost(rollout)
+        policy = await self._policy(rollout.model)
+        rollout = adopt_own_write(rollout, policy)
+        if rollout.phase is not Phase.PAUSED and manual_change(rollout, policy):
+            await self._yield(stored, rollout, policy, now, fence)
+            return
+        if rollout.phase is Phase.PAUSED:
+            return
+        decided, metric = await self._decide(rollout, now)
+        unsaved = self._unsaved.get(rollout.model)
+        if metric is None and unsaved is not None and unsaved[1] == rollout:
+            metric = unsaved[2]  # decided on an earlier tick, while the store was down
+        try:
+            await self._commit(stored, decided, policy, fence, ACTOR, metric)
+        except PolicyMoved as moved:  # a human wrote during this tick: theirs stands
+            await self._yield(stored, rollout, moved.policy, now, fence)
+        except StoreError:
+            if decided.step == rollout.step or decided.canary_percent == 0:  # hold, never advance, from memory
+                self._unsaved[rollout.model] = (stored.revision, decided, metric)
+            raise
+
+    async def _policy(self, model: str) -> StoredPolicy | None:
+        """The stored policy; while the store is down, what this replica's book holds."""
+        try:
+            return await self.store.get_policy(model)
+        except StoreError:
+            held = self.policies.book.get(model)
+            if held is None:
+                raise
+            return StoredPolicy(model, held.spec, held.revision, 0.0)
+
+    async def _decide(self, rollout: Rollout, now: float) -> tuple[Rollout, str | None]:
+        if rollout.phase is not Phase.PROGRESSING:
+            return rollout, None  # a final phase not applied yet: only its weights to drive
+        lost = await self.fast.reason_to_roll_back(rollout)
         if lost:
-            await self._persist_and_apply(stored, steps.roll_back(rollout, now, lost), ACTOR, metric="canary_lost")
-            return
-        policy = await self.store.get_policy(rollout.model)
-        if rollout.phase is Phase.PROGRESSING and policy is not None and policy.revision != rollout.policy_revision:
-            latest = await self.store.events(rollout.model, limit=1)
-            who = latest[0].actor if latest else "someone"
-            paused = steps.on_command(rollout, "pause", now, f"{who} (manual policy change during the rollout)")
-            await self._persist_and_apply(stored, paused, ACTOR)
-            return
-        if rollout.due(now):
+            return steps.roll_back(rollout, now, lost), "canary_lost"
+        if rollout.applied and rollout.due(now):  # judge a step only once its weights are in place
+            if self.fast.troubled_within(rollout.model, rollout.spec.interval_s + self.tick_s):
+                verdict = Verdict(Outcome.INCONCLUSIVE, "Triton could not serve the model during this interval "
+                                  "(down, restarting or reloading): its errors are no version's fault")
+                for version in (rollout.canary, rollout.stable):  # nor are its latencies: drop them
+                    self.recorder.take_latencies(rollout.model, version)
+                return steps.on_verdict(rollout, verdict, now), None
             verdict, evidence = await self._judge(rollout)
             judged = steps.on_verdict(rollout, verdict, now, evidence)
-            metric = verdict.metric if judged.phase is Phase.ROLLED_BACK else None
-            await self._persist_and_apply(stored, judged, ACTOR, metric=metric)
-        elif policy is not None and _weights(policy.spec) != _nonzero(rollout.weights()) \
-                and rollout.phase is Phase.PROGRESSING:
-            await self._persist_and_apply(stored, rollout, ACTOR)  # heal a crash between our two writes
+            return judged, verdict.metric if judged.phase is Phase.ROLLED_BACK else None
+        return rollout, None
+
+    async def _yield(self, stored: StoredRollout, rollout: Rollout, policy: StoredPolicy | None, now: float,
+                     fence: Fence | None) -> None:
+        """A human changed the policy: pause (active) or step aside (final); never overwrite."""
+        latest = await self.store.events(rollout.model, limit=1)
+        who = latest[0].actor if latest else "someone"
+        revision = policy.revision if policy is not None else 0
+        if rollout.phase.active:
+            changed = steps.on_command(rollout, "pause", now, f"{who} (manual policy change during the rollout)")
+        else:
+            changed = dataclasses.replace(rollout, applied=False, manual_revision=revision, apply_reason=(
+                f"manual policy change by {who} at revision {revision}: left as set"))
+        await self._commit(stored, changed, policy, fence, ACTOR)
 
     async def _judge(self, rollout: Rollout) -> tuple[Verdict, dict[str, Any] | None]:
         """The spec's judge on this interval; the statistical one also returns its evidence."""
@@ -192,73 +276,59 @@ class RolloutController:
     async def _windows(self, rollout: Rollout) -> tuple[Window | None, Window | None]:
         seconds = rollout.spec.interval_s
         try:
-            canary = await self.source.window(rollout.model, rollout.canary, seconds)
-            stable = await self.source.window(rollout.model, rollout.stable, seconds)
-        except MetricsUnavailable as exc:
-            log.warning("rollout of %s: %s", rollout.model, exc)
+            async with asyncio.timeout(self.call_timeout_s * 2):
+                canary = await self.source.window(rollout.model, rollout.canary, seconds)
+                stable = await self.source.window(rollout.model, rollout.stable, seconds)
+        except (MetricsUnavailable, TimeoutError) as exc:
+            log.warning("rollout of %s: metrics unavailable: %s", rollout.model, exc or "timed out")
             return None, None
         return canary, stable
 
-    async def _canary_lost(self, rollout: Rollout) -> str | None:
-        if rollout.canary_percent == 0:
-            return None
-        ready = await self.triton.is_version_ready(rollout.model, rollout.canary)
-        if ready is False:
-            return f"Triton reports version {rollout.canary} not READY"
-        for kind in FAST_PATH_KINDS:
-            canary_new = self._new_errors(rollout.model, rollout.canary, kind)
-            stable_new = self._new_errors(rollout.model, rollout.stable, kind)
-            if canary_new and not stable_new:  # both failing is Triton's outage, not the canary's fault
-                return f"version {rollout.canary} failed with {kind} ({canary_new} requests) while stable did not"
-        return None
-
-    def _new_errors(self, model: str, version: str, kind: str) -> int:
-        """Errors of this kind since the previous look (0 on the first look)."""
-        key = (model, version, kind)
-        count = self.recorder.upstream_errors.get(key, 0)
-        previous = self._seen_errors.get(key)
-        self._seen_errors[key] = count
-        return 0 if previous is None else count - previous
-
     # -- persistence -------------------------------------------------------------------------
-    async def _persist_and_apply(self, stored: StoredRollout, rollout: Rollout, actor: str,
-                                 metric: str | None = None) -> Rollout:
-        saved = await self.store.put_rollout(rollout.model, rollout.document(), stored.revision)
+    async def _commit(self, stored: StoredRollout, rollout: Rollout, policy: StoredPolicy | None,
+                      fence: Fence | None, actor: str, metric: str | None = None) -> Rollout:
+        before = Phase(stored.document["state"])
+        try:
+            _, rollout = await self.driver.commit(stored, rollout, policy, fence, actor)
+        except GatewayError:
+            saved = self.driver.known.get(rollout.model)
+            if rollout.phase is not before and saved is not None and saved.revision > stored.revision:
+                await self._announce(rollout, actor, metric)  # the phase change is stored; its weights are not
+            raise
         self._watch(rollout)
-        if rollout.phase is not Phase(stored.document["state"]):
-            self._show_state(rollout.model, rollout.phase)
-            log.info(json.dumps({"type": "rollout", "model": rollout.model, "state": rollout.phase.value,
-                                 "step": rollout.step, "actor": actor, "reason": rollout.reason}))
-            await self.policies.audit(rollout.model, actor, f"rollout_{rollout.phase.value}", rollout.reason,
-                                      at=self.clock())
-            if rollout.phase is Phase.ROLLED_BACK:
-                self.recorder.count_rollback(rollout.model, metric or "unhealthy")
-        if rollout.phase is Phase.PAUSED:
-            return rollout  # a paused rollout leaves the weights to the humans
-        applied = await self._apply(saved, rollout, actor)
-        promoted_now = rollout.phase is Phase.PROMOTED and Phase(stored.document["state"]) is not Phase.PROMOTED
-        if promoted_now and rollout.spec.unload_previous and self.lifecycle is not None:
+        self.recorder.set_rollback_blocked(rollout.model, rollout.canary_percent == 0 and not rollout.applied
+                                           and not rollout.manual_revision and "not READY" in rollout.apply_reason)
+        if rollout.phase is not before:
+            await self._announce(rollout, actor, metric)
+        was_done = before is Phase.PROMOTED and stored.document.get("applied", False)
+        if rollout.phase is Phase.PROMOTED and rollout.applied and not was_done and rollout.spec.unload_previous \
+                and self.lifecycle is not None:
             self._cleanup(rollout)  # only once the promoted weights are in place
-        return applied
-
-    async def _apply(self, saved: StoredRollout, rollout: Rollout, actor: str) -> Rollout:
-        """Set the policy to the rollout's weights and remember the revision we wrote."""
-        policy = await self.store.get_policy(rollout.model)
-        weights = rollout.weights()
-        if policy is not None and policy.spec is not None and _weights(policy.spec) == _nonzero(weights):
-            revision = policy.revision
-        else:
-            spec = with_weights(policy.spec if policy is not None else None, weights)
-            expected = policy.revision if policy is not None else 0
-            urgent = rollout.phase in (Phase.ROLLED_BACK, Phase.ABORTED)
-            written = await self.policies.put(rollout.model, spec, expected,
-                                               EventDraft(actor, "rollout_weights", rollout.reason),
-                                               require_ready=not urgent)
-            revision = written.revision
-        if revision != rollout.policy_revision:
-            rollout = _with_revision(rollout, revision)
-            await self.store.put_rollout(rollout.model, rollout.document(), saved.revision)
         return rollout
+
+    async def _announce(self, rollout: Rollout, actor: str, metric: str | None) -> None:
+        """A phase change the store has taken: metrics, log line, audit trail (once)."""
+        self._show_state(rollout.model, rollout.phase)
+        if rollout.phase is Phase.ROLLED_BACK:
+            self.recorder.count_rollback(rollout.model, metric or "unhealthy")
+        log.info(json.dumps({"type": "rollout", "model": rollout.model, "state": rollout.phase.value,
+                             "step": rollout.step, "actor": actor, "reason": rollout.reason}))
+        await self.policies.audit(rollout.model, actor, f"rollout_{rollout.phase.value}", rollout.reason,
+                                  at=self.clock())
+
+    async def _deposed(self) -> None:
+        """Another replica holds the lease now: forget what we could not save, and give the
+        book back to the store's record (a local rollback is the new holder's to decide)."""
+        self.fence = None
+        self._unsaved.clear()
+        for model in list(self.driver.overridden):
+            try:
+                stored = await self.store.get_policy(model)
+            except StoreError:
+                continue
+            if stored is not None and stored.spec is not None:
+                self.policies.book.override(model, stored.spec)
+            self.driver.overridden.discard(model)
 
     def _cleanup(self, rollout: Rollout) -> None:
         """After promotion, in the background: drain and unload the previous versions that
@@ -307,6 +377,20 @@ class RolloutController:
                              "error_rate": window.error_rate, "p99_ms": None if p99 is None else round(p99 * 1000, 3)}
         return live
 
+    def _restore_loaded_versions(self) -> None:
+        """In the background (a reload takes seconds): Triton back to the versions the gateway
+        loaded, e.g. after Triton restarted with only its config.pbtxt's list."""
+        if self.lifecycle is None or (self._restoring is not None and not self._restoring.done()):
+            return
+
+        async def restore() -> None:
+            try:
+                await self.lifecycle.restore()
+            except GatewayError as exc:
+                log.warning("restoring loaded versions failed: %s", exc)
+
+        self._restoring = self._background.spawn(restore())
+
     # -- the loop ------------------------------------------------------------------------------
     def start(self) -> None:
         self._background.spawn(self._run())
@@ -317,22 +401,30 @@ class RolloutController:
     async def _run(self) -> None:
         while True:
             try:
-                if await self.store.acquire_lease(LEASE, self.holder, ttl_s=max(3.0, self.tick_s * 3)):
-                    await self.tick()
+                await self.lead()
             except GatewayError as exc:
                 log.warning("rollout controller tick failed: %s", exc)
+            except TimeoutError:
+                log.warning("rollout controller tick ran past half the lease (%.1fs): cut short", self.lease_ttl_s / 2)
             except Exception:  # never let one bad tick stop the loop for good
                 log.exception("rollout controller tick crashed")
             await asyncio.sleep(self.tick_s)
 
-
-def _weights(spec: PolicySpec | None) -> dict[str, Decimal]:
-    return {} if spec is None else _nonzero(spec.weights)
-
-
-def _nonzero(weights: dict[str, Decimal]) -> dict[str, Decimal]:
-    return {v: Decimal(w) for v, w in weights.items() if w}
-
-
-def _with_revision(rollout: Rollout, revision: int) -> Rollout:
-    return dataclasses.replace(rollout, policy_revision=revision)
+    async def lead(self) -> None:
+        """Renew (or take) the fenced lease, then tick with its epoch. With the store down, the
+        replica that held the lease last goes on ticking from memory (no one else can take it)."""
+        try:
+            epoch = await self.store.acquire_fenced_lease(LEASE, self.holder, self.lease_ttl_s)
+        except StoreError as exc:
+            if self.fence is None:
+                return
+            log.warning("rollout controller: lease not renewed (%s): last holder, ticking from memory", exc)
+        else:
+            if epoch is None and self.fence is not None:
+                await self._deposed()
+            self.fence = Fence(LEASE, self.holder, epoch) if epoch is not None else None
+            if self.fence is None:
+                return
+            self._restore_loaded_versions()
+        async with asyncio.timeout(self.lease_ttl_s / 2):  # a tick never outlives the lease it started with
+            await self.tick(self.fence)

@@ -173,7 +173,7 @@ def assess(spec: RolloutSpec, evidence: Evidence, canary: VersionSample,
     alpha = spec.false_rollback_rate / len(METRICS)
     metrics = (
         _judge_rate("error_rate", "error rate", evidence.errors, spec.max_error_rate_increase, alpha),
-        _judge_rate("client_error_rate", "4xx rate", evidence.client_errors, spec.max_client_error_rate_increase,
+        _judge_rate("client_error_rate", "4xx rate", evidence.client_errors, spec.client_error_floor(),
                     alpha),
         _judge_latency(evidence.latency, spec.max_latency_increase, alpha, spec.latency_warmup_s if warming else 0),
     )

@@ -37,7 +37,12 @@ class RolloutSpec(BaseModel):
         "thresholds: absolute limits on each interval")
     max_error_rate_increase: float = Field(0.01, ge=0, le=1, description="statistical: largest tolerated rise of "
                                            "the canary's 5xx/transport error rate over the stable's (absolute)")
-    max_client_error_rate_increase: float = Field(0.01, ge=0, le=1, description="statistical: the same for 4xx")
+    max_client_error_rate_increase: float | None = Field(
+        None, ge=0, le=1, description="largest tolerated rise of the canary's 4xx share over the stable's over the "
+        "same window (the same clients reach both, so bad requests are shared evenly; a canary that rejects valid "
+        "input is not); 1 switches the check off. Default: 0.01 with the statistical judge (its sequential test "
+        "handles the noise), 0.05 with the thresholds judge (one interval, no test: one more request in 20 "
+        "refused, beyond ~2.5 standard errors at 50 requests)")
     max_latency_increase: float = Field(0.2, gt=0, le=10, description="statistical: largest tolerated latency "
                                         "increase as a ratio (0.2 = canary 20% slower than the stable)")
     latency_warmup_s: float = Field(30.0, ge=0, le=3600, description="statistical: latency in the rollout's "
@@ -48,6 +53,12 @@ class RolloutSpec(BaseModel):
     retry: bool = Field(False, description="roll out a canary that the model's last rollout rolled back")
     inconclusive_limit: int = Field(30, ge=1, le=10_000, description="statistical: inconclusive intervals in a "
                                     "row before the rollout pauses (with the requests a decision still needs)")
+
+    def client_error_floor(self) -> float:
+        """max_client_error_rate_increase, or the selected judge's default for it."""
+        if self.max_client_error_rate_increase is not None:
+            return self.max_client_error_rate_increase
+        return 0.01 if self.judge == "statistical" else 0.05
 
     @field_validator("steps")
     @classmethod

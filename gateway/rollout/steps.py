@@ -40,6 +40,16 @@ class Rollout:
     evidence: dict[str, Any] = field(default_factory=dict)  # the statistical judge's, over the whole rollout
     consecutive_inconclusive: int = 0
     history: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    # Level-triggered apply (the controller's bookkeeping, not the state machine's):
+    applied: bool = False  # the policy shows weights(); a final phase counts only once it does
+    apply_reason: str = "not written yet"  # why not applied (or how it was)
+    pending_revision: int = 0  # the policy revision our write in flight will produce: a crash after it resumes
+    manual_revision: int = 0  # a policy revision a human wrote that this rollout yields to (final phases)
+
+    @property
+    def settled(self) -> bool:
+        """Nothing left to drive: a final phase whose weights are in place, or left to humans."""
+        return not self.phase.active and (self.applied or self.manual_revision > 0)
 
     @property
     def canary(self) -> str:
@@ -73,6 +83,8 @@ class Rollout:
             "consecutive_errors": self.consecutive_errors, "awaiting_promote": self.awaiting_promote,
             "canary_requests": self.canary_requests, "verdicts": list(self.verdicts), "history": list(self.history),
             "evidence": self.evidence, "consecutive_inconclusive": self.consecutive_inconclusive,
+            "applied": self.applied, "apply_reason": self.apply_reason, "pending_revision": self.pending_revision,
+            "manual_revision": self.manual_revision,
         }
 
     @classmethod
@@ -87,6 +99,8 @@ class Rollout:
             awaiting_promote=doc["awaiting_promote"], canary_requests=doc["canary_requests"],
             verdicts=tuple(doc["verdicts"]), history=tuple(doc["history"]),
             evidence=doc.get("evidence", {}), consecutive_inconclusive=doc.get("consecutive_inconclusive", 0),
+            applied=doc.get("applied", False), apply_reason=doc.get("apply_reason", "not written yet"),
+            pending_revision=doc.get("pending_revision", 0), manual_revision=doc.get("manual_revision", 0),
         )
 
 
@@ -98,6 +112,7 @@ def _move(rollout: Rollout, phase: Phase, now: float, reason: str, **changes: An
     check(rollout.phase, phase)
     entry = {"at": now, "from": rollout.phase.value, "to": phase.value, "step": changes.get("step", rollout.step),
              "reason": reason}
+    changes.setdefault("applied", False)  # new weights (maybe): applied again only once the policy shows them
     return dataclasses.replace(rollout, phase=phase, last_transition_at=now, reason=reason,
                                history=(*rollout.history, entry)[-100:], **changes)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 from gateway.errors import Conflict, LoadFailed, NotFound, UpstreamError
@@ -22,6 +23,8 @@ from gateway.services.triton_control import TritonControl
 from gateway.store.base import EventDraft, StateStore
 
 log = logging.getLogger("gateway.lifecycle")
+RESTORE_GRACE_S = 2.0
+RESTORE_LOCK_WAIT_S = 0.5  # restore runs inside a controller tick: never wait long for the lease
 
 
 class ModelLifecycle:
@@ -33,6 +36,7 @@ class ModelLifecycle:
         self.fleet = fleet
         self.load_timeout_s = load_timeout_s
         self.drain_timeout_s = drain_timeout_s
+        self._mismatch_since: dict[str, tuple[frozenset[str], float]] = {}  # model -> (READY set, first seen)
 
     async def serving(self, model: str) -> set[str]:
         return {v for v, state in (await self.triton.versions(model)).items() if state.state == "READY"}
@@ -44,6 +48,7 @@ class ModelLifecycle:
                 return {"model": model, "version": version, "state": "READY", "serving": sorted(serving, key=int)}
             keep = serving | {version}
             await self._reload(model, keep, self.load_timeout_s)
+            await self.store.put_loaded_versions(model, sorted(keep))  # restored after a Triton restart
             states = await self.triton.versions(model)
             state = states.get(version)
             if state is None or state.state != "READY":
@@ -58,13 +63,74 @@ class ModelLifecycle:
             raise NotFound(f"version {version} of model '{model}' is not loaded")
         if serving == {version}:
             raise Conflict(f"version {version} is the only version of model '{model}' serving: load another first")
+        await self._refuse_if_referenced(model, version)
         await self._take_out_of_policy(model, version, actor)
         drained = await self.fleet.drain(model, version, self.drain_timeout_s)
         async with self.fleet.lock(model, self.load_timeout_s):
-            await self._reload(model, await self.serving(model) - {version}, self.load_timeout_s)
+            keep = await self.serving(model) - {version}
+            await self._reload(model, keep, self.load_timeout_s)
+            await self.store.put_loaded_versions(model, sorted(keep))
         reason = f"version {version} drained ({drained}) and unloaded"
         await self._event(model, actor, "version_unloaded", reason)
         return {"model": model, "version": version, "state": "UNLOADED", "drain": drained}
+
+    async def _refuse_if_referenced(self, model: str, version: str) -> None:
+        """409 naming what still needs the version: an active rollout (its stable is the rollback
+        target, its canary takes traffic) or a non-zero weight."""
+        rollout = await self.store.get_rollout(model)
+        if rollout is not None and rollout.document["state"] in ("progressing", "paused"):
+            for role in ("stable", "canary"):
+                if rollout.document[role] == version:
+                    raise Conflict(f"version {version} of model '{model}' is the {role} of its "
+                                   f"{rollout.document['state']} rollout: abort or finish the rollout first")
+        stored = await self.store.get_policy(model)
+        weight = stored.spec.weights.get(version, 0) if stored is not None and stored.spec is not None else 0
+        if weight:
+            raise Conflict(f"version {version} of model '{model}' takes {weight}% of its traffic in policy revision "
+                           f"{stored.revision if stored else 0}: move its weight to another version first")
+
+    async def restore(self) -> list[str]:
+        """Bring Triton back to the versions the gateway loaded, per model (after a restart
+        Triton falls back to config.pbtxt's list). A mismatch must outlast ``RESTORE_GRACE_S``
+        (a load on another replica reloads Triton a moment before it records the new set), and
+        models where anything is loading are left for the next call. Returns the models reloaded."""
+        restored = []
+        for model in await self.store.loaded_versions():
+            try:
+                # the wanted set is read under the model's lifecycle lease: never older than any replica's load
+                async with self.fleet.lock(model, RESTORE_LOCK_WAIT_S):
+                    done = await self._restore_one(model)
+            except Conflict:
+                continue  # a load or unload of this model is running somewhere: look again next time
+            if done is not None:
+                restored.append(model)
+                await self._event(model, "gateway", "versions_restored", f"Triton served {sorted(done[0], key=int)} "
+                                  f"(restarted?); versions {sorted(done[1], key=int)} loaded again")
+        return restored
+
+    async def _restore_one(self, model: str) -> tuple[set[str], set[str]] | None:
+        wanted = set((await self.store.loaded_versions()).get(model, []))
+        states = await self.triton.versions(model)
+        if not wanted or not states or any(s.state in ("LOADING", "UNLOADING") for s in states.values()):
+            return None
+        ready = {v for v, s in states.items() if s.state == "READY"}
+        if not self._mismatch_lasted(model, ready, wanted):
+            return None
+        await self._reload(model, wanted, self.load_timeout_s)
+        return ready, wanted
+
+    def _mismatch_lasted(self, model: str, ready: set[str], wanted: set[str]) -> bool:
+        if ready == wanted:
+            self._mismatch_since.pop(model, None)
+            return False
+        seen = self._mismatch_since.setdefault(model, (frozenset(ready), time.monotonic()))
+        if seen[0] != ready:
+            self._mismatch_since[model] = (frozenset(ready), time.monotonic())
+            return False
+        if time.monotonic() - seen[1] < RESTORE_GRACE_S:
+            return False
+        del self._mismatch_since[model]
+        return True
 
     async def _take_out_of_policy(self, model: str, version: str, actor: str) -> None:
         stored = await self.store.get_policy(model)

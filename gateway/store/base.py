@@ -35,6 +35,16 @@ def new_generation() -> str:
 
 
 @dataclass(frozen=True)
+class Fence:
+    """Proof of holding lease ``name``: the epoch :meth:`StateStore.acquire_fenced_lease` returned.
+    The epoch grows every time the lease is taken anew, so a deposed holder's epoch is stale."""
+
+    name: str
+    holder: str
+    epoch: int
+
+
+@dataclass(frozen=True)
 class StoredPolicy:
     model: str
     spec: PolicySpec | None  # None: deleted (tombstone), the model is back to passthrough
@@ -199,6 +209,29 @@ class StateStore(Protocol):
 
     async def release_lease(self, name: str, holder: str) -> None:
         """Give the lease up, if ``holder`` still has it."""
+
+    # -- fencing (the rollout controller's writes) -------------------------------------------
+    async def acquire_fenced_lease(self, name: str, holder: str, ttl_s: float) -> int | None:
+        """Take or renew the fenced lease ``name``: its epoch while ``holder`` holds it, else None.
+        Renewing keeps the epoch; taking it anew (first time, after expiry, from another holder)
+        gives the previous epoch + 1, durably, so epochs never repeat for a name."""
+
+    async def put_policy_fenced(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
+                                event: EventDraft, fence: Fence) -> StoredPolicy:
+        """:meth:`put_policy`, done only if ``fence`` is still the lease's current holder and epoch,
+        checked atomically with the write; LeaseLost otherwise (nothing changes)."""
+
+    async def put_rollout_fenced(self, model: str, document: dict[str, Any], expected_revision: int | None,
+                                 fence: Fence) -> StoredRollout:
+        """:meth:`put_rollout`, fenced like :meth:`put_policy_fenced`."""
+
+    # -- the versions the gateway wants loaded, restored after a Triton restart ----------------
+    async def put_loaded_versions(self, model: str, versions: list[str]) -> None:
+        """Record the versions of ``model`` the gateway wants loaded (after a load or unload)."""
+
+    async def loaded_versions(self) -> dict[str, list[str]]:
+        """Every model's recorded set of versions to keep loaded."""
+
 
     async def report_replica(self, report: ReplicaReport, ttl_s: float) -> None:
         """Publish this replica's report; it disappears ``ttl_s`` after the last one."""

@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from gateway.errors import StaleRevision
+from gateway.errors import LeaseLost, StaleRevision
 from gateway.policy import PolicySpec
 from gateway.store.base import (
     RESYNC,
@@ -16,6 +16,7 @@ from gateway.store.base import (
     AuditBounds,
     Event,
     EventDraft,
+    Fence,
     PolicyScan,
     ReplicaReport,
     StoredPolicy,
@@ -44,6 +45,8 @@ class InMemoryStore:
         self._replicas: dict[str, tuple[ReplicaReport, float]] = {}  # id -> (report, expires)
         self._draining: dict[tuple[str, str], tuple[str, float]] = {}  # -> (drain id, expires)
         self._pins: dict[str, tuple[str, float]] = {}
+        self._fenced: dict[str, tuple[str, float, int]] = {}  # name -> (holder, expires, epoch)
+        self._loaded: dict[str, list[str]] = {}
 
     async def open(self) -> None:
         return None
@@ -165,3 +168,44 @@ class InMemoryStore:
     def _publish(self, model: str) -> None:
         for queue in self._feeds:
             queue.put_nowait(model)
+
+    # -- fencing ---------------------------------------------------------------------------
+    async def acquire_fenced_lease(self, name: str, holder: str, ttl_s: float) -> int | None:
+        fenced = self._fenced
+        now = time.monotonic()
+        current = fenced.get(name)
+        if current is not None and current[0] == holder and current[1] >= now:
+            fenced[name] = (holder, now + ttl_s, current[2])
+            return current[2]
+        if current is not None and current[1] >= now:
+            return None
+        epoch = (current[2] if current else 0) + 1
+        fenced[name] = (holder, now + ttl_s, epoch)
+        return epoch
+
+    def _check_fence(self, fence: Fence) -> None:
+        current = self._fenced.get(fence.name)
+        if current is None or (current[0], current[2]) != (fence.holder, fence.epoch):
+            raise LeaseLost(fence_message(fence, current[2] if current else 0))
+
+    async def put_policy_fenced(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
+                                event: EventDraft, fence: Fence) -> StoredPolicy:
+        self._check_fence(fence)  # no await before the write: atomic on the event loop
+        return await self.put_policy(model, spec, expected_revision, event)
+
+    async def put_rollout_fenced(self, model: str, document: dict[str, Any], expected_revision: int | None,
+                                 fence: Fence) -> StoredRollout:
+        self._check_fence(fence)
+        return await self.put_rollout(model, document, expected_revision)
+
+
+    async def put_loaded_versions(self, model: str, versions: list[str]) -> None:
+        self._loaded[model] = sorted(versions, key=int)
+
+    async def loaded_versions(self) -> dict[str, list[str]]:
+        return dict(self._loaded)
+
+
+def fence_message(fence: Fence, current_epoch: int) -> str:
+    return (f"lease '{fence.name}' epoch {fence.epoch} of {fence.holder} is no longer current "
+            f"(now {current_epoch}): this replica was deposed, its write is refused")

@@ -21,7 +21,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from gateway.errors import CorruptRecord, StaleRevision, StoreError
+from gateway.errors import CorruptRecord, LeaseLost, StaleRevision, StoreError
 from gateway.policy import PolicySpec
 from gateway.store.base import (
     RESYNC,
@@ -29,12 +29,14 @@ from gateway.store.base import (
     AuditBounds,
     Event,
     EventDraft,
+    Fence,
     PolicyScan,
     ReplicaReport,
     StoredPolicy,
     StoredRollout,
     new_generation,
 )
+from gateway.store.memory import fence_message
 from gateway.store.records import load_json, record_field, spec_from_document
 
 # Drops audit events older than the cutoff from the list's tail (the oldest end), a bounded
@@ -311,6 +313,55 @@ class RedisStore:
             "return 0", 1, key, holder, ms))
         return bool(renewed)
 
+    # -- fencing: the epoch check runs inside the same Lua script as the write -------------
+    async def acquire_fenced_lease(self, name: str, holder: str, ttl_s: float) -> int | None:
+        epoch = await self._call(self.redis.eval(
+            _ACQUIRE_FENCED, 2, self._key("fence", name), self._key("fence", name) + ":live", holder,
+            max(1, int(ttl_s * 1000))))
+        return None if int(epoch) < 0 else int(epoch)
+
+    async def put_policy_fenced(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
+                                event: EventDraft, fence: Fence) -> StoredPolicy:
+        now = time.time()
+        record = {"model": model, "spec": spec.document() if spec else None, "updated_at": now, "actor": event.actor}
+        try:
+            before = await self.get_policy(model)
+        except CorruptRecord:  # overwriting a corrupt record is how it gets repaired
+            before = None
+        after_doc = StoredPolicy(model, spec, 0, now).document() if spec else None
+        finished = event.finish(model, before.document() if before and before.spec else None, after_doc)
+        revision, generation = await self._fenced_cas("policy", model, expected_revision, record,
+                                                      json.dumps(_event_doc(finished)), fence, now)
+        return StoredPolicy(model, spec, revision, now, generation, event.actor)
+
+    async def put_rollout_fenced(self, model: str, document: dict[str, Any], expected_revision: int | None,
+                                 fence: Fence) -> StoredRollout:
+        revision, _ = await self._fenced_cas("rollout", model, expected_revision,
+                                             {"model": model, "document": document}, "", fence, 0.0)
+        return StoredRollout(model, document, revision)
+
+    async def _fenced_cas(self, kind: str, model: str, expected_revision: int | None, record: dict[str, Any],
+                          event: str, fence: Fence, now: float) -> tuple[int, str]:
+        script = self.redis.register_script(_FENCED_CAS)
+        revision, current, generation = await self._call(script(
+            keys=[self._key(kind, model), self._key("events"), self._key("changes"), self._key("generation"),
+                  self._key("fence", fence.name)],
+            args=["" if expected_revision is None else expected_revision, json.dumps(record), event, model,
+                  self.audit.max_events, new_generation(), now - self.audit.max_age_s if event else 0,
+                  fence.holder, fence.epoch]))
+        if revision == -2:
+            raise LeaseLost(fence_message(fence, int(current)))
+        if revision == -1:
+            raise StaleRevision(f"{kind} of model '{model}' is at revision {current}, not {expected_revision}: "
+                                "read it again and retry")
+        return int(revision), str(generation)
+
+    async def put_loaded_versions(self, model: str, versions: list[str]) -> None:
+        await self._call(self.redis.hset(self._key("loaded"), model, json.dumps(sorted(versions, key=int))))
+
+    async def loaded_versions(self) -> dict[str, list[str]]:
+        raw = await self._call(self.redis.hgetall(self._key("loaded")))
+        return {model: json.loads(versions) for model, versions in raw.items()}
 
     async def release_lease(self, name: str, holder: str) -> None:
         await self._call(self.redis.eval(
@@ -395,3 +446,25 @@ def _rollout(model: str, raw: str) -> StoredRollout:
 def _event_doc(event: Event) -> dict[str, Any]:
     return {"at": event.at, "actor": event.actor, "action": event.action, "model": event.model,
             "before": event.before, "after": event.after, "reason": event.reason}
+
+
+# KEYS: fence record (hash: epoch, last holder; never expires), liveness key (expires).
+# ARGV: holder, ttl ms. Returns the epoch, or -1 while another holder's lease is live.
+_ACQUIRE_FENCED = """
+local live = redis.call('GET', KEYS[2])
+if live and live ~= ARGV[1] then return -1 end
+local epoch = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0')
+if not live then
+  epoch = epoch + 1
+  redis.call('HSET', KEYS[1], 'epoch', epoch, 'holder', ARGV[1])
+end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+return epoch
+"""
+# _CAS behind a fence check: KEYS[5] is the fence record, ARGV[8] the holder, ARGV[9] the epoch.
+_FENCED_CAS = """
+local fence = redis.call('HMGET', KEYS[5], 'holder', 'epoch')
+if fence[1] ~= ARGV[8] or tonumber(fence[2]) ~= tonumber(ARGV[9]) then
+  return {-2, tonumber(fence[2]) or 0, ''}
+end
+""" + _CAS

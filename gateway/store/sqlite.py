@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gateway.errors import CorruptRecord, StoreError
+from gateway.errors import CorruptRecord, LeaseLost, StoreError
 from gateway.policy import PolicySpec
 from gateway.store.base import (
     RESYNC,
@@ -28,13 +28,14 @@ from gateway.store.base import (
     AuditBounds,
     Event,
     EventDraft,
+    Fence,
     PolicyScan,
     ReplicaReport,
     StoredPolicy,
     StoredRollout,
     new_generation,
 )
-from gateway.store.memory import check_revision
+from gateway.store.memory import check_revision, fence_message
 from gateway.store.records import load_json, spec_from_document
 
 T = TypeVar("T")
@@ -55,6 +56,9 @@ CREATE TABLE IF NOT EXISTS pins (key TEXT PRIMARY KEY, version TEXT NOT NULL, us
 CREATE TABLE IF NOT EXISTS replicas (id TEXT PRIMARY KEY, report TEXT NOT NULL, expires REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS draining (model TEXT NOT NULL, version TEXT NOT NULL, drain_id TEXT NOT NULL,
                                      expires REAL NOT NULL, PRIMARY KEY (model, version));
+CREATE TABLE IF NOT EXISTS fenced_leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires REAL NOT NULL,
+                                          epoch INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS loaded_versions (model TEXT PRIMARY KEY, versions TEXT NOT NULL);
 """
 POLICY_COLUMNS = "model, spec, revision, updated_at, actor"
 
@@ -135,26 +139,26 @@ class SQLiteStore:
 
     async def put_policy(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
                          event: EventDraft) -> StoredPolicy:
-        def work(db: sqlite3.Connection) -> StoredPolicy:
-            def body() -> StoredPolicy:
-                rows = db.execute(f"SELECT {POLICY_COLUMNS} FROM policies WHERE model = ?", (model,)).fetchall()
-                revision = rows[0][2] if rows else 0
-                check_revision("policy", model, revision, expected_revision)
-                try:
-                    current = _policy(rows[0], self._generation) if rows else None
-                except CorruptRecord:  # overwriting a corrupt record is how it gets repaired
-                    current = None
-                stored = StoredPolicy(model, spec, revision + 1, time.time(), self._generation, event.actor)
-                db.execute(f"INSERT OR REPLACE INTO policies ({POLICY_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
-                           (model, json.dumps(spec.document()) if spec else None, stored.revision, stored.updated_at,
-                            event.actor))
-                before = current.document() if current and current.spec else None
-                self._insert_event(db, event.finish(model, before, stored.document() if spec else None))
-                return stored
+        return await self._run(lambda db: self._transaction(
+            db, lambda: self._write_policy(db, model, spec, expected_revision, event)))
 
-            return self._transaction(db, body)
-
-        return await self._run(work)
+    def _write_policy(self, db: sqlite3.Connection, model: str, spec: PolicySpec | None,
+                      expected_revision: int | None, event: EventDraft) -> StoredPolicy:
+        """put_policy's statements, inside a transaction (the fenced write checks its fence first)."""
+        rows = db.execute(f"SELECT {POLICY_COLUMNS} FROM policies WHERE model = ?", (model,)).fetchall()
+        revision = rows[0][2] if rows else 0
+        check_revision("policy", model, revision, expected_revision)
+        try:
+            current = _policy(rows[0], self._generation) if rows else None
+        except CorruptRecord:  # overwriting a corrupt record is how it gets repaired
+            current = None
+        stored = StoredPolicy(model, spec, revision + 1, time.time(), self._generation, event.actor)
+        db.execute(f"INSERT OR REPLACE INTO policies ({POLICY_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
+                   (model, json.dumps(spec.document()) if spec else None, stored.revision, stored.updated_at,
+                    event.actor))
+        before = current.document() if current and current.spec else None
+        self._insert_event(db, event.finish(model, before, stored.document() if spec else None))
+        return stored
 
     async def append_event(self, model: str, event: Event) -> None:
         await self._run(lambda db: self._transaction(db, lambda: self._insert_event(db, event)))
@@ -274,6 +278,59 @@ class SQLiteStore:
 
         return await self._run(work)
 
+    # -- fencing: the lease check runs in the same BEGIN IMMEDIATE transaction as the write ----
+    async def acquire_fenced_lease(self, name: str, holder: str, ttl_s: float) -> int | None:
+        def work(db: sqlite3.Connection) -> int | None:
+            def body() -> int | None:
+                now = time.time()
+                row = db.execute("SELECT holder, expires, epoch FROM fenced_leases WHERE name = ?", (name,)).fetchone()
+                if row is not None and row[1] > now and row[0] != holder:
+                    return None
+                epoch = row[2] if row is not None and row[1] > now else (row[2] if row else 0) + 1
+                db.execute("INSERT OR REPLACE INTO fenced_leases VALUES (?, ?, ?, ?)",
+                           (name, holder, now + ttl_s, epoch))
+                return int(epoch)
+
+            return self._transaction(db, body)
+
+        return await self._run(work)
+
+    async def put_policy_fenced(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
+                                event: EventDraft, fence: Fence) -> StoredPolicy:
+        def work(db: sqlite3.Connection) -> StoredPolicy:
+            def body() -> StoredPolicy:
+                _check_fence(db, fence)
+                return self._write_policy(db, model, spec, expected_revision, event)
+
+            return self._transaction(db, body)
+
+        return await self._run(work)
+
+    async def put_rollout_fenced(self, model: str, document: dict[str, Any], expected_revision: int | None,
+                                 fence: Fence) -> StoredRollout:
+        def work(db: sqlite3.Connection) -> StoredRollout:
+            def body() -> StoredRollout:
+                _check_fence(db, fence)
+                rows = db.execute("SELECT revision FROM rollouts WHERE model = ?", (model,)).fetchall()
+                current = rows[0][0] if rows else 0
+                check_revision("rollout", model, current, expected_revision)
+                db.execute("INSERT OR REPLACE INTO rollouts VALUES (?, ?, ?)",
+                           (model, json.dumps(document), current + 1))
+                return StoredRollout(model, document, current + 1)
+
+            return self._transaction(db, body)
+
+        return await self._run(work)
+
+
+    async def put_loaded_versions(self, model: str, versions: list[str]) -> None:
+        text = json.dumps(sorted(versions, key=int))
+        await self._run(lambda db: self._transaction(db, lambda: db.execute(
+            "INSERT OR REPLACE INTO loaded_versions VALUES (?, ?)", (model, text))))
+
+    async def loaded_versions(self) -> dict[str, list[str]]:
+        rows = await self._run(lambda db: db.execute("SELECT model, versions FROM loaded_versions").fetchall())
+        return {row[0]: json.loads(row[1]) for row in rows}
 
     async def release_lease(self, name: str, holder: str) -> None:
         await self._run(lambda db: db.execute("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder)))
@@ -348,3 +405,9 @@ def _rollout(row: tuple[Any, ...]) -> StoredRollout:
 
 def _load(text: str | None) -> Any:
     return json.loads(text) if text else None
+
+
+def _check_fence(db: sqlite3.Connection, fence: Fence) -> None:
+    row = db.execute("SELECT holder, epoch FROM fenced_leases WHERE name = ?", (fence.name,)).fetchone()
+    if row is None or (row[0], row[1]) != (fence.holder, fence.epoch):
+        raise LeaseLost(fence_message(fence, row[1] if row else 0))

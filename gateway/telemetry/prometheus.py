@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import choose_encoder
 
 from gateway.policy_book import PolicyBook
-from gateway.telemetry.recorder import LATENCY_BOUNDS, Recorder
+from gateway.telemetry.recorder import LATENCY_BOUNDS, OUTCOMES, Recorder
 
 
 class GatewayCollector:
@@ -75,7 +75,12 @@ class GatewayCollector:
             hist, total = durations.get((model, version, protocol), ([0] * len(totals.hist), 0.0))
             durations[(model, version, protocol)] = ([a + b for a, b in zip(hist, totals.hist)], total + totals.sum)
         yield requests
-        histogram = HistogramMetricFamily("gateway_request_duration_seconds", "Request latency through the gateway",
+        routed = self._routed_versions()
+        for model, version in routed:  # from 0, so the first judged request counts in increase()
+            for protocol in ("http", "grpc"):
+                durations.setdefault((model, version, protocol), ([0] * (len(LATENCY_BOUNDS) + 1), 0.0))
+        histogram = HistogramMetricFamily("gateway_request_duration_seconds", "Latency through the gateway of "
+                                          "judged requests (successes and upstream errors)",
                                           labels=["model", "version", "protocol"])
         for labels, (hist, total) in durations.items():
             running, buckets = 0, []
@@ -84,6 +89,7 @@ class GatewayCollector:
                 buckets.append(("+Inf" if bound == float("inf") else repr(bound), running))
             histogram.add_metric(list(labels), buckets, total)
         yield histogram
+        yield self._outcomes(routed)
         errors = CounterMetricFamily("gateway_upstream_errors", "Upstream failures by kind",
                                      labels=["model", "version", "kind"])
         for key, count in list(self.recorder.upstream_errors.items()):
@@ -94,6 +100,23 @@ class GatewayCollector:
         for series, count in list(self.recorder.inflight.items()):
             inflight.add_metric(list(series), count)
         yield inflight
+
+    def _routed_versions(self) -> set[tuple[str, str]]:
+        return {(model, version) for model, policy in self.book.snapshot().items() for version in policy.spec.weights}
+
+    def _outcomes(self, routed: set[tuple[str, str]]) -> Metric:
+        """Per version and outcome, every outcome from 0 for every routed version: a version's
+        first error then counts in increase(), which misses the first sample of a new series."""
+        family = CounterMetricFamily("gateway_version_requests", "Requests per routed version by outcome "
+                                     "(success, upstream_error, client_error, overload, cancelled)",
+                                     labels=["model", "version", "outcome"])
+        totals = self.recorder.outcome_totals()
+        for key in routed:
+            totals.setdefault(key, dict.fromkeys(OUTCOMES, 0))
+        for (model, version), counts in totals.items():
+            for outcome, count in counts.items():
+                family.add_metric([model, version, outcome.value], count)
+        return family
 
     def _policies(self) -> Iterator[Metric]:
         weights = GaugeMetricFamily("gateway_route_weight", "Routing weight in percent", labels=["model", "version"])
@@ -117,6 +140,11 @@ class GatewayCollector:
         for (model, reason), count in list(self.recorder.rollbacks.items()):
             rollbacks.add_metric([model, reason], count)
         yield rollbacks
+        blocked = GaugeMetricFamily("gateway_rollback_blocked", "1 while a rollback waits for a stable version "
+                                    "that is not READY (traffic stays where it is served)", labels=["model"])
+        for model, value in list(self.recorder.rollback_blocked.items()):
+            blocked.add_metric([model], value)
+        yield blocked
 
 
 def make_registry(collector: GatewayCollector) -> CollectorRegistry:

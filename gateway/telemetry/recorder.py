@@ -1,7 +1,8 @@
 """The recorder: where the data plane leaves one sample per request for the control plane.
 
 ``record()`` is O(1) and allocation-light: a ring of one-second slots per (model, version),
-each holding a request count, an upstream-error count and a fixed-bucket latency histogram.
+each holding a request count, an upstream-error count, client-error and overload counts and a
+fixed-bucket latency histogram of the judged requests (successes and upstream errors).
 Memory is bounded by (series x slots x buckets), never by request count. ``window()`` sums
 the last N seconds for the rollout analysis; cumulative totals per label set feed
 ``/metrics`` at scrape time, so the hot path never touches prometheus-client.
@@ -29,10 +30,13 @@ LATENCY_BOUNDS: tuple[float, ...] = (
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15,
     0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0,
 )
-# The `code` label holds an HTTP status or a gRPC status name. PromQL that judges versions
-# (PrometheusSource, alert rules, the dashboard) uses these two regexes.
-UPSTREAM_ERROR_CODES = "5..|UNAVAILABLE|INTERNAL|UNKNOWN|DEADLINE_EXCEEDED|RESOURCE_EXHAUSTED"
+# The `code` label holds an HTTP status or a gRPC status name. Dashboards that split by code
+# use these regexes; judging a version uses gateway_version_requests_total{outcome=...}, which
+# also tells a queue-full 503 (overload) from a failing version.
+UPSTREAM_ERROR_CODES = "5..|UNAVAILABLE|INTERNAL|UNKNOWN|DEADLINE_EXCEEDED"
 JUDGED_CODES = "[23]..|OK|" + UPSTREAM_ERROR_CODES  # successes and upstream errors: never 4xx, 499, client codes
+# Triton's answer when a model's queue is full (HTTP 503, gRPC UNAVAILABLE): load, not a broken version.
+QUEUE_FULL = "Exceeds maximum queue size"
 UNKNOWN_MODEL = "_unknown"  # label for model names Triton does not know: bounded cardinality
 MAX_SERIES = 4096  # hard cap on distinct label sets; beyond it samples fold into one overflow series
 # Why policy sync failed: an unreadable stored record (skipped), the store unreachable, or a
@@ -43,9 +47,22 @@ SYNC_ERROR_REASONS = ("corrupt_record", "store_unreachable", "internal")
 class Outcome(str, Enum):
     SUCCESS = "success"
     UPSTREAM_ERROR = "upstream_error"  # 5xx from Triton, transport errors, timeouts
-    CLIENT_ERROR = "client_error"  # 4xx: never counted against a version
+    CLIENT_ERROR = "client_error"  # 4xx: judged apart, relative to the stable's rate
     CANCELLED = "cancelled"  # the client went away first
-    OVERLOAD = "overload"  # 429, Triton's queue-full 503, RESOURCE_EXHAUSTED: the server's load, nobody's fault
+    OVERLOAD = "overload"  # 429, Triton's queue-full 503, RESOURCE_EXHAUSTED: shown, never held against a version
+
+
+OUTCOMES = tuple(Outcome)
+_QUEUE_FULL = QUEUE_FULL.encode()
+
+
+def http_outcome(status: int, body: bytes = b"") -> Outcome:
+    """Whose fault an HTTP answer was. ``body`` matters only for a 503 (a short error body)."""
+    if status < 400:
+        return Outcome.SUCCESS
+    if status == 429 or (status == 503 and _QUEUE_FULL in body):
+        return Outcome.OVERLOAD
+    return Outcome.CLIENT_ERROR if status < 500 else Outcome.UPSTREAM_ERROR
 
 
 @dataclass(frozen=True)
@@ -59,7 +76,13 @@ class Window:
     errors: int
     client_errors: int
     histogram: tuple[int, ...]  # counts per LATENCY_BOUNDS bucket (+1 overflow) of judged requests
-    overloads: int = 0  # overload answers: shown, never judged
+    overloads: int = 0  # overload answers: not judged, but shown
+
+    @property
+    def client_error_rate(self) -> float | None:
+        """Client errors over every answered request (judged + client errors)."""
+        answered = self.requests + self.client_errors
+        return self.client_errors / answered if answered else None
 
     @property
     def error_rate(self) -> float | None:
@@ -102,7 +125,7 @@ class ShadowStats:
 
 
 class _Series:
-    __slots__ = ("stamp", "requests", "errors", "client_errors", "overloads", "hist")
+    __slots__ = ("stamp", "requests", "errors", "client_errors", "overloads", "hist", "outcomes")
 
     def __init__(self, slots: int) -> None:
         buckets = len(LATENCY_BOUNDS) + 1
@@ -112,6 +135,7 @@ class _Series:
         self.client_errors = [0] * slots
         self.overloads = [0] * slots
         self.hist = [[0] * buckets for _ in range(slots)]
+        self.outcomes = dict.fromkeys(OUTCOMES, 0)  # cumulative, for gateway_version_requests_total
 
 
 class _Totals:
@@ -141,6 +165,7 @@ class Recorder:
         self._sync_errors: dict[str, int] = dict.fromkeys(SYNC_ERROR_REASONS, 0)  # reason -> count
         self._loop_restarts: dict[str, int] = {}  # background loop -> restarts after a crash
         self.store_up = True  # the state store answered the last time state sync asked
+        self._rollback_blocked: dict[str, int] = {}  # model -> 1 while its rollback waits for a READY stable
         # read-only views, built once: readers never copy and never write
         self.totals: Mapping[tuple[str, str, str, str, str], _Totals] = MappingProxyType(self._totals)
         self.upstream_errors: Mapping[tuple[str, str, str], int] = MappingProxyType(self._upstream_errors)
@@ -150,6 +175,7 @@ class Recorder:
         self.shadow: Mapping[tuple[str, str], ShadowStats] = MappingProxyType(self._shadow)
         self.sync_errors: Mapping[str, int] = MappingProxyType(self._sync_errors)
         self.loop_restarts: Mapping[str, int] = MappingProxyType(self._loop_restarts)
+        self.rollback_blocked: Mapping[str, int] = MappingProxyType(self._rollback_blocked)
 
     def record(self, model: str, version: str, outcome: Outcome, latency_s: float,
                route: str = "", protocol: str = "http", code: str = "200") -> None:
@@ -166,10 +192,20 @@ class Recorder:
             hist = series.hist[slot]
             for index in range(len(hist)):
                 hist[index] = 0
-        bucket = bisect_left(LATENCY_BOUNDS, latency_s)
+        series.outcomes[outcome] += 1
+        label = (model, version, route, protocol, code)
+        totals = self._totals.get(label)
+        if totals is None:
+            totals = self._new_totals(label)
+        totals.count += 1
         if outcome is Outcome.SUCCESS or outcome is Outcome.UPSTREAM_ERROR:
+            # Latency only of judged requests, here and in /metrics, so that Prometheus' p99
+            # and the recorder's are of the same requests.
+            bucket = bisect_left(LATENCY_BOUNDS, latency_s)
             series.requests[slot] += 1
             series.hist[slot][bucket] += 1
+            totals.sum += latency_s
+            totals.hist[bucket] += 1
             if outcome is Outcome.UPSTREAM_ERROR:
                 series.errors[slot] += 1
             elif self._reservoirs:  # only while a rollout watches some version: one dict lookup then
@@ -180,13 +216,6 @@ class Recorder:
             series.client_errors[slot] += 1
         elif outcome is Outcome.OVERLOAD:
             series.overloads[slot] += 1
-        label = (model, version, route, protocol, code)
-        totals = self._totals.get(label)
-        if totals is None:
-            totals = self._new_totals(label)
-        totals.count += 1
-        totals.sum += latency_s
-        totals.hist[bucket] += 1
 
     def upstream_error(self, model: str, version: str, kind: str) -> None:
         key = (model, version, kind)
@@ -217,6 +246,10 @@ class Recorder:
 
     def count_loop_restart(self, loop: str) -> None:
         self._loop_restarts[loop] = self._loop_restarts.get(loop, 0) + 1
+
+    def set_rollback_blocked(self, model: str, blocked: bool) -> None:
+        """A rollback of ``model`` waits (or no longer waits) for a stable version that is not READY."""
+        self._rollback_blocked[model] = int(blocked)
 
     def shadow_stats(self, model: str, version: str) -> ShadowStats:
         """The shadow counters of (model, version), for the shadow worker to bump."""
@@ -267,6 +300,10 @@ class Recorder:
 
     def series(self) -> list[tuple[str, str]]:
         return list(self._series)
+
+    def outcome_totals(self) -> dict[tuple[str, str], dict[Outcome, int]]:
+        """Cumulative requests per (model, version) and outcome, every outcome present (from 0)."""
+        return {key: dict(series.outcomes) for key, series in list(self._series.items())}
 
     def _new_series(self, key: tuple[str, str]) -> _Series:
         if len(self._series) >= MAX_SERIES:

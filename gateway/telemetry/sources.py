@@ -16,7 +16,7 @@ from typing import Protocol
 import httpx
 
 from gateway.errors import MetricsUnavailable
-from gateway.telemetry.recorder import JUDGED_CODES, LATENCY_BOUNDS, UPSTREAM_ERROR_CODES, Recorder, Window
+from gateway.telemetry.recorder import LATENCY_BOUNDS, Outcome, Recorder, Window
 
 
 class MetricsSource(Protocol):
@@ -54,33 +54,30 @@ class PrometheusSource:
         span = f"{max(1, int(math.ceil(seconds)))}s"
         labels = f'model="{_escape(model)}",version="{_escape(version)}"'
         async with httpx.AsyncClient(timeout=self.timeout_s) as client:
-            judged = await self._query(
-                client, f'sum(increase(gateway_requests_total{{{labels},code=~"{JUDGED_CODES}"}}[{span}]))')
-            errors = await self._query(
-                client, f'sum(increase(gateway_requests_total{{{labels},code=~"{UPSTREAM_ERROR_CODES}"}}[{span}]))')
+            outcomes = await self._query(
+                client, f"sum by (outcome) (increase(gateway_version_requests_total{{{labels}}}[{span}]))")
             buckets = await self._query(
                 client, f"sum by (le) (increase(gateway_request_duration_seconds_bucket{{{labels}}}[{span}]))")
+        counts = {str(r["metric"]["outcome"]): round(float(r["value"][1])) for r in outcomes}  # type: ignore[index]
         cumulative = {float(str(r["metric"]["le"])): float(r["value"][1]) for r in buckets}  # type: ignore[index]
         histogram, previous = [], 0.0
         for bound in (*LATENCY_BOUNDS, math.inf):
             total = cumulative.get(bound, previous)
             histogram.append(max(0, round(total - previous)))
             previous = total
-        return Window(model, version, seconds, _scalar(judged), _scalar(errors), 0, tuple(histogram))
-
-
-def _scalar(result: list[dict[str, object]]) -> int:
-    return round(float(result[0]["value"][1])) if result else 0  # type: ignore[index]
+        errors, overloads = counts.get(Outcome.UPSTREAM_ERROR.value, 0), counts.get(Outcome.OVERLOAD.value, 0)
+        return Window(model, version, seconds, counts.get(Outcome.SUCCESS.value, 0) + errors, errors,
+                      counts.get(Outcome.CLIENT_ERROR.value, 0), tuple(histogram), overloads)
 
 
 def _escape(value: str) -> str:
     return urllib.parse.quote(value, safe="") if '"' in value or "\\" in value else value
 
 
-def make_source(kind: str, prometheus_url: str, recorder: Recorder) -> MetricsSource:
+def make_source(kind: str, prometheus_url: str, recorder: Recorder, timeout_s: float = 5.0) -> MetricsSource:
     """``recorder`` (this replica's traffic) or ``prometheus`` (every replica's, via its query API)."""
     if kind == "prometheus":
-        return PrometheusSource(prometheus_url)
+        return PrometheusSource(prometheus_url, timeout_s)
     if kind != "recorder":
         raise ValueError(f"unknown metrics source {kind!r}: use 'recorder' or 'prometheus'")
     return RecorderSource(recorder)

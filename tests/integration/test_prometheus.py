@@ -52,3 +52,32 @@ def test_promql_sees_what_the_recorder_sees(triton: LocalTriton, faults: Faults,
             assert prometheus.query('nv_inference_request_success{model="qc",version="2"}'), "Triton scraped too"
         finally:
             prometheus.stop()
+
+
+def test_a_new_versions_first_errors_count_and_overload_is_not_an_error(triton: LocalTriton, faults: Faults,
+                                                                         tmp_path: Path) -> None:
+    """No warm-up: the canary's series exist at 0 from the first scrape, so increase() counts
+    its very first errors; Triton's queue-full 503s and 400s are counted apart from errors."""
+    faults.set("qc", "3", error_rate=0.4, client_error_rate=0.2, overload_rate=0.2)
+    settings = gateway_settings(triton.http_url, policies={"qc": {"weights": {"2": 50, "3": 50}}})
+    with GatewayThread(settings) as gw:
+        prometheus = PrometheusServer(tmp_path, {"gateway": gw.hostport})
+        try:
+            wait_for(lambda: prometheus.query('gateway_version_requests_total{version="3",outcome="upstream_error"}'),
+                     10, what="first scrape")
+            time.sleep(1.5)  # at least two scrapes of the zeros
+            started = time.monotonic()
+            asyncio.run(drive(gw.url, 400, concurrency=4, path="/v2/models/qc/versions/3/infer"))
+            time.sleep(2.5)
+            seconds = math.ceil(time.monotonic() - started) + 2
+            promql = asyncio.run(PrometheusSource(prometheus.url).window("qc", "3", seconds))
+            local = gw.app.recorder.window("qc", "3", seconds)
+        finally:
+            prometheus.stop()
+    assert local.requests + local.client_errors + local.overloads == 400
+    # increase() extrapolates to the window's edges, so a little above; missing a series' first
+    # sample would be far below (all of a short burst).
+    for name in ("requests", "errors", "client_errors", "overloads"):
+        seen, truth = getattr(promql, name), getattr(local, name)
+        assert truth * 0.95 <= seen <= truth * 1.2 + 2, (name, promql, local)
+    assert local.overloads > 40 and local.client_errors > 40 and local.errors > 100

@@ -152,7 +152,8 @@ def test_unloading_the_canary_rolls_back_at_once_without_failing_requests(faults
 
 def test_a_gateway_killed_mid_rollout_resumes_at_the_same_step(triton: LocalTriton, tmp_path: Path) -> None:
     env = {"GATEWAY_TRITON_URL": triton.http_url, "GATEWAY_STORE_URL": f"sqlite:///{tmp_path}/state.db",
-           "GATEWAY_ADMIN_TOKEN": TOKEN, "GATEWAY_CONTROLLER_TICK_S": "0.2"}
+           "GATEWAY_ADMIN_TOKEN": TOKEN, "GATEWAY_CONTROLLER_TICK_S": "0.2",
+           "GATEWAY_CONTROLLER_LEASE_TTL_S": "2", "GATEWAY_CONTROLLER_CALL_TIMEOUT_S": "0.25"}
     first = GatewayProcess(env).start()
     try:
         admin_call(first.url, "PUT", "/admin/models/qc/policy", {"weights": {"2": 100}})

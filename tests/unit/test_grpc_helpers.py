@@ -64,6 +64,8 @@ def test_outcomes_by_status_code() -> None:
     assert classify(0) is Outcome.SUCCESS and classify(1) is Outcome.CANCELLED
     assert {classify(code) for code in (14, 13, 2, 4)} == {Outcome.UPSTREAM_ERROR}
     assert classify(8) is Outcome.OVERLOAD, "RESOURCE_EXHAUSTED is load, never the version's fault"
+    assert classify(14, "Exceeds maximum queue size") is Outcome.OVERLOAD, "Triton's full queue"
+    assert classify(14, "failed to connect") is Outcome.UPSTREAM_ERROR
     assert {classify(code) for code in (3, 5, 7, 9, 12, 16)} == {Outcome.CLIENT_ERROR}
     assert status_name(14) == "UNAVAILABLE" and status_name(99) == "UNKNOWN"
 

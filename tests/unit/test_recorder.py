@@ -5,7 +5,15 @@ from typing import Any
 
 import pytest
 
-from gateway.telemetry.recorder import LATENCY_BOUNDS, MAX_SERIES, UNKNOWN_MODEL, Outcome, Recorder, Window
+from gateway.telemetry.recorder import (
+    LATENCY_BOUNDS,
+    MAX_SERIES,
+    UNKNOWN_MODEL,
+    Outcome,
+    Recorder,
+    Window,
+    http_outcome,
+)
 
 
 class Clock:
@@ -117,3 +125,48 @@ def test_latency_reservoirs_sample_watched_versions_successes_only() -> None:
     recorder.unwatch_latencies("qc", "2")
     recorder.record("qc", "2", Outcome.SUCCESS, 0.001)
     assert recorder.take_latencies("qc", "2") == [] and recorder.watched() == []
+
+
+@pytest.mark.parametrize(("status", "body", "outcome"), [
+    (200, b"", Outcome.SUCCESS), (400, b"", Outcome.CLIENT_ERROR), (404, b"", Outcome.CLIENT_ERROR),
+    (429, b"", Outcome.OVERLOAD), (503, b'{"error":"Exceeds maximum queue size"}', Outcome.OVERLOAD),
+    (503, b'{"error":"connection refused"}', Outcome.UPSTREAM_ERROR), (500, b"", Outcome.UPSTREAM_ERROR),
+])
+def test_http_answers_are_classified_by_whose_fault_they_are(status: int, body: bytes, outcome: Outcome) -> None:
+    assert http_outcome(status, body) is outcome
+
+
+def test_overload_and_client_errors_are_counted_apart_from_judged_requests() -> None:
+    clock = Clock()
+    clock.now = 50
+    recorder = Recorder(clock=clock)
+    for outcome in (Outcome.SUCCESS, Outcome.SUCCESS, Outcome.UPSTREAM_ERROR, Outcome.CLIENT_ERROR, Outcome.OVERLOAD,
+                    Outcome.OVERLOAD, Outcome.CANCELLED):
+        recorder.record("qc", "3", outcome, 2.0 if outcome is Outcome.OVERLOAD else 0.004, "weighted", "http", "x")
+    window = recorder.window("qc", "3", 10)
+    assert (window.requests, window.errors, window.client_errors, window.overloads) == (3, 1, 1, 2)
+    assert window.client_error_rate == 0.25
+    assert sum(window.histogram) == 3, "the latency histogram holds the judged requests only"
+    totals = recorder.totals[("qc", "3", "weighted", "http", "x")]
+    assert totals.count == 7 and sum(totals.hist) == 3, "exported latency covers the same requests as the window"
+    assert recorder.outcome_totals()[("qc", "3")] == {Outcome.SUCCESS: 2, Outcome.UPSTREAM_ERROR: 1,
+                                                      Outcome.CLIENT_ERROR: 1, Outcome.OVERLOAD: 2,
+                                                      Outcome.CANCELLED: 1}
+
+
+def test_a_routed_version_exports_every_outcome_from_zero() -> None:
+    from gateway.policy import PolicySpec
+    from gateway.policy_book import PolicyBook
+    from gateway.telemetry.prometheus import GatewayCollector, make_registry
+
+    book, recorder = PolicyBook(), Recorder()
+    book.put("qc", PolicySpec.model_validate({"weights": {"2": 95, "3": 5}}), 1)
+    registry = make_registry(GatewayCollector(recorder, book))
+    for outcome in Outcome:  # before the canary's first request: present, at 0
+        assert registry.get_sample_value("gateway_version_requests_total",
+                                         {"model": "qc", "version": "3", "outcome": outcome.value}) == 0
+    assert registry.get_sample_value("gateway_request_duration_seconds_count",
+                                     {"model": "qc", "version": "3", "protocol": "http"}) == 0
+    recorder.record("qc", "3", Outcome.UPSTREAM_ERROR, 0.01, "weighted", "http", "500")
+    assert registry.get_sample_value("gateway_version_requests_total",
+                                     {"model": "qc", "version": "3", "outcome": "upstream_error"}) == 1

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.errors import StaleRevision
+from gateway.errors import LeaseLost, StaleRevision
 from gateway.policy import PolicySpec
-from gateway.store.base import RESYNC, AppliedIntent, AuditBounds, EventDraft, StateStore, make_store
+from gateway.store.base import RESYNC, AppliedIntent, AuditBounds, EventDraft, Fence, StateStore, make_store
 
 SPEC_A = PolicySpec.model_validate({"weights": {"2": 80, "3": 20}, "rules": []})
 SPEC_B = PolicySpec.model_validate({"weights": {"2": 50, "3": 50},
@@ -312,3 +312,48 @@ async def test_sequence_pins_are_kept_until_idle(store: StateStore) -> None:
     assert await store.load_pins(0.5) == {'["qc", 7]': ("3", now), '["qc", "s-1"]': ("2", now - 0.2)}
     await asyncio.sleep(0.35)
     assert list(await store.load_pins(0.5)) == ['["qc", 7]'], "s-1 was last used 0.55 s ago: idle, gone"
+
+
+async def test_fenced_lease_epoch_grows_only_when_the_lease_changes_hands(store: StateStore) -> None:
+    first = await store.acquire_fenced_lease("controller", "a", 0.3)
+    assert first is not None
+    assert await store.acquire_fenced_lease("controller", "b", 0.3) is None
+    assert await store.acquire_fenced_lease("controller", "a", 0.3) == first, "renewing keeps the epoch"
+    await asyncio.sleep(0.4)
+    assert await store.acquire_fenced_lease("controller", "b", 0.3) == first + 1
+
+
+async def test_a_deposed_holders_fenced_writes_are_refused(store: StateStore) -> None:
+    epoch_a = await store.acquire_fenced_lease("controller", "a", 0.2)
+    assert epoch_a is not None
+    fence_a = Fence("controller", "a", epoch_a)
+    written = await store.put_policy_fenced("qc", SPEC_A, 0, EventDraft("a", "put"), fence_a)
+    rollout = await store.put_rollout_fenced("qc", {"step": 0}, 0, fence_a)
+    assert (written.revision, rollout.revision) == (1, 1)
+    await asyncio.sleep(0.3)
+    epoch_b = await store.acquire_fenced_lease("controller", "b", 5)
+    assert epoch_b == epoch_a + 1
+    with pytest.raises(LeaseLost, match="deposed"):
+        await store.put_policy_fenced("qc", SPEC_B, 1, EventDraft("a", "put"), fence_a)
+    with pytest.raises(LeaseLost):
+        await store.put_rollout_fenced("qc", {"step": 1}, 1, fence_a)
+    stored = await store.get_policy("qc")
+    assert stored is not None and stored.revision == 1 and stored.spec == SPEC_A, "the refused write changed nothing"
+    assert (await store.get_rollout("qc")).document == {"step": 0}  # type: ignore[union-attr]
+    fence_b = Fence("controller", "b", epoch_b)
+    assert (await store.put_policy_fenced("qc", SPEC_B, 1, EventDraft("b", "put"), fence_b)).revision == 2
+    with pytest.raises(StaleRevision):
+        await store.put_rollout_fenced("qc", {"step": 1}, 0, fence_b)
+
+
+async def test_fenced_writes_need_the_lease(store: StateStore) -> None:
+    with pytest.raises(LeaseLost):
+        await store.put_rollout_fenced("qc", {}, None, Fence("controller", "a", 1))
+
+
+async def test_loaded_versions_are_kept_per_model(store: StateStore) -> None:
+    assert await store.loaded_versions() == {}
+    await store.put_loaded_versions("qc", ["3", "10", "2"])
+    await store.put_loaded_versions("tok", ["1"])
+    await store.put_loaded_versions("qc", ["2", "3"])
+    assert await store.loaded_versions() == {"qc": ["2", "3"], "tok": ["1"]}

@@ -1,0 +1,108 @@
+"""The fast path: roll back at once, without waiting for an interval's verdict, but only for
+failures that are the canary's own.
+
+A connection error, a Triton restart or a full queue hits every version alike; rolling back
+on it throws away a good canary (and at the 100% step the stable has no traffic to compare
+with). So the fast path fires only when
+
+- Triton reports the canary not READY while the stable is READY, or
+- the data path saw "version unavailable" answers from the canary and none from the stable
+  (below 100%: at the 100% step the stable takes no traffic to compare with, so only
+  readiness counts there).
+
+Both readiness answers come from one snapshot of Triton's repository index, so a Triton that
+is restarting (nothing READY) never looks like a broken canary.
+
+A paused rollout never gets here: its weights belong to the humans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Protocol
+
+from gateway.errors import GatewayError
+from gateway.rollout.steps import Rollout
+from gateway.services.triton_control import VersionState
+from gateway.telemetry.recorder import Recorder
+
+# Failures the data path records per version that only a broken version produces.
+VERSION_SPECIFIC_KINDS = ("VersionUnavailable",)
+
+
+class VersionStates(Protocol):
+    async def versions(self, model: str) -> dict[str, VersionState]: ...
+
+
+class FastPath:
+    def __init__(self, recorder: Recorder, triton: VersionStates, call_timeout_s: float) -> None:
+        self.recorder = recorder
+        self.triton = triton
+        self.call_timeout_s = call_timeout_s
+        self._seen: dict[tuple[str, str, str], int] = {}
+        self.troubled_at: dict[str, float] = {}  # model -> last time Triton itself could not serve it
+
+    def baseline(self, model: str, *versions: str) -> None:
+        """Only failures from now on count (a new rollout, or after a pause)."""
+        for version in versions:
+            for kind in VERSION_SPECIFIC_KINDS:
+                self._new_failures(model, version, kind)
+
+    async def states(self, model: str) -> dict[str, VersionState] | None:
+        """One snapshot of Triton's repository index for the model, within the call timeout;
+        None when Triton cannot be asked."""
+        try:
+            async with asyncio.timeout(self.call_timeout_s):
+                return await self.triton.versions(model)
+        except (TimeoutError, GatewayError):
+            return None
+
+    async def ready(self, model: str, version: str) -> bool | None:
+        states = await self.states(model)
+        if states is None:
+            return None
+        state = states.get(version)
+        return state is not None and state.state == "READY"
+
+    async def reason_to_roll_back(self, rollout: Rollout) -> str | None:
+        if rollout.canary_percent == 0:
+            return None
+        failures = {kind: self._new_failures(rollout.model, rollout.canary, kind) for kind in VERSION_SPECIFIC_KINDS}
+        stable_failures = {kind: self._new_failures(rollout.model, rollout.stable, kind)
+                           for kind in VERSION_SPECIFIC_KINDS}
+        states = await self.states(rollout.model)
+        stable = states.get(rollout.stable) if states is not None else None
+        canary = states.get(rollout.canary) if states is not None else None
+        stable_ready = stable is not None and stable.state == "READY"
+        if states is None or any(s.state in ("LOADING", "UNLOADING") for s in states.values()) \
+                or (not stable_ready and (canary is None or canary.state != "READY")):
+            # Triton-wide trouble (down, restarting, reloading the model): nothing is the canary's
+            # own, and the judge is told not to hold this interval's errors against it.
+            self.troubled_at[rollout.model] = time.monotonic()
+            return None
+        if not stable_ready:
+            return None  # nothing to roll back to at once; the judge may still roll back (and wait)
+        if canary is None or canary.state not in ("READY", "LOADING"):
+            state = f"{canary.state} ({canary.reason})" if canary is not None and canary.reason else \
+                canary.state if canary is not None else "not in the repository index"
+            return f"Triton reports version {rollout.canary} {state}, not READY, while {rollout.stable} is READY"
+        if rollout.canary_percent == 100:
+            return None  # the stable takes no traffic to compare with; its readiness was the check
+        for kind, count in failures.items():
+            if count and not stable_failures[kind]:
+                return f"version {rollout.canary} failed with {kind} ({count} requests) while stable did not"
+        return None
+
+    def _new_failures(self, model: str, version: str, kind: str) -> int:
+        """Failures of this kind since the previous look (0 on the first look)."""
+        key = (model, version, kind)
+        count = self.recorder.upstream_errors.get(key, 0)
+        previous = self._seen.get(key)
+        self._seen[key] = count
+        return 0 if previous is None else count - previous
+
+    def troubled_within(self, model: str, seconds: float) -> bool:
+        """Triton could not serve the model (both versions) at some tick of the last ``seconds``."""
+        at = self.troubled_at.get(model)
+        return at is not None and time.monotonic() - at <= seconds

@@ -1,0 +1,282 @@
+"""A rollback that always happens: store outages at the moment of rollback, a crash between the
+controller's two writes, a human writing during a tick, and a deposed lease holder. Real
+Triton, real SQLite file, real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import sqlite3
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from gateway.devtools.local_triton import LocalTriton, free_port
+from gateway.rollout.controller import LEASE
+from gateway.telemetry.recorder import Window
+from gateway.telemetry.sources import MetricsSource
+from tests.conftest import Faults
+from tests.support import TOKEN, BackgroundLoad, GatewayProcess, GatewayThread, admin_call, gateway_settings, wait_for
+
+pytestmark = pytest.mark.triton
+TICK = 0.2
+
+
+def rollout(url: str) -> dict[str, Any]:
+    status, doc = admin_call(url, "GET", "/admin/models/qc/rollout")
+    assert status == 200, doc
+    assert isinstance(doc, dict)
+    return doc
+
+
+def policy_weights(url: str) -> dict[str, int]:
+    status, doc = admin_call(url, "GET", "/admin/models/qc/policy")
+    assert status == 200, doc
+    return {v: int(w) for v, w in doc["weights"].items() if w}
+
+
+def book_weights(gw: GatewayThread) -> dict[str, int]:
+    policy = gw.app.book.get("qc")
+    assert policy is not None
+    return {v: int(w) for v, w in policy.spec.weights.items() if w}
+
+
+def begin(url: str, **spec: Any) -> dict[str, Any]:
+    status, doc = admin_call(url, "POST", "/admin/models/qc/rollout", {"canary": "3", **spec})
+    assert status == 200, doc
+    assert isinstance(doc, dict)
+    return doc
+
+
+class GatedSource:
+    """The gateway's own metrics source behind a gate the test opens: a tick slowed on purpose
+    (real Prometheus cannot be told to hold one answer)."""
+
+    def __init__(self, inner: MetricsSource) -> None:
+        self.inner = inner
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+
+    async def window(self, model: str, version: str, seconds: float) -> Window:
+        if not self.gate.is_set():
+            self.entered.set()
+            while not self.gate.is_set():
+                await asyncio.sleep(0.02)
+        return await self.inner.window(model, version, seconds)
+
+
+def gate(gw: GatewayThread) -> GatedSource:
+    source = GatedSource(gw.app.rollouts.source)
+    gw.app.rollouts.source = source
+    return source
+
+
+class OwnRedis:
+    """A redis-server of this test's own (with an append-only file), to stop and start again."""
+
+    def __init__(self, workdir: Path) -> None:
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is not installed: run the suite through `make test`"
+        self.binary, self.workdir, self.port = binary, workdir, free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> OwnRedis:
+        self.process = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
+             "--appendfsync", "always", "--dir", str(self.workdir)], stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT)
+        wait_for(lambda: self._pings(), 10, what="redis-server")
+        return self
+
+    def _pings(self) -> bool:
+        try:
+            return bool(redis.Redis.from_url(self.url, socket_timeout=0.5).ping())
+        except redis.RedisError:
+            return False
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(10)
+            self.process = None
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
+    server = OwnRedis(tmp_path).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def rolled_back_and_applied(url: str) -> dict[str, Any] | None:
+    # The first call after Redis comes back may meet a pooled connection Redis closed: a 503 here
+    # is the admin API's honest answer for that one call, not the rollout's state.
+    status, doc = admin_call(url, "GET", "/admin/models/qc/rollout")
+    if status == 503:
+        return None
+    assert status == 200, doc
+    return doc if doc["state"] == "rolled_back" and doc["applied"] else None
+
+
+def roll_back_through_an_outage(gw: GatewayThread, faults: Faults, outage: Any, recover: Any) -> None:
+    """Shared by both stores: a canary failing half its requests is judged while the store is
+    out; this replica (the lease holder) sends it nothing at once; once the store is back the
+    stored policy and status catch up within two ticks."""
+    with BackgroundLoad(gw.url, concurrency=4):
+        begin(gw.url, steps=[20, 100], interval_s=1, min_requests=10, failure_limit=1)
+        wait_for(lambda: gw.app.rollouts.fence is not None, 5, what="the lease")
+        faults.set("qc", "3", error_rate=0.5)
+        outage()
+        try:
+            wait_for(lambda: book_weights(gw) == {"2": 100}, 15, what="the canary at 0% during the outage")
+        finally:
+            recovered_at = time.monotonic()
+            recover()
+        doc = wait_for(lambda: rolled_back_and_applied(gw.url), 10, interval=0.05,
+                       what="rolled_back, applied, in the store")
+        took = time.monotonic() - recovered_at
+    assert policy_weights(gw.url) == {"2": 100} and "error rate" in doc["reason"]
+    # Two ticks, plus the write that was waiting on the store when it came back.
+    assert took <= 2 * (TICK + gw.settings.controller_call_timeout_s), f"{took:.2f}s after the store returned"
+
+
+def test_sqlite_locked_at_the_moment_of_rollback(triton: LocalTriton, faults: Faults, tmp_path: Path) -> None:
+    """Another connection holds the database with BEGIN EXCLUSIVE: every write of the gateway
+    waits out SQLite's busy timeout and fails (reads still work: WAL)."""
+    path = tmp_path / "state.db"
+    settings = gateway_settings(triton.http_url, admin_token=TOKEN, controller_tick_s=TICK, store_url=f"sqlite:///{path}",
+                                policies={"qc": {"weights": {"2": 100}}})
+    locker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    with GatewayThread(settings) as gw:
+        roll_back_through_an_outage(gw, faults, lambda: locker.execute("BEGIN EXCLUSIVE"),
+                                    lambda: locker.execute("ROLLBACK"))
+    locker.close()
+
+
+def test_redis_stopped_at_the_moment_of_rollback(triton: LocalTriton, faults: Faults, own_redis: OwnRedis) -> None:
+    settings = gateway_settings(triton.http_url, admin_token=TOKEN, controller_tick_s=TICK, store_url=own_redis.url,
+                                policies={"qc": {"weights": {"2": 100}}})
+    with GatewayThread(settings) as gw:
+        roll_back_through_an_outage(gw, faults, own_redis.stop, own_redis.start)
+
+
+def test_kill_9_between_the_policy_write_and_the_rollout_write_resumes_at_the_same_step(
+        triton: LocalTriton, tmp_path: Path) -> None:
+    """The crash point is made deterministic inside SQLite itself: a trigger arms on the policy
+    write, and from then on refuses every rollout write, so the gateway process is stuck exactly
+    between its policy write and its rollout write when the test sends SIGKILL. No hook in the
+    gateway's code."""
+    path = tmp_path / "state.db"
+    env = {"GATEWAY_TRITON_URL": triton.http_url, "GATEWAY_STORE_URL": f"sqlite:///{path}",
+           "GATEWAY_ADMIN_TOKEN": TOKEN, "GATEWAY_CONTROLLER_TICK_S": str(TICK),
+           # a short lease, so the restarted process takes over from the dead one in 2 s
+           "GATEWAY_CONTROLLER_LEASE_TTL_S": "2", "GATEWAY_CONTROLLER_CALL_TIMEOUT_S": "0.25"}
+    first = GatewayProcess(env).start()
+    try:
+        admin_call(first.url, "PUT", "/admin/models/qc/policy", {"weights": {"2": 100}})
+        with BackgroundLoad(first.url, concurrency=4):
+            begin(first.url, steps=[10, 20, 50, 100], interval_s=1, min_requests=10)
+            db = sqlite3.connect(path, isolation_level=None)
+            db.executescript("""
+                CREATE TABLE crash_point (armed INTEGER); INSERT INTO crash_point VALUES (0);
+                CREATE TRIGGER arm AFTER INSERT ON policies BEGIN UPDATE crash_point SET armed = 1; END;
+                CREATE TRIGGER refuse BEFORE INSERT ON rollouts WHEN (SELECT armed FROM crash_point) = 1
+                    BEGIN SELECT RAISE(ABORT, 'crash point'); END;
+            """)
+            wait_for(lambda: db.execute("SELECT armed FROM crash_point").fetchone()[0] == 1, 10,
+                     what="the next policy write")
+            time.sleep(2 * TICK)  # a retry or two hits the trigger too: still between the writes
+            first.kill()
+        written = db.execute("SELECT revision, spec FROM policies WHERE model = 'qc'").fetchone()
+        stuck = rollout_document(db)
+        db.executescript("DROP TRIGGER arm; DROP TRIGGER refuse; DROP TABLE crash_point;")
+        db.close()
+    finally:
+        first.kill()
+    assert stuck["pending_revision"] == written[0] and not stuck["applied"], "killed between the two writes"
+    second = GatewayProcess(env, port=first.port).start()
+    try:
+        with BackgroundLoad(second.url, concurrency=4):
+            doc = wait_for(lambda: (d := rollout(second.url))["applied"] and d, 6, what="the write adopted")
+            assert (doc["state"], doc["step"]) == ("progressing", stuck["step"]), doc["reason"]
+            assert doc["policy_revision"] == written[0]
+            later = wait_for(lambda: (d := rollout(second.url))["step"] > stuck["step"] or d["state"] == "promoted",
+                             15, what="the rollout to carry on")
+        assert later
+    finally:
+        second.stop()
+
+
+def rollout_document(db: sqlite3.Connection) -> dict[str, Any]:
+    import json
+
+    row = db.execute("SELECT document FROM rollouts WHERE model = 'qc'").fetchone()
+    document: dict[str, Any] = json.loads(row[0])
+    return document
+
+
+def test_an_sre_patch_during_a_slowed_tick_pauses_and_keeps_the_sres_weights(triton: LocalTriton) -> None:
+    settings = gateway_settings(triton.http_url, admin_token=TOKEN, controller_tick_s=TICK,
+                                policies={"qc": {"weights": {"2": 100}}})
+    with GatewayThread(settings) as gw, BackgroundLoad(gw.url, concurrency=4):
+        source = gate(gw)
+        begin(gw.url, steps=[10, 50, 100], interval_s=1, min_requests=10)
+        source.gate.clear()
+        assert source.entered.wait(5), "the tick reached the metrics query"
+        status, body = admin_call(gw.url, "PATCH", "/admin/models/qc/policy/weights",
+                                  {"weights": {"2": 70, "3": 30}, "reason": "hand-tuning"})
+        assert status == 200, body
+        source.gate.set()
+        doc = wait_for(lambda: (d := rollout(gw.url))["state"] == "paused" and d, 5, what="the pause")
+        time.sleep(5 * TICK)
+        assert "admin" in doc["reason"] and "manual policy change" in doc["reason"]
+        assert policy_weights(gw.url) == {"2": 70, "3": 30} and book_weights(gw) == {"2": 70, "3": 30}
+        assert rollout(gw.url)["state"] == "paused"
+
+
+def test_two_gateways_on_one_redis_a_deposed_holders_writes_are_rejected(
+        triton: LocalTriton, redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Two gateways share Redis. The holder's tick is held at its metrics query; the test lets
+    its lease expire (deletes the live key, as a TTL would) so the other gateway takes it with
+    the next epoch; the deposed holder's verdict write is then refused by the store."""
+    def settings() -> Any:
+        return gateway_settings(triton.http_url, admin_token=TOKEN, controller_tick_s=TICK, store_url=redis_url,
+                                policies={"qc": {"weights": {"2": 100}}})
+
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    with GatewayThread(settings()) as one, GatewayThread(settings()) as two, BackgroundLoad(one.url, concurrency=4):
+        holder, other = (one, two) if wait_for(lambda: one.app.rollouts.fence or two.app.rollouts.fence, 5,
+                                               what="a lease holder") is one.app.rollouts.fence else (two, one)
+        held, waiting = gate(holder), gate(other)
+        begin(holder.url, steps=[10, 50, 100], interval_s=1, min_requests=10)
+        epoch = holder.app.rollouts.fence.epoch  # type: ignore[union-attr]
+        held.gate.clear()
+        waiting.gate.clear()
+        assert held.entered.wait(5), "the holder's tick is at its metrics query"
+        before = client.get("gateway:rollout:qc")
+        client.delete(f"gateway:fence:{LEASE}:live")  # the lease lapses mid-tick
+        wait_for(lambda: other.app.rollouts.fence is not None, 5, what="the other gateway to take the lease")
+        assert other.app.rollouts.fence.epoch == epoch + 1  # type: ignore[union-attr]
+        assert waiting.entered.wait(5), "the new holder's tick is at its metrics query too"
+        with caplog.at_level(logging.WARNING, logger="gateway.rollout"):
+            held.gate.set()  # the deposed holder goes on with its tick and tries to write its verdict
+            wait_for(lambda: holder.app.rollouts.fence is None, 5, what="the holder to learn it was deposed")
+        assert client.get("gateway:rollout:qc") == before, "the deposed holder's write changed nothing"
+        assert any("deposed" in r.getMessage() and f"epoch {epoch}" in r.getMessage() for r in caplog.records)
+        waiting.gate.set()
+        wait_for(lambda: client.get("gateway:rollout:qc") != before, 5, what="the new holder's write")
+    client.close()

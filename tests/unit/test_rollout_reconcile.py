@@ -1,0 +1,267 @@
+"""The level-triggered controller tick by tick: store failures, crashes between writes, humans
+writing during a tick, deposed lease holders, and a fast path that only fires for the canary."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gateway.errors import LeaseLost, StoreError
+from gateway.policy import PolicySpec
+from gateway.rollout.controller import LEASE, RolloutController
+from gateway.rollout.spec import RolloutSpec
+from gateway.services.policies import PolicyService
+from gateway.store.base import EventDraft, Fence
+from gateway.store.memory import InMemoryStore
+from gateway.telemetry.recorder import Window
+from tests.unit.test_rollout_controller import SPEC, FakeSource, Harness
+
+
+class FlakyStore(InMemoryStore):
+    """The in-memory store with switches: writes fail (SQLite locked), everything fails (Redis
+    stopped), or the process 'dies' right after the next policy write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes_fail = False
+        self.down = False
+        self.crash_after_policy_write = False
+
+    def _check(self, write: bool) -> None:
+        if self.down or (write and self.writes_fail):
+            raise StoreError("state store unavailable (test switch)")
+
+    async def get_policy(self, model: str) -> Any:
+        self._check(False)
+        return await super().get_policy(model)
+
+    async def list_rollouts(self) -> Any:
+        self._check(False)
+        return await super().list_rollouts()
+
+    async def put_policy(self, *args: Any, **kwargs: Any) -> Any:
+        self._check(True)
+        stored = await super().put_policy(*args, **kwargs)
+        if self.crash_after_policy_write:
+            self.crash_after_policy_write = False
+            raise asyncio.CancelledError("killed between the policy write and the rollout write")
+        return stored
+
+    async def put_policy_fenced(self, *args: Any, **kwargs: Any) -> Any:
+        self._check(True)
+        return await super().put_policy_fenced(*args, **kwargs)
+
+    async def put_rollout(self, *args: Any, **kwargs: Any) -> Any:
+        self._check(True)
+        return await super().put_rollout(*args, **kwargs)
+
+    async def put_rollout_fenced(self, *args: Any, **kwargs: Any) -> Any:
+        self._check(True)
+        return await super().put_rollout_fenced(*args, **kwargs)
+
+    async def append_event(self, *args: Any, **kwargs: Any) -> None:
+        self._check(True)
+        await super().append_event(*args, **kwargs)
+
+
+class SlowSource(FakeSource):
+    """Metrics that wait for the test: a tick held open on purpose."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate: asyncio.Event | None = None
+        self.entered = asyncio.Event()
+
+    async def window(self, model: str, version: str, seconds: float) -> Window:
+        if self.gate is not None:
+            self.entered.set()
+            await self.gate.wait()
+        return await super().window(model, version, seconds)
+
+
+@pytest.fixture
+async def h() -> Harness:
+    harness = Harness()
+    harness.store = FlakyStore()
+    harness.policies = PolicyService(harness.store, harness.book, harness.triton)  # type: ignore[arg-type]
+    harness.source = SlowSource()
+    harness.controller = harness.new_controller()
+    await harness.policies.put("qc", PolicySpec.model_validate({"weights": {"2": 100}}), 0, EventDraft("sre", "put"))
+    return harness
+
+
+def store_of(h: Harness) -> FlakyStore:
+    assert isinstance(h.store, FlakyStore)
+    return h.store
+
+
+def book_weights(h: Harness) -> dict[str, int]:
+    policy = h.book.get("qc")
+    assert policy is not None
+    return {v: int(w) for v, w in policy.spec.weights.items() if w}
+
+
+async def test_a_rollback_whose_policy_write_failed_is_retried_until_applied(h: Harness) -> None:
+    await h.controller.begin("qc", SPEC, "alice")
+    original = store_of(h).put_policy
+
+    async def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise StoreError("database is locked")
+
+    store_of(h).put_policy = refuse  # type: ignore[method-assign]
+    h.triton.ready["3"] = False
+    await h.interval(canary=(100, 0, 0.004), seconds=0.5)
+    state = await h.state()
+    assert (state["state"], state["applied"]) == ("rolled_back", False)
+    assert await h.weights() == {"2": 95, "3": 5}, "the write failed"
+    assert book_weights(h) == {"2": 100}, "but this replica already sends the canary nothing"
+    store_of(h).put_policy = original  # type: ignore[method-assign]
+    await h.interval(canary=(100, 0, 0.004), seconds=0.5)
+    state = await h.state()
+    assert (state["state"], state["applied"]) == ("rolled_back", True) and await h.weights() == {"2": 100}
+    for _ in range(3):  # settled: nothing more is written
+        await h.interval(canary=(100, 0, 0.004), seconds=0.5)
+    assert (await h.store.get_policy("qc")).revision == state["policy_revision"]  # type: ignore[union-attr]
+
+
+async def test_an_sre_patch_during_a_slow_tick_pauses_and_is_kept(h: Harness) -> None:
+    await h.controller.begin("qc", SPEC, "alice")
+    source = h.source
+    assert isinstance(source, SlowSource)
+    source.gate = asyncio.Event()
+    source.windows = {"3": (100, 0, 0.004), "2": (1000, 0, 0.004)}
+    h.clock.now += 10
+    tick = asyncio.ensure_future(h.controller.tick())
+    await asyncio.wait_for(source.entered.wait(), 1)  # the tick waits on the metrics now
+    await h.policies.set_weights("qc", {"2": 70, "3": 30}, None, EventDraft("bob", "set_weights"))
+    source.gate.set()
+    await tick
+    state = await h.state()
+    assert state["state"] == "paused" and "bob" in state["reason"]
+    assert await h.weights() == {"2": 70, "3": 30}, "the SRE's weights stand"
+    await h.interval(canary=(100, 0, 0.004))
+    assert await h.weights() == {"2": 70, "3": 30} and (await h.state())["state"] == "paused"
+
+
+async def test_a_crash_between_the_policy_write_and_the_rollout_write_resumes_at_the_same_step(h: Harness) -> None:
+    await h.controller.begin("qc", SPEC, "alice")
+    store_of(h).crash_after_policy_write = True
+    with pytest.raises(asyncio.CancelledError):
+        await h.interval(canary=(100, 0, 0.004))
+    assert await h.weights() == {"2": 80, "3": 20}, "the policy was written"
+    stored = (await h.state())
+    assert stored["step"] == 1 and stored["pending_revision"] == (await h.store.get_policy("qc")).revision  # type: ignore[union-attr]
+    h.controller = h.new_controller()  # the restarted process
+    await h.interval(canary=(100, 0, 0.004), seconds=0.5)
+    state = await h.state()
+    assert (state["state"], state["step"], state["applied"]) == ("progressing", 1, True), state["reason"]
+    await h.interval(canary=(100, 0, 0.004))
+    assert (await h.state())["step"] == 2 and (await h.weights())["3"] == 50
+
+
+@pytest.mark.parametrize("outage", ["writes_fail", "down"])
+async def test_store_down_the_holder_rolls_back_locally_then_persists(h: Harness, outage: str) -> None:
+    spec = RolloutSpec.model_validate({**SPEC.model_dump(), "failure_limit": 1})
+    await h.controller.begin("qc", spec, "alice")
+    await h.interval(canary=(100, 0, 0.004), seconds=0.5)  # remembers the rollout list
+    setattr(h.store, outage, True)
+    await h.interval(canary=(100, 50, 0.004))
+    assert book_weights(h) == {"2": 100}, "the canary gets 0% on this replica during the outage"
+    setattr(h.store, outage, False)
+    stored = await h.store.get_rollout("qc")
+    assert stored is not None and stored.document["state"] == "progressing", "the store has not heard yet"
+    await h.interval(canary=(0, 0, 0.004), seconds=0.5)
+    state = await h.state()
+    assert (state["state"], state["applied"]) == ("rolled_back", True), state["apply_reason"]
+    assert await h.weights() == {"2": 100} and "error rate" in state["reason"]
+    assert h.recorder.rollbacks == {("qc", "error_rate"): 1}, "counted once, with the metric that decided it"
+
+
+async def test_a_deposed_holders_writes_are_refused(h: Harness) -> None:
+    other = RolloutController(h.store, h.triton, h.policies, h.source, h.recorder,  # type: ignore[arg-type]
+                              clock=h.clock, lease_ttl_s=0.2)
+    h.controller = RolloutController(h.store, h.triton, h.policies, h.source, h.recorder,  # type: ignore[arg-type]
+                                     clock=h.clock, lease_ttl_s=0.2)
+    await h.controller.begin("qc", SPEC, "alice")
+    epoch = await h.store.acquire_fenced_lease(LEASE, h.controller.holder, 0.2)
+    assert epoch is not None
+    h.controller.fence = Fence(LEASE, h.controller.holder, epoch)
+    source = h.source
+    assert isinstance(source, SlowSource)
+    source.gate = asyncio.Event()
+    source.windows = {"3": (100, 0, 0.004), "2": (1000, 0, 0.004)}
+    h.clock.now += 10
+    deposed = asyncio.ensure_future(h.controller.tick(h.controller.fence))
+    await asyncio.wait_for(source.entered.wait(), 1)
+    await asyncio.sleep(0.3)  # the lease lapses mid-tick...
+    source.gate.set()
+    await other.lead()  # ...and the other replica takes it (epoch + 1) and moves the rollout on
+    assert other.fence is not None and other.fence.epoch == epoch + 1
+    before = await h.store.get_rollout("qc")
+    await deposed  # the deposed tick tries to write its verdict
+    after = await h.store.get_rollout("qc")
+    assert after == before, "the deposed holder's write was refused"
+    assert h.controller.fence is None
+    with pytest.raises(LeaseLost):
+        await h.store.put_rollout_fenced("qc", {}, None, Fence(LEASE, h.controller.holder, epoch))
+
+
+async def test_connection_errors_alone_never_roll_back(h: Harness) -> None:
+    await h.controller.begin("qc", SPEC, "alice")
+    for _ in range(3):
+        h.recorder.upstream_error("qc", "3", "UpstreamUnavailable")
+    await h.interval(canary=(10, 0, 0.004), seconds=0.5)
+    assert (await h.state())["state"] == "progressing"
+
+
+async def test_a_triton_restart_at_the_last_step_does_not_roll_back(h: Harness) -> None:
+    spec = RolloutSpec.model_validate({**SPEC.model_dump(), "steps": [50, 100]})
+    await h.controller.begin("qc", spec, "alice")
+    await h.interval(canary=(100, 0, 0.004))
+    assert (await h.weights()) == {"3": 100}
+    h.triton.ready = {"1": False, "2": False, "3": False}  # Triton restarting: nothing is READY
+    h.recorder.upstream_error("qc", "3", "VersionUnavailable")
+    await h.interval(canary=(0, 0, 0.004), seconds=0.5)
+    assert (await h.state())["state"] == "progressing", "stable not READY either: Triton's trouble, not the canary's"
+    h.triton.ready = {"1": True, "2": True, "3": False}  # the stable came back, the canary did not
+    await h.interval(canary=(0, 0, 0.004), seconds=0.5)
+    assert (await h.state())["state"] == "rolled_back"
+
+
+async def test_a_paused_rollouts_weights_are_left_alone(h: Harness) -> None:
+    await h.controller.begin("qc", SPEC, "alice")
+    await h.controller.command("qc", "pause", "bob")
+    h.triton.ready["3"] = False
+    await h.interval(canary=(100, 90, 0.004))
+    state = await h.state()
+    assert state["state"] == "paused" and await h.weights() == {"2": 95, "3": 5}
+
+
+async def test_a_rollback_to_a_stable_that_is_not_ready_keeps_traffic_where_it_is_served(h: Harness) -> None:
+    spec = RolloutSpec.model_validate({**SPEC.model_dump(), "failure_limit": 1})
+    await h.controller.begin("qc", spec, "alice")
+    h.triton.ready["2"] = False
+    await h.interval(canary=(100, 50, 0.004))
+    state = await h.state()
+    assert (state["state"], state["applied"]) == ("rolled_back", False)
+    assert "2 is not READY" in state["apply_reason"] and await h.weights() == {"2": 95, "3": 5}
+    assert h.recorder.rollback_blocked["qc"] == 1
+    h.triton.ready["2"] = True
+    await h.interval(canary=(0, 0, 0.004), seconds=0.5)
+    state = await h.state()
+    assert (state["state"], state["applied"]) == ("rolled_back", True) and await h.weights() == {"2": 100}
+    assert h.recorder.rollback_blocked["qc"] == 0
+
+
+async def test_errors_from_an_interval_in_which_triton_could_not_serve_are_no_versions_fault(h: Harness) -> None:
+    spec = RolloutSpec.model_validate({**SPEC.model_dump(), "failure_limit": 1})
+    await h.controller.begin("qc", spec, "alice")
+    h.triton.ready = {"1": False, "2": False, "3": False}  # Triton restarting mid-interval
+    await h.interval(canary=(0, 0, 0.004), seconds=0.5)
+    h.triton.ready = {"1": True, "2": True, "3": True}
+    await h.interval(canary=(100, 60, 0.004), stable=(900, 540, 0.004), seconds=9.5)
+    state = await h.state()
+    assert state["state"] == "progressing", state["reason"]
+    assert state["verdicts"][-1]["outcome"] == "inconclusive" and "could not serve" in state["verdicts"][-1]["reason"]
