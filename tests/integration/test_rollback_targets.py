@@ -46,14 +46,22 @@ def ended(url: str) -> dict[str, Any] | None:
     return doc if doc["state"] not in ("progressing", "paused") else None
 
 
-def test_a_canary_answering_400_to_30_percent_is_rolled_back(gateway: GatewayThread, faults: Faults) -> None:
+@pytest.mark.parametrize(("judge", "metric"), [("statistical", "client_error_rate"),
+                                               ("thresholds", "client_error_rate_increase")])
+def test_a_canary_answering_400_to_30_percent_is_rolled_back(gateway: GatewayThread, faults: Faults, judge: str,
+                                                             metric: str) -> None:
     faults.set("qc", "3", client_error_rate=0.3)
     with BackgroundLoad(gateway.url, concurrency=4) as load:
-        begin(gateway.url, steps=[20, 50, 100], interval_s=1.5, min_requests=20, failure_limit=2)
+        begin(gateway.url, steps=[20, 50, 100], interval_s=1.5, min_requests=20, failure_limit=2, judge=judge)
         doc = wait_for(lambda: ended(gateway.url), 20, what="the rollout to end")
     assert (doc["state"], doc["applied"]) == ("rolled_back", True), doc["reason"]
     last = [v for v in doc["verdicts"] if v["outcome"] == "unhealthy"][-1]
-    assert last["metric"] == "client_error_rate_increase" and last["canary_client_error_rate"] > 0.15
+    assert last["metric"] == metric, last
+    if judge == "thresholds":
+        assert last["canary_client_error_rate"] > 0.15
+    else:
+        (evidence,) = [m for m in last["metrics"] if m["name"] == "client_error_rate"]
+        assert evidence["verdict"] == "fail" and evidence["effect"] > 0.15, evidence
     assert load.result.statuses[400] > 0 and doc["weights"] == {"2": 100, "3": 0}
 
 
@@ -63,7 +71,10 @@ def test_overload_on_both_versions_rolls_nothing_back(gateway: GatewayThread, fa
     with BackgroundLoad(gateway.url, concurrency=4) as load:
         # failure_limit 1: a single interval holding overload against the canary would roll it back.
         # Latency is not what this test is about (on 2 shared cores a p99 ratio can wobble past 1.5x).
-        begin(gateway.url, steps=[20, 50, 100], interval_s=1, min_requests=10, failure_limit=1, max_p99_ratio=None)
+        # The thresholds judge decides each interval on its own, so overload held against the canary
+        # would show at once; the statistical judge reads the same windows (tests/unit: overloads unjudged).
+        begin(gateway.url, steps=[20, 50, 100], interval_s=1, min_requests=10, failure_limit=1, max_p99_ratio=None,
+              judge="thresholds")
         doc = wait_for(lambda: ended(gateway.url), 20, what="the rollout to end")
     assert doc["state"] == "promoted", doc["reason"]
     assert load.result.statuses[503] > 50, "Triton's queue-full answers reached the clients"
@@ -92,7 +103,8 @@ def test_the_stable_is_protected_and_triton_restarts_neither_roll_back_nor_lose_
             assert status == 200, body
             assert ready_versions(own) == {"2", "3"}
             with BackgroundLoad(gw.url, concurrency=2):
-                begin(gw.url, steps=[50, 100], interval_s=2, min_requests=10, failure_limit=1)
+                # thresholds: a verdict each interval, so the restart's interval is judged within the test's time
+                begin(gw.url, steps=[50, 100], interval_s=2, min_requests=10, failure_limit=1, judge="thresholds")
                 for version, role in (("2", "stable"), ("3", "canary")):
                     status, body = admin_call(gw.url, "POST", f"/admin/models/qc/versions/{version}/unload")
                     assert status == 409 and role in body["error"] and "rollout" in body["error"], body
