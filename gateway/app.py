@@ -24,11 +24,12 @@ from gateway.admin.auth import Authenticator
 from gateway.admin.rollouts import rollout_router
 from gateway.admin.versions import versions_router
 from gateway.errors import GatewayError
+from gateway.fleet.forward import FleetGrpc, FleetHttp
+from gateway.fleet.registry import Fleets
 from gateway.grpc.front import start_server as start_front
 from gateway.grpc.grpcio_front import GrpcProxy
 from gateway.grpc.grpcio_front import start_server as start_grpc
 from gateway.grpc.router import GrpcRouter
-from gateway.grpc.upstream import GrpcUpstream
 from gateway.policy_book import PolicyBook
 from gateway.proxy.http import HttpProxy, Receive, Scope, Send
 from gateway.proxy.shadow import ShadowMirror
@@ -57,9 +58,13 @@ class Gateway:
         self.settings = settings
         self.book = PolicyBook(settings.sticky_header)
         self.recorder = Recorder()
-        self.upstream = HttpUpstream(settings.triton_url, max_connections=settings.pool_size,
-                                     connect_timeout_s=settings.connect_timeout_s,
-                                     request_timeout_s=settings.request_timeout_s)
+        self.fleets = Fleets(settings.fleet_specs(), pool_size=settings.pool_size,
+                             connect_timeout_s=settings.connect_timeout_s, request_timeout_s=settings.request_timeout_s,
+                             max_inflight=settings.max_inflight_per_server,
+                             queue_timeout_s=settings.queue_timeout_ms / 1000, eject_after=settings.fleet_eject_after,
+                             health_interval_s=settings.fleet_health_interval_s,
+                             dns_refresh_s=settings.fleet_dns_refresh_s)
+        self.upstream: HttpUpstream = FleetHttp(self.fleets.default)
         self.access_log = AccessLog() if settings.access_log else None
         self.pins = SequencePins()
         self.shadow = ShadowMirror(self.upstream)
@@ -68,7 +73,8 @@ class Gateway:
         self.grpc_router: GrpcRouter | None = None
         self.grpc_server: Any = None
         self.store = store or make_store(settings.store_url)
-        self.triton = TritonControl(self.upstream)
+        self.triton = TritonControl(self.fleets.default)
+        self.fleets.on_join(self.triton.sync_server)
         self.policies = PolicyService(self.store, self.book, self.triton)
         self.sync = StateSync(self.policies, settings.resync_interval_s)
         self.source = make_source(settings, self.recorder)
@@ -111,6 +117,7 @@ class Gateway:
         elif self.auth.insecure:
             log.warning("admin API runs WITHOUT authentication (--insecure-admin): anyone can change routing")
         await self.store.open()
+        await self.fleets.start()
         for model, spec in self.settings.policies.items():
             await self.store.seed_policy(model, spec, actor="settings")
         await self.sync.resync()
@@ -119,7 +126,7 @@ class Gateway:
             self.access_log.start()
         self.shadow.start()
         if self.settings.grpc_enabled:
-            upstream = GrpcUpstream(self.settings.triton_grpc_url, self.settings.connect_timeout_s)
+            upstream = FleetGrpc(self.fleets.default)
             self.grpc_router = GrpcRouter(self.book, self.recorder, self.pins, upstream, self.access_log, self.shadow)
             if self.settings.grpc_server == "grpcio":
                 self.grpc = GrpcProxy(self.grpc_router)
@@ -142,9 +149,7 @@ class Gateway:
                 await self.grpc_server.stop(grace=5)
             if self.grpc is not None:
                 await self.grpc.aclose()
-            if self.grpc_router is not None:
-                await self.grpc_router.upstream.aclose()
-            await self.upstream.aclose()
+            await self.fleets.stop()
             await self.store.close()
 
     async def metrics(self, request: Request) -> Response:

@@ -66,3 +66,15 @@ class UpstreamTimeout(UpstreamError):
 
 class ClientGone(UpstreamError):
     status = 499
+
+
+class Overloaded(GatewayError):
+    """Admission control refused the request (every server of its fleet is at its in-flight limit
+    and the queue wait ran out), or Triton said its own queue is full. HTTP 429 with
+    ``Retry-After``, gRPC RESOURCE_EXHAUSTED; never counted against a version."""
+
+    status = 429
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

@@ -17,20 +17,15 @@ import time
 from decimal import Decimal
 from typing import Any
 
-from gateway.errors import Conflict, GatewayError, NotFound, UpstreamError
+from gateway.errors import Conflict, NotFound
 from gateway.policy import PolicySpec
 from gateway.sequences import SequencePins
 from gateway.services.policies import PolicyService
+from gateway.services.triton_control import LoadFailed
 from gateway.store.base import EventDraft
 from gateway.telemetry.recorder import Recorder
 
 log = logging.getLogger("gateway.lifecycle")
-
-
-class LoadFailed(GatewayError):
-    """Triton refused or failed to load the version; the message carries Triton's reason."""
-
-    status = 422
 
 
 class ModelLifecycle:
@@ -109,19 +104,7 @@ class ModelLifecycle:
         return f"timed out after {self.drain_timeout_s:g}s"
 
     async def _reload(self, model: str, versions: set[str], timeout_s: float) -> None:
-        status, config = await self.triton.call(b"GET", f"/v2/models/{model}/config")
-        if status != 200 or not isinstance(config, dict):
-            raise NotFound(f"model '{model}' is not loaded on Triton: {config}")
-        config["version_policy"] = {"specific": {"versions": sorted(int(v) for v in versions)}}
-        body = {"parameters": {"config": json.dumps(config)}}
-        try:
-            status, answer = await self.triton.call(b"POST", f"/v2/repository/models/{model}/load", body,
-                                                    timeout_s=timeout_s)
-        except UpstreamError as exc:
-            raise LoadFailed(f"Triton did not finish loading '{model}': {exc.message}") from exc
-        if status != 200:
-            reason = answer.get("error") if isinstance(answer, dict) else answer
-            raise LoadFailed(f"Triton refused to load versions {sorted(versions, key=int)} of '{model}': {reason}")
+        await self.triton.reload(model, versions, timeout_s)  # every server of the fleet, or none anew
 
     async def _event(self, model: str, actor: str, action: str, reason: str) -> None:
         log.info(json.dumps({"type": "lifecycle", "model": model, "actor": actor, "action": action,

@@ -1,0 +1,173 @@
+"""Fleets against TWO real Triton servers (the session's ``triton_pair``): balance, load across the
+fleet, a server killed under load and brought back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+import urllib.request
+from collections import Counter
+
+import pytest
+
+from gateway.devtools.local_triton import LocalTriton
+from gateway.grpc.upstream import OK
+from tests.fleet_support import drive_grpc, fleet_settings, ready_versions, successes
+from tests.support import INFER_BODY, GatewayThread, LoadResult, admin_call, drive, wait_for
+
+pytestmark = pytest.mark.triton
+
+
+def shares(before: tuple[int, int], pair: tuple[LocalTriton, LocalTriton]) -> tuple[int, int]:
+    return successes(pair[0]) - before[0], successes(pair[1]) - before[1]
+
+
+def test_http_and_grpc_requests_split_evenly_between_two_servers(triton_pair: tuple[LocalTriton, LocalTriton]) -> None:
+    with GatewayThread(fleet_settings(*triton_pair, policies={"qc": {"weights": {"2": 100}}})) as gw:
+        before = (successes(triton_pair[0]), successes(triton_pair[1]))
+        result = asyncio.run(drive(gw.url, 10_000, concurrency=16))
+        assert result.statuses == Counter({200: 10_000}), result.failures[:3]
+        first, second = shares(before, triton_pair)
+        assert first + second == 10_000
+        assert 0.45 <= first / 10_000 <= 0.55, (first, second)
+
+        before = (successes(triton_pair[0]), successes(triton_pair[1]))
+        codes = asyncio.run(drive_grpc(f"127.0.0.1:{gw.settings.grpc_port}", 10_000, concurrency=16))
+        assert codes == Counter({OK: 10_000}), codes
+        first, second = shares(before, triton_pair)
+        assert first + second == 10_000
+        assert 0.45 <= first / 10_000 <= 0.55, (first, second)
+        servers = gw.app.fleets.default.describe()
+        assert [s["requests"] for s in servers] and all(int(s["requests"]) > 8_000 for s in servers)  # type: ignore
+
+
+def test_a_load_answers_200_only_when_ready_on_both_and_fails_on_neither_half(
+        triton_pair: tuple[LocalTriton, LocalTriton]) -> None:
+    first, second = triton_pair
+    with GatewayThread(fleet_settings(*triton_pair, policies={"qc": {"weights": {"2": 100}}})) as gw:
+        # version 5 exists in the first server's repository only: the second refuses, the first is undone
+        status, body = admin_call(gw.url, "POST", "/admin/models/qc/versions/5/load")
+        assert status == 422, body
+        assert second.http_url.removeprefix("http://") in body["error"], body
+        assert ready_versions(first) == ready_versions(second) == {"1", "2", "3"}
+
+        # READY on one server only (loaded behind the gateway's back): no weight for it
+        _triton_load(first, "qc", [1, 2, 3, 5])
+        wait_for(lambda: "5" in ready_versions(first), 30, what="version 5 on the first server")
+        status, body = admin_call(gw.url, "PUT", "/admin/models/qc/policy", {"weights": {"2": 90, "5": 10}})
+        assert status == 409 and second.http_url.removeprefix("http://") in body["error"], body
+        _triton_load(first, "qc", [1, 2, 3])
+
+        # unload, then load through the gateway: 200 means READY on both
+        status, body = admin_call(gw.url, "POST", "/admin/models/qc/versions/1/unload")
+        assert status == 200, body
+        assert ready_versions(first) == ready_versions(second) == {"2", "3"}
+        status, body = admin_call(gw.url, "POST", "/admin/models/qc/versions/1/load")
+        assert status == 200 and body["state"] == "READY", body
+        assert ready_versions(first) == ready_versions(second) == {"1", "2", "3"}
+        status, body = admin_call(gw.url, "PUT", "/admin/models/qc/policy", {"weights": {"2": 90, "1": 10}})
+        assert status == 200, body
+
+
+def _triton_load(server: LocalTriton, model: str, versions: list[int]) -> None:
+    with urllib.request.urlopen(f"{server.http_url}/v2/models/{model}/config", timeout=5) as response:
+        config = json.loads(response.read())
+    config["version_policy"] = {"specific": {"versions": versions}}
+    body = json.dumps({"parameters": {"config": json.dumps(config)}}).encode()
+    request = urllib.request.Request(f"{server.http_url}/v2/repository/models/{model}/load", data=body, method="POST")
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert response.status == 200
+
+
+class PacedLoad:
+    """~``rate`` inference requests per second from a thread, every response counted with its time."""
+
+    def __init__(self, url: str, rate: float = 200, concurrency: int = 8) -> None:
+        self.url, self.interval, self.concurrency = url, concurrency / rate, concurrency
+        self.result = LoadResult()
+        self.failed_at: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _run(self) -> None:
+        from gateway.upstream import HttpUpstream
+
+        client = HttpUpstream(self.url, max_connections=self.concurrency, request_timeout_s=10)
+
+        async def worker(offset: float) -> None:
+            await asyncio.sleep(offset)
+            while not self._stop.is_set():
+                started = time.monotonic()
+                try:
+                    response = await client.request(b"POST", b"/v2/models/qc/infer", [], INFER_BODY)
+                    payload = await response.read()
+                    status = response.status
+                except Exception as exc:  # counted; the test asserts on it
+                    payload, status = repr(exc).encode(), 0
+                self.result.statuses[status] += 1
+                if status != 200:
+                    self.result.failures.append(payload.decode(errors="replace")[:200])
+                    self.failed_at.append(time.monotonic())
+                await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+
+        await asyncio.gather(*(worker(i * self.interval / self.concurrency) for i in range(self.concurrency)))
+        await client.aclose()
+
+    def __enter__(self) -> PacedLoad:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+def test_a_server_killed_under_load_is_ejected_and_rejoins_with_the_fleets_versions(
+        triton_pair: tuple[LocalTriton, LocalTriton]) -> None:
+    first, second = triton_pair
+    settings = fleet_settings(*triton_pair, policies={"qc": {"weights": {"2": 100}}})
+    with GatewayThread(settings) as gw:
+        fleet = gw.app.fleets.default
+        victim = next(s for s in fleet.servers.values() if s.spec.http == second.http_url)
+        # the fleet's loaded set becomes {2, 3}: the restarted server (which loads 1, 2, 3 at start) must match it
+        assert admin_call(gw.url, "POST", "/admin/models/qc/versions/1/unload")[0] == 200
+        try:
+            with PacedLoad(gw.url, rate=200) as load:
+                time.sleep(1.0)
+                assert second.pid is not None
+                before_kill = load.result.total
+                killed_at = time.monotonic()
+                os.killpg(second.pid, signal.SIGKILL)
+                wait_for(lambda: not victim.in_service, 2.0, interval=0.02, what="the killed server's ejection")
+                ejected_after = time.monotonic() - killed_at
+                time.sleep(1.0)
+                second.stop()  # reap the killed process
+                during = load.result.total - before_kill
+                second.start()  # returns once Triton is ready (it loads qc 1, 2, 3 by itself)
+                restarted_at = time.monotonic()
+                seen_in_service: list[set[str]] = []
+
+                def back() -> bool:
+                    if victim.in_service and not seen_in_service:
+                        seen_in_service.append(ready_versions(second))
+                    return victim.in_service
+
+                wait_for(back, 5.0, interval=0.02, what="the restarted server back in service")
+                rejoined_after = time.monotonic() - restarted_at
+                served = successes(second)
+                time.sleep(1.0)
+                assert successes(second) > served, "it takes traffic again"
+        finally:
+            admin_call(gw.url, "POST", "/admin/models/qc/versions/1/load")
+    assert ejected_after < 2.0
+    assert rejoined_after < 5.0, rejoined_after
+    assert seen_in_service == [{"2", "3"}], "the fleet's loaded set was applied before it took traffic"
+    failed = [t for t in load.failed_at]
+    assert len(failed) <= load.concurrency, load.result.failures  # at most the requests in flight at the kill
+    assert all(killed_at <= t <= killed_at + 1.0 for t in failed), load.result.failures
+    assert during > 150, "the steady client kept being served meanwhile"
+    assert ready_versions(second) == ready_versions(first) == {"1", "2", "3"}
