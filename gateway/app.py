@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException
 
 from gateway.admin.api import admin_router
 from gateway.admin.auth import Authenticator
+from gateway.admin.fleets import fleets_router
 from gateway.admin.rollouts import rollout_router
 from gateway.admin.versions import versions_router
 from gateway.errors import GatewayError
@@ -42,6 +43,7 @@ from gateway.services.triton_control import TritonControl
 from gateway.settings import Settings
 from gateway.store.base import StateStore, make_store
 from gateway.telemetry.access_log import AccessLog
+from gateway.telemetry.fleet_metrics import FleetCollector
 from gateway.telemetry.prometheus import GatewayCollector, make_registry, render
 from gateway.telemetry.recorder import Recorder
 from gateway.telemetry.sources import MetricsSource, PrometheusSource, RecorderSource
@@ -83,6 +85,7 @@ class Gateway:
                                           lifecycle=self.lifecycle, shadow=self.shadow)
         self.registry = make_registry(GatewayCollector(self.recorder, self.book, self.rollouts.states,
                                                        self.rollouts.rollbacks, self.shadow.stats))
+        self.registry.register(FleetCollector(self.fleets))
         self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin)
         self.started = False
         self.control = self._control_app()
@@ -96,6 +99,7 @@ class Gateway:
         app.include_router(admin_router(self.policies, self.auth), prefix="/admin", tags=["admin"])
         app.include_router(rollout_router(self.rollouts, self.auth), prefix="/admin", tags=["rollout"])
         app.include_router(versions_router(self.lifecycle, self.auth), prefix="/admin", tags=["versions"])
+        app.include_router(fleets_router(self.fleets, self.auth), prefix="/admin", tags=["fleets"])
         app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
         app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
         app.add_exception_handler(ValidationError, _invalid_request)  # type: ignore[arg-type]

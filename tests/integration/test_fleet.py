@@ -171,3 +171,36 @@ def test_a_server_killed_under_load_is_ejected_and_rejoins_with_the_fleets_versi
     assert all(killed_at <= t <= killed_at + 1.0 for t in failed), load.result.failures
     assert during > 150, "the steady client kept being served meanwhile"
     assert ready_versions(second) == ready_versions(first) == {"1", "2", "3"}
+
+
+def test_per_server_metrics_and_ctl_fleets(triton_pair: tuple[LocalTriton, LocalTriton]) -> None:
+    import subprocess
+    import sys
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.support import TOKEN
+
+    with GatewayThread(fleet_settings(*triton_pair)) as gw:
+        result = asyncio.run(drive(gw.url, 200, concurrency=4))
+        assert result.statuses == Counter({200: 200})
+        text = urllib.request.urlopen(f"{gw.url}/metrics").read().decode()
+        samples = {(s.name, s.labels.get("server")): s.value for f in text_string_to_metric_families(text)
+                   for s in f.samples if s.name.startswith("gateway_fleet_server_")}
+        names = [t.http_url.removeprefix("http://") for t in triton_pair]
+        assert all(samples[("gateway_fleet_server_up", name)] == 1.0 for name in names)
+        assert sum(samples[("gateway_fleet_server_requests_total", name)] for name in names) == 200
+        assert all(samples[("gateway_fleet_server_requests_total", name)] > 50 for name in names)
+        assert all(("gateway_fleet_server_ejections_total", name) in samples for name in names)
+
+        env = {"GATEWAY_ADMIN_TOKEN": TOKEN, "PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+        ctl = subprocess.run([sys.executable, "-m", "gateway", "ctl", "--url", gw.url, "--json", "fleets"],
+                             capture_output=True, text=True, timeout=60, env=env)
+        assert ctl.returncode == 0, ctl.stderr
+        servers = json.loads(ctl.stdout)["fleets"]["default"]
+        assert sorted(s["server"] for s in servers) == sorted(names)
+        assert all(s["in_service"] and s["ready"]["qc"] == ["1", "2", "3"] for s in servers), servers
+        table = subprocess.run([sys.executable, "-m", "gateway", "ctl", "--url", gw.url, "fleets"],
+                               capture_output=True, text=True, timeout=60, env={**env, "COLUMNS": "200"})
+        assert table.returncode == 0 and all(name in table.stdout for name in names), table.stdout
+        assert "in service" in table.stdout
