@@ -22,6 +22,7 @@ from gateway.fleet.config import ServerSpec
 from gateway.fleet.members import Server
 
 _NO_VERSION = ""  # cache key for unversioned requests (Triton picks its default version)
+Key = str | bytes
 _CACHE_LIMIT = 4096  # distinct (model, version) pairs cached between two health changes
 
 
@@ -43,8 +44,9 @@ class Fleet:
         self.on_change: Callable[[Fleet], None] | None = None
         # Called by the health monitor before a server takes traffic (applies the loaded set).
         self.on_join: Callable[[Fleet, Server], Awaitable[None]] | None = None
-        self._cache: dict[str, dict[str, tuple[Server, ...]]] = {}
+        self._cache: dict[Key, dict[Key, tuple[Server, ...]]] = {}
         self._all: tuple[Server, ...] = ()
+        self.single: Server | None = None  # a one-server fleet: the request path skips the choice
         self._random = random.Random().random
 
     # -- membership (control plane) -------------------------------------------------------------
@@ -68,24 +70,28 @@ class Fleet:
     def changed(self) -> None:
         """Health, readiness or membership moved: recompute candidates on next use."""
         self._all = tuple(self.servers.values())
+        self.single = self._all[0] if len(self._all) == 1 else None
         self._cache = {}
         if self.on_change is not None:
             self.on_change(self)
 
     # -- the request path ---------------------------------------------------------------------
-    def candidates(self, model: str, version: str | None) -> tuple[Server, ...]:
+    def candidates(self, model: Key, version: Key | None) -> tuple[Server, ...]:
         """In-service servers where ``version`` is READY; in-service ones if it is READY nowhere
         (Triton then answers for itself, and the version fallback applies); every server when
-        none is in service (a single-server fleet behaves as before fleets: try, fail clearly)."""
+        none is in service (a single-server fleet behaves as before fleets: try, fail clearly).
+        ``model`` and ``version`` may be bytes straight off the wire (cached as given)."""
         key = version or _NO_VERSION
         by_version = self._cache.get(model)
         if by_version is not None:
             found = by_version.get(key)
             if found is not None:
                 return found
+        name = model.decode("utf-8", "replace") if isinstance(model, bytes) else model
+        wanted = version.decode("latin-1") if isinstance(version, bytes) else version
         serving = tuple(s for s in self._all if s.in_service)
-        if version:
-            ready = tuple(s for s in serving if version in s.ready.get(model, ()))
+        if wanted:
+            ready = tuple(s for s in serving if wanted in s.ready.get(name, ()))
             found = ready or serving or self._all
         else:
             found = serving or self._all
@@ -95,31 +101,37 @@ class Fleet:
         cache.setdefault(model, {})[key] = found
         return found
 
-    def pick(self, model: str, version: str | None, avoid: Server | None = None) -> Server:
+    def pick(self, model: Key, version: Key | None, avoid: Server | None = None) -> Server:
         """Power of two choices on in-flight requests, among the candidates (``avoid`` excluded
         when there is another one: the retry after a failed connect)."""
-        servers = self.candidates(model, version)
+        by_version = self._cache.get(model)
+        servers = by_version.get(version or _NO_VERSION) if by_version is not None else None
+        if servers is None:
+            servers = self.candidates(model, version)
         count = len(servers)
-        if count == 1:
+        if count == 2:  # the common fleet: draw the order, take the less busy (ties: the first drawn)
+            a, b = (servers[0], servers[1]) if self._random() < 0.5 else (servers[1], servers[0])
+        elif count == 1:
             only = servers[0]
             if only is avoid:
                 raise UpstreamUnavailable(f"fleet '{self.name}' has no other server to try")
             return only
-        if count == 0:
+        elif count == 0:
             raise UpstreamUnavailable(f"fleet '{self.name}' has no servers (none discovered yet)")
-        draw = self._random() * count
-        first = int(draw)
-        second = int((draw - first) * (count - 1))  # the fractional part: a second draw for free
-        if second >= first:
-            second += 1
-        a, b = servers[first], servers[second]
+        else:
+            draw = self._random() * count
+            first = int(draw)
+            second = int((draw - first) * (count - 1))  # the fractional part: a second draw for free
+            if second >= first:
+                second += 1
+            a, b = servers[first], servers[second]
         if a is avoid:
             return b
         if b is avoid:
             return a
         return b if b.inflight < a.inflight else a
 
-    async def admit(self, server: Server, model: str, version: str | None) -> Server:
+    async def admit(self, server: Server, model: Key, version: Key | None) -> Server:
         """A slot on ``server``, or on the least busy other candidate with room, or a queued wait on
         ``server``; ``Overloaded`` when none comes within the queue timeout. ``inflight`` counts it."""
         if server.has_room:

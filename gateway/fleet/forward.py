@@ -33,23 +33,22 @@ _BROKEN = ("connection lost", "connection closed by the upstream", "keeps closin
            "is closing the connection")
 
 
-def target_model_version(target: bytes) -> tuple[str, str | None]:
-    """``/v2/models/{m}[/versions/{v}]/...`` -> (m, v or None); ("", None) for other paths."""
+def target_model_version(target: bytes) -> tuple[bytes, bytes | None]:
+    """``/v2/models/{m}[/versions/{v}]/...`` -> (m, v or None) as bytes; (b"", None) for other paths."""
     parts = target.split(b"/", 6)
     if len(parts) < 5 or parts[2] != b"models":
-        return "", None
-    model = parts[3].partition(b"?")[0].decode("latin-1")
+        return b"", None
     if len(parts) >= 7 and parts[4] == b"versions":
-        return model, parts[5].decode("latin-1")
-    return model, None
+        return parts[3], parts[5]
+    return parts[3].partition(b"?")[0], None
 
 
-def message_model_version(message: bytes) -> tuple[str, str | None]:
+def message_model_version(message: bytes) -> tuple[bytes, bytes | None]:
     """Fields 1 and 2 (model name and version) of a ModelInferRequest or ModelMetadataRequest.
 
     The last occurrence wins, as in protobuf: the router sets the version by appending a field 2
     (``grpc.wire.with_version``). Only field headers are read; every field of these messages is
-    length-delimited, so the scan skips tensors without touching them. ("", None) if absent.
+    length-delimited, so the scan skips tensors without touching them. (b"", None) if absent.
     """
     model = version = b""
     pos, size = 0, len(message)
@@ -68,7 +67,7 @@ def message_model_version(message: bytes) -> tuple[str, str | None]:
         elif tag == 0x12:
             version = message[pos:end]
         pos = end
-    return model.decode("utf-8", "replace"), version.decode("latin-1") if version else None
+    return model, version or None
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -96,8 +95,16 @@ class FleetHttp(HttpUpstream):
                       body: bytes | AsyncIterator[bytes] = b"", *, content_length: int | None = None,
                       timeout_s: float | None = None) -> UpstreamResponse:
         fleet = self.fleet
-        model, version = target_model_version(target)
-        server = await fleet.admit(fleet.pick(model, version), model, version)
+        single = fleet.single
+        if single is not None:  # one server: nothing to choose, the path need not be read
+            model, version, server = b"", None, single
+        else:
+            model, version = target_model_version(target)
+            server = fleet.pick(model, version)
+        if server.limit and server.inflight >= server.limit:
+            server = await fleet.admit(server, model, version)  # full: wait for a slot, or another server
+        else:
+            server.inflight += 1
         try:
             return await self._on(server, method, target, headers, body, content_length, timeout_s)
         except UpstreamUnavailable:
@@ -109,7 +116,10 @@ class FleetHttp(HttpUpstream):
                 other = server
             if other is server:
                 raise
-            other = await fleet.admit(other, model, version)
+            if other.limit and other.inflight >= other.limit:
+                other = await fleet.admit(other, model, version)
+            else:
+                other.inflight += 1
             return await self._on(other, method, target, headers, body, content_length, timeout_s)
 
     async def _on(self, server: Server, method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]],
@@ -156,10 +166,17 @@ class FleetGrpc(GrpcUpstream):
     async def unary(self, path: str, message: bytes, metadata: GrpcMetadata = (),
                     timeout: float | None = None) -> Reply:
         fleet = self.fleet
-        # one server: nothing to choose, the message need not be read
-        model, version = message_model_version(message) if len(fleet.servers) > 1 else ("", None)
+        single = fleet.single
         try:
-            server = await fleet.admit(fleet.pick(model, version), model, version)
+            if single is not None:  # one server: nothing to choose, the message need not be read
+                model, version, server = b"", None, single
+            else:
+                model, version = message_model_version(message)
+                server = fleet.pick(model, version)
+            if server.limit and server.inflight >= server.limit:
+                server = await fleet.admit(server, model, version)
+            else:
+                server.inflight += 1
         except Overloaded as exc:
             return RESOURCE_EXHAUSTED, exc.message, b""
         except UpstreamUnavailable as exc:
@@ -168,7 +185,10 @@ class FleetGrpc(GrpcUpstream):
         if reply[0] == UNAVAILABLE and reply[1].startswith(_NOT_SENT):
             try:
                 other = fleet.pick(model, version, avoid=server)
-                other = await fleet.admit(other, model, version)
+                if other.limit and other.inflight >= other.limit:
+                    other = await fleet.admit(other, model, version)
+                else:
+                    other.inflight += 1
             except (UpstreamUnavailable, Overloaded):
                 return reply
             reply = await self._call(other, path, message, metadata, timeout)

@@ -28,6 +28,7 @@ from gateway.fleet.members import Server
 
 log = logging.getLogger("gateway.fleet")
 Resolver = Callable[[str], Awaitable[list[str]]]
+_GONE = "is unreachable"  # HttpUpstream's words for a refused connect: "upstream <url> is unreachable: ..."
 
 
 async def resolve_ipv4(name: str) -> list[str]:
@@ -69,7 +70,7 @@ class FleetMonitor:
         self.spec = spec
         self.interval_s = interval_s
         self.dns_refresh_s = dns_refresh_s
-        self.timeout_s = max(0.5, min(2.0, interval_s))
+        self.timeout_s = max(1.0, min(2.0, 2 * interval_s))
         self.resolve = resolve
         self._watches: dict[str, asyncio.Task[None]] = {}
         self._dns: asyncio.Task[None] | None = None
@@ -149,11 +150,17 @@ class FleetMonitor:
         fleet = self.fleet
         ready = await probe(server, self.timeout_s)
         if ready is None:
+            server.probe_failures += 1
+            # A refused connect says the server is gone; a slow answer (busy loading a model, a
+            # loaded machine) must repeat before it takes a server out.
+            if server.probe_failures < 2 and server.in_service and _GONE not in server.last_error:
+                return
             if server.up or server.in_service:
                 log.warning("fleet %s: server %s is out of service: %s", fleet.name, server.name, server.last_error)
                 server.up = server.in_service = False
                 fleet.changed()
             return
+        server.probe_failures = 0
         server.up = True
         if server.ejected:  # passive ejection ends with a passed check (and the join below)
             server.ejected = False

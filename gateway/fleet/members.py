@@ -20,8 +20,8 @@ class Server:
     checks and model control (its own small pool, so probes never wait behind inference)."""
 
     __slots__ = ("fleet", "spec", "name", "http", "grpc", "control", "limit", "queue_limit", "inflight", "waiters",
-                 "failures", "up", "ejected", "in_service", "ready", "requests", "errors", "ejections", "refused",
-                 "last_error", "__weakref__")
+                 "failures", "probe_failures", "up", "ejected", "in_service", "ready", "requests", "errors",
+                 "ejections", "refused", "last_error", "__weakref__")
 
     def __init__(self, fleet: str, spec: ServerSpec, *, pool_size: int = 128, connect_timeout_s: float = 2.0,
                  request_timeout_s: float = 60.0, max_inflight: int = 0) -> None:
@@ -38,6 +38,7 @@ class Server:
         self.inflight = 0
         self.waiters: deque[asyncio.Future[None]] = deque()
         self.failures = 0  # consecutive connect/transport failures (passive health)
+        self.probe_failures = 0  # consecutive failed active health checks
         self.up = False  # the last active health check passed
         self.ejected = False  # passive ejection: out until a health check passes again
         self.in_service = False  # joined: healthy and the fleet's loaded set applied; takes traffic

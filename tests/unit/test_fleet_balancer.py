@@ -88,14 +88,24 @@ def test_consecutive_transport_failures_eject_and_a_success_resets_the_count() -
 
 
 def test_paths_and_messages_name_their_model_and_version() -> None:
-    assert target_model_version(b"/v2/models/qc/versions/3/infer") == ("qc", "3")
-    assert target_model_version(b"/v2/models/qc/versions/3/infer?x=1") == ("qc", "3")
-    assert target_model_version(b"/v2/models/qc/infer") == ("qc", None)
-    assert target_model_version(b"/v2/health/ready") == ("", None)
+    assert target_model_version(b"/v2/models/qc/versions/3/infer") == (b"qc", b"3")
+    assert target_model_version(b"/v2/models/qc/versions/3/infer?x=1") == (b"qc", b"3")
+    assert target_model_version(b"/v2/models/qc/infer") == (b"qc", None)
+    assert target_model_version(b"/v2/models/qc/infer?x=1") == (b"qc", None)
+    assert target_model_version(b"/v2/health/ready") == (b"", None)
     message = bytes([0x0A, 2]) + b"qc" + bytes([0x3A, 1, 0])  # model_name, then a field 7
-    assert message_model_version(message) == ("qc", None)
-    assert message_model_version(with_version(message, "12")) == ("qc", "12")
-    assert message_model_version(b"") == ("", None)
+    assert message_model_version(message) == (b"qc", None)
+    assert message_model_version(with_version(message, "12")) == (b"qc", b"12")
+    pinned = bytes([0x0A, 2]) + b"qc" + bytes([0x12, 1]) + b"3" + bytes([0x3A, 1, 0])
+    assert message_model_version(pinned) == (b"qc", b"3")
+    assert message_model_version(b"") == (b"", None)
+
+
+def test_wire_keys_and_names_reach_the_same_servers() -> None:
+    fleet, servers = fleet_of(2)
+    servers[1].ready = {"qc": frozenset({"1", "2", "3"})}
+    fleet.changed()
+    assert {fleet.pick(b"qc", b"3").name for _ in range(50)} == {fleet.pick("qc", "3").name} == {servers[1].name}
 
 
 async def test_admission_queues_then_refuses() -> None:
