@@ -7,6 +7,7 @@ plane (admin API, rollouts, lifecycle), so they live apart from all three.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Annotated
 
@@ -83,3 +84,32 @@ class PolicySpec(BaseModel):
             "shadow": {"version": self.shadow.version, "percent": float(self.shadow.percent)} if self.shadow else None,
             "sequence_affinity": self.sequence_affinity,
         }
+
+
+def heaviest(weights: Mapping[str, Decimal | int]) -> str:
+    """The version with the most weight; the newest (highest number) wins a tie."""
+    return max(weights, key=lambda version: (weights[version], int(version)))
+
+
+def with_weights(spec: PolicySpec | None, weights: Mapping[str, object]) -> PolicySpec:
+    """The same policy with new weights, validated again (they must still sum to 100);
+    a model without a policy gets one with only these weights."""
+    base = spec.document() if spec is not None else {}
+    return PolicySpec.model_validate({**base, "weights": dict(weights)})
+
+
+def without_version(spec: PolicySpec, version: str) -> PolicySpec:
+    """The policy with ``version`` taken out of weights, rules and shadow; its weight goes to
+    the heaviest remaining version. ValueError when no version is left to route to."""
+    weights = {v: Decimal(str(w)) for v, w in spec.weights.items() if v != version}
+    freed = spec.weights.get(version, Decimal(0))
+    if freed and weights:
+        weights[heaviest(weights)] += freed
+    if not weights or sum(weights.values()) != 100:
+        raise ValueError(f"cannot take version {version} out of the policy: nothing left to route to")
+    doc = spec.document()
+    doc["weights"] = weights
+    doc["rules"] = [rule for rule in spec.rules if rule.version != version]
+    if spec.shadow is not None and spec.shadow.version == version:
+        doc["shadow"] = None
+    return PolicySpec.model_validate(doc)

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import mmh3
 
-from gateway.policy import PolicySpec
+from gateway.policy import PolicySpec, heaviest
 
 BUCKETS = 10_000  # basis points: 0.01 % resolution
 
@@ -85,12 +85,12 @@ def compile_policy(model: str, spec: PolicySpec, revision: int = 0, default_stic
     )
     # Every version the policy names gets a fallback, zero weights included: a request routed
     # just before a rollback may come back "unavailable" after the new policy took its weight.
-    weighted = sorted(((w, int(v), v) for v, w in spec.basis_points().items() if w > 0), reverse=True)
+    weighted = {v: w for v, w in spec.basis_points().items() if w > 0}
     fallbacks = {}
     for version in {*spec.weights, *(rule.version for rule in spec.rules)}:
-        other = next((v for _, _, v in weighted if v != version), None)
-        if other is not None:
-            fallbacks[version] = Decision(other, Reason.FALLBACK)
+        others = {v: w for v, w in weighted.items() if v != version}
+        if others:
+            fallbacks[version] = Decision(heaviest(others), Reason.FALLBACK)
     return Policy(
         model=model,
         spec=spec,

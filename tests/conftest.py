@@ -166,6 +166,7 @@ def exported_metric_names(triton: LocalTriton) -> set[str]:
 
     from prometheus_client.parser import text_string_to_metric_families
 
+    from gateway.rollout.controller import PHASES
     from tests.support import GatewayThread, drive, gateway_settings
 
     settings = gateway_settings(triton.http_url, admin_token="exported-names-token",
@@ -174,8 +175,8 @@ def exported_metric_names(triton: LocalTriton) -> set[str]:
     with GatewayThread(settings) as gw:
         asyncio.run(drive(gw.url, 20, concurrency=2))
         gw.app.recorder.upstream_error("qc", "2", "probe")
-        gw.app.rollouts.states["qc"] = "progressing"
-        gw.app.rollouts.rollbacks[("qc", "probe")] = 0
+        gw.app.recorder.set_rollout_state("qc", "progressing", PHASES)
+        gw.app.recorder.count_rollback("qc", "probe")
         for url in (f"{gw.url}/metrics", triton.metrics_url):
             text = urllib.request.urlopen(url).read().decode()
             for family in text_string_to_metric_families(text):

@@ -10,42 +10,20 @@ and change nothing.
 from decimal import Decimal
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query, Response
+from fastapi import APIRouter, Header, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.admin.auth import Authenticator
+from gateway.admin.deps import ERRORS, Actor, ModelName
 from gateway.errors import BadRequest
 from gateway.policy import Percent, PolicySpec, Version
 from gateway.services.policies import PolicyService
 from gateway.store.base import EventDraft, StoredPolicy
-
-ModelName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")]
 
 
 class WeightsChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
     weights: dict[Version, Percent] = Field(description="version -> percent, summing to 100")
     reason: str | None = Field(None, max_length=1000)
-
-
-class ErrorBody(BaseModel):
-    """Triton's own error shape, used for every 4xx/5xx."""
-
-    error: str
-
-
-ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody, "description": text} for status, text in {
-        401: "missing or invalid bearer token",
-        404: "the model has no routing policy",
-        409: "a version is not READY on Triton (the message names it and its state)",
-        412: "If-Match names a stale revision",
-        413: "request body too large",
-        422: "the request does not validate (the message says which field and why)",
-        503: "Triton, the state store, or the admin API itself is unavailable",
-    }.items()
-}
-ERRORS[400] = {"model": ErrorBody, "description": "malformed header (e.g. If-Match)"}
 
 
 class PolicyOut(BaseModel):
@@ -73,28 +51,13 @@ def policy_response(stored: StoredPolicy, response: Response) -> dict[str, Any]:
     return stored.document()
 
 
-def admin_router(policies: PolicyService, auth: Authenticator) -> APIRouter:  # noqa: C901
-    def actor(authorization: Annotated[str | None, Header()] = None) -> str:
-        return auth.actor(authorization)
-
-    Actor = Annotated[str, Depends(actor)]
+def admin_router(policies: PolicyService) -> APIRouter:
     IfMatch = Annotated[str | None, Header(alias="If-Match")]
     router = APIRouter(responses=ERRORS)
 
     @router.get("/models", summary="Models Triton knows, each version's state, and the routing policy")
     async def list_models(_: Actor) -> dict[str, Any]:
-        index = await policies.triton.index()
-        stored = await policies.store.list_policies()
-        models: dict[str, dict[str, Any]] = {}
-        for entry in index:
-            model = models.setdefault(entry["name"], {"name": entry["name"], "versions": [], "policy": None})
-            if "version" in entry:
-                model["versions"].append({"version": str(entry["version"]), "state": entry.get("state", "UNKNOWN"),
-                                          "reason": entry.get("reason", "")})
-        for name, record in stored.items():
-            if record.spec is not None:
-                models.setdefault(name, {"name": name, "versions": [], "policy": None})["policy"] = record.document()
-        return {"models": sorted(models.values(), key=lambda m: m["name"])}
+        return {"models": await policies.models()}
 
     @router.get("/models/{model}/policy", response_model=PolicyOut, summary="The model's policy; ETag = revision")
     async def get_policy(model: ModelName, response: Response, _: Actor) -> dict[str, Any]:
@@ -123,6 +86,6 @@ def admin_router(policies: PolicyService, auth: Authenticator) -> APIRouter:  # 
     @router.get("/events", summary="The audit trail, newest first")
     async def events(_: Actor, model: Annotated[ModelName | None, Query()] = None,
                      limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:
-        return {"events": [e.document() for e in await policies.store.events(model, limit)]}
+        return {"events": [e.document() for e in await policies.events(model, limit)]}
 
     return router

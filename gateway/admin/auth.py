@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import hmac
 
-from gateway.errors import GatewayError, Unauthorized
-
-
-class AdminDisabled(GatewayError):
-    status = 503
+from gateway.errors import AdminDisabled, Unauthorized
 
 
 class Authenticator:

@@ -1,20 +1,15 @@
 """``GET /admin/fleets``: every fleet's servers with health, in-flight count, counters and READY versions."""
 
 # No `from __future__ import annotations`: FastAPI resolves these annotations at runtime.
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Header
+from fastapi import APIRouter
 
-from gateway.admin.api import ERRORS
-from gateway.admin.auth import Authenticator
+from gateway.admin.deps import ERRORS, Actor
 from gateway.fleet.registry import Fleets
 
 
-def fleets_router(fleets: Fleets, auth: Authenticator) -> APIRouter:
-    def actor(authorization: Annotated[str | None, Header()] = None) -> str:
-        return auth.actor(authorization)
-
-    Actor = Annotated[str, Depends(actor)]
+def fleets_router(fleets: Fleets) -> APIRouter:
     router = APIRouter(responses=ERRORS)
 
     @router.get("/fleets", summary="Each fleet's servers: health, in flight, requests, errors, loaded versions")

@@ -2,12 +2,11 @@
 
 # No `from __future__ import annotations`: FastAPI resolves these annotations at runtime.
 from enum import Enum
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Header
+from fastapi import APIRouter
 
-from gateway.admin.api import ERRORS, ModelName
-from gateway.admin.auth import Authenticator
+from gateway.admin.deps import ERRORS, Actor, ModelName
 from gateway.rollout.controller import RolloutController
 from gateway.rollout.spec import RolloutSpec
 
@@ -19,11 +18,7 @@ class Command(str, Enum):
     abort = "abort"
 
 
-def rollout_router(controller: RolloutController, auth: Authenticator) -> APIRouter:
-    def actor(authorization: Annotated[str | None, Header()] = None) -> str:
-        return auth.actor(authorization)
-
-    Actor = Annotated[str, Depends(actor)]
+def rollout_router(controller: RolloutController) -> APIRouter:
     router = APIRouter(responses=ERRORS)
 
     @router.post("/models/{model}/rollout", summary="Start a progressive rollout (canary must be READY; one per model)")

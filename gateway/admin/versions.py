@@ -1,21 +1,16 @@
 """Version lifecycle endpoints: load beside the serving versions; drain, then unload."""
 
 # No `from __future__ import annotations`: FastAPI resolves these annotations at runtime.
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Header
+from fastapi import APIRouter
 
-from gateway.admin.api import ERRORS, ModelName
-from gateway.admin.auth import Authenticator
+from gateway.admin.deps import ERRORS, Actor, ModelName
 from gateway.policy import Version
 from gateway.services.lifecycle import ModelLifecycle
 
 
-def versions_router(lifecycle: ModelLifecycle, auth: Authenticator) -> APIRouter:
-    def actor(authorization: Annotated[str | None, Header()] = None) -> str:
-        return auth.actor(authorization)
-
-    Actor = Annotated[str, Depends(actor)]
+def versions_router(lifecycle: ModelLifecycle) -> APIRouter:
     router = APIRouter(responses=ERRORS)
 
     @router.post("/models/{model}/versions/{version}/load",

@@ -22,11 +22,12 @@ from collections.abc import AsyncIterator, Iterable
 from gateway.errors import ClientGone, Overloaded, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from gateway.fleet.balancer import Fleet
 from gateway.fleet.members import Server
-from gateway.grpc.upstream import UNAVAILABLE, GrpcUpstream, Reply, StreamListener, UpstreamStream
+from gateway.grpc.status import StatusCode
+from gateway.grpc.upstream import GrpcUpstream, Reply, StreamListener, UpstreamStream
 from gateway.grpc.upstream import Metadata as GrpcMetadata
 from gateway.upstream import HttpUpstream, UpstreamResponse
 
-RESOURCE_EXHAUSTED = 8
+UNAVAILABLE, RESOURCE_EXHAUSTED = StatusCode.UNAVAILABLE, StatusCode.RESOURCE_EXHAUSTED
 # GrpcUpstream's own words for "nothing reached the server" and "the connection broke".
 _NOT_SENT = ("cannot connect to ", "upstream is going away")
 _BROKEN = ("connection lost", "connection closed by the upstream", "keeps closing the connection",
@@ -208,14 +209,16 @@ class FleetGrpc(GrpcUpstream):
         return reply
 
     async def open(self, path: str, listener: StreamListener, metadata: GrpcMetadata = (),
-                   timeout: float | None = None) -> UpstreamStream | Reply:
+                   timeout: float | None = None) -> UpstreamStream:
         """A ModelStreamInfer stream may carry requests for any model: it goes to a server
-        picked for no particular version, and stays there (no admission slot: it is long-lived)."""
+        picked for no particular version, and stays there (no admission slot: it is long-lived).
+        UpstreamUnavailable if none could start."""
+        server = self.fleet.pick("", None)
         try:
-            server = self.fleet.pick("", None)
+            return await server.grpc.open(path, listener, metadata, timeout)
         except UpstreamUnavailable as exc:
-            return UNAVAILABLE, exc.message, b""
-        return await server.grpc.open(path, listener, metadata, timeout)
+            self.fleet.failed(server, exc.message)
+            raise
 
     async def aclose(self) -> None:
         await self.fleet.aclose()

@@ -6,7 +6,7 @@ the 2-core dev machine that was ~450 µs of the gateway's CPU per ModelInfer aga
 for this server (h2load, concurrency 32; see the closing note of issue 5). Requests and
 responses stay raw bytes end to end:
 
-- ``ModelInfer``: routed by ``GrpcRouter`` and answered in one write (headers with
+- ``ModelInfer``: run through the shared pipeline (``GrpcRouter``) and answered in one write (headers with
   ``x-gateway-model-version`` / ``x-gateway-route``, the message, the status);
 - ``ModelStreamInfer``: relayed message by message over one upstream stream, each request
   routed (sequence pins hold), each response recorded;
@@ -24,13 +24,9 @@ import time
 from functools import lru_cache
 from typing import Any
 
-from gateway.grpc.router import (
-    INFER,
-    SERVICE,
-    STREAM_INFER,
-    GrpcRouter,
-    decision_metadata,
-)
+from gateway.errors import GatewayError
+from gateway.grpc.router import INFER, SERVICE, STREAM_INFER, GrpcRouter
+from gateway.grpc.status import StatusCode, status_for
 from gateway.grpc.upstream import UpstreamStream
 from gateway.grpc.wire import WireError, metadata_block, split_messages
 from gateway.http2.endpoint import Headers
@@ -38,15 +34,14 @@ from gateway.http2.server import Http2ServerConnection, ServerStream, StreamHand
 from gateway.routing import Decision
 
 log = logging.getLogger("gateway.grpc")
-DEADLINE_EXCEEDED, INVALID_ARGUMENT, UNIMPLEMENTED, INTERNAL = 4, 3, 12, 13
 _NOT_FORWARDED = frozenset([b"te", b"content-type", b"user-agent"])
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 
 
 @lru_cache(maxsize=1024)
-def decision_block(decision: Decision | None) -> bytes:
+def decision_block(metadata: tuple[tuple[str, str], ...]) -> bytes:
     """The routing metadata, HPACK-encoded: a policy has a few decisions, each encoded once."""
-    return metadata_block(decision_metadata(decision))
+    return metadata_block(metadata)
 
 
 def client_metadata(headers: Headers) -> tuple[tuple[bytes, bytes], ...]:
@@ -98,7 +93,7 @@ class _Call:
     def _expired(self) -> None:
         self.timer = None
         self.stop_upstream()
-        self.connection.finish(self.stream, DEADLINE_EXCEEDED, "Deadline Exceeded")
+        self.connection.finish(self.stream, StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
 
     def on_reset(self) -> None:
         if self.timer is not None:
@@ -119,7 +114,7 @@ class _Call:
             pass
         except Exception as exc:  # a bug must not leave the client waiting
             log.exception("gRPC call %s failed", self.stream.path)
-            self.finish(INTERNAL, f"gateway error: {type(exc).__name__}: {exc}")
+            self.finish(StatusCode.INTERNAL, f"gateway error: {type(exc).__name__}: {exc}")
 
 
 class UnaryCall(_Call):
@@ -133,13 +128,13 @@ class UnaryCall(_Call):
 
     def on_message(self, message: bytes) -> None:
         if self.message is not None:
-            self.finish(UNIMPLEMENTED, "a unary call got more than one request message")
+            self.finish(StatusCode.UNIMPLEMENTED, "a unary call got more than one request message")
             return
         self.message = message
 
     def on_end(self) -> None:
         if self.message is None:
-            self.finish(UNIMPLEMENTED, "a unary call got no request message")
+            self.finish(StatusCode.UNIMPLEMENTED, "a unary call got no request message")
             return
         self.run(self._infer() if self.routed else self._pass_through())
 
@@ -147,16 +142,17 @@ class UnaryCall(_Call):
         router, raw, headers = self.front.router, self.message, self.stream.headers
         assert raw is not None
         try:
-            routed = router.route(raw, headers)
+            fields, policy, decision = router.route(raw, headers)
         except WireError as exc:
-            self.finish(INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}")
+            self.finish(StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}")
             return
-        result = await router.infer(INFER, routed, raw, client_metadata(headers), self.remaining())
-        metadata = decision_block(result.decision)  # after any fallback: who answered
-        if result.code:
-            self.finish(result.code, router.details(result.code, result.details), metadata)
+        exchange = router.new_infer(INFER, raw, fields, client_metadata(headers), self.remaining())
+        decision = await router.infer(exchange, fields.model_name, policy, decision)
+        metadata = decision_block(router.announced(decision, exchange.response))  # after any fallback: who answered
+        if exchange.code:
+            self.finish(exchange.code, router.details(exchange.code, exchange.details), metadata)
         else:
-            self.reply(result.response, metadata)
+            self.reply(exchange.response, metadata)
 
     async def _pass_through(self) -> None:
         router = self.front.router
@@ -180,17 +176,19 @@ class StreamCall(_Call):
         self.waiting: list[bytes] = []  # routed requests that arrived before the upstream stream opened
         self.ended = False
         self.model: str | None = None
-        self.decision: Any = None
+        self.decision: Decision | None = None
         self.sent = time.perf_counter()
         self.replies = bytearray()
         self.run(self._open())
 
     async def _open(self) -> None:
         router = self.front.router
-        opened = await router.upstream.open(STREAM_INFER, self, client_metadata(self.stream.headers),
-                                            self.remaining())
-        if isinstance(opened, tuple):
-            self.finish(opened[0], router.details(opened[0], opened[1]))
+        try:
+            opened = await router.upstream.open(STREAM_INFER, self, client_metadata(self.stream.headers),
+                                                self.remaining())
+        except GatewayError as exc:
+            code = status_for(exc)
+            self.finish(code, router.details(code, exc.message))
             return
         self.upstream = opened
         for message in self.waiting:
@@ -201,19 +199,21 @@ class StreamCall(_Call):
 
     # -- from the client ------------------------------------------------------------------------
     def on_message(self, message: bytes) -> None:
+        router = self.front.router
         try:
-            routed = self.front.router.route(message, self.stream.headers)
+            fields, _, decision = router.route(message, self.stream.headers)
         except WireError as exc:
             self.stop_upstream()
             if self.upstream is not None:
                 self.upstream.cancel()
-            self.finish(INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}")
+            self.finish(StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}")
             return
-        self.model, self.decision, self.sent = routed.fields.model_name, routed.decision, time.perf_counter()
+        self.model, self.decision, self.sent = fields.model_name, decision, time.perf_counter()
+        routed = router.routed_message(message, decision)
         if self.upstream is not None:
-            self.upstream.send(routed.message)
+            self.upstream.send(routed)
         else:
-            self.waiting.append(routed.message)
+            self.waiting.append(routed)
 
     def on_end(self) -> None:
         self.ended = True
@@ -227,7 +227,10 @@ class StreamCall(_Call):
 
     # -- from Triton (the upstream stream's listener) -------------------------------------------
     def on_headers(self, headers: Headers) -> None:
-        self.connection.send_headers(self.stream, decision_block(self.decision))
+        self.connection.send_headers(self.stream, self._routing_block())
+
+    def _routing_block(self) -> bytes:
+        return b"" if self.decision is None else decision_block(self.front.router.announced(self.decision))
 
     def on_data(self, payload: bytes) -> None:
         replies = self.replies
@@ -241,8 +244,7 @@ class StreamCall(_Call):
     def on_close(self, code: int, details: str) -> None:
         if code:
             self.front.router.record(self.model, self.decision, code, self.sent)
-        self.finish(code, self.front.router.details(code, details) if code else "",
-                    decision_block(self.decision))
+        self.finish(code, self.front.router.details(code, details) if code else "", self._routing_block())
 
 
 class GrpcFront:
@@ -258,7 +260,7 @@ class GrpcFront:
             return StreamCall(self, connection, stream)
         if path.startswith(SERVICE):
             return UnaryCall(self, connection, stream, routed=False)
-        connection.finish(stream, UNIMPLEMENTED, f"Method not found: {path}")
+        connection.finish(stream, StatusCode.UNIMPLEMENTED, f"Method not found: {path}")
         return None
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from gateway.grpc.router import SERVICE, GrpcRouter, decision_metadata
+from gateway.grpc.router import SERVICE, GrpcRouter
 from gateway.grpc.wire import WireError
 
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
@@ -64,37 +64,38 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
     async def _infer(self, method: str, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         metadata = context.invocation_metadata() or ()
         try:
-            routed = self.router.route(raw, metadata)
+            fields, policy, decision = self.router.route(raw, _wire(metadata))
         except WireError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}")
             raise
-        result = await self.router.infer(method, routed, raw, _forwarded(context, metadata), context.time_remaining())
-        announced = decision_metadata(result.decision)
-        if announced:  # after any fallback: the version that answered
-            await context.send_initial_metadata(announced)
-        if result.code:
-            await context.abort(_STATUS.get(result.code, grpc.StatusCode.UNKNOWN),
-                                self.router.details(result.code, result.details))
-        return result.response
+        exchange = self.router.new_infer(method, raw, fields, _forwarded(context, metadata), context.time_remaining())
+        decision = await self.router.infer(exchange, fields.model_name, policy, decision)
+        # after any fallback: the version that answered
+        await context.send_initial_metadata(self.router.announced(decision, exchange.response))
+        if exchange.code:
+            await context.abort(_STATUS.get(exchange.code, grpc.StatusCode.UNKNOWN),
+                                self.router.details(exchange.code, exchange.details))
+        return exchange.response
 
     async def _stream(self, upstream: Any, requests: AsyncIterator[bytes],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         metadata = context.invocation_metadata() or ()
         last: dict[str, Any] = {"model": None, "decision": None, "sent": time.perf_counter()}
+        wire = _wire(metadata)
 
         async def routed() -> AsyncIterator[bytes]:
             async for raw in requests:
-                message = self.router.route(raw, metadata)
-                last.update(model=message.fields.model_name, decision=message.decision, sent=time.perf_counter())
-                yield message.message
+                fields, _, decision = self.router.route(raw, wire)
+                last.update(model=fields.model_name, decision=decision, sent=time.perf_counter())
+                yield self.router.routed_message(raw, decision)
 
         call = upstream(routed(), metadata=_forwarded(context, metadata), timeout=context.time_remaining())
         announced = False
         try:
             async for response in call:
                 decision = last["decision"]
-                if not announced and (routing := decision_metadata(decision)):
-                    await context.send_initial_metadata(routing)
+                if not announced and decision is not None:
+                    await context.send_initial_metadata(self.router.announced(decision))
                 announced = True
                 self.router.record_stream_reply(last["model"], decision, response, last["sent"])
                 yield response
@@ -105,6 +106,11 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
 
     async def aclose(self) -> None:
         await self.channel.close()
+
+
+def _wire(metadata: tuple[Any, ...]) -> list[tuple[bytes, bytes]]:
+    """grpcio's (str, str | bytes) metadata as wire pairs, for routing on header values."""
+    return [(key.encode(), value if isinstance(value, bytes) else value.encode()) for key, value in metadata]
 
 
 def _forwarded(context: grpc.aio.ServicerContext, metadata: tuple[Any, ...] | None = None) -> tuple[Any, ...]:

@@ -1,159 +1,127 @@
-"""The gRPC data path without its server: route a ModelInfer, forward it, fall back, record.
+"""The gRPC side of the request pipeline, shared by both gRPC servers.
 
-Both gRPC servers (``grpc.front``, our own HTTP/2 server, and ``grpc.grpcio_front``, grpcio's) hand this
-the raw request message and the client's metadata; only the routing fields are read
-(``grpc.wire``), the tensors are never decoded. Outcomes are classified by gRPC status code:
-UNAVAILABLE, INTERNAL, UNKNOWN, DEADLINE_EXCEEDED and RESOURCE_EXHAUSTED count against the
-version, client-caused codes do not.
+Both servers (``grpc.front``, our own HTTP/2 server, and ``grpc.grpcio_front``, grpcio's) hand
+this the raw request message and the client's metadata; only the routing fields are read
+(``grpc.wire``), the tensors are never decoded. A ``ModelInfer`` becomes a :class:`GrpcInfer`,
+the pipeline's exchange for gRPC; outcomes are classified by status code (``grpc.status``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 
-from gateway.grpc.upstream import OK, UNAVAILABLE, UPSTREAM_FAULTS, GrpcUpstream
+from gateway.grpc.status import FAULTS, StatusCode, classify, status_name
+from gateway.grpc.upstream import GrpcUpstream
 from gateway.grpc.upstream import Metadata as Forwarded
-from gateway.grpc.wire import RouteFields, route_fields, with_version
-from gateway.policy_book import PolicyBook
-from gateway.proxy.shadow import GrpcMirror, ShadowMirror
-from gateway.routing import (
-    MAY_SHADOW,
-    VERSION_UNAVAILABLE_MARKERS,
-    Decision,
-    Policy,
-    Reason,
-    WeylDraw,
-    choose_in_sequence,
-    fallback_for,
-    inflight_key,
-)
-from gateway.sequences import SequencePins
-from gateway.telemetry.recorder import UNKNOWN_MODEL, Outcome, Recorder
+from gateway.grpc.wire import RouteFields, WireError, route_fields, with_version
+from gateway.pipeline import Pipeline, Target, route_metadata
+from gateway.proxy.shadow import GrpcMirror
+from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
+from gateway.telemetry.recorder import Outcome
 
 SERVICE = "/inference.GRPCInferenceService/"
 INFER = SERVICE + "ModelInfer"
 STREAM_INFER = SERVICE + "ModelStreamInfer"
-CANCELLED, NOT_FOUND, INTERNAL = 1, 5, 13
-STATUS_NAMES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-                "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
-                "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")
-_VERSION_GONE = frozenset([NOT_FOUND, UNAVAILABLE])
+_VERSION_GONE = frozenset([StatusCode.NOT_FOUND, StatusCode.UNAVAILABLE])
 _PINNED = Reason.PINNED
 
 Metadata = Sequence[tuple[str | bytes, str | bytes]]
 
 
-def classify(code: int) -> Outcome:
-    """gRPC answers HTTP 200 even on failure: the status code says whose fault it was."""
-    if code == OK:
-        return Outcome.SUCCESS
-    if code == CANCELLED:
-        return Outcome.CANCELLED
-    return Outcome.UPSTREAM_ERROR if code in UPSTREAM_FAULTS else Outcome.CLIENT_ERROR
+class GrpcInfer:
+    """One unary ``ModelInfer`` and its reply (see ``pipeline.Exchange``). The server answers the
+    client itself once the pipeline is done, so ``deliver`` has nothing to do."""
 
+    __slots__ = ("upstream", "method", "raw", "versioned", "metadata", "timeout", "code", "details", "response",
+                 "status")
 
-def status_name(code: int) -> str:
-    return STATUS_NAMES[code] if 0 <= code < len(STATUS_NAMES) else "UNKNOWN"
+    def __init__(self, upstream: GrpcUpstream, method: str, raw: bytes, versioned: bool, metadata: Forwarded,
+                 timeout: float | None) -> None:
+        self.upstream = upstream
+        self.method = method
+        self.raw = raw
+        self.versioned = versioned  # the client named the version itself
+        self.metadata = metadata
+        self.timeout = timeout
+        self.code = StatusCode.UNKNOWN.value
+        self.details = ""
+        self.response = b""
+        self.status = "UNKNOWN"
 
+    async def send(self, target: Target) -> None:
+        message = self.raw if self.versioned or target.version is None else with_version(self.raw, target.version)
+        self.code, self.details, self.response = await self.upstream.unary(self.method, message, self.metadata,
+                                                                           self.timeout)
+        self.status = status_name(self.code)
 
-def decision_metadata(decision: Decision | None) -> tuple[tuple[str, str], ...]:
-    """What the client is told about routing (none for a version it pinned itself)."""
-    if decision is None or decision.reason is _PINNED:
-        return ()
-    return (("x-gateway-model-version", decision.version or ""), ("x-gateway-route", decision.reason))
+    def unavailable(self) -> bool:
+        return self.code in _VERSION_GONE
 
+    async def version_gone(self) -> bool:
+        return any(marker in self.details for marker in VERSION_UNAVAILABLE_MARKERS)
 
-@dataclass(slots=True)
-class Routed:
-    fields: RouteFields
-    policy: Policy | None
-    decision: Decision | None
-    message: bytes  # the request with model_version set to the decision's
+    async def deliver(self, decision: Decision) -> None:
+        return None
 
+    def outcome(self) -> Outcome:
+        return classify(self.code)
 
-@dataclass(slots=True)
-class InferResult:
-    model: str
-    decision: Decision | None
-    code: int
-    details: str
-    response: bytes
+    def fault(self) -> str | None:
+        return self.status if self.code in FAULTS else None
+
+    def mirrorable(self) -> bool:
+        return self.code == StatusCode.OK
+
+    def mirror(self, model: str, decision: Decision, shadow: Target) -> GrpcMirror:
+        assert shadow.version is not None
+        return GrpcMirror(model, shadow.version, self.upstream, self.method, with_version(self.raw, shadow.version),
+                          self.metadata, self.response)
 
 
 class GrpcRouter:
-    def __init__(self, book: PolicyBook, recorder: Recorder, pins: SequencePins, upstream: GrpcUpstream,
-                 access_log: Callable[..., None] | None = None, shadow: ShadowMirror | None = None) -> None:
-        self.book = book
-        self.recorder = recorder
-        self.pins = pins
-        self.upstream = upstream
-        self.access_log = access_log
-        self.shadow = shadow
-        self._draw = WeylDraw(seed=time.monotonic_ns() + 1)
+    """What both gRPC servers share: routing a message, running a ModelInfer through the pipeline,
+    recording stream replies, and the error details clients see."""
 
-    def route(self, raw: bytes, metadata: Metadata) -> Routed:
+    def __init__(self, pipeline: Pipeline, upstream: GrpcUpstream) -> None:
+        self.pipeline = pipeline
+        self.book = pipeline.book
+        self.upstream = upstream
+
+    def route(self, raw: bytes, headers: Iterable[tuple[bytes, bytes]]) -> tuple[RouteFields, Policy | None, Decision]:
         """Raises ``WireError`` for bytes that are not a ModelInferRequest."""
         fields = route_fields(raw)
         policy = self.book.get(fields.model_name)
         if fields.model_version:
-            return Routed(fields, policy, Decision(fields.model_version, _PINNED), raw)
-        if policy is None:
-            return Routed(fields, None, None, raw)
-        names = policy.header_names
-        headers = {}
-        for key, value in metadata:
-            name = key if isinstance(key, bytes) else key.encode()
-            if name in names:
-                headers[name] = value if isinstance(value, bytes) else value.encode()
-        decision = choose_in_sequence(policy, headers, self._draw(), self.pins, fields.sequence_id,
-                                      fields.sequence_start, fields.sequence_end)
-        return Routed(fields, policy, decision, with_version(raw, decision.version))  # type: ignore[arg-type]
+            return fields, policy, Decision(fields.model_version, _PINNED)
+        return fields, policy, self.pipeline.route(policy, headers, fields.sequence_id, fields.sequence_start,
+                                                   fields.sequence_end)
 
-    async def infer(self, method: str, routed: Routed, raw: bytes, forwarded: Forwarded,
-                    timeout: float | None) -> InferResult:
-        """Forward one routed ModelInfer; re-send it to the fallback if its version is gone."""
+    def routed_message(self, raw: bytes, decision: Decision) -> bytes:
+        """A streamed request, addressed to the decision's target."""
+        version = self.pipeline.target(decision).version
+        return raw if version is None or decision.reason is _PINNED else with_version(raw, version)
+
+    def new_infer(self, method: str, raw: bytes, fields: RouteFields, forwarded: Forwarded,
+                  timeout: float | None) -> GrpcInfer:
+        return GrpcInfer(self.upstream, method, raw, bool(fields.model_version), forwarded, timeout)
+
+    async def infer(self, exchange: GrpcInfer, model: str, policy: Policy | None, decision: Decision) -> Decision:
+        """Forward one routed ModelInfer through the pipeline; the decision that answered."""
         started = time.perf_counter()
-        model, policy, decision = routed.fields.model_name, routed.policy, routed.decision
-        inflight = inflight_key(model, policy, decision)
-        counts = self.recorder.inflight
-        if inflight is not None:  # the drain before an unload waits for these
-            counts[inflight] = counts.get(inflight, 0) + 1
         try:
-            code, details, response = await self.upstream.unary(method, routed.message, forwarded, timeout)
-            if code in _VERSION_GONE and decision is not None and decision.version is not None \
-                    and any(marker in details for marker in VERSION_UNAVAILABLE_MARKERS):
-                fallback = fallback_for(policy, decision)
-                if fallback is not None and fallback.version is not None:  # unloaded under us: re-send it
-                    self.recorder.upstream_error(model, decision.version, "VersionUnavailable")
-                    decision = fallback
-                    code, details, response = await self.upstream.unary(
-                        method, with_version(raw, fallback.version), forwarded, timeout)
+            return await self.pipeline.forward(exchange, model, policy, decision, started, "grpc")
         except asyncio.CancelledError:  # the client went away: the upstream stream was reset with us
-            self.record(model, decision, CANCELLED, started)
+            self.pipeline.record(model, decision, Outcome.CANCELLED, "CANCELLED", "grpc", started)
             raise
-        finally:
-            if inflight is not None:
-                counts[inflight] -= 1
-        self.record(model, decision, code, started)
-        if code == OK and policy is not None and policy.shadow_version is not None and decision is not None:
-            self._maybe_shadow(method, model, policy, decision, raw, forwarded, response)
-        return InferResult(model, decision, code, details, response)
 
-    def _maybe_shadow(self, method: str, model: str, policy: Policy, decision: Decision, raw: bytes,
-                      forwarded: Forwarded, response: bytes) -> None:
-        version = policy.shadow_version
-        if self.shadow is None or version is None or decision.reason not in MAY_SHADOW:
-            return
-        if self._draw() >= policy.shadow_bp or self.shadow.full(model, version):
-            return
-        self.shadow.offer(GrpcMirror(model, version, self.upstream, method, with_version(raw, version),
-                                     forwarded, response))
+    def announced(self, decision: Decision, response: bytes = b"") -> tuple[tuple[str, str], ...]:
+        """The routing metadata of an answer: for Triton's default version, the one its reply names."""
+        return route_metadata(decision.version or _answered_version(response), decision.reason)
 
     def details(self, code: int, details: str | None) -> str:
-        if code == UNAVAILABLE:
+        if code == StatusCode.UNAVAILABLE:
             return f"upstream triton at {self.upstream.address} is unavailable: {details}"
         return details or ""
 
@@ -162,21 +130,22 @@ class GrpcRouter:
         """One ModelStreamInferResponse: a failed request inside a stream comes back as a message
         with error_message (field 1) set, and the stream stays open."""
         failed = response[:1] == b"\x0a" and len(response) > 1 and response[1] != 0
-        self.record(model, decision, INTERNAL if failed else OK, started)
+        self.record(model, decision, StatusCode.INTERNAL if failed else StatusCode.OK, started)
 
     def record(self, model: str | None, decision: Decision | None, code: int, started: float) -> None:
-        if model is None:
+        if model is None or decision is None:
             return
-        version = decision.version if decision is not None and decision.version else ""
-        reason = decision.reason if decision is not None else Reason.DEFAULT
-        if code == NOT_FOUND or (decision is None and code != OK and self.book.get(model) is None):
-            model, version = UNKNOWN_MODEL, ""
         outcome = classify(code)
         name = status_name(code)
-        if outcome is Outcome.UPSTREAM_ERROR:
-            self.recorder.upstream_error(model, version, name)
-        latency = time.perf_counter() - started
-        self.recorder.record(model, version, outcome, latency, reason, "grpc", name)
-        if self.access_log is not None:
-            self.access_log(model, version, reason, "grpc", name, latency)
+        self.pipeline.record(model, decision, outcome, name, "grpc", started,
+                             name if outcome is Outcome.UPSTREAM_ERROR else None)
 
+
+def _answered_version(response: bytes) -> str | None:
+    """``model_version`` (field 2) of a ModelInferResponse, read like a request's routing fields."""
+    if not response:
+        return None
+    try:
+        return route_fields(response, with_sequence=False).model_version or None
+    except WireError:
+        return None

@@ -7,8 +7,9 @@ concurrency 32 on the 2-core dev machine, the whole gRPC proxy went from 550-610
 per ``ModelInfer`` to 455-460 µs when only its upstream client changed to this one. Each
 call is one stream on one long-lived multiplexed connection, written with one ``write()``;
 a header block is built from cached pieces (per path, per distinct metadata). Connection
-failures come back as ``UNAVAILABLE`` the way grpcio reports them; the connection is reopened
-on the next call. ``open`` starts a streaming call (``ModelStreamInfer`` behind our own
+failures come back from ``unary`` as ``UNAVAILABLE`` the way grpcio reports them (a status is
+data the client gets), and are raised as ``UpstreamUnavailable`` by ``open``; the connection
+is reopened on the next call. ``open`` starts a streaming call (``ModelStreamInfer`` behind our own
 server); with ``grpc_server: grpcio`` streams use a grpc.aio channel instead.
 """
 
@@ -17,14 +18,12 @@ from __future__ import annotations
 import asyncio
 import base64
 
-from gateway.http2.client import OK, UNAVAILABLE, Http2Connection, Reply, StreamListener, _Call
+from gateway.errors import UpstreamUnavailable
+from gateway.grpc.status import StatusCode
+from gateway.http2.client import Http2Connection, Reply, StreamListener, _Call
 from gateway.http2.hpack_codec import literal, literal_indexed_name
 
-__all__ = ["OK", "UNAVAILABLE", "UPSTREAM_FAULTS", "GrpcUpstream", "Reply", "StreamListener", "UpstreamStream",
-           "grpc_timeout"]
-# Codes that count against the version that answered them: UNAVAILABLE, INTERNAL, UNKNOWN,
-# DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED. INVALID_ARGUMENT, NOT_FOUND & co. are the client's.
-UPSTREAM_FAULTS = frozenset([14, 13, 2, 4, 8])
+__all__ = ["GrpcUpstream", "Reply", "StreamListener", "UpstreamStream", "grpc_timeout"]
 _METADATA_CACHE_LIMIT = 1024
 # Client metadata: (str, str | bytes) pairs from grpcio, or (bytes, bytes) wire pairs from our server.
 Metadata = tuple[tuple[str | bytes, str | bytes], ...]
@@ -74,9 +73,10 @@ class GrpcUpstream:
                     timeout: float | None = None) -> Reply:
         block = self.header_block(path, metadata, timeout)
         for _attempt in range(2):  # once more if the connection went away before the call started
-            connection = await self._ready()
-            if isinstance(connection, tuple):
-                return connection
+            try:
+                connection = await self._ready()
+            except UpstreamUnavailable as exc:
+                return StatusCode.UNAVAILABLE, exc.message, b""
             if connection.closing:
                 continue
             call = connection.start(block, message)
@@ -86,28 +86,27 @@ class GrpcUpstream:
             except asyncio.CancelledError:
                 connection.cancel(call)
                 raise
-            if reply[0] == UNAVAILABLE and "GOAWAY" in reply[1]:
+            if reply[0] == StatusCode.UNAVAILABLE and "GOAWAY" in reply[1]:
                 continue  # never processed upstream (its id was above GOAWAY's last stream): safe to resend
             return reply
-        return UNAVAILABLE, f"upstream {self.address} keeps closing the connection", b""
+        return StatusCode.UNAVAILABLE, f"upstream {self.address} keeps closing the connection", b""
 
     async def open(self, path: str, listener: StreamListener, metadata: Metadata = (),
-                   timeout: float | None = None) -> UpstreamStream | Reply:
-        """A streaming call: the listener hears the reply's frames; an error tuple if none could start."""
+                   timeout: float | None = None) -> UpstreamStream:
+        """A streaming call: the listener hears the reply's frames. UpstreamUnavailable if none could start."""
         connection = await self._ready()
-        if isinstance(connection, tuple):
-            return connection
         if connection.closing:
-            return UNAVAILABLE, f"upstream {self.address} is closing the connection", b""
+            raise UpstreamUnavailable(f"upstream {self.address} is closing the connection")
         return UpstreamStream(connection, connection.open(self.header_block(path, metadata, timeout), listener))
 
-    async def _ready(self) -> Http2Connection | Reply:
+    async def _ready(self) -> Http2Connection:
+        """The open connection, with room for one more stream; UpstreamUnavailable if none can be opened."""
         connection = self._connection
         if connection is None or connection.closing:
             try:
                 connection = await self._connect()
             except OSError as exc:
-                return UNAVAILABLE, f"cannot connect to {self.address}: {exc}", b""
+                raise UpstreamUnavailable(f"cannot connect to {self.address}: {exc}") from exc
         while connection.full and not connection.closing:
             await connection.room()
         return connection

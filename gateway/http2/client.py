@@ -13,6 +13,7 @@ import asyncio
 from typing import Protocol
 from urllib.parse import unquote
 
+from gateway.grpc.status import StatusCode
 from gateway.grpc.wire import grpc_frame
 from gateway.http2.endpoint import (
     CANCEL,
@@ -26,8 +27,10 @@ from gateway.http2.endpoint import (
     settings_frame,
 )
 
-OK, CANCELLED, UNKNOWN, INTERNAL, UNAVAILABLE = 0, 1, 2, 13, 14
-_HTTP_TO_GRPC = {400: INTERNAL, 401: 16, 403: 7, 404: 12, 429: UNAVAILABLE, 502: UNAVAILABLE,
+OK, CANCELLED, UNKNOWN, INTERNAL, UNAVAILABLE = (StatusCode.OK, StatusCode.CANCELLED, StatusCode.UNKNOWN,
+                                                 StatusCode.INTERNAL, StatusCode.UNAVAILABLE)
+_HTTP_TO_GRPC = {400: INTERNAL, 401: StatusCode.UNAUTHENTICATED, 403: StatusCode.PERMISSION_DENIED,
+                 404: StatusCode.UNIMPLEMENTED, 429: UNAVAILABLE, 502: UNAVAILABLE,
                  503: UNAVAILABLE, 504: UNAVAILABLE}
 
 Reply = tuple[int, str, bytes]

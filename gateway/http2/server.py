@@ -15,6 +15,7 @@ import zlib
 from collections.abc import Callable
 from typing import Protocol
 
+from gateway.grpc.status import StatusCode
 from gateway.grpc.wire import MessageTooLarge, grpc_frame, split_messages, status_block
 from gateway.http2.endpoint import (
     GOAWAY,
@@ -35,7 +36,7 @@ MAX_CONCURRENT_STREAMS = 1000
 MAX_MESSAGE = 1 << 30
 _RESPONSE_HEADERS = b"\x88" + literal_indexed_name(31, b"application/grpc")  # :status 200, content-type
 _OK_TRAILER = literal(b"grpc-status", b"0")
-_PROTOCOL_ERROR, _INTERNAL = 0x1, 13
+_PROTOCOL_ERROR, _INTERNAL = 0x1, StatusCode.INTERNAL
 
 
 class StreamHandler(Protocol):
@@ -115,7 +116,7 @@ class Http2ServerConnection(Endpoint):
         try:
             messages, used = split_messages(data, MAX_MESSAGE)
         except MessageTooLarge as exc:
-            self.finish(call, 8, str(exc))  # RESOURCE_EXHAUSTED
+            self.finish(call, StatusCode.RESOURCE_EXHAUSTED, str(exc))
             return
         for compressed, message in messages:
             if compressed:
@@ -144,7 +145,8 @@ class Http2ServerConnection(Endpoint):
         except zlib.error as exc:
             self.finish(call, _INTERNAL, f"cannot decompress the request message: {exc}")
             return b""
-        self.finish(call, 12, f"compression {call.compression.decode(errors='replace')!r} is not supported")
+        self.finish(call, StatusCode.UNIMPLEMENTED,
+                    f"compression {call.compression.decode(errors='replace')!r} is not supported")
         return b""
 
     def _on_reset(self, stream: StreamState, code: int) -> None:

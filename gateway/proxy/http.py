@@ -14,27 +14,13 @@ import json
 import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from functools import partial
 from typing import Any
 
 from gateway.errors import ClientGone, GatewayError, UpstreamError
-from gateway.policy_book import PolicyBook
-from gateway.proxy.shadow import Mirror, ShadowMirror
-from gateway.routing import (
-    MAY_FALL_BACK,
-    MAY_SHADOW,
-    VERSION_UNAVAILABLE_MARKERS,
-    Decision,
-    Policy,
-    Reason,
-    WeylDraw,
-    choose,
-    choose_in_sequence,
-    fallback_for,
-    inflight_key,
-)
-from gateway.sequences import SequencePins
-from gateway.telemetry.recorder import UNKNOWN_MODEL, Outcome, Recorder
+from gateway.pipeline import Pipeline, Target, route_metadata
+from gateway.proxy.shadow import Mirror
+from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
+from gateway.telemetry.recorder import Outcome
 from gateway.upstream import HttpUpstream, UpstreamResponse
 
 Scope = MutableMapping[str, Any]
@@ -47,26 +33,17 @@ _DROP_RESPONSE = frozenset([b"connection", b"keep-alive", b"transfer-encoding", 
 _JSON = [(b"content-type", b"application/json")]
 _UNAVAILABLE = frozenset([404, 503])
 _UNAVAILABLE_MARKERS = tuple(marker.encode() for marker in VERSION_UNAVAILABLE_MARKERS)
-_DEFAULT = Decision(None, Reason.DEFAULT)
 _NEEDS_BODY = Decision(None, Reason.SEQUENCE)  # marker: decide after reading the body
-_UNKNOWN = Decision("", Reason.DEFAULT)
-_ROUTE_VERSION = b"x-gateway-model-version"
-_ROUTE_REASON = b"x-gateway-route"
+_AS_SENT = Target(None)  # not an inference call: the path goes upstream as the client sent it
 
 
 class HttpProxy:
-    """ASGI app for the KServe-v2 / Triton HTTP API."""
+    """ASGI app for the KServe-v2 / Triton HTTP API: the HTTP side of the shared pipeline."""
 
-    def __init__(self, book: PolicyBook, upstream: HttpUpstream, recorder: Recorder,
-                 access_log: Callable[..., None] | None = None, pins: SequencePins | None = None,
-                 shadow: ShadowMirror | None = None) -> None:
-        self.book = book
-        self.pins = pins or SequencePins()
-        self.shadow = shadow
+    def __init__(self, pipeline: Pipeline, upstream: HttpUpstream) -> None:
+        self.pipeline = pipeline
+        self.book = pipeline.book
         self.upstream = upstream
-        self.recorder = recorder
-        self.access_log = access_log
-        self._draw = WeylDraw(seed=time.monotonic_ns())
         self._reason_headers: dict[tuple[str | None, str], list[tuple[bytes, bytes]]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -75,31 +52,27 @@ class HttpProxy:
         query = scope["query_string"]
         target = raw_path + b"?" + query if query else raw_path
         model = policy = decision = None
+        versioned = True  # the target names its version already (or none is needed)
         if path.startswith("/v2/models/"):
             parts = path[11:].split("/")
             if len(parts) == 2 and parts[1] in ROUTED_ACTIONS:
                 model = parts[0]
                 policy = self.book.get(model)  # the one policy lookup of this request
                 decision = self._route(policy, scope)
-                if decision.version is not None:
-                    target = _with_version(target, decision.version)
+                versioned = False
             elif len(parts) == 4 and parts[1] == "versions" and parts[3] in ROUTED_ACTIONS:
                 model = parts[0]
                 policy = self.book.get(model)
                 decision = Decision(parts[2], Reason.PINNED)
-        await self._forward(scope, receive, send, target, model, policy, decision)
+        await self._forward(scope, receive, send, target, versioned, model, policy, decision)
 
     def _route(self, policy: Policy | None, scope: Scope) -> Decision:
-        if policy is None:
-            return _DEFAULT
-        if policy.sequence_affinity:
+        if policy is not None and policy.sequence_affinity:
             return _NEEDS_BODY  # decided in _forward, once the JSON header is read
-        names = policy.header_names
-        found = {name: value for name, value in scope["headers"] if name in names}
-        return choose(policy, found, self._draw())
+        return self.pipeline.route(policy, scope["headers"])
 
-    async def _forward(self, scope: Scope, receive: Receive, send: Send, target: bytes, model: str | None,
-                       policy: Policy | None, decision: Decision | None) -> None:
+    async def _forward(self, scope: Scope, receive: Receive, send: Send, target: bytes, versioned: bool,
+                       model: str | None, policy: Policy | None, decision: Decision | None) -> None:
         started = time.perf_counter()
         message = await receive()
         body: bytes | AsyncIterator[bytes] = message.get("body", b"")
@@ -112,98 +85,119 @@ class HttpProxy:
                 length = _content_length(scope["headers"])
         if decision is _NEEDS_BODY:
             decision = self._route_sequence(policy, scope, body)  # type: ignore[arg-type]
-            target = _with_version(target, decision.version)  # type: ignore[arg-type]
-        task = asyncio.current_task()
-        done = [False, False]  # [response fully handed to the server, client went away]
+        exchange = HttpExchange(self, scope, send, target, versioned, body, length)
+        task = exchange.task = asyncio.current_task()
         watcher = None
         connection = scope.get(CONNECTION_KEY)
         if decision is not None and isinstance(body, bytes):
             if connection is not None:  # our server protocol tells us when the client leaves
-                connection.on_lost = partial(_client_lost, task, done)
+                connection.on_lost = exchange.client_lost
             else:  # any other ASGI server: watch receive() for http.disconnect
-                watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(receive, task, done))
-        response: UpstreamResponse | None = None
-        inflight = inflight_key(model, policy, decision)
-        if inflight is not None:
-            counts = self.recorder.inflight
-            counts[inflight] = counts.get(inflight, 0) + 1
+                watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(receive, exchange))
         try:
-            response = await self.upstream.request(scope["method"].encode(), target, scope["headers"], body,
-                                                   content_length=length)
-            if response.status in _UNAVAILABLE and decision is not None and decision.reason in MAY_FALL_BACK:
-                response, decision = await self._fall_back(scope, target, body, response, model, policy, decision)
-            await self._relay(response, send, decision, done)
-            if response.status == 200 and isinstance(body, bytes) and decision is not None and policy is not None:
-                self._maybe_shadow(model, policy, decision, scope, target, body, response)  # type: ignore[arg-type]
+            if model is None or decision is None:  # not an inference call: passed through, not routed or recorded
+                await exchange.send(_AS_SENT)
+                await exchange.deliver(None)
+            else:
+                await self.pipeline.forward(exchange, model, policy, decision, started, "http")
         except GatewayError as exc:
-            if response is not None:  # broke mid-stream: headers are out, just stop
-                response.abort()
+            if exchange.response is not None:  # broke mid-stream: headers are out, just stop
+                exchange.response.abort()
             elif not isinstance(exc, ClientGone):
-                done[0] = True
+                exchange.handed = True
                 await _send_error(send, exc)
-            self._record(model, decision, started, exc)
-            return
+            self._record_error(model, decision, started, exc)
         except asyncio.CancelledError:
-            if response is not None:
-                response.abort()
-            if done[1] and task is not None:  # our own cancel: the client left, nothing to answer
+            if exchange.response is not None:
+                exchange.response.abort()
+            if exchange.client_left and task is not None:  # our own cancel: the client left, nothing to answer
                 task.uncancel()
-                self._record(model, decision, started, ClientGone("client went away"))
+                self._record_error(model, decision, started, ClientGone("client went away"))
                 return
             raise
         finally:
-            if inflight is not None:
-                self.recorder.inflight[inflight] -= 1
             if watcher is not None and not watcher.done():
-                done[0] = True
+                exchange.handed = True
                 watcher.cancel()
             if connection is not None:
                 connection.on_lost = None
-        self._record(model, decision, started, response.status)
+
+    def _record_error(self, model: str | None, decision: Decision | None, started: float, error: GatewayError) -> None:
+        if model is None or decision is None:
+            return
+        cancelled = isinstance(error, ClientGone)
+        fault = type(error).__name__ if isinstance(error, UpstreamError) and not cancelled else None
+        self.pipeline.record(model, decision, Outcome.CANCELLED if cancelled else Outcome.UPSTREAM_ERROR,
+                             error.status, "http", started, fault)
 
     def _route_sequence(self, policy: Policy, scope: Scope, body: bytes) -> Decision:
         """Routing for models with sequence affinity: the sequence fields live in the body."""
-        names = policy.header_names
-        found = {name: value for name, value in scope["headers"] if name in names}
         sequence_id, start, end = sequence_fields(scope["headers"], body)
-        return choose_in_sequence(policy, found, self._draw(), self.pins, sequence_id, start, end)
+        return self.pipeline.route(policy, scope["headers"], sequence_id, start, end)
 
-    def _maybe_shadow(self, model: str, policy: Policy, decision: Decision, scope: Scope, target: bytes,
-                      body: bytes, response: UpstreamResponse) -> None:
-        if policy.shadow_version is None or self.shadow is None or not response.complete:
-            return
-        if decision.reason not in MAY_SHADOW or self._draw() >= policy.shadow_bp:
-            return
-        if self.shadow.full(model, policy.shadow_version):
-            return
-        shadow_target = _retarget(target, decision.version, policy.shadow_version)  # type: ignore[arg-type]
-        self.shadow.offer(Mirror(model, policy.shadow_version, scope["method"].encode(), shadow_target,
-                                 scope["headers"], body, response.status, response.body()))
+    def decision_headers(self, decision: Decision, response: UpstreamResponse) -> list[tuple[bytes, bytes]]:
+        key = (decision.version, decision.reason)
+        cached = self._reason_headers.get(key)
+        if cached is None:
+            version = decision.version or _version_from(response)
+            cached = [(name.encode(), value.encode()) for name, value in route_metadata(version, decision.reason)]
+            if decision.version is not None and len(self._reason_headers) < 1024:
+                self._reason_headers[key] = cached
+        return cached
 
-    async def _fall_back(self, scope: Scope, target: bytes, body: bytes | AsyncIterator[bytes],
-                         response: UpstreamResponse, model: str | None, policy: Policy | None, decision: Decision,
-                         ) -> tuple[UpstreamResponse, Decision]:
-        """Triton says the routed version is not available (unloaded, failed): send the same
-        request, still in memory, to the fallback version of the policy it was routed by."""
-        fallback = fallback_for(policy, decision)
-        if fallback is None or not isinstance(body, bytes):
-            return response, decision
-        answer = await response.read()  # a short error body; it may arrive after the headers
-        if not any(marker in answer for marker in _UNAVAILABLE_MARKERS):
-            return response, decision
-        self.recorder.upstream_error(model, decision.version, "VersionUnavailable")  # type: ignore[arg-type]
-        target = _retarget(target, decision.version, fallback.version)  # type: ignore[arg-type]
-        retried = await self.upstream.request(scope["method"].encode(), target, scope["headers"], body)
-        return retried, fallback
 
-    async def _relay(self, response: UpstreamResponse, send: Send, decision: Decision | None, done: list[bool]) -> None:
+class HttpExchange:
+    """One HTTP request and its answer, as the pipeline drives it (see ``pipeline.Exchange``)."""
+
+    __slots__ = ("proxy", "scope", "send_to_client", "target", "versioned", "body", "length", "response", "status",
+                 "handed", "client_left", "task")
+
+    def __init__(self, proxy: HttpProxy, scope: Scope, send: Send, target: bytes, versioned: bool,
+                 body: bytes | AsyncIterator[bytes], length: int | None) -> None:
+        self.proxy = proxy
+        self.scope = scope
+        self.send_to_client = send
+        self.target = target
+        self.versioned = versioned
+        self.body = body
+        self.length = length
+        self.response: UpstreamResponse | None = None
+        self.status: int = 0
+        self.handed = False  # the response was fully handed to the server
+        self.client_left = False
+        self.task: asyncio.Task[Any] | None = None
+
+    def _path(self, target: Target) -> bytes:
+        if self.versioned or target.version is None:
+            return self.target
+        return _with_version(self.target, target.version)
+
+    async def send(self, target: Target) -> None:
+        scope = self.scope
+        self.response = await self.proxy.upstream.request(scope["method"].encode(), self._path(target),
+                                                          scope["headers"], self.body, content_length=self.length)
+        self.status = self.response.status
+
+    def unavailable(self) -> bool:
+        return self.status in _UNAVAILABLE
+
+    async def version_gone(self) -> bool:
+        """The request is still in memory and Triton's short error body names the version as gone."""
+        if not isinstance(self.body, bytes) or self.response is None:
+            return False
+        answer = await self.response.read()  # a short error body; it may arrive after the headers
+        return any(marker in answer for marker in _UNAVAILABLE_MARKERS)
+
+    async def deliver(self, decision: Decision | None) -> None:
+        response, send = self.response, self.send_to_client
+        assert response is not None
         headers = [(name, value) for name, value in response.headers if name.lower() not in _DROP_RESPONSE]
         if decision is not None:
-            headers += self._decision_headers(decision, response)
+            headers += self.proxy.decision_headers(decision, response)
         if response.complete:
             body = response.body()
             headers.append((b"content-length", str(len(body)).encode()))
-            done[0] = True
+            self.handed = True
             await send({"type": "http.response.start", "status": response.status, "headers": headers})
             await send({"type": "http.response.body", "body": body})
             return
@@ -211,39 +205,31 @@ class HttpProxy:
         await send({"type": "http.response.start", "status": response.status, "headers": headers + length})
         async for chunk in response.chunks():
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        done[0] = True
+        self.handed = True
         await send({"type": "http.response.body", "body": b""})
 
-    def _decision_headers(self, decision: Decision, response: UpstreamResponse) -> list[tuple[bytes, bytes]]:
-        key = (decision.version, decision.reason)
-        cached = self._reason_headers.get(key)
-        if cached is None:
-            version = decision.version or _version_from(response)
-            cached = [(_ROUTE_REASON, decision.reason.encode())]
-            if version:
-                cached.append((_ROUTE_VERSION, version.encode()))
-            if decision.version is not None and len(self._reason_headers) < 1024:
-                self._reason_headers[key] = cached
-        return cached
+    def outcome(self) -> Outcome:
+        code = self.status
+        return Outcome.SUCCESS if code < 400 else Outcome.CLIENT_ERROR if code < 500 else Outcome.UPSTREAM_ERROR
 
-    def _record(self, model: str | None, decision: Decision | None, started: float,
-                result: int | GatewayError) -> None:
-        if model is None or decision is None:
-            return
-        latency = time.perf_counter() - started
-        if isinstance(result, int):
-            code = result
-            outcome = Outcome.SUCCESS if code < 400 else Outcome.CLIENT_ERROR if code < 500 else Outcome.UPSTREAM_ERROR
-            if code == 404:  # names and versions Triton does not know: one label, bounded cardinality
-                model, decision = UNKNOWN_MODEL, _UNKNOWN
-        else:
-            code = result.status
-            outcome = Outcome.CANCELLED if isinstance(result, ClientGone) else Outcome.UPSTREAM_ERROR
-            if isinstance(result, UpstreamError) and outcome is Outcome.UPSTREAM_ERROR:
-                self.recorder.upstream_error(model, decision.version or "", type(result).__name__)
-        self.recorder.record(model, decision.version or "", outcome, latency, decision.reason, "http", str(code))
-        if self.access_log is not None:
-            self.access_log(model, decision.version, decision.reason, "http", code, latency)
+    def fault(self) -> str | None:
+        return None  # an HTTP 5xx counts as an upstream error in the outcome; kinds are transport failures
+
+    def mirrorable(self) -> bool:
+        return self.status == 200 and isinstance(self.body, bytes) and self.response is not None \
+            and self.response.complete
+
+    def mirror(self, model: str, decision: Decision, shadow: Target) -> Mirror:
+        response = self.response
+        assert response is not None and isinstance(self.body, bytes) and shadow.version is not None
+        return Mirror(model, shadow.version, self.scope["method"].encode(), _with_version(self.target, shadow.version),
+                      self.scope["headers"], self.body, response.status, response.body())
+
+    def client_lost(self) -> None:
+        """The client went away before the answer was out: stop the upstream work."""
+        if not self.handed and self.task is not None:
+            self.client_left = True
+            self.task.cancel()
 
 
 def _with_version(target: bytes, version: str) -> bytes:
@@ -251,11 +237,6 @@ def _with_version(target: bytes, version: str) -> bytes:
     path, sep, query = target.partition(b"?")
     head, _, action = path.rpartition(b"/")
     return b"%s/versions/%s/%s%s%s" % (head, version.encode(), action, sep, query)
-
-
-def _retarget(target: bytes, old: str, new: str) -> bytes:
-    """The same versioned request, sent to another version."""
-    return target.replace(b"/versions/%s/" % old.encode(), b"/versions/%s/" % new.encode(), 1)
 
 
 def _version_from(response: UpstreamResponse) -> str | None:
@@ -289,18 +270,11 @@ def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
     return None
 
 
-def _client_lost(task: asyncio.Task[Any] | None, done: list[bool]) -> None:
-    if not done[0] and task is not None:
-        done[1] = True
-        task.cancel()
-
-
-async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any] | None, done: list[bool]) -> None:
+async def _cancel_on_disconnect(receive: Receive, exchange: HttpExchange) -> None:
     """Cancel the request's task when the client disconnects before the response is sent."""
     message = await receive()
-    if message["type"] == "http.disconnect" and not done[0] and task is not None:
-        done[1] = True
-        task.cancel()
+    if message["type"] == "http.disconnect":
+        exchange.client_lost()
 
 
 async def _send_error(send: Send, error: GatewayError) -> None:

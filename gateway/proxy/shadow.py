@@ -15,38 +15,22 @@ import asyncio
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.message import DecodeError
 
 from gateway.background import Background
 from gateway.errors import GatewayError
-from gateway.grpc.upstream import OK, UPSTREAM_FAULTS, GrpcUpstream, Metadata
-from gateway.telemetry.recorder import LATENCY_BOUNDS
+from gateway.grpc.status import FAULTS, StatusCode
+from gateway.grpc.upstream import GrpcUpstream, Metadata
+from gateway.telemetry.recorder import LATENCY_BOUNDS, Recorder, ShadowStats
 from gateway.upstream import HttpUpstream
 
 REL_TOLERANCE = 1e-3
 SHADOW_TIMEOUT_S = 30.0
 Outputs = dict[str, tuple[str, tuple[int, ...], Any]]  # name -> (datatype, shape, data)
 ABS_TOLERANCE = 1e-5
-
-
-@dataclass
-class ShadowStats:
-    requests: int = 0
-    errors: int = 0
-    compared: int = 0
-    agreed: int = 0
-    dropped: int = 0
-    latency_sum: float = 0.0
-    histogram: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BOUNDS) + 1))
-
-    def document(self) -> dict[str, Any]:
-        return {"requests": self.requests, "errors": self.errors, "dropped": self.dropped,
-                "compared": self.compared, "agreement_rate": self.agreed / self.compared if self.compared else None,
-                "error_rate": self.errors / self.requests if self.requests else None,
-                "mean_latency_ms": round(self.latency_sum / self.requests * 1000, 3) if self.requests else None}
 
 
 @dataclass(frozen=True)
@@ -75,9 +59,10 @@ class GrpcMirror:
 
 
 class ShadowMirror:
-    def __init__(self, upstream: HttpUpstream, max_queue: int = 1000, workers: int = 2) -> None:
+    def __init__(self, upstream: HttpUpstream, recorder: Recorder, max_queue: int = 1000, workers: int = 2) -> None:
         self.upstream = upstream
-        self.stats: dict[tuple[str, str], ShadowStats] = {}
+        self.recorder = recorder
+        self.stats = recorder.shadow  # read-only: the counters live in the recorder, like every metric
         self._queue: asyncio.Queue[Mirror | GrpcMirror] = asyncio.Queue(max_queue)
         self._workers = workers
         self._background = Background()
@@ -97,11 +82,7 @@ class ShadowMirror:
             self._stats(mirror.model, mirror.version).dropped += 1
 
     def _stats(self, model: str, version: str) -> ShadowStats:
-        key = (model, version)
-        stats = self.stats.get(key)
-        if stats is None:
-            stats = self.stats[key] = ShadowStats()
-        return stats
+        return self.recorder.shadow_stats(model, version)
 
     def start(self) -> None:
         for _ in range(self._workers):
@@ -148,9 +129,9 @@ class ShadowMirror:
         stats.requests += 1
         stats.latency_sum += latency
         stats.histogram[_bucket(latency)] += 1
-        if code in UPSTREAM_FAULTS:
+        if code in FAULTS:
             stats.errors += 1
-        elif code == OK:
+        elif code == StatusCode.OK:
             stats.compared += 1
             stats.agreed += agree_grpc(mirror.primary, answer)
 

@@ -25,39 +25,40 @@ from decimal import Decimal
 from typing import Any
 
 from gateway.background import Background
-from gateway.errors import Conflict, GatewayError, NotFound
-from gateway.policy import PolicySpec
+from gateway.errors import Conflict, GatewayError, MetricsUnavailable, NotFound, StaleRevision
+from gateway.policy import PolicySpec, heaviest, with_weights
 from gateway.rollout import steps
 from gateway.rollout.analysis import judge
 from gateway.rollout.phases import Phase, TransitionError
 from gateway.rollout.spec import RolloutSpec
 from gateway.rollout.steps import Rollout
 from gateway.services.policies import PolicyService
-from gateway.store.base import EventDraft, StaleRevision, StoredRollout
+from gateway.services.triton_control import TritonControl
+from gateway.store.base import EventDraft, StateStore, StoredRollout
 from gateway.telemetry.recorder import Recorder, Window
-from gateway.telemetry.sources import MetricsSource, MetricsUnavailable
+from gateway.telemetry.sources import MetricsSource
 
 log = logging.getLogger("gateway.rollout")
 ACTOR = "rollout-controller"
 LEASE = "rollout-controller"
 FAST_PATH_KINDS = ("VersionUnavailable", "UpstreamUnavailable")
+PHASES = tuple(phase.value for phase in Phase)
 
 
 class RolloutController:
-    def __init__(self, policies: PolicyService, source: MetricsSource, recorder: Recorder,
-                 clock: Callable[[], float] = time.time, tick_s: float = 1.0, lifecycle: Any = None,
-                 shadow: Any = None) -> None:
+    def __init__(self, store: StateStore, triton: TritonControl, policies: PolicyService, source: MetricsSource,
+                 recorder: Recorder, clock: Callable[[], float] = time.time, tick_s: float = 1.0,
+                 lifecycle: Any = None, shadow: Any = None) -> None:
         self.lifecycle = lifecycle  # gateway.services.lifecycle.ModelLifecycle: unload_previous after promotion
         self.shadow = shadow  # gateway.proxy.shadow.ShadowMirror: shadow numbers in the status
+        self.store = store
+        self.triton = triton
         self.policies = policies
-        self.store = policies.store
         self.source = source
         self.recorder = recorder
         self.clock = clock
         self.tick_s = tick_s
         self.holder = uuid.uuid4().hex
-        self.rollbacks: dict[tuple[str, str], int] = {}  # (model, metric) -> count, for /metrics
-        self.states: dict[str, str] = {}  # model -> last known phase, for /metrics
         self._seen_errors: dict[tuple[str, str, str], int] = {}
         self._background = Background()  # the loop, and unload tasks after promotions
 
@@ -71,14 +72,14 @@ class RolloutController:
         stable = spec.stable or await self._default_stable(model, policy.spec if policy else None)
         if stable == spec.canary:
             raise Conflict(f"version {stable} already takes most of the traffic: name another stable version")
-        await self.policies.triton.require_ready(model, {stable, spec.canary})
+        await self.triton.require_ready(model, {stable, spec.canary})
         for kind in FAST_PATH_KINDS:  # baselines: only errors from now on count
             self._new_errors(model, spec.canary, kind)
             self._new_errors(model, stable, kind)
         rollout = steps.begin(model, spec, stable, self.clock())
         stored = await self.store.put_rollout(model, rollout.document(), existing.revision if existing else 0)
         rollout = await self._apply(stored, rollout, actor)
-        self.states[model] = rollout.phase.value
+        self._show_state(model, rollout.phase)
         await self.policies.audit(model, actor, "rollout_started", rollout.reason, at=self.clock())
         return rollout
 
@@ -104,11 +105,15 @@ class RolloutController:
                              if m == model}
         return doc
 
+    def _show_state(self, model: str, phase: Phase) -> None:
+        """/metrics shows the phase through the recorder (the collector knows no rollout types)."""
+        self.recorder.set_rollout_state(model, phase.value, PHASES)
+
     # -- the reconcile tick ----------------------------------------------------------------
     async def tick(self) -> None:
         for model, stored in (await self.store.list_rollouts()).items():
             rollout = Rollout.from_document(stored.document)
-            self.states[model] = rollout.phase.value
+            self._show_state(model, rollout.phase)
             if not rollout.phase.active:
                 continue
             try:
@@ -153,7 +158,7 @@ class RolloutController:
     async def _canary_lost(self, rollout: Rollout) -> str | None:
         if rollout.canary_percent == 0:
             return None
-        ready = await self.policies.triton.is_version_ready(rollout.model, rollout.canary)
+        ready = await self.triton.is_version_ready(rollout.model, rollout.canary)
         if ready is False:
             return f"Triton reports version {rollout.canary} not READY"
         for kind in FAST_PATH_KINDS:
@@ -176,14 +181,13 @@ class RolloutController:
                                  metric: str | None = None) -> Rollout:
         saved = await self.store.put_rollout(rollout.model, rollout.document(), stored.revision)
         if rollout.phase is not Phase(stored.document["state"]):
-            self.states[rollout.model] = rollout.phase.value
+            self._show_state(rollout.model, rollout.phase)
             log.info(json.dumps({"type": "rollout", "model": rollout.model, "state": rollout.phase.value,
                                  "step": rollout.step, "actor": actor, "reason": rollout.reason}))
             await self.policies.audit(rollout.model, actor, f"rollout_{rollout.phase.value}", rollout.reason,
                                       at=self.clock())
             if rollout.phase is Phase.ROLLED_BACK:
-                key = (rollout.model, metric or "unhealthy")
-                self.rollbacks[key] = self.rollbacks.get(key, 0) + 1
+                self.recorder.count_rollback(rollout.model, metric or "unhealthy")
         if rollout.phase is Phase.PAUSED:
             return rollout  # a paused rollout leaves the weights to the humans
         applied = await self._apply(saved, rollout, actor)
@@ -199,8 +203,7 @@ class RolloutController:
         if policy is not None and policy.spec is not None and _weights(policy.spec) == _nonzero(weights):
             revision = policy.revision
         else:
-            base = policy.spec.document() if policy is not None and policy.spec is not None else {}
-            spec = PolicySpec.model_validate({**base, "weights": {v: w for v, w in weights.items()}})
+            spec = with_weights(policy.spec if policy is not None else None, weights)
             expected = policy.revision if policy is not None else 0
             urgent = rollout.phase in (Phase.ROLLED_BACK, Phase.ABORTED)
             written = await self.policies.put(rollout.model, spec, expected,
@@ -241,8 +244,8 @@ class RolloutController:
 
     async def _default_stable(self, model: str, policy: PolicySpec | None) -> str:
         if policy is not None:
-            return max(policy.weights.items(), key=lambda kv: (kv[1], int(kv[0])))[0]
-        ready = [v for v, state in (await self.policies.triton.versions(model)).items() if state.state == "READY"]
+            return heaviest(policy.weights)
+        ready = [v for v, state in (await self.triton.versions(model)).items() if state.state == "READY"]
         if not ready:
             raise Conflict(f"model '{model}' has no READY version on Triton")
         return max(ready, key=int)  # Triton's own default for unversioned requests

@@ -14,25 +14,25 @@ import asyncio
 import json
 import logging
 import time
-from decimal import Decimal
 from typing import Any
 
-from gateway.errors import Conflict, NotFound
-from gateway.policy import PolicySpec
+from gateway.errors import Conflict, LoadFailed, NotFound
+from gateway.policy import without_version
 from gateway.sequences import SequencePins
 from gateway.services.policies import PolicyService
-from gateway.services.triton_control import LoadFailed
-from gateway.store.base import EventDraft
+from gateway.services.triton_control import TritonControl
+from gateway.store.base import EventDraft, StateStore
 from gateway.telemetry.recorder import Recorder
 
 log = logging.getLogger("gateway.lifecycle")
 
 
 class ModelLifecycle:
-    def __init__(self, policies: PolicyService, recorder: Recorder, pins: SequencePins,
-                 load_timeout_s: float = 300.0, drain_timeout_s: float = 60.0) -> None:
+    def __init__(self, store: StateStore, triton: TritonControl, policies: PolicyService, recorder: Recorder,
+                 pins: SequencePins, load_timeout_s: float = 300.0, drain_timeout_s: float = 60.0) -> None:
+        self.store = store
+        self.triton = triton
         self.policies = policies
-        self.triton = policies.triton
         self.recorder = recorder
         self.pins = pins
         self.load_timeout_s = load_timeout_s
@@ -72,24 +72,15 @@ class ModelLifecycle:
         return {"model": model, "version": version, "state": "UNLOADED", "drain": drained}
 
     async def _take_out_of_policy(self, model: str, version: str, actor: str) -> None:
-        stored = await self.policies.store.get_policy(model)
+        stored = await self.store.get_policy(model)
         if stored is None or stored.spec is None or version not in stored.spec.versions() and \
                 version not in stored.spec.weights:
             return
-        doc: dict[str, Any] = stored.spec.document()
-        weights = {v: Decimal(str(w)) for v, w in stored.spec.weights.items() if v != version}
-        freed = stored.spec.weights.get(version, Decimal(0))
-        if freed and weights:
-            heir = max(weights, key=lambda v: (weights[v], int(v)))
-            weights[heir] += freed
-        if not weights or sum(weights.values()) != 100:
-            raise Conflict(f"cannot take version {version} out of the policy of '{model}': nothing left to route to")
-        doc["weights"] = weights
-        doc["rules"] = [rule for rule in doc["rules"] if rule["version"] != version]
-        shadow = doc.get("shadow")
-        if shadow and shadow.get("version") == version:
-            doc["shadow"] = None
-        spec = PolicySpec.model_validate(doc)
+        try:
+            spec = without_version(stored.spec, version)
+        except ValueError:
+            raise Conflict(f"cannot take version {version} out of the policy of '{model}': nothing left to route to") \
+                from None
         await self.policies.put(model, spec, stored.revision, EventDraft(actor, "drain", f"draining version {version}"),
                                 require_ready=False)
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import logging
 import time
+from typing import Any
 
 from gateway.errors import NotFound
-from gateway.policy import PolicySpec
+from gateway.policy import PolicySpec, with_weights
 from gateway.policy_book import PolicyBook
 from gateway.services.triton_control import TritonControl
 from gateway.store.base import Event, EventDraft, StateStore, StoredPolicy
@@ -21,6 +22,8 @@ log = logging.getLogger("gateway.admin")
 
 
 class PolicyService:
+    """The one way a policy changes: checked against Triton, written to the store, applied to the book."""
+
     def __init__(self, store: StateStore, book: PolicyBook, triton: TritonControl) -> None:
         self.store = store
         self.book = book
@@ -48,9 +51,7 @@ class PolicyService:
         current = await self.get(model)
         if expected_revision is None:
             expected_revision = current.revision  # protect our own read-modify-write
-        assert current.spec is not None
-        spec = PolicySpec.model_validate({**current.spec.document(), "weights": weights})
-        return await self.put(model, spec, expected_revision, event)
+        return await self.put(model, with_weights(current.spec, weights), expected_revision, event)
 
     async def delete(self, model: str, expected_revision: int | None, event: EventDraft) -> StoredPolicy:
         current = await self.get(model)
@@ -58,6 +59,25 @@ class PolicyService:
         self.apply(stored)
         _log_change(stored.model, stored.revision, event, None)
         return stored
+
+    async def models(self) -> list[dict[str, Any]]:
+        """Every model Triton knows with each version's state, and its policy (if any)."""
+        index = await self.triton.index()
+        stored = await self.store.list_policies()
+        models: dict[str, dict[str, Any]] = {}
+        for entry in index:
+            model = models.setdefault(entry["name"], {"name": entry["name"], "versions": [], "policy": None})
+            if "version" in entry:
+                model["versions"].append({"version": str(entry["version"]), "state": entry.get("state", "UNKNOWN"),
+                                          "reason": entry.get("reason", "")})
+        for name, record in stored.items():
+            if record.spec is not None:
+                models.setdefault(name, {"name": name, "versions": [], "policy": None})["policy"] = record.document()
+        return sorted(models.values(), key=lambda m: m["name"])
+
+    async def events(self, model: str | None, limit: int) -> list[Event]:
+        """The audit trail, newest first."""
+        return await self.store.events(model, limit)
 
     async def audit(self, model: str, actor: str, action: str, reason: str, at: float | None = None) -> None:
         """An audit-trail line for something that is not itself a policy write."""

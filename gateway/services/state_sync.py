@@ -13,22 +13,24 @@ import logging
 from gateway.background import Background
 from gateway.errors import GatewayError
 from gateway.services.policies import PolicyService
+from gateway.store.base import StateStore
 
 log = logging.getLogger("gateway.sync")
 
 
 class StateSync:
-    def __init__(self, policies: PolicyService, resync_interval_s: float) -> None:
+    def __init__(self, store: StateStore, policies: PolicyService, resync_interval_s: float) -> None:
+        self.store = store
         self.policies = policies
         self.resync_interval_s = resync_interval_s
         self._background = Background()
 
     async def resync(self) -> None:
-        for stored in (await self.policies.store.list_policies()).values():
+        for stored in (await self.store.list_policies()).values():
             self.policies.apply(stored)
 
     async def refresh(self, model: str) -> None:
-        stored = await self.policies.store.get_policy(model)
+        stored = await self.store.get_policy(model)
         if stored is not None:
             self.policies.apply(stored)
 
@@ -42,7 +44,7 @@ class StateSync:
     async def _follow_feed(self) -> None:
         while True:
             try:
-                async for model in self.policies.store.changes():
+                async for model in self.store.changes():
                     await self.refresh(model)
             except GatewayError as exc:
                 log.warning("change feed interrupted (%s); resubscribing", exc)

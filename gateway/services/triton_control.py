@@ -19,15 +19,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.errors import Conflict, GatewayError, NotFound, UpstreamError
+from gateway.errors import Conflict, GatewayError, LoadFailed, NotFound, UpstreamError
 from gateway.fleet.balancer import Fleet
 from gateway.fleet.members import Server
-
-
-class LoadFailed(GatewayError):
-    """Triton refused or failed to load the version; the message carries Triton's reason."""
-
-    status = 422
 
 
 @dataclass(frozen=True)

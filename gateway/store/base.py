@@ -16,18 +16,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.errors import GatewayError, PreconditionFailed
+from gateway.errors import StaleRevision
 from gateway.policy import PolicySpec
-
-
-class StoreError(GatewayError):
-    """The backend failed (I/O, connection); translated from sqlite3 / redis errors."""
-
-    status = 503
-
-
-class StaleRevision(PreconditionFailed):
-    """Compare-and-set lost: someone changed the record since the caller read it."""
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from gateway.errors import StaleRevision
 from gateway.policy import PolicySpec
-from gateway.store.base import Event, EventDraft, StaleRevision, StoredPolicy, StoredRollout, seed_once
+from gateway.store.base import Event, EventDraft, StoredPolicy, StoredRollout, seed_once
 
 
 def check_revision(kind: str, model: str, current: int, expected: int | None) -> None:

@@ -17,8 +17,9 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from gateway.errors import StaleRevision, StoreError
 from gateway.policy import PolicySpec
-from gateway.store.base import Event, EventDraft, StaleRevision, StoredPolicy, StoredRollout, StoreError, seed_once
+from gateway.store.base import Event, EventDraft, StoredPolicy, StoredRollout, seed_once
 
 # KEYS: record, events list, changes channel. ARGV: expected revision ('' = any), record
 # JSON template (revision filled in here), event JSON, model, max events.

@@ -16,8 +16,9 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gateway.errors import StoreError
 from gateway.policy import PolicySpec
-from gateway.store.base import Event, EventDraft, StoredPolicy, StoredRollout, StoreError, seed_once
+from gateway.store.base import Event, EventDraft, StoredPolicy, StoredRollout, seed_once
 from gateway.store.memory import check_revision
 
 T = TypeVar("T")

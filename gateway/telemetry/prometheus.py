@@ -9,26 +9,22 @@ know collapse into one ``_unknown`` label.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
 from gateway.policy_book import PolicyBook
-from gateway.rollout.phases import Phase
 from gateway.telemetry.recorder import LATENCY_BOUNDS, Recorder
 
 
 class GatewayCollector:
-    def __init__(self, recorder: Recorder, book: PolicyBook, rollout_states: Mapping[str, str],
-                 rollbacks: Mapping[tuple[str, str], int], shadow: Mapping[tuple[str, str], Any] | None = None) -> None:
-        self.shadow = shadow if shadow is not None else {}
+    """Reads only the two meeting points of the planes: the recorder and the policy book."""
+
+    def __init__(self, recorder: Recorder, book: PolicyBook) -> None:
         self.recorder = recorder
         self.book = book
-        self.rollout_states = rollout_states
-        self.rollbacks = rollbacks
 
     def collect(self) -> Iterator[Metric]:
         yield from self._requests()
@@ -39,7 +35,7 @@ class GatewayCollector:
     def _shadow(self) -> Iterator[Metric]:
         results = CounterMetricFamily("gateway_shadow_requests", "Mirrored requests by result",
                                       labels=["model", "version", "result"])
-        for (model, version), stats in list(self.shadow.items()):
+        for (model, version), stats in list(self.recorder.shadow.items()):
             results.add_metric([model, version, "agree"], stats.agreed)
             results.add_metric([model, version, "disagree"], stats.compared - stats.agreed)
             results.add_metric([model, version, "error"], stats.errors)
@@ -47,7 +43,7 @@ class GatewayCollector:
         yield results
         latency = CounterMetricFamily("gateway_shadow_latency_seconds", "Total latency of mirrored requests",
                                       labels=["model", "version"])
-        for (model, version), stats in list(self.shadow.items()):
+        for (model, version), stats in list(self.recorder.shadow.items()):
             latency.add_metric([model, version], stats.latency_sum)
         yield latency
 
@@ -94,13 +90,13 @@ class GatewayCollector:
     def _rollouts(self) -> Iterator[Metric]:
         state = GaugeMetricFamily("gateway_rollout_state", "1 for the rollout's current state",
                                   labels=["model", "state"])
-        for model, current in list(self.rollout_states.items()):
-            for phase in Phase:
-                state.add_metric([model, phase.value], 1.0 if phase.value == current else 0.0)
+        for model, (current, states) in list(self.recorder.rollout_states.items()):
+            for name in states:
+                state.add_metric([model, name], 1.0 if name == current else 0.0)
         yield state
         rollbacks = CounterMetricFamily("gateway_rollbacks", "Automatic rollbacks, by the metric that caused them",
                                         labels=["model", "reason"])
-        for (model, reason), count in list(self.rollbacks.items()):
+        for (model, reason), count in list(self.recorder.rollbacks.items()):
             rollbacks.add_metric([model, reason], count)
         yield rollbacks
 

@@ -5,15 +5,22 @@ each holding a request count, an upstream-error count and a fixed-bucket latency
 Memory is bounded by (series x slots x buckets), never by request count. ``window()`` sums
 the last N seconds for the rollout analysis; cumulative totals per label set feed
 ``/metrics`` at scrape time, so the hot path never touches prometheus-client.
+
+It is one of the two meeting points of the planes (the policy book is the other): writers
+call methods (``record``, ``add_inflight``/``remove_inflight``, ``upstream_error``,
+``set_rollout_state``, ``count_rollback``, ``shadow_stats``); readers (the Prometheus
+collector, the analysis, the drain) get read-only views. Nothing outside mutates its dicts.
 """
 
 from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from enum import Enum
+from types import MappingProxyType
+from typing import Any
 
 # Upper bounds in seconds, 0.5 ms to 30 s: inference latencies span both ends.
 LATENCY_BOUNDS: tuple[float, ...] = (
@@ -68,6 +75,25 @@ class Window:
         return LATENCY_BOUNDS[-1]
 
 
+@dataclass
+class ShadowStats:
+    """What the mirrored requests of one (model, shadow version) did, cumulatively."""
+
+    requests: int = 0
+    errors: int = 0
+    compared: int = 0
+    agreed: int = 0
+    dropped: int = 0
+    latency_sum: float = 0.0
+    histogram: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BOUNDS) + 1))
+
+    def document(self) -> dict[str, Any]:
+        return {"requests": self.requests, "errors": self.errors, "dropped": self.dropped,
+                "compared": self.compared, "agreement_rate": self.agreed / self.compared if self.compared else None,
+                "error_rate": self.errors / self.requests if self.requests else None,
+                "mean_latency_ms": round(self.latency_sum / self.requests * 1000, 3) if self.requests else None}
+
+
 class _Series:
     __slots__ = ("stamp", "requests", "errors", "client_errors", "hist")
 
@@ -97,9 +123,19 @@ class Recorder:
         self._clock = clock
         self._series: dict[tuple[str, str], _Series] = {}
         # (model, version, route, protocol, code) -> totals
-        self.totals: dict[tuple[str, str, str, str, str], _Totals] = {}
-        self.upstream_errors: dict[tuple[str, str, str], int] = {}  # (model, version, kind) -> count
-        self.inflight: dict[tuple[str, str], int] = {}
+        self._totals: dict[tuple[str, str, str, str, str], _Totals] = {}
+        self._upstream_errors: dict[tuple[str, str, str], int] = {}  # (model, version, kind) -> count
+        self._inflight: dict[tuple[str, str], int] = {}
+        self._rollout_states: dict[str, tuple[str, tuple[str, ...]]] = {}  # model -> (current, every state)
+        self._rollbacks: dict[tuple[str, str], int] = {}  # (model, reason) -> count
+        self._shadow: dict[tuple[str, str], ShadowStats] = {}
+        # read-only views, built once: readers never copy and never write
+        self.totals: Mapping[tuple[str, str, str, str, str], _Totals] = MappingProxyType(self._totals)
+        self.upstream_errors: Mapping[tuple[str, str, str], int] = MappingProxyType(self._upstream_errors)
+        self.inflight: Mapping[tuple[str, str], int] = MappingProxyType(self._inflight)
+        self.rollout_states: Mapping[str, tuple[str, tuple[str, ...]]] = MappingProxyType(self._rollout_states)
+        self.rollbacks: Mapping[tuple[str, str], int] = MappingProxyType(self._rollbacks)
+        self.shadow: Mapping[tuple[str, str], ShadowStats] = MappingProxyType(self._shadow)
 
     def record(self, model: str, version: str, outcome: Outcome, latency_s: float,
                route: str = "", protocol: str = "http", code: str = "200") -> None:
@@ -125,7 +161,7 @@ class Recorder:
         elif outcome is Outcome.CLIENT_ERROR:
             series.client_errors[slot] += 1
         label = (model, version, route, protocol, code)
-        totals = self.totals.get(label)
+        totals = self._totals.get(label)
         if totals is None:
             totals = self._new_totals(label)
         totals.count += 1
@@ -134,8 +170,34 @@ class Recorder:
 
     def upstream_error(self, model: str, version: str, kind: str) -> None:
         key = (model, version, kind)
-        if key in self.upstream_errors or len(self.upstream_errors) < MAX_SERIES:
-            self.upstream_errors[key] = self.upstream_errors.get(key, 0) + 1
+        errors = self._upstream_errors
+        if key in errors or len(errors) < MAX_SERIES:
+            errors[key] = errors.get(key, 0) + 1
+
+    def add_inflight(self, key: tuple[str, str]) -> None:
+        """A request to (model, version) went upstream; the drain before an unload waits for it.
+        Callers pass only versions a policy names, so the keys stay bounded."""
+        inflight = self._inflight
+        inflight[key] = inflight.get(key, 0) + 1
+
+    def remove_inflight(self, key: tuple[str, str]) -> None:
+        self._inflight[key] -= 1
+
+    def set_rollout_state(self, model: str, state: str, states: tuple[str, ...]) -> None:
+        """The rollout of ``model`` is in ``state``, one of ``states`` (every state is exported, 0 or 1)."""
+        self._rollout_states[model] = (state, states)
+
+    def count_rollback(self, model: str, reason: str) -> None:
+        key = (model, reason)
+        self._rollbacks[key] = self._rollbacks.get(key, 0) + 1
+
+    def shadow_stats(self, model: str, version: str) -> ShadowStats:
+        """The shadow counters of (model, version), for the shadow worker to bump."""
+        key = (model, version)
+        stats = self._shadow.get(key)
+        if stats is None:
+            stats = self._shadow[key] = ShadowStats()
+        return stats
 
     def window(self, model: str, version: str, seconds: float) -> Window:
         """Sum of the last ``seconds`` (whole seconds, the current one included)."""
@@ -169,10 +231,10 @@ class Recorder:
         return series
 
     def _new_totals(self, label: tuple[str, str, str, str, str]) -> _Totals:
-        if len(self.totals) >= MAX_SERIES:
+        if len(self._totals) >= MAX_SERIES:
             label = (UNKNOWN_MODEL, "", "", label[3], "")
-            existing = self.totals.get(label)
+            existing = self._totals.get(label)
             if existing is not None:
                 return existing
-        totals = self.totals[label] = _Totals()
+        totals = self._totals[label] = _Totals()
         return totals

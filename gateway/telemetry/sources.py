@@ -15,12 +15,8 @@ from typing import Protocol
 
 import httpx
 
-from gateway.errors import GatewayError
+from gateway.errors import MetricsUnavailable
 from gateway.telemetry.recorder import JUDGED_CODES, LATENCY_BOUNDS, UPSTREAM_ERROR_CODES, Recorder, Window
-
-
-class MetricsUnavailable(GatewayError):
-    status = 503
 
 
 class MetricsSource(Protocol):
@@ -79,3 +75,12 @@ def _scalar(result: list[dict[str, object]]) -> int:
 
 def _escape(value: str) -> str:
     return urllib.parse.quote(value, safe="") if '"' in value or "\\" in value else value
+
+
+def make_source(kind: str, prometheus_url: str, recorder: Recorder) -> MetricsSource:
+    """``recorder`` (this replica's traffic) or ``prometheus`` (every replica's, via its query API)."""
+    if kind == "prometheus":
+        return PrometheusSource(prometheus_url)
+    if kind != "recorder":
+        raise ValueError(f"unknown metrics source {kind!r}: use 'recorder' or 'prometheus'")
+    return RecorderSource(recorder)

@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 
 from gateway.devtools.local_triton import LocalTriton
-from gateway.grpc.upstream import OK
+from gateway.grpc.status import StatusCode
 from tests.fleet_support import drive_grpc, fleet_settings, ready_versions, successes
 from tests.support import INFER_BODY, GatewayThread, LoadResult, admin_call, drive, wait_for
 
@@ -37,7 +37,7 @@ def test_http_and_grpc_requests_split_evenly_between_two_servers(triton_pair: tu
 
         before = (successes(triton_pair[0]), successes(triton_pair[1]))
         codes = asyncio.run(drive_grpc(f"127.0.0.1:{gw.settings.grpc_port}", 10_000, concurrency=16))
-        assert codes == Counter({OK: 10_000}), codes
+        assert codes == Counter({StatusCode.OK: 10_000}), codes
         first, second = shares(before, triton_pair)
         assert first + second == 10_000
         assert 0.45 <= first / 10_000 <= 0.55, (first, second)

@@ -254,3 +254,30 @@ def test_gateway_grpc_port_is_configurable() -> None:
     port = free_port()
     settings = gateway_settings("http://127.0.0.1:1", grpc_port=port)
     assert settings.grpc_port == port and settings.triton_grpc_url == "127.0.0.1:8001"
+
+
+def test_pinned_and_default_routes_are_announced(gateway: GatewayThread) -> None:
+    """Issue 11: gRPC used to withhold the routing metadata of pinned and default routes; it now
+    carries them exactly as HTTP does (see the HTTP test of the same name)."""
+    channel = grpc.insecure_channel(grpc_url(gateway))
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+    def announced(version: str) -> tuple[dict[str, str], str]:
+        request = service_pb2.ModelInferRequest(model_name="qc", model_version=version)
+        request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4])
+        request.raw_input_contents.append(X.tobytes())
+        response, call = stub.ModelInfer.with_call(request)
+        return dict(call.initial_metadata()), response.model_version
+
+    metadata, answered = announced("2")
+    assert (metadata["x-gateway-route"], metadata["x-gateway-model-version"], answered) == ("pinned", "2", "2")
+    assert admin_call(gateway.url, "DELETE", "/admin/models/qc/policy")[0] == 200
+    try:
+        metadata, answered = announced("")
+        assert (metadata["x-gateway-route"], metadata["x-gateway-model-version"]) == ("default", answered)
+        assert answered == "3", "Triton's default is its newest version"
+    finally:
+        admin_call(gateway.url, "PUT", "/admin/models/qc/policy",
+                   {"weights": {"2": 80, "3": 20}, "rules": [{"header": "x-canary", "equals": "always",
+                                                              "version": "3"}]})
+    channel.close()

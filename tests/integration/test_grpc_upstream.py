@@ -11,7 +11,8 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from gateway.devtools.local_triton import LocalTriton, free_port
-from gateway.grpc.upstream import OK, UNAVAILABLE, GrpcUpstream
+from gateway.grpc.status import StatusCode
+from gateway.grpc.upstream import GrpcUpstream
 from tests.conftest import Faults
 
 pytestmark = pytest.mark.triton
@@ -35,13 +36,13 @@ async def test_unary_calls_with_metadata_and_deadline(triton: LocalTriton) -> No
     upstream = GrpcUpstream(triton.grpc_url)
     try:
         code, _, raw = await upstream.unary(INFER, request("3"), (("x-user", "u1"), ("trace-bin", b"\x00\xff")), 5.0)
-        assert code == OK and output(raw).tolist() == [0.0, 3.0, 6.0, 9.0]
+        assert code == StatusCode.OK and output(raw).tolist() == [0.0, 3.0, 6.0, 9.0]
         code, _, raw = await upstream.unary("/inference.GRPCInferenceService/ServerLive", b"")
-        assert code == OK and service_pb2.ServerLiveResponse.FromString(raw).live
+        assert code == StatusCode.OK and service_pb2.ServerLiveResponse.FromString(raw).live
         code, details, _ = await upstream.unary("/inference.GRPCInferenceService/NoSuchMethod", b"")
         assert code == 12  # UNIMPLEMENTED, Triton's own answer
         code, details, _ = await upstream.unary(INFER, request("9"))
-        assert code != OK and "qc" in details  # Triton's message passes through (percent-decoded)
+        assert code != StatusCode.OK and "qc" in details  # Triton's message passes through (percent-decoded)
     finally:
         await upstream.aclose()
 
@@ -50,7 +51,7 @@ async def test_many_concurrent_calls_share_one_connection(triton: LocalTriton) -
     upstream = GrpcUpstream(triton.grpc_url)
     try:
         replies = await asyncio.gather(*(upstream.unary(INFER, request("2")) for _ in range(300)))
-        assert {reply[0] for reply in replies} == {OK}
+        assert {reply[0] for reply in replies} == {StatusCode.OK}
         assert all(output(reply[2]).tolist() == [0.0, 2.0, 4.0, 6.0] for reply in replies)
         assert upstream._connection is not None and not upstream._connection.streams
     finally:
@@ -64,7 +65,7 @@ async def test_a_request_larger_than_the_flow_control_window(triton: LocalTriton
         code, details, _ = await asyncio.wait_for(upstream.unary(INFER, request("2", batch=131072)), 20)
         assert code == 3 and "batch" in details  # INVALID_ARGUMENT: Triton read it all, then refused it
         code, _, raw = await upstream.unary(INFER, request("2"))
-        assert code == OK
+        assert code == StatusCode.OK
     finally:
         await upstream.aclose()
 
@@ -82,7 +83,7 @@ async def test_cancel_resets_the_stream_and_the_connection_stays_usable(triton: 
         assert connection is not None and not connection.streams
         started = time.monotonic()
         code, _, _ = await upstream.unary(INFER, request("2"))
-        assert code == OK and upstream._connection is connection and time.monotonic() - started < 1.0
+        assert code == StatusCode.OK and upstream._connection is connection and time.monotonic() - started < 1.0
         code, _, _ = await upstream.unary(INFER, request("3"), timeout=0.3)
         assert code == 4  # DEADLINE_EXCEEDED: grpc-timeout reached Triton
     finally:
@@ -92,8 +93,8 @@ async def test_cancel_resets_the_stream_and_the_connection_stays_usable(triton: 
 async def test_unreachable_or_wrong_upstreams_are_unavailable(triton: LocalTriton) -> None:
     nobody = f"127.0.0.1:{free_port()}"
     code, details, _ = await GrpcUpstream(nobody).unary(INFER, request())
-    assert code == UNAVAILABLE and nobody in details
+    assert code == StatusCode.UNAVAILABLE and nobody in details
     http_port = triton.http_url.rsplit(":", 1)[1]  # an HTTP/1.1 server: it answers the preface and hangs up
     wrong = GrpcUpstream(f"127.0.0.1:{http_port}")
     code, details, _ = await asyncio.wait_for(wrong.unary(INFER, request()), 10)
-    assert code in (UNAVAILABLE, 13), details
+    assert code in (StatusCode.UNAVAILABLE, 13), details

@@ -183,3 +183,15 @@ def test_health_endpoints(gateway: GatewayThread) -> None:
     assert get_json(f"{gateway.url}/healthz") == (200, {"status": "alive"})
     status, body = get_json(f"{gateway.url}/readyz")
     assert status == 200 and body["policies"] == ["qc", "tok"]
+
+
+def test_pinned_and_default_routes_are_announced(triton: LocalTriton) -> None:
+    """The same routing headers as the gRPC test of the same name: a pinned version, and
+    Triton's default version for a model without a policy (the version its body names)."""
+    with GatewayThread(gateway_settings(triton.http_url)) as gw:
+        for path, route in (("/v2/models/qc/versions/2/infer", "pinned"), ("/v2/models/qc/infer", "default")):
+            with urllib.request.urlopen(urllib.request.Request(gw.url + path, data=INFER_BODY)) as response:
+                answered = json.loads(response.read())["model_version"]
+                assert response.headers["x-gateway-route"] == route
+                assert response.headers["x-gateway-model-version"] == answered
+        assert answered == "3", "Triton's default is its newest version"

@@ -8,9 +8,10 @@ from urllib.parse import unquote
 import pytest
 
 from gateway.grpc.front import client_metadata, deadline_of
-from gateway.grpc.router import classify, decision_metadata, status_name
+from gateway.grpc.status import classify, status_name
 from gateway.grpc.wire import grpc_message, status_block
-from gateway.routing import Decision, Reason
+from gateway.pipeline import route_metadata
+from gateway.routing import Reason
 from gateway.telemetry.recorder import Outcome
 
 
@@ -55,8 +56,10 @@ def test_outcomes_by_status_code() -> None:
     assert status_name(14) == "UNAVAILABLE" and status_name(99) == "UNKNOWN"
 
 
-def test_decision_metadata_is_withheld_for_pinned_requests() -> None:
-    assert decision_metadata(Decision("3", Reason.PINNED)) == ()
-    assert decision_metadata(None) == ()
-    assert decision_metadata(Decision("2", Reason.STICKY)) == (("x-gateway-model-version", "2"),
-                                                               ("x-gateway-route", "sticky"))
+def test_route_metadata_names_route_and_version_for_every_route() -> None:
+    """Issue 11 changed this on purpose: gRPC used to withhold the routing metadata of pinned
+    and default routes; both protocols now announce them the way HTTP always did."""
+    assert route_metadata("3", Reason.PINNED) == (("x-gateway-model-version", "3"), ("x-gateway-route", "pinned"))
+    assert route_metadata("2", Reason.DEFAULT) == (("x-gateway-model-version", "2"), ("x-gateway-route", "default"))
+    assert route_metadata(None, Reason.DEFAULT) == (("x-gateway-route", "default"),)
+    assert route_metadata("2", Reason.STICKY) == (("x-gateway-model-version", "2"), ("x-gateway-route", "sticky"))

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import Conflict
+from gateway.errors import Conflict, MetricsUnavailable
 from gateway.policy import PolicySpec
 from gateway.policy_book import PolicyBook
 from gateway.rollout.controller import RolloutController
@@ -16,7 +16,6 @@ from gateway.services.triton_control import VersionState
 from gateway.store.base import EventDraft
 from gateway.store.memory import InMemoryStore
 from gateway.telemetry.recorder import LATENCY_BOUNDS, Recorder, Window
-from gateway.telemetry.sources import MetricsUnavailable
 
 
 class FakeClock:
@@ -66,7 +65,11 @@ class Harness:
         self.book = PolicyBook()
         self.recorder = Recorder()
         self.policies = PolicyService(self.store, self.book, self.triton)  # type: ignore[arg-type]
-        self.controller = RolloutController(self.policies, self.source, self.recorder, clock=self.clock)
+        self.controller = self.new_controller()
+
+    def new_controller(self, lifecycle: Any = None) -> RolloutController:
+        return RolloutController(self.store, self.triton, self.policies, self.source,  # type: ignore[arg-type]
+                                 self.recorder, clock=self.clock, lifecycle=lifecycle)
 
     async def weights(self) -> dict[str, Any]:
         stored = await self.store.get_policy("qc")
@@ -122,7 +125,7 @@ async def test_unhealthy_canary_rolls_back_at_the_failure_limit(h: Harness) -> N
     assert state["state"] == "rolled_back" and await h.weights() == {"2": 100}
     assert state["verdicts"][-1]["metric"] == "error_rate" and state["verdicts"][-1]["observed"] == 0.3
     assert state["canary_requests"] == 200
-    assert h.controller.rollbacks == {("qc", "error_rate"): 1}
+    assert h.recorder.rollbacks == {("qc", "error_rate"): 1}
     for _ in range(5):  # stays rolled back: no flapping, no silent retry
         await h.interval(canary=(100, 0, 0.004))
     assert (await h.state())["state"] == "rolled_back"
@@ -206,7 +209,7 @@ async def test_canary_must_be_ready_to_start(h: Harness) -> None:
 async def test_state_lives_in_the_store_so_a_new_controller_carries_on(h: Harness) -> None:
     await h.controller.begin("qc", SPEC, "alice")
     await h.interval(canary=(100, 0, 0.004))
-    fresh = RolloutController(h.policies, h.source, h.recorder, clock=h.clock)
+    fresh = h.new_controller()
     h.controller = fresh
     await h.interval(canary=(100, 0, 0.004))
     assert (await h.state())["step"] == 2 and (await h.weights())["3"] == 50
@@ -232,7 +235,7 @@ async def test_promotion_cleanup_keeps_the_newest_previous_versions(h: Harness, 
     import asyncio
 
     lifecycle = FakeLifecycle({"1", "2", "3"})
-    h.controller = RolloutController(h.policies, h.source, h.recorder, clock=h.clock, lifecycle=lifecycle)
+    h.controller = h.new_controller(lifecycle=lifecycle)
     spec = RolloutSpec.model_validate({**SPEC.model_dump(), "steps": [50, 100], "unload_previous": True,
                                        "keep_previous": keep})
     await h.controller.begin("qc", spec, "alice")
@@ -246,7 +249,7 @@ async def test_promotion_cleanup_keeps_the_newest_previous_versions(h: Harness, 
 
 async def test_no_cleanup_without_unload_previous(h: Harness) -> None:
     lifecycle = FakeLifecycle({"1", "2", "3"})
-    h.controller = RolloutController(h.policies, h.source, h.recorder, clock=h.clock, lifecycle=lifecycle)
+    h.controller = h.new_controller(lifecycle=lifecycle)
     await h.controller.begin("qc", RolloutSpec.model_validate({**SPEC.model_dump(), "steps": [100]}), "alice")
     await h.interval(canary=(100, 0, 0.004))
     assert (await h.state())["state"] == "promoted" and lifecycle.unloaded == []

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from gateway.errors import StaleRevision
 from gateway.policy import PolicySpec
-from gateway.store.base import EventDraft, StaleRevision, StateStore, make_store
+from gateway.store.base import EventDraft, StateStore, make_store
 
 SPEC_A = PolicySpec.model_validate({"weights": {"2": 80, "3": 20}, "rules": []})
 SPEC_B = PolicySpec.model_validate({"weights": {"2": 50, "3": 50},

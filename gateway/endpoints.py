@@ -1,0 +1,79 @@
+"""The control app's own endpoints and its error mapping: liveness, readiness, ``/metrics``,
+and the one place exceptions become ``{"error": ...}`` responses."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+
+from gateway.errors import GatewayError
+from gateway.policy_book import PolicyBook
+from gateway.telemetry.prometheus import render
+from gateway.upstream import HttpUpstream
+
+
+class Probes:
+    """``/healthz`` (the process answers), ``/readyz`` (policies loaded and Triton live), ``/metrics``."""
+
+    def __init__(self, upstream: HttpUpstream, book: PolicyBook, registry: CollectorRegistry,
+                 timeout_s: float) -> None:
+        self.upstream = upstream
+        self.book = book
+        self.registry = registry
+        self.timeout_s = timeout_s
+        self.started = False  # set by the lifespan once the policies are loaded
+
+    def router(self) -> APIRouter:
+        router = APIRouter(include_in_schema=False)
+        router.add_api_route("/healthz", self.healthz, methods=["GET"])
+        router.add_api_route("/readyz", self.readyz, methods=["GET"])
+        router.add_api_route("/metrics", self.metrics, methods=["GET"])
+        return router
+
+    async def metrics(self, request: Request) -> Response:
+        body, content_type = render(self.registry, request.headers.get("accept"))
+        return Response(body, media_type=content_type)
+
+    async def healthz(self) -> dict[str, str]:
+        return {"status": "alive"}
+
+    async def readyz(self) -> JSONResponse:
+        if not self.started:
+            return JSONResponse({"error": "gateway is starting: policies not loaded yet"}, status_code=503)
+        try:
+            response = await self.upstream.request(b"GET", b"/v2/health/live", [], timeout_s=self.timeout_s)
+            await response.read()
+        except GatewayError as exc:
+            return JSONResponse({"error": exc.message}, status_code=503)
+        if response.status != 200:
+            return JSONResponse({"error": f"upstream {self.upstream.name} is not live ({response.status})"},
+                                status_code=503)
+        return JSONResponse({"status": "ready", "policies": sorted(self.book.snapshot())})
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error the control app answers has Triton's shape: ``{"error": "..."}``."""
+    app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
+    app.add_exception_handler(ValidationError, _invalid_request)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
+
+
+async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
+    return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+
+async def _invalid_request(_: Request, exc: RequestValidationError | ValidationError) -> JSONResponse:
+    problems = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+        problems.append(f"{where}: {err.get('msg')}")
+    return JSONResponse({"error": "invalid request: " + "; ".join(problems)}, status_code=422)
+
+
+async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
+    return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)

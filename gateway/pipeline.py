@@ -1,0 +1,185 @@
+"""One request pipeline for both protocols: route -> in-flight -> forward (with the
+version-unavailable fallback) -> shadow gate -> record.
+
+The HTTP front (``proxy/http.py``) and the gRPC fronts (``grpc/front.py`` and
+``grpc/grpcio_front.py``, through ``grpc/router.py``) only translate their wire format: a
+request becomes an :class:`Exchange` that can send itself to a :class:`Target`, tell whether
+Triton's answer means "that version cannot answer now", hand the answer to its client and
+make a shadow copy. What happens, and in which order, is written here once, so a behaviour
+that one protocol has the other has too.
+
+A :class:`Target` is where one request goes. Today it is a version; when a target also names
+a server of a fleet, :meth:`Pipeline.target` is the one place that changes. Targets are
+built once per version and reused, like the decisions of a compiled policy: the hot path
+allocates no new routing objects per request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Protocol
+
+from gateway.policy_book import PolicyBook
+from gateway.proxy.shadow import GrpcMirror, Mirror, ShadowMirror
+from gateway.routing import (
+    MAY_SHADOW,
+    Decision,
+    Policy,
+    Reason,
+    WeylDraw,
+    choose,
+    choose_in_sequence,
+    fallback_for,
+    inflight_key,
+)
+from gateway.sequences import SequencePins
+from gateway.telemetry.recorder import UNKNOWN_MODEL, Outcome, Recorder
+
+DEFAULT = Decision(None, Reason.DEFAULT)  # no policy, not pinned: Triton picks its default version
+ROUTE_HEADER = "x-gateway-route"
+VERSION_HEADER = "x-gateway-model-version"
+# Answers that mean Triton does not know the model or version (HTTP, gRPC): recorded under one
+# label whatever name the client sent, so client-chosen names cannot grow the series.
+_NOT_FOUND = frozenset([404, "NOT_FOUND"])
+_MAX_TARGETS = 4096  # pinned versions come from clients: the cache of targets stays bounded
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where one request goes: a version (None: Triton's default). Fleets will add the server."""
+
+    version: str | None
+
+
+class Exchange(Protocol):
+    """One request as its front sees it. The pipeline decides; the exchange speaks the wire."""
+
+    @property
+    def status(self) -> int | str:
+        """The answer's status as metrics label it: an HTTP status, a gRPC status name."""
+
+    async def send(self, target: Target) -> None:
+        """Forward the request to ``target`` and keep the answer (raises GatewayError)."""
+
+    def unavailable(self) -> bool:
+        """Cheap first look: could the answer mean the version is gone (HTTP 404/503, gRPC NOT_FOUND/UNAVAILABLE)?"""
+
+    async def version_gone(self) -> bool:
+        """Triton's words say the version cannot answer now, and the request can be sent again."""
+
+    async def deliver(self, decision: Decision) -> None:
+        """Hand the answer to the client, announcing ``decision`` (the one that answered)."""
+
+    def outcome(self) -> Outcome: ...
+
+    def fault(self) -> str | None:
+        """The kind of upstream error to count for the version, or None."""
+
+    def mirrorable(self) -> bool:
+        """A complete success the shadow's answer can be compared with."""
+
+    def mirror(self, model: str, decision: Decision, shadow: Target) -> Mirror | GrpcMirror:
+        """The same request, addressed to ``shadow``, with this answer to compare against."""
+
+
+@lru_cache(maxsize=1024)
+def route_metadata(version: str | None, reason: str) -> tuple[tuple[str, str], ...]:
+    """What every answer says about routing, on both protocols: the route, and the version
+    that answered when it is known (``version``: the decision's, else the one Triton named)."""
+    if version:
+        return (VERSION_HEADER, version), (ROUTE_HEADER, reason)
+    return ((ROUTE_HEADER, reason),)
+
+
+class Pipeline:
+    """Shared by both fronts: one policy book, one draw sequence, one recorder."""
+
+    def __init__(self, book: PolicyBook, recorder: Recorder, pins: SequencePins | None = None,
+                 shadow: ShadowMirror | None = None, access_log: Callable[..., None] | None = None) -> None:
+        self.book = book
+        self.recorder = recorder
+        self.pins = pins or SequencePins()
+        self.shadow = shadow
+        self.access_log = access_log
+        self._draw = WeylDraw(seed=time.monotonic_ns())
+        self._targets: dict[str | None, Target] = {}
+
+    # -- route ---------------------------------------------------------------------------------
+    def route(self, policy: Policy | None, headers: Iterable[tuple[bytes, bytes]], sequence_id: object | None = None,
+              start: bool = False, end: bool = False) -> Decision:
+        """The decision for one unpinned request (lower-case header names, as on the wire)."""
+        if policy is None:
+            return DEFAULT
+        names = policy.header_names
+        found = {name: value for name, value in headers if name in names}
+        if sequence_id is None:
+            return choose(policy, found, self._draw())
+        return choose_in_sequence(policy, found, self._draw(), self.pins, sequence_id, start, end)
+
+    def target(self, decision: Decision) -> Target:
+        """The one place a decision becomes where the request goes."""
+        return self._target(decision.version)
+
+    def _target(self, version: str | None) -> Target:
+        target = self._targets.get(version)
+        if target is None:
+            target = Target(version)
+            if len(self._targets) < _MAX_TARGETS:
+                self._targets[version] = target
+        return target
+
+    # -- forward, shadow, record ---------------------------------------------------------------
+    async def forward(self, exchange: Exchange, model: str, policy: Policy | None, decision: Decision,
+                      started: float, protocol: str) -> Decision:
+        """Send, fall back if the version is gone, deliver, mirror, record; the decision that answered.
+
+        The in-flight count covers delivery too: the drain before an unload waits for a
+        streaming answer to finish. Exceptions propagate to the front, which answers its client
+        and records them with :meth:`record`."""
+        recorder = self.recorder
+        inflight = inflight_key(model, policy, decision)
+        if inflight is not None:
+            recorder.add_inflight(inflight)
+        try:
+            await exchange.send(self._target(decision.version))
+            if exchange.unavailable():
+                fallback = fallback_for(policy, decision)
+                if fallback is not None and await exchange.version_gone():
+                    recorder.upstream_error(model, decision.version or "", "VersionUnavailable")
+                    decision = fallback
+                    await exchange.send(self._target(fallback.version))
+            await exchange.deliver(decision)
+        finally:
+            if inflight is not None:
+                recorder.remove_inflight(inflight)
+        if policy is not None and policy.shadow_version is not None:
+            self._shadow_gate(exchange, model, policy, decision)
+        self.record(model, decision, exchange.outcome(), exchange.status, protocol, started, exchange.fault())
+        return decision
+
+    def _shadow_gate(self, exchange: Exchange, model: str, policy: Policy, decision: Decision) -> None:
+        """Mirror a share of the requests the policy routed, never blocking, never more than the queue holds."""
+        shadow, version = self.shadow, policy.shadow_version
+        if shadow is None or version is None or decision.reason not in MAY_SHADOW or not exchange.mirrorable():
+            return
+        if self._draw() >= policy.shadow_bp or shadow.full(model, version):
+            return
+        shadow.offer(exchange.mirror(model, decision, self._target(version)))
+
+    def record(self, model: str, decision: Decision, outcome: Outcome, status: int | str, protocol: str,
+               started: float, fault: str | None = None) -> None:
+        """One sample. One rule for a model Triton does not know, on both protocols: a not-found
+        answer, or a failed request for a model without a policy, is recorded as ``_unknown``."""
+        if status in _NOT_FOUND or (decision is DEFAULT and outcome is not Outcome.SUCCESS):
+            model, version, reason = UNKNOWN_MODEL, "", Reason.DEFAULT
+        else:
+            version, reason = decision.version or "", decision.reason
+        latency = time.perf_counter() - started
+        if fault is not None:
+            self.recorder.upstream_error(model, version, fault)
+        self.recorder.record(model, version, outcome, latency, reason, protocol, str(status))
+        if self.access_log is not None:
+            self.access_log(model, version, reason, protocol, status, latency)

@@ -1,0 +1,72 @@
+"""The plane rules of the agreed design, read from the imports of ``gateway/`` (ast, no import).
+
+- the data plane (fronts, pipeline, routing, upstream clients, HTTP/2) imports nothing from the
+  store, admin, rollout or control-plane services: it meets the control plane only at the
+  policy book and the recorder;
+- routing imports no transport (it stays pure);
+- the store imports no admin, rollout or service code;
+- no control-plane service imports admin (admin is only the HTTP surface over the services).
+
+Checked to fail: adding ``from gateway.store.base import StateStore`` to ``gateway/routing.py``
+(and, separately, ``from gateway.admin.deps import Actor`` to ``gateway/services/policies.py``)
+makes this test fail and name the file and the import.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "gateway"
+
+DATA_PLANE = ("gateway.proxy", "gateway.grpc", "gateway.pipeline", "gateway.routing", "gateway.upstream",
+              "gateway.http2")
+CONTROL_PLANE = ("gateway.store", "gateway.admin", "gateway.rollout", "gateway.services")
+TRANSPORT = ("gateway.proxy", "gateway.grpc", "gateway.pipeline", "gateway.upstream", "gateway.http2",
+             "gateway.asgi", "gateway.server", "asyncio", "socket", "httptools", "httpx", "grpc", "uvicorn")
+# (who, may not import, why)
+RULES = [
+    (DATA_PLANE, CONTROL_PLANE, "the data plane meets the control plane only at the policy book and the recorder"),
+    (("gateway.routing",), TRANSPORT, "routing is pure: no transport, no I/O"),
+    (("gateway.store",), ("gateway.admin", "gateway.rollout", "gateway.services"), "the store knows no callers"),
+    (("gateway.services",), ("gateway.admin",), "admin is the HTTP surface over the services, not below them"),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, at any depth (lazy imports inside functions count too)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def within(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes)
+
+
+MODULES = {module_name(path): imports(path) for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+@pytest.mark.parametrize(("owners", "forbidden", "why"), RULES, ids=[rule[2] for rule in RULES])
+def test_plane_rules(owners: tuple[str, ...], forbidden: tuple[str, ...], why: str) -> None:
+    broken = sorted(f"{module} imports {name}" for module, names in MODULES.items() if within(module, owners)
+                    for name in names if within(name, forbidden))
+    assert not broken, f"{why}: " + "; ".join(broken)
+
+
+def test_every_rule_looks_at_real_modules() -> None:
+    """A rule about a package that no longer exists would pass forever: each owner must exist."""
+    for owners, _, why in RULES:
+        assert any(within(module, owners) for module in MODULES), why
