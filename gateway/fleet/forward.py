@@ -22,12 +22,16 @@ from collections.abc import AsyncIterator, Iterable
 from gateway.errors import ClientGone, Overloaded, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from gateway.fleet.balancer import Fleet
 from gateway.fleet.members import Server
-from gateway.grpc.status import StatusCode
+from gateway.grpc.status import FAULTS, StatusCode
 from gateway.grpc.upstream import GrpcUpstream, Reply, StreamListener, UpstreamStream
 from gateway.grpc.upstream import Metadata as GrpcMetadata
 from gateway.upstream import HttpUpstream, UpstreamResponse
 
 UNAVAILABLE, RESOURCE_EXHAUSTED = StatusCode.UNAVAILABLE, StatusCode.RESOURCE_EXHAUSTED
+# Triton's answer when a model's queue is full (HTTP 503, gRPC UNAVAILABLE): overload, answered
+# as the gateway's own admission control answers it (429 + Retry-After, RESOURCE_EXHAUSTED).
+TRITON_QUEUE_FULL = "Exceeds maximum queue size"
+_QUEUE_FULL = TRITON_QUEUE_FULL.encode()
 # GrpcUpstream's own words for "nothing reached the server" and "the connection broke".
 _NOT_SENT = ("cannot connect to ", "upstream is going away")
 _BROKEN = ("connection lost", "connection closed by the upstream", "keeps closing the connection",
@@ -139,6 +143,9 @@ class FleetHttp(HttpUpstream):
             server.release()
         server.failures = 0
         if response.status >= 500:
+            if response.status == 503 and response.complete and _QUEUE_FULL in response.body():
+                server.refused += 1
+                raise Overloaded(f"Triton server {server.name}: {response.body().decode(errors='replace')[:200]}")
             server.errors += 1
         return response
 
@@ -202,10 +209,17 @@ class FleetGrpc(GrpcUpstream):
             reply = await server.grpc.unary(path, message, metadata, timeout)
         finally:
             server.release()
-        if reply[0] == UNAVAILABLE and (reply[1].startswith(_NOT_SENT) or any(b in reply[1] for b in _BROKEN)):
-            self.fleet.failed(server, reply[1])
-        else:
-            server.failures = 0
+        code = reply[0]
+        if code == UNAVAILABLE:
+            if TRITON_QUEUE_FULL in reply[1]:
+                server.refused += 1
+                return RESOURCE_EXHAUSTED, f"Triton server {server.name}: {reply[1]}", b""
+            if reply[1].startswith(_NOT_SENT) or any(b in reply[1] for b in _BROKEN):
+                self.fleet.failed(server, reply[1])
+                return reply
+        server.failures = 0
+        if code != 0 and code in FAULTS:
+            server.errors += 1
         return reply
 
     async def open(self, path: str, listener: StreamListener, metadata: GrpcMetadata = (),

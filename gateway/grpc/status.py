@@ -35,9 +35,9 @@ class StatusCode(IntEnum):
 
 
 # Codes that count against the version that answered them; INVALID_ARGUMENT, NOT_FOUND & co.
-# are the client's, CANCELLED is nobody's.
-FAULTS = frozenset([StatusCode.UNAVAILABLE, StatusCode.INTERNAL, StatusCode.UNKNOWN, StatusCode.DEADLINE_EXCEEDED,
-                    StatusCode.RESOURCE_EXHAUSTED])
+# are the client's, CANCELLED is nobody's, RESOURCE_EXHAUSTED is overload (admission control or
+# Triton's full queue): shown, never held against a version.
+FAULTS = frozenset([StatusCode.UNAVAILABLE, StatusCode.INTERNAL, StatusCode.UNKNOWN, StatusCode.DEADLINE_EXCEEDED])
 _BY_HTTP_STATUS = {400: StatusCode.INVALID_ARGUMENT, 401: StatusCode.UNAUTHENTICATED, 404: StatusCode.NOT_FOUND,
                    409: StatusCode.FAILED_PRECONDITION, 412: StatusCode.FAILED_PRECONDITION,
                    422: StatusCode.INVALID_ARGUMENT, 429: StatusCode.RESOURCE_EXHAUSTED}
@@ -54,6 +54,8 @@ def classify(code: int) -> Outcome:
         return Outcome.SUCCESS
     if code == StatusCode.CANCELLED:
         return Outcome.CANCELLED
+    if code == StatusCode.RESOURCE_EXHAUSTED:
+        return Outcome.OVERLOAD
     return Outcome.UPSTREAM_ERROR if code in FAULTS else Outcome.CLIENT_ERROR
 
 

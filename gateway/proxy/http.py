@@ -16,7 +16,7 @@ import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
-from gateway.errors import ClientGone, GatewayError, UpstreamError
+from gateway.errors import ClientGone, GatewayError, Overloaded, UpstreamError
 from gateway.pipeline import Pipeline, Target, route_metadata
 from gateway.proxy.shadow import Mirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
@@ -127,8 +127,9 @@ class HttpProxy:
             return
         cancelled = isinstance(error, ClientGone)
         fault = type(error).__name__ if isinstance(error, UpstreamError) and not cancelled else None
-        self.pipeline.record(model, decision, Outcome.CANCELLED if cancelled else Outcome.UPSTREAM_ERROR,
-                             error.status, "http", started, fault)
+        outcome = Outcome.CANCELLED if cancelled else Outcome.OVERLOAD if isinstance(error, Overloaded) \
+            else Outcome.UPSTREAM_ERROR
+        self.pipeline.record(model, decision, outcome, error.status, "http", started, fault)
 
     def _route_sequence(self, policy: Policy, scope: Scope, body: bytes) -> Decision:
         """Routing for models with sequence affinity: the sequence fields live in the body."""
@@ -210,7 +211,11 @@ class HttpExchange:
 
     def outcome(self) -> Outcome:
         code = self.status
-        return Outcome.SUCCESS if code < 400 else Outcome.CLIENT_ERROR if code < 500 else Outcome.UPSTREAM_ERROR
+        if code < 400:
+            return Outcome.SUCCESS
+        if code == 429:  # overload (the fleet maps Triton's queue-full 503 to it): never held against a version
+            return Outcome.OVERLOAD
+        return Outcome.CLIENT_ERROR if code < 500 else Outcome.UPSTREAM_ERROR
 
     def fault(self) -> str | None:
         return None  # an HTTP 5xx counts as an upstream error in the outcome; kinds are transport failures
@@ -279,8 +284,10 @@ async def _cancel_on_disconnect(receive: Receive, exchange: HttpExchange) -> Non
 
 async def _send_error(send: Send, error: GatewayError) -> None:
     body = error.body()
-    await send({"type": "http.response.start", "status": error.status,
-                "headers": [*_JSON, (b"content-length", str(len(body)).encode())]})
+    headers = [*_JSON, (b"content-length", str(len(body)).encode())]
+    if isinstance(error, Overloaded):
+        headers.append((b"retry-after", str(error.retry_after_s).encode()))
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -29,7 +29,7 @@ LATENCY_BOUNDS: tuple[float, ...] = (
 )
 # The `code` label holds an HTTP status or a gRPC status name. PromQL that judges versions
 # (PrometheusSource, alert rules, the dashboard) uses these two regexes.
-UPSTREAM_ERROR_CODES = "5..|UNAVAILABLE|INTERNAL|UNKNOWN|DEADLINE_EXCEEDED|RESOURCE_EXHAUSTED"
+UPSTREAM_ERROR_CODES = "5..|UNAVAILABLE|INTERNAL|UNKNOWN|DEADLINE_EXCEEDED"  # not 429/RESOURCE_EXHAUSTED: overload
 JUDGED_CODES = "[23]..|OK|" + UPSTREAM_ERROR_CODES  # successes and upstream errors: never 4xx, 499, client codes
 UNKNOWN_MODEL = "_unknown"  # label for model names Triton does not know: bounded cardinality
 MAX_SERIES = 4096  # hard cap on distinct label sets; beyond it samples fold into one overflow series
@@ -40,6 +40,7 @@ class Outcome(str, Enum):
     UPSTREAM_ERROR = "upstream_error"  # 5xx from Triton, transport errors, timeouts
     CLIENT_ERROR = "client_error"  # 4xx: never counted against a version
     CANCELLED = "cancelled"  # the client went away first
+    OVERLOAD = "overload"  # 429, Triton's queue-full 503, RESOURCE_EXHAUSTED: shown, never held against a version
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,8 @@ def test_grpc_message_is_percent_encoded_utf8() -> None:
 
 def test_outcomes_by_status_code() -> None:
     assert classify(0) is Outcome.SUCCESS and classify(1) is Outcome.CANCELLED
-    assert {classify(code) for code in (14, 13, 2, 4, 8)} == {Outcome.UPSTREAM_ERROR}
+    assert {classify(code) for code in (14, 13, 2, 4)} == {Outcome.UPSTREAM_ERROR}
+    assert classify(8) is Outcome.OVERLOAD  # RESOURCE_EXHAUSTED: admission control or Triton's full queue
     assert {classify(code) for code in (3, 5, 7, 9, 12, 16)} == {Outcome.CLIENT_ERROR}
     assert status_name(14) == "UNAVAILABLE" and status_name(99) == "UNKNOWN"
 
