@@ -86,7 +86,7 @@ def micro(servers: int, calls: int = 1_000_000) -> tuple[float, float]:
             if single is not None:
                 server = single
             else:
-                model, version = message_model_version(message)
+                model, version, _parameters = message_model_version(message)
                 server = fleet.pick(model, version)
             if server.limit and server.inflight >= server.limit:
                 server = await fleet.admit(server, model, version)

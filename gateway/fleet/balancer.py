@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from gateway.errors import Overloaded, UpstreamUnavailable
 from gateway.fleet.config import ServerSpec
 from gateway.fleet.members import Server
+from gateway.sequences import SequencePins
 
 _NO_VERSION = ""  # cache key for unversioned requests (Triton picks its default version)
 Key = str | bytes
@@ -48,6 +49,8 @@ class Fleet:
         self._all: tuple[Server, ...] = ()
         self.single: Server | None = None  # a one-server fleet: the request path skips the choice
         self._random = random.Random().random
+        # (model, sequence id) -> server name: Triton keeps a sequence's state in one server.
+        self.sequences = SequencePins()
 
     # -- membership (control plane) -------------------------------------------------------------
     def add(self, spec: ServerSpec) -> Server:
@@ -130,6 +133,21 @@ class Fleet:
         if b is avoid:
             return a
         return b if b.inflight < a.inflight else a
+
+    def sequence_server(self, model: Key, sequence_id: object, start: bool) -> Server | None:
+        """The server a live sequence is pinned to (None for a new one, or when its server left:
+        Triton there says the sequence is unknown, which is the one clear error it can get)."""
+        if start:
+            return None
+        name = self.sequences.lookup(model, sequence_id)  # type: ignore[arg-type]
+        server = self.servers.get(name) if name is not None else None
+        return server if server is not None and server.in_service else None
+
+    def pin_sequence(self, model: Key, sequence_id: object, end: bool, server: Server) -> None:
+        if end:
+            self.sequences.release(model, sequence_id)  # type: ignore[arg-type]
+        else:
+            self.sequences.pin(model, sequence_id, server.name)  # type: ignore[arg-type]
 
     async def admit(self, server: Server, model: Key, version: Key | None) -> Server:
         """A slot on ``server``, or on the least busy other candidate with room, or a queued wait on

@@ -25,6 +25,8 @@ from gateway.fleet.members import Server
 from gateway.grpc.status import FAULTS, StatusCode
 from gateway.grpc.upstream import GrpcUpstream, Reply, StreamListener, UpstreamStream
 from gateway.grpc.upstream import Metadata as GrpcMetadata
+from gateway.grpc.wire import route_fields
+from gateway.proxy.http import sequence_fields
 from gateway.upstream import HttpUpstream, UpstreamResponse
 
 UNAVAILABLE, RESOURCE_EXHAUSTED = StatusCode.UNAVAILABLE, StatusCode.RESOURCE_EXHAUSTED
@@ -32,6 +34,7 @@ UNAVAILABLE, RESOURCE_EXHAUSTED = StatusCode.UNAVAILABLE, StatusCode.RESOURCE_EX
 # as the gateway's own admission control answers it (429 + Retry-After, RESOURCE_EXHAUSTED).
 TRITON_QUEUE_FULL = "Exceeds maximum queue size"
 _QUEUE_FULL = TRITON_QUEUE_FULL.encode()
+_NO_SEQUENCE: tuple[object | None, bool, bool] = (None, False, False)
 # GrpcUpstream's own words for "nothing reached the server" and "the connection broke".
 _NOT_SENT = ("cannot connect to ", "upstream is going away")
 _BROKEN = ("connection lost", "connection closed by the upstream", "keeps closing the connection",
@@ -48,14 +51,16 @@ def target_model_version(target: bytes) -> tuple[bytes, bytes | None]:
     return parts[3].partition(b"?")[0], None
 
 
-def message_model_version(message: bytes) -> tuple[bytes, bytes | None]:
+def message_model_version(message: bytes) -> tuple[bytes, bytes | None, bool]:
     """Fields 1 and 2 (model name and version) of a ModelInferRequest or ModelMetadataRequest.
 
     The last occurrence wins, as in protobuf: the router sets the version by appending a field 2
     (``grpc.wire.with_version``). Only field headers are read; every field of these messages is
     length-delimited, so the scan skips tensors without touching them. (b"", None) if absent.
+    The third value says whether a ``parameters`` map (field 4, where a sequence id lives) is there.
     """
     model = version = b""
+    parameters = False
     pos, size = 0, len(message)
     while pos < size:
         tag = message[pos]
@@ -71,8 +76,10 @@ def message_model_version(message: bytes) -> tuple[bytes, bytes | None]:
             model = message[pos:end]
         elif tag == 0x12:
             version = message[pos:end]
+        elif tag == 0x22:
+            parameters = True
         pos = end
-    return model, version or None
+    return model, version or None, parameters
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -101,11 +108,19 @@ class FleetHttp(HttpUpstream):
                       timeout_s: float | None = None) -> UpstreamResponse:
         fleet = self.fleet
         single = fleet.single
+        sequence: tuple[object | None, bool, bool] = _NO_SEQUENCE
         if single is not None:  # one server: nothing to choose, the path need not be read
             model, version, server = b"", None, single
         else:
             model, version = target_model_version(target)
-            server = fleet.pick(model, version)
+            pinned = None
+            if isinstance(body, bytes) and body.find(b"sequence_id", 0, 4096) >= 0:  # no copy, no parse otherwise
+                sequence = sequence_fields(headers if isinstance(headers, list) else list(headers), body)
+                if sequence[0] is not None:
+                    pinned = fleet.sequence_server(model, sequence[0], sequence[1])
+            server = pinned or fleet.pick(model, version)
+            if sequence[0] is not None:
+                fleet.pin_sequence(model, sequence[0], sequence[2], server)
         if server.limit and server.inflight >= server.limit:
             server = await fleet.admit(server, model, version)  # full: wait for a slot, or another server
         else:
@@ -179,8 +194,16 @@ class FleetGrpc(GrpcUpstream):
             if single is not None:  # one server: nothing to choose, the message need not be read
                 model, version, server = b"", None, single
             else:
-                model, version = message_model_version(message)
-                server = fleet.pick(model, version)
+                model, version, parameters = message_model_version(message)
+                pinned = sequence = None
+                if parameters:  # a parameters map: read it for a sequence id (requests without one skip this)
+                    fields = route_fields(message)
+                    sequence = fields.sequence_id
+                    if sequence is not None:
+                        pinned = fleet.sequence_server(model, sequence, fields.sequence_start)
+                server = pinned or fleet.pick(model, version)
+                if sequence is not None:
+                    fleet.pin_sequence(model, sequence, fields.sequence_end, server)
             if server.limit and server.inflight >= server.limit:
                 server = await fleet.admit(server, model, version)
             else:

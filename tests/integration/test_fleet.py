@@ -16,7 +16,8 @@ import pytest
 
 from gateway.devtools.local_triton import LocalTriton
 from gateway.grpc.status import StatusCode
-from tests.fleet_support import drive_grpc, fleet_settings, ready_versions, successes
+from tests.fleet_support import INFER as INFER_PATH
+from tests.fleet_support import drive_grpc, fleet_settings, infer_message, ready_versions, successes
 from tests.support import INFER_BODY, GatewayThread, LoadResult, admin_call, drive, wait_for
 
 pytestmark = pytest.mark.triton
@@ -204,3 +205,69 @@ def test_per_server_metrics_and_ctl_fleets(triton_pair: tuple[LocalTriton, Local
                                capture_output=True, text=True, timeout=60, env={**env, "COLUMNS": "200"})
         assert table.returncode == 0 and all(name in table.stdout for name in names), table.stdout
         assert "in service" in table.stdout
+
+
+def _http_sequence_step(url: str, sequence_id: int, start: bool, end: bool) -> tuple[str, str]:
+    body = json.loads(INFER_BODY)
+    body["parameters"] = {"sequence_id": sequence_id, "sequence_start": start, "sequence_end": end}
+    request = urllib.request.Request(f"{url}/v2/models/qc/infer", data=json.dumps(body).encode())
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return str(json.loads(response.read())["model_version"]), response.headers["x-gateway-route"]
+
+
+def _grpc_sequence_message(sequence_id: int, start: bool, end: bool) -> bytes:
+    from tritonclient.grpc import service_pb2
+
+    request = service_pb2.ModelInferRequest()
+    request.ParseFromString(infer_message())
+    request.parameters["sequence_id"].int64_param = sequence_id
+    request.parameters["sequence_start"].bool_param = start
+    request.parameters["sequence_end"].bool_param = end
+    return bytes(request.SerializeToString())
+
+
+def test_a_sequence_stays_on_one_server_and_one_version_while_weights_change(
+        triton_pair: tuple[LocalTriton, LocalTriton]) -> None:
+    from tritonclient.grpc import service_pb2
+
+    from gateway.grpc.upstream import GrpcUpstream
+
+    async def grpc_step(client: GrpcUpstream, sequence_id: int, start: bool, end: bool) -> str:
+        code, details, answer = await client.unary(INFER_PATH, _grpc_sequence_message(sequence_id, start, end), (),
+                                                   10.0)
+        assert code == StatusCode.OK, details
+        reply = service_pb2.ModelInferResponse()
+        reply.ParseFromString(answer)
+        return str(reply.model_version)
+
+    async def run_sequence(url: str, grpc_address: str, protocol: str, sequence_id: int) -> list[str]:
+        client = GrpcUpstream(grpc_address)
+        versions: list[str] = []
+        for step in range(20):
+            start, end = step == 0, step == 19
+            if step in (5, 12):  # the weights move, twice: away from the sequence's version, then back
+                other = "3" if versions[0] == "2" else "2"
+                weights = {other: 100} if step == 5 else {versions[0]: 100}
+                status, body = admin_call(url, "PATCH", "/admin/models/qc/policy/weights", {"weights": weights})
+                assert status == 200, body
+            if protocol == "http":
+                version, route = _http_sequence_step(url, sequence_id, start, end)
+                assert step == 0 or route == "sequence", route
+            else:
+                version = await grpc_step(client, sequence_id, start, end)
+            versions.append(version)
+        await client.aclose()
+        return versions
+
+    settings = fleet_settings(*triton_pair, policies={"qc": {"weights": {"2": 50, "3": 50},
+                                                             "sequence_affinity": True}})
+    with GatewayThread(settings) as gw:
+        for protocol, sequence_id in (("http", 4101), ("grpc", 4102)):
+            before = [successes(server) for server in triton_pair]
+            versions = asyncio.run(run_sequence(gw.url, f"127.0.0.1:{gw.settings.grpc_port}", protocol, sequence_id))
+            assert len(set(versions)) == 1, (protocol, versions)
+            served = [successes(server) - count for server, count in zip(triton_pair, before, strict=True)]
+            assert sorted(served) == [0, 20], (protocol, served)
+            status, body = admin_call(gw.url, "PATCH", "/admin/models/qc/policy/weights",
+                                      {"weights": {"2": 50, "3": 50}})
+            assert status == 200, body

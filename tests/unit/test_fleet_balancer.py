@@ -94,11 +94,11 @@ def test_paths_and_messages_name_their_model_and_version() -> None:
     assert target_model_version(b"/v2/models/qc/infer?x=1") == (b"qc", None)
     assert target_model_version(b"/v2/health/ready") == (b"", None)
     message = bytes([0x0A, 2]) + b"qc" + bytes([0x3A, 1, 0])  # model_name, then a field 7
-    assert message_model_version(message) == (b"qc", None)
-    assert message_model_version(with_version(message, "12")) == (b"qc", b"12")
-    pinned = bytes([0x0A, 2]) + b"qc" + bytes([0x12, 1]) + b"3" + bytes([0x3A, 1, 0])
-    assert message_model_version(pinned) == (b"qc", b"3")
-    assert message_model_version(b"") == (b"", None)
+    assert message_model_version(message) == (b"qc", None, False)
+    assert message_model_version(with_version(message, "12")) == (b"qc", b"12", False)
+    pinned = bytes([0x0A, 2]) + b"qc" + bytes([0x12, 1]) + b"3" + bytes([0x22, 1, 0]) + bytes([0x3A, 1, 0])
+    assert message_model_version(pinned) == (b"qc", b"3", True)
+    assert message_model_version(b"") == (b"", None, False)
 
 
 def test_wire_keys_and_names_reach_the_same_servers() -> None:
@@ -147,3 +147,16 @@ async def test_a_queued_caller_that_goes_away_passes_its_slot_on() -> None:
     assert len(server.waiters) == 1, "a caller that left leaves the queue"
     server.release()
     assert await staying is server and server.inflight == 1
+
+
+def test_a_sequence_stays_on_its_server_until_it_ends() -> None:
+    fleet, servers = fleet_of(2)
+    assert fleet.sequence_server(b"qc", 7, start=True) is None
+    fleet.pin_sequence(b"qc", 7, False, servers[1])
+    servers[1].inflight = 50  # busy: the balancer would never pick it, the sequence still goes there
+    assert fleet.sequence_server(b"qc", 7, start=False) is servers[1]
+    fleet.pin_sequence(b"qc", 7, True, servers[1])
+    assert fleet.sequence_server(b"qc", 7, start=False) is None
+    fleet.pin_sequence(b"qc", 8, False, servers[0])
+    servers[0].in_service = False  # its server left: the sequence cannot continue anywhere else either
+    assert fleet.sequence_server(b"qc", 8, start=False) is None
