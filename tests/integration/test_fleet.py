@@ -271,3 +271,17 @@ def test_a_sequence_stays_on_one_server_and_one_version_while_weights_change(
             status, body = admin_call(gw.url, "PATCH", "/admin/models/qc/policy/weights",
                                       {"weights": {"2": 50, "3": 50}})
             assert status == 200, body
+
+
+def test_a_dns_fleet_finds_its_server_by_name(triton: LocalTriton) -> None:
+    """'localhost' resolves to 127.0.0.1 here: the fleet discovers the session's Triton by name."""
+    fleet = {"dns": {"name": "localhost", "http_port": triton.http_port, "grpc_port": triton.grpc_port}}
+    settings = fleet_settings(triton, fleets={"default": fleet}, fleet_dns_refresh_s=0.2)
+    with GatewayThread(settings) as gw:
+        result = asyncio.run(drive(gw.url, 50, concurrency=4))
+        assert result.statuses == Counter({200: 50}), result.failures[:3]
+        servers = gw.app.fleets.default.describe()
+        assert [s["server"] for s in servers] == [f"127.0.0.1:{triton.http_port}"]
+        assert servers[0]["in_service"] and servers[0]["requests"] == 50
+        time.sleep(0.5)  # a few re-resolutions later, the same server (not a new one) is still there
+        assert gw.app.fleets.default.describe()[0]["requests"] == 50
