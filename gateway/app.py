@@ -71,12 +71,13 @@ class Gateway(Dispatch):
         self.pins = SequencePins()
         self.shadow = ShadowMirror(self.upstream, self.recorder)
         self.pipeline = Pipeline(self.book, self.recorder, self.pins, self.shadow, self.access_log)
-        self.proxy = HttpProxy(self.pipeline, self.upstream)
+        named = [fleet for fleet in self.fleets if fleet is not self.fleets.default]
+        self.proxy = HttpProxy(self.pipeline, self.upstream, {fleet.name: FleetHttp(fleet) for fleet in named})
         self.grpc: GrpcProxy | None = None
         self.grpc_router: GrpcRouter | None = None
         self.grpc_server: Any = None
         self.store = store or make_store(settings.store_url)
-        self.triton = TritonControl(self.fleets.default)
+        self.triton = TritonControl(self.fleets.default, {fleet.name: TritonControl(fleet) for fleet in named})
         self.fleets.on_join(self.triton.sync_server)
         self.policies = PolicyService(self.store, self.book, self.triton)
         self.sync = StateSync(self.store, self.policies, settings.resync_interval_s)
@@ -138,7 +139,8 @@ class Gateway(Dispatch):
 
     async def _start_grpc(self) -> None:
         upstream = FleetGrpc(self.fleets.default)
-        self.grpc_router = GrpcRouter(self.pipeline, upstream)
+        named = {fleet.name: FleetGrpc(fleet) for fleet in self.fleets if fleet is not self.fleets.default}
+        self.grpc_router = GrpcRouter(self.pipeline, upstream, named)
         if self.settings.grpc_server == "grpcio":
             self.grpc = GrpcProxy(self.grpc_router)
             self.grpc_server = await start_grpc(self.grpc, self.settings.host, self.settings.grpc_port)

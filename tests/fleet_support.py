@@ -22,9 +22,10 @@ def fleet_settings(*servers: LocalTriton, **values: Any) -> Settings:
     return gateway_settings(servers[0].http_url, triton_grpc_url=servers[0].grpc_url, admin_token=TOKEN, **values)
 
 
-def successes(server: LocalTriton, model: str = "qc") -> int:
-    """Inferences this Triton server ran, over every version (its own statistics)."""
-    with urllib.request.urlopen(f"{server.http_url}/v2/models/{model}/stats", timeout=5) as response:
+def successes(server: LocalTriton, model: str = "qc", version: str = "") -> int:
+    """Inferences this Triton server ran (its own statistics), of one version or of all."""
+    path = f"/v2/models/{model}/versions/{version}/stats" if version else f"/v2/models/{model}/stats"
+    with urllib.request.urlopen(f"{server.http_url}{path}", timeout=5) as response:
         stats = json.loads(response.read())
     return sum(int(entry["inference_stats"]["success"]["count"]) for entry in stats["model_stats"])
 

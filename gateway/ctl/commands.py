@@ -17,6 +17,8 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from gateway.policy import target_order
+
 Handler = Callable[[argparse.Namespace, "Api"], Any]
 
 
@@ -153,7 +155,7 @@ def _policy_table(doc: dict[str, Any]) -> Table:
     table = Table(title=f"policy of {doc['model']} (revision {doc['revision']})")
     table.add_column("version", justify="right")
     table.add_column("weight %", justify="right")
-    for version, weight in sorted(doc["weights"].items(), key=lambda kv: int(kv[0])):
+    for version, weight in sorted(doc["weights"].items(), key=lambda kv: target_order(kv[0])):
         table.add_row(version, str(weight))
     for rule in doc.get("rules", []):
         table.add_row(rule["version"], f"rule {rule['header']}: {rule['equals']}")

@@ -13,10 +13,10 @@ import asyncio
 import json
 import time
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
-from gateway.errors import ClientGone, GatewayError, Overloaded, UpstreamError
+from gateway.errors import ClientGone, GatewayError, Overloaded, UpstreamError, UpstreamUnavailable
 from gateway.pipeline import Pipeline, Target, route_metadata
 from gateway.proxy.shadow import Mirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
@@ -40,11 +40,21 @@ _AS_SENT = Target(None)  # not an inference call: the path goes upstream as the 
 class HttpProxy:
     """ASGI app for the KServe-v2 / Triton HTTP API: the HTTP side of the shared pipeline."""
 
-    def __init__(self, pipeline: Pipeline, upstream: HttpUpstream) -> None:
+    def __init__(self, pipeline: Pipeline, upstream: HttpUpstream,
+                 fleets: Mapping[str, HttpUpstream] | None = None) -> None:
         self.pipeline = pipeline
         self.book = pipeline.book
-        self.upstream = upstream
+        self.upstream = upstream  # the default fleet
+        self.fleets = dict(fleets or {})  # named fleets, for targets such as "green:3"
         self._reason_headers: dict[tuple[str | None, str], list[tuple[bytes, bytes]]] = {}
+
+    def upstream_for(self, target: Target) -> HttpUpstream:
+        if target.fleet is None:
+            return self.upstream
+        upstream = self.fleets.get(target.fleet)
+        if upstream is None:
+            raise UpstreamUnavailable(f"fleet '{target.fleet}' is not configured on this gateway")
+        return upstream
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
@@ -175,8 +185,9 @@ class HttpExchange:
 
     async def send(self, target: Target) -> None:
         scope = self.scope
-        self.response = await self.proxy.upstream.request(scope["method"].encode(), self._path(target),
-                                                          scope["headers"], self.body, content_length=self.length)
+        upstream = self.proxy.upstream if target.fleet is None else self.proxy.upstream_for(target)
+        self.response = await upstream.request(scope["method"].encode(), self._path(target), scope["headers"],
+                                               self.body, content_length=self.length)
         self.status = self.response.status
 
     def unavailable(self) -> bool:

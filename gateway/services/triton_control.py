@@ -22,6 +22,7 @@ from typing import Any
 from gateway.errors import Conflict, GatewayError, LoadFailed, NotFound, UpstreamError
 from gateway.fleet.balancer import Fleet
 from gateway.fleet.members import Server
+from gateway.policy import split_target
 
 
 @dataclass(frozen=True)
@@ -32,10 +33,24 @@ class VersionState:
 
 
 class TritonControl:
-    def __init__(self, fleet: Fleet, timeout_s: float = 10.0) -> None:
+    """Model control for one fleet; the default fleet's also answers for targets on the named
+    fleets (``fleet:version`` keys) in ``require_ready`` and ``is_version_ready``."""
+
+    def __init__(self, fleet: Fleet, named: dict[str, TritonControl] | None = None, timeout_s: float = 10.0) -> None:
         self.fleet = fleet
+        self.named = named or {}
         self.timeout_s = timeout_s
         self._lock = asyncio.Lock()  # one reload or join sync at a time per fleet
+
+    def _for(self, key: str) -> tuple[TritonControl, str]:
+        """The control of the fleet a target key names, and the plain version."""
+        fleet, version = split_target(key)
+        if fleet is None or fleet == self.fleet.name:
+            return self, version
+        control = self.named.get(fleet)
+        if control is None:
+            raise Conflict(f"fleet '{fleet}' (in target '{key}') is not configured on this gateway")
+        return control, version
 
     def servers(self) -> list[Server]:
         return self.fleet.in_service() or list(self.fleet.servers.values())
@@ -96,25 +111,37 @@ class TritonControl:
                 for e in await self.index() if e.get("name") == model and "version" in e}
 
     async def require_ready(self, model: str, versions: set[str]) -> None:
-        """Conflict (409) naming the first version that is not READY on every server."""
+        """Conflict (409) naming the first version that is not READY on every server of its fleet."""
         if not versions:
             return
+        by_fleet: dict[TritonControl, set[str]] = {}
+        for key in versions:
+            control, version = self._for(key)
+            by_fleet.setdefault(control, set()).add(version)
+        for control, plain in by_fleet.items():
+            await control._require_ready(model, plain)
+
+    async def _require_ready(self, model: str, versions: set[str]) -> None:
+        where = "" if not self.named and self.fleet.name == "default" else f" of fleet '{self.fleet.name}'"
         known = await self.versions(model)
         for version in sorted(versions, key=int):
             state = known.get(version)
             if state is None:
-                raise Conflict(f"version {version} of model '{model}' is not known to Triton "
+                raise Conflict(f"version {version} of model '{model}' is not known to Triton{where} "
                                f"(known: {', '.join(sorted(known, key=int)) or 'none'})")
             if state.state != "READY":
                 why = f" ({state.reason})" if state.reason else ""
-                raise Conflict(f"version {version} of model '{model}' is {state.state} on Triton{why}, not READY")
+                raise Conflict(f"version {version} of model '{model}' is {state.state} on Triton{where}{why}, "
+                               "not READY")
 
     async def is_version_ready(self, model: str, version: str) -> bool | None:
-        """True when READY on every server; None when no server could be asked."""
+        """True when READY on every server (of the fleet a ``fleet:version`` key names); None when
+        no server could be asked."""
+        control, version = self._for(version)
         answers = []
-        for server in self.servers():
+        for server in control.servers():
             try:
-                status, _ = await self.call_on(server, b"GET", f"/v2/models/{model}/versions/{version}/ready",
+                status, _ = await control.call_on(server, b"GET", f"/v2/models/{model}/versions/{version}/ready",
                                                timeout_s=2.0)
             except GatewayError:
                 continue
