@@ -11,6 +11,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from typing import Self
 
 import pytest
 
@@ -118,13 +119,41 @@ class PacedLoad:
         await asyncio.gather(*(worker(i * self.interval / self.concurrency) for i in range(self.concurrency)))
         await client.aclose()
 
-    def __enter__(self) -> PacedLoad:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(30)
+
+
+class PacedGrpcLoad(PacedLoad):
+    """The same over gRPC (our lean HTTP/2 client), counting status codes."""
+
+    def __init__(self, address: str, rate: float = 50, concurrency: int = 4) -> None:
+        super().__init__("", rate, concurrency)
+        self.address = address
+        self.codes: Counter[int] = Counter()
+
+    async def _run(self) -> None:
+        from gateway.grpc.upstream import GrpcUpstream
+
+        client, message = GrpcUpstream(self.address), infer_message()
+
+        async def worker(offset: float) -> None:
+            await asyncio.sleep(offset)
+            while not self._stop.is_set():
+                started = time.monotonic()
+                code, details, _ = await client.unary(INFER_PATH, message, (), 10.0)
+                self.codes[code] += 1
+                if code != StatusCode.OK:
+                    self.result.failures.append(details[:200])
+                    self.failed_at.append(time.monotonic())
+                await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+
+        await asyncio.gather(*(worker(i * self.interval / self.concurrency) for i in range(self.concurrency)))
+        await client.aclose()
 
 
 def test_a_server_killed_under_load_is_ejected_and_rejoins_with_the_fleets_versions(
@@ -137,7 +166,8 @@ def test_a_server_killed_under_load_is_ejected_and_rejoins_with_the_fleets_versi
         # the fleet's loaded set becomes {2, 3}: the restarted server (which loads 1, 2, 3 at start) must match it
         assert admin_call(gw.url, "POST", "/admin/models/qc/versions/1/unload")[0] == 200
         try:
-            with PacedLoad(gw.url, rate=200) as load:
+            with PacedLoad(gw.url, rate=200) as load, \
+                    PacedGrpcLoad(f"127.0.0.1:{gw.settings.grpc_port}", rate=50) as grpc_load:
                 time.sleep(1.0)
                 assert second.pid is not None
                 before_kill = load.result.total
@@ -171,6 +201,11 @@ def test_a_server_killed_under_load_is_ejected_and_rejoins_with_the_fleets_versi
     assert len(failed) <= load.concurrency, load.result.failures  # at most the requests in flight at the kill
     assert all(killed_at <= t <= killed_at + 1.0 for t in failed), load.result.failures
     assert during > 150, "the steady client kept being served meanwhile"
+    # gRPC: only calls in flight at the kill fail, each with one clear UNAVAILABLE
+    assert set(grpc_load.codes) <= {StatusCode.OK, StatusCode.UNAVAILABLE}, grpc_load.codes
+    assert grpc_load.codes[StatusCode.UNAVAILABLE] <= grpc_load.concurrency, grpc_load.result.failures
+    assert all(killed_at <= t <= killed_at + 1.0 for t in grpc_load.failed_at), grpc_load.result.failures
+    assert grpc_load.codes[StatusCode.OK] > 200
     assert ready_versions(second) == ready_versions(first) == {"1", "2", "3"}
 
 
