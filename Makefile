@@ -7,13 +7,15 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # command:package pairs
 SYSTEM_TOOLS := redis-server:redis-server wrk:wrk prometheus:prometheus promtool:prometheus h2load:nghttp2-client
+# the benchmark also needs nginx, its yardstick (it starts its own on loopback ports)
+BENCH_TOOLS := $(SYSTEM_TOOLS) nginx:nginx
 
 .PHONY: demo test bench lint system-deps clean help
 
 help:
 	@echo "make demo   - create .venv, install, start a local Triton + the gateway, drive a canary"
 	@echo "make test   - create .venv, install, run the whole test suite (starts its own Triton/Redis)"
-	@echo "make bench  - gateway overhead vs direct-to-Triton (HTTP), one run"
+	@echo "make bench  - gateway overhead vs direct-to-Triton and vs nginx (HTTP and gRPC), one run"
 	@echo "make lint   - ruff and mypy --strict"
 
 $(STAMP): pyproject.toml
@@ -23,8 +25,9 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 # Debian packages the tests and the benchmark use, installed only when missing.
+system-deps: TOOLS ?= $(SYSTEM_TOOLS)
 system-deps:
-	@missing=""; for pair in $(SYSTEM_TOOLS); do command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \
+	@missing=""; for pair in $(TOOLS); do command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing"; \
 		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
@@ -37,7 +40,8 @@ demo: $(STAMP)
 test: $(STAMP) system-deps
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest
 
-bench: $(STAMP) system-deps
+bench: $(STAMP)
+	@$(MAKE) --no-print-directory system-deps TOOLS='$(BENCH_TOOLS)'
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/overhead.py
 
 lint: $(STAMP)

@@ -28,6 +28,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import nginx  # noqa: E402
 
 from gateway.devtools.local_triton import LocalTriton, free_port  # noqa: E402
 
@@ -190,10 +193,12 @@ def main() -> int:
                     rows.append((label, direct, via))
             else:
                 print("  (no h2load: gRPC rows skipped; apt-get install nghttp2-client)")
+            versus = nginx_rows(triton, port, grpc_port, gateway, workdir, kinds, script, args)
         finally:
             gateway.terminate()
             gateway.wait(10)
     print_table(rows, args.seconds)
+    print_versus_nginx(versus)
     shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
@@ -237,6 +242,51 @@ def http_rows(env: dict[str, str], port: int, gateway: subprocess.Popen[bytes], 
     print(f"  access log: {sum(1 for _ in open(log_path))} lines written")
     rows.append(shadow_row(env, workdir, kinds, script, args.seconds, faults))
     return rows
+
+
+def nginx_rows(triton: LocalTriton, port: int, grpc_port: int, gateway: subprocess.Popen[bytes], workdir: Path,
+               kinds: dict[str, tuple[Path, str]], script: Path,
+               args: argparse.Namespace) -> list[tuple[str, Result, Result]]:
+    """The c=32 rows once more, alternating nginx and the gateway in front of the same Triton."""
+    if not nginx.available():
+        print("  (no nginx: the nginx comparison is skipped; `make bench` installs it)")
+        return []
+    rows: list[tuple[str, Result, Result]] = []
+    http_port, h2_port = free_port(), free_port()
+    with nginx.Nginx(workdir, f"127.0.0.1:{triton.http_port}", triton.grpc_url, http_port, h2_port) as proxy:
+        worker = proxy.worker_pids()[0]
+        if args.only != "grpc":
+            body, ihcl = kinds["json"]
+            print("  json   c=32  nginx and the gateway, alternating ...", flush=True)
+            run_wrk(f"http://127.0.0.1:{http_port}/v2/models/qc/infer", body, ihcl, 32, 1, script, None)
+            rows.append(("json   c=32",) + alternate(
+                partial(run_wrk, f"http://127.0.0.1:{http_port}/v2/models/qc/infer", body, ihcl, 32, args.seconds,
+                        script, worker),
+                partial(run_wrk, f"http://127.0.0.1:{port}/v2/models/qc/infer", body, ihcl, 32, args.seconds,
+                        script, gateway.pid)))
+        if args.only != "http" and shutil.which("h2load"):
+            body = grpc_body(workdir)
+            print("  grpc   c=32  nginx and the gateway, alternating ...", flush=True)
+            run_h2load(f"127.0.0.1:{h2_port}", body, 32, 500, workdir, None)
+            rows.append(("grpc   c=32",) + alternate(
+                partial(run_h2load, f"127.0.0.1:{h2_port}", body, 32, args.grpc_requests, workdir, worker),
+                partial(run_h2load, f"127.0.0.1:{grpc_port}", body, 32, args.grpc_requests, workdir, gateway.pid)))
+    return rows
+
+
+def print_versus_nginx(rows: list[tuple[str, Result, Result]]) -> None:
+    if not rows:
+        return
+    print("\nThe gateway against nginx (one worker, keep-alive / grpc_pass, no access log) in front of the same "
+          "Triton; medians of 3 alternating runs.")
+    head = (f"{'load':<12} | {'nginx rps':>9} {'p99 ms':>7} {'cpu us/req':>10} | {'gateway rps':>11} {'p99 ms':>7} "
+            f"{'cpu us/req':>10} | {'rps ratio':>9} {'cpu ratio':>9}")
+    print(head)
+    print("-" * len(head))
+    for label, n, g in rows:
+        print(f"{label:<12} | {n.rps:>9.0f} {n.p99_us / 1000:>7.2f} {n.cpu_us or 0:>10.0f} | {g.rps:>11.0f} "
+              f"{g.p99_us / 1000:>7.2f} {g.cpu_us or 0:>10.0f} | {g.rps / n.rps:>9.2f} "
+              f"{(g.cpu_us or 0) / (n.cpu_us or 1):>9.2f}")
 
 
 def alternate(first: Callable[[], Result], second: Callable[[], Result], rounds: int = 3) -> tuple[Result, Result]:

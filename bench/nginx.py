@@ -1,0 +1,89 @@
+"""nginx as the reference proxy: the same load through nginx, so the gateway has a yardstick.
+
+Direct-to-Triton says what the gateway costs; nginx says whether that cost is reasonable for a
+proxy at all. nginx runs with one worker (the gateway is one process on one event loop), HTTP/1.1
+keep-alive to Triton's HTTP port and `grpc_pass` to its gRPC port, no access log: the cheapest
+configuration a team would put in front of Triton if it only needed to forward.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+
+CONFIG = """
+daemon off;
+worker_processes 1;
+pid {workdir}/nginx.pid;
+error_log {workdir}/nginx-error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {workdir}/body;
+    proxy_temp_path {workdir}/proxy;
+    fastcgi_temp_path {workdir}/fastcgi;
+    uwsgi_temp_path {workdir}/uwsgi;
+    scgi_temp_path {workdir}/scgi;
+    client_max_body_size 64m;
+    upstream triton_http {{ server {http_upstream}; keepalive 64; }}
+    server {{
+        listen 127.0.0.1:{http_port};
+        location / {{
+            proxy_pass http://triton_http;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+    }}
+    server {{
+        listen 127.0.0.1:{grpc_port} http2;
+        location / {{ grpc_pass grpc://{grpc_upstream}; }}
+    }}
+}}
+"""
+
+
+def available() -> bool:
+    return shutil.which("nginx") is not None
+
+
+class Nginx:
+    """A throwaway nginx in front of one Triton, on the given loopback ports."""
+
+    def __init__(self, workdir: Path, http_upstream: str, grpc_upstream: str, http_port: int, grpc_port: int) -> None:
+        self.workdir = workdir / "nginx"
+        self.http_port, self.grpc_port = http_port, grpc_port
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.config = self.workdir / "nginx.conf"
+        self.config.write_text(CONFIG.format(workdir=self.workdir, http_upstream=http_upstream,
+                                             grpc_upstream=grpc_upstream, http_port=http_port, grpc_port=grpc_port))
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Nginx:
+        nginx = shutil.which("nginx")
+        assert nginx, "nginx is not installed"
+        self.process = subprocess.Popen([nginx, "-p", str(self.workdir), "-c", str(self.config)])
+        deadline = time.monotonic() + 10
+        while not self.worker_pids():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"nginx did not start: {(self.workdir / 'nginx-error.log').read_text()}")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(10)
+
+    def worker_pids(self) -> list[int]:
+        """The processes that do the proxying (the master only supervises them)."""
+        if self.process is None:
+            return []
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        try:
+            return [int(pid) for pid in children.read_text().split()]
+        except OSError:
+            return []
