@@ -18,16 +18,18 @@ from fastapi import FastAPI
 from gateway import tls
 from gateway.admin.api import admin_router
 from gateway.admin.auth import Authenticator
+from gateway.admin.fleets import fleets_router
 from gateway.admin.rollouts import rollout_router
 from gateway.admin.versions import versions_router
 from gateway.asgi import Dispatch
 from gateway.control_surface import ControlCall, ControlGate, ControlMode
 from gateway.endpoints import Probes, install_error_handlers
+from gateway.fleet.forward import FleetGrpc, FleetHttp
+from gateway.fleet.registry import Fleets
 from gateway.grpc.front import start_server as start_front
 from gateway.grpc.grpcio_front import GrpcProxy
 from gateway.grpc.grpcio_front import start_server as start_grpc
 from gateway.grpc.router import GrpcRouter
-from gateway.grpc.upstream import GrpcUpstream
 from gateway.http2.server import Limits
 from gateway.pipeline import Pipeline
 from gateway.policy_book import PolicyBook
@@ -45,6 +47,7 @@ from gateway.services.triton_control import TritonControl
 from gateway.settings import Settings
 from gateway.store.base import AuditBounds, StateStore, make_store
 from gateway.telemetry.access_log import AccessLog
+from gateway.telemetry.fleet_metrics import FleetCollector
 from gateway.telemetry.prometheus import GatewayCollector, make_registry
 from gateway.telemetry.recorder import Recorder
 from gateway.telemetry.sources import make_source
@@ -63,9 +66,14 @@ class Gateway(Dispatch):
         self.settings = settings
         self.book = PolicyBook(settings.sticky_header)
         self.recorder = Recorder()
-        self.upstream = HttpUpstream(settings.triton_url, max_connections=settings.pool_size,
-                                     connect_timeout_s=settings.connect_timeout_s,
-                                     request_timeout_s=settings.request_timeout_s, tls=tls.upstream_http(settings))
+        self.fleets = Fleets(settings.fleet_specs(), pool_size=settings.pool_size,
+                             connect_timeout_s=settings.connect_timeout_s, request_timeout_s=settings.request_timeout_s,
+                             max_inflight=settings.max_inflight_per_server,
+                             queue_timeout_s=settings.queue_timeout_ms / 1000, eject_after=settings.fleet_eject_after,
+                             health_interval_s=settings.fleet_health_interval_s,
+                             dns_refresh_s=settings.fleet_dns_refresh_s,
+                             http_tls=tls.upstream_http(settings), grpc_tls=tls.upstream_grpc(settings))
+        self.upstream: HttpUpstream = FleetHttp(self.fleets.default)
         self.access_log = AccessLog() if settings.access_log else None
         self.pins = SequencePins()
         self.shadow = ShadowMirror(self.upstream, self.recorder)
@@ -75,7 +83,9 @@ class Gateway(Dispatch):
         self.grpc_server: Any = None
         self.store = store or make_store(settings.store_url, AuditBounds(
             settings.audit_max_events, settings.audit_max_age_days * 86400))
-        self.triton = TritonControl(self.upstream)
+        named = [fleet for fleet in self.fleets if fleet is not self.fleets.default]
+        self.triton = TritonControl(self.fleets.default, {fleet.name: TritonControl(fleet) for fleet in named})
+        self.fleets.on_join(self.triton.sync_server)
         self.policies = PolicyService(self.store, self.book, self.triton)
         self.sync = StateSync(self.store, self.policies, settings.resync_interval_s, settings.sync_unready_after_s,
                               self.recorder, on_new_store=lambda: apply_declared(self.store, settings.policies))
@@ -89,11 +99,13 @@ class Gateway(Dispatch):
                                           shadow=self.shadow, lease_ttl_s=settings.controller_lease_ttl_s,
                                           call_timeout_s=settings.controller_call_timeout_s)
         self.registry = make_registry(GatewayCollector(self.recorder, self.book))
+        self.registry.register(FleetCollector(self.fleets))
         self.probes = Probes(self.upstream, self.book, self.registry, settings.connect_timeout_s, self.sync.problem)
         self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin)
         self.gate = control_gate(ControlMode(settings.triton_control), self.auth, self.policies)
         self.proxy = HttpProxy(self.pipeline, self.upstream, self.gate,
-                               BodyReader(settings.max_body_bytes, settings.max_buffered_body_bytes))
+                               BodyReader(settings.max_body_bytes, settings.max_buffered_body_bytes),
+                               {fleet.name: FleetHttp(fleet) for fleet in named})
         self.control = self._control_app()
 
     @property
@@ -108,6 +120,7 @@ class Gateway(Dispatch):
         app.include_router(admin_router(self.policies), prefix="/admin", tags=["admin"])
         app.include_router(rollout_router(self.rollouts), prefix="/admin", tags=["rollout"])
         app.include_router(versions_router(self.lifecycle), prefix="/admin", tags=["versions"])
+        app.include_router(fleets_router(self.fleets), prefix="/admin", tags=["fleets"])
         install_error_handlers(app)
         return app
 
@@ -127,6 +140,7 @@ class Gateway(Dispatch):
 
     async def _start(self) -> None:
         await self.store.open()
+        await self.fleets.start()
         await apply_declared(self.store, self.settings.policies)  # one log line per model
         await self.sync.resync()
         await self.fleet.restore_pins()  # sequences pinned before a restart stay on their version
@@ -142,8 +156,9 @@ class Gateway(Dispatch):
 
     async def _start_grpc(self) -> None:
         settings = self.settings
-        upstream = GrpcUpstream(settings.triton_grpc_url, settings.connect_timeout_s, tls.upstream_grpc(settings))
-        self.grpc_router = GrpcRouter(self.pipeline, upstream)
+        upstream = FleetGrpc(self.fleets.default)
+        named = {fleet.name: FleetGrpc(fleet) for fleet in self.fleets if fleet is not self.fleets.default}
+        self.grpc_router = GrpcRouter(self.pipeline, upstream, named)
         if settings.grpc_server == "grpcio":
             self.grpc = GrpcProxy(self.grpc_router, self.gate, tls.grpcio_channel_credentials(settings))
             self.grpc_server = await start_grpc(self.grpc, settings.host, settings.grpc_port,
@@ -163,9 +178,7 @@ class Gateway(Dispatch):
             await self.grpc_server.stop(grace=5)
         if self.grpc is not None:
             await self.grpc.aclose()
-        if self.grpc_router is not None:
-            await self.grpc_router.upstream.aclose()
-        await self.upstream.aclose()
+        await self.fleets.stop()
         await self.store.close()
 
 

@@ -6,8 +6,9 @@
     ├── Forbidden                  403   e.g. Triton model control on a data port
     ├── NotFound                   404
     ├── Conflict                   409   e.g. a version that is not READY on Triton
-    ├── PayloadTooLarge            413   a request body (or its decompressed form) over max_body_bytes
     │   └── LeaseLost              409   a fenced write from a deposed lease holder, refused
+    ├── PayloadTooLarge            413   a request body (or its decompressed form) over max_body_bytes
+    ├── Overloaded                 429   admission control, or Triton's full queue: Retry-After; never a version's fault
     ├── PreconditionFailed         412   stale If-Match revision
     │   └── StaleRevision          412   a store compare-and-set lost the race
     ├── LoadFailed                 422   Triton refused or failed to load a version
@@ -15,7 +16,7 @@
     ├── StoreError                 503   the state store failed (sqlite3 / redis, translated)
     ├── CorruptRecord              500   a stored record cannot be read (skipped by sync, counted)
     ├── MetricsUnavailable         503   the metrics source cannot tell (the analysis says ERROR)
-    ├── Overloaded                 503   the gateway holds too much already; Retry-After says when to retry
+    ├── GatewayBusy                503   the gateway holds too much already (connections, buffered bodies)
     └── UpstreamError              502   Triton answered nothing usable
         ├── UpstreamUnavailable    503   connection refused / cannot connect in time
         ├── UpstreamTimeout        504   the deadline passed before Triton answered
@@ -72,7 +73,9 @@ class PayloadTooLarge(GatewayError):
     headers = ((b"connection", b"close"),)
 
 
-class Overloaded(GatewayError):
+class GatewayBusy(GatewayError):
+    """The gateway's own capacity, not the client's rate: Retry-After, and the connection closes."""
+
     status = 503
     headers = ((b"retry-after", b"1"), (b"connection", b"close"))
 
@@ -134,3 +137,16 @@ class UpstreamTimeout(UpstreamError):
 
 class ClientGone(UpstreamError):
     status = 499
+
+
+class Overloaded(GatewayError):
+    """Admission control refused the request (every server of its fleet is at its in-flight limit
+    and the queue wait ran out), or Triton said its own queue is full. HTTP 429 with
+    ``Retry-After``, gRPC RESOURCE_EXHAUSTED; never counted against a version."""
+
+    status = 429
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        self.headers = ((b"retry-after", str(retry_after_s).encode()),)

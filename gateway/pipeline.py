@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Protocol
 
+from gateway.policy import split_target
 from gateway.policy_book import PolicyBook
 from gateway.proxy.shadow import GrpcMirror, Mirror, ShadowMirror
 from gateway.routing import (
@@ -49,9 +50,12 @@ _MAX_TARGETS = 4096  # pinned versions come from clients: the cache of targets s
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """Where one request goes: a version (None: Triton's default). Fleets will add the server."""
+    """Where one request goes: a version (None: Triton's default) on a fleet (None: the default
+    fleet). The server of the fleet is chosen per request by the fleet's balancer when the
+    request is sent (``gateway.fleet``), where admission, retry and sequence pins live too."""
 
     version: str | None
+    fleet: str | None = None
 
 
 class Exchange(Protocol):
@@ -126,7 +130,8 @@ class Pipeline:
     def _target(self, version: str | None) -> Target:
         target = self._targets.get(version)
         if target is None:
-            target = Target(version)
+            fleet, plain = split_target(version) if version is not None else (None, None)
+            target = Target(plain, fleet)  # "green:3": version 3 on fleet green
             if len(self._targets) < _MAX_TARGETS:
                 self._targets[version] = target
         return target

@@ -14,6 +14,22 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Version = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,18}$", description="Triton version number, as a string")]
+# Where traffic goes: a version on the default fleet ("3", today's syntax), or a version on a
+# named fleet ("green:3", for blue/green between fleets of Triton servers).
+TargetKey = Annotated[str, Field(pattern=r"^([a-z0-9][a-z0-9_-]{0,62}:)?[1-9][0-9]{0,18}$",
+                                 description="version, or fleet:version for a version on a named fleet")]
+
+
+def split_target(key: str) -> tuple[str | None, str]:
+    """``"green:3"`` -> ("green", "3"); ``"3"`` -> (None, "3"): None is the default fleet."""
+    fleet, sep, version = key.rpartition(":")
+    return (fleet, version) if sep else (None, version)
+
+
+def target_order(key: str) -> tuple[int, str]:
+    """Sort key for targets: by version number, then fleet (the default fleet first)."""
+    fleet, version = split_target(key)
+    return int(version), fleet or ""
 Percent = Annotated[Decimal, Field(ge=0, le=100, decimal_places=2)]
 HeaderName = Annotated[str, Field(pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")]
 
@@ -24,7 +40,7 @@ class HeaderRule(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     header: HeaderName
     equals: str = Field(max_length=1024)
-    version: Version
+    version: TargetKey
 
 
 class ShadowSpec(BaseModel):
@@ -39,8 +55,8 @@ class PolicySpec(BaseModel):
     """A model's routing policy as written by people: percentages summing to 100."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    weights: dict[Version, Percent] = Field(
-        description="version -> percent of traffic, at most two decimals, summing to 100"
+    weights: dict[TargetKey, Percent] = Field(
+        description="version (or fleet:version) -> percent of traffic, at most two decimals, summing to 100"
     )
     sticky_header: HeaderName | None = Field(
         default=None, description="header carrying a user id; None means the gateway default"
@@ -88,7 +104,7 @@ class PolicySpec(BaseModel):
 
 def heaviest(weights: Mapping[str, Decimal | int]) -> str:
     """The version with the most weight; the newest (highest number) wins a tie."""
-    return max(weights, key=lambda version: (weights[version], int(version)))
+    return max(weights, key=lambda version: (weights[version], target_order(version)))
 
 
 def with_weights(spec: PolicySpec | None, weights: Mapping[str, object]) -> PolicySpec:

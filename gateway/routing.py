@@ -18,7 +18,7 @@ from typing import Protocol
 
 import mmh3
 
-from gateway.policy import PolicySpec, heaviest
+from gateway.policy import PolicySpec, heaviest, target_order
 
 BUCKETS = 10_000  # basis points: 0.01 % resolution
 
@@ -66,7 +66,7 @@ class Policy:
 def layout(weights_bp: Mapping[str, int]) -> tuple[tuple[int, str], ...]:
     """Bucket ranges, newest version first, zero weights left out."""
     upper, out = 0, []
-    for version in sorted(weights_bp, key=int, reverse=True):
+    for version in sorted(weights_bp, key=target_order, reverse=True):
         if weights_bp[version] > 0:
             upper += weights_bp[version]
             out.append((upper, version))

@@ -14,6 +14,7 @@ import yaml
 from pydantic import Field, FilePath, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
+from gateway.fleet.config import DEFAULT_FLEET, FleetName, FleetSpec, single_server
 from gateway.policy import HeaderName, PolicySpec
 
 
@@ -199,6 +200,27 @@ class Settings(BaseSettings):
         except ValidationError as exc:
             raise SettingsError(_describe(exc, config_file)) from None
         return cls.model_validate(dict(layered))
+
+    # -- fleets (issue 15): many Triton servers, balanced, health-checked, admission-controlled --
+    fleets: dict[FleetName, FleetSpec] = Field(
+        default_factory=dict, description="named groups of Triton servers: {name: {servers: [{http, grpc}]} or "
+        "{dns: {name, http_port, grpc_port}}}; without 'default', triton_url/triton_grpc_url form it")
+    fleet_dns_refresh_s: float = Field(5.0, gt=0, le=3600, description="how often a dns fleet re-resolves its name")
+    fleet_health_interval_s: float = Field(1.0, gt=0, le=60, description="active health check period per server "
+                                           "(/v2/health/ready and per-version readiness)")
+    fleet_eject_after: int = Field(3, ge=1, le=1000, description="consecutive connect/transport failures that eject a "
+                                   "server until its health check passes again")
+    max_inflight_per_server: int = Field(
+        64, ge=0, le=100_000, description="admitted requests in flight per Triton server (0: no limit); past it "
+        "requests queue up to queue_timeout_ms, then get 429 / RESOURCE_EXHAUSTED")
+    queue_timeout_ms: int = Field(1000, ge=0, le=600_000, description="longest wait for a free slot on a full server "
+                                  "(0: refuse at once)")
+
+    def fleet_specs(self) -> dict[str, FleetSpec]:
+        """Every fleet, ``default`` always among them."""
+        specs = dict(self.fleets)
+        specs.setdefault(DEFAULT_FLEET, single_server(self.triton_url, self.triton_grpc_url))
+        return specs
 
 
 def _read_yaml(path: str | Path) -> dict[str, Any]:

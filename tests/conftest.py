@@ -183,3 +183,20 @@ def exported_metric_names(triton: LocalTriton) -> set[str]:
                 names.add(family.name)
                 names |= {sample.name for sample in family.samples}
     return names
+
+
+@pytest.fixture(scope="session")
+def triton_pair(faults_path: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalTriton, LocalTriton]]:
+    """Two real tritonservers for the fleet tests. Server A's repository has one version more than
+    B's (qc/5, a healthy copy of qc/2, not loaded at start) so a load can fail on one server only."""
+    import shutil
+
+    from gateway.devtools.local_triton import SAMPLE_REPOSITORY
+
+    repository = tmp_path_factory.mktemp("fleet-a") / "models"
+    shutil.copytree(SAMPLE_REPOSITORY, repository)
+    shutil.copytree(repository / "qc" / "2", repository / "qc" / "5")
+    with LocalTriton.on_free_ports(repository=repository, faults_file=faults_path) as first:
+        with LocalTriton.on_free_ports(faults_file=faults_path) as second:  # ports picked after first's are taken
+            yield first, second

@@ -17,6 +17,8 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from gateway.policy import target_order
+
 Handler = Callable[[argparse.Namespace, "Api"], Any]
 
 
@@ -54,6 +56,8 @@ def add_ctl_parser(commands: Any) -> None:
     sub = ctl.add_subparsers(title="ctl commands", metavar="WHAT", required=True)
 
     sub.add_parser("models", help="models, version states and policies").set_defaults(ctl=_models)
+    sub.add_parser("fleets", help="Triton servers per fleet: health, in flight, loaded versions").set_defaults(
+        ctl=_fleets)
 
     policy = sub.add_parser("policy", help="get or set a model's whole policy").add_subparsers(
         metavar="ACTION", required=True)
@@ -161,7 +165,7 @@ def _policy_table(doc: dict[str, Any]) -> Table:
     table = Table(title=f"policy of {doc['model']} (revision {doc['revision']})")
     table.add_column("version", justify="right")
     table.add_column("weight %", justify="right")
-    for version, weight in sorted(doc["weights"].items(), key=lambda kv: int(kv[0])):
+    for version, weight in sorted(doc["weights"].items(), key=lambda kv: target_order(kv[0])):
         table.add_row(version, str(weight))
     for rule in doc.get("rules", []):
         table.add_row(rule["version"], f"rule {rule['header']}: {rule['equals']}")
@@ -182,6 +186,27 @@ def _models(args: argparse.Namespace, api: Api) -> Any:
         policy = model["policy"]
         weights = " ".join(f"{v}={w}" for v, w in policy["weights"].items()) if policy else "passthrough"
         table.add_row(model["name"], versions, weights)
+    return table
+
+
+def _fleets(args: argparse.Namespace, api: Api) -> Any:
+    data = api.call("GET", "/admin/fleets")
+    if args.json:
+        return data
+    table = Table(title="fleets")
+    for column in ("fleet", "server", "health", "in flight", "requests", "errors", "ejections", "refused",
+                   "READY versions"):
+        table.add_column(column)
+    for fleet, servers in sorted(data["fleets"].items()):
+        for server in servers:
+            health = ("in service" if server["in_service"] else "ejected" if server["ejected"]
+                      else "joining" if server["up"] else "down")
+            if server.get("last_error") and not server["in_service"]:
+                health += f" ({server['last_error'][:60]})"
+            ready = "; ".join(f"{model} {','.join(versions)}" for model, versions in server["ready"].items())
+            table.add_row(fleet, server["server"], health, f"{server['inflight']} (+{server['queued']} queued)",
+                          str(server["requests"]), str(server["errors"]), str(server["ejections"]),
+                          str(server["refused"]), ready)
     return table
 
 

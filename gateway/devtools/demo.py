@@ -131,12 +131,16 @@ def admin(url: str, method: str, path: str, body: Any = None) -> dict[str, Any]:
         return answer
 
 
-def start_gateway(triton: LocalTriton, workdir: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+def start_gateway(triton: LocalTriton, workdir: Path,
+                  fleet: list[LocalTriton] | None = None) -> tuple[subprocess.Popen[bytes], str, str]:
     port, grpc_port = free_port(), free_port()
     env = dict(os.environ, GATEWAY_PORT=str(port), GATEWAY_TRITON_URL=triton.http_url, GATEWAY_LOG_LEVEL="warning",
                GATEWAY_ADMIN_TOKEN=TOKEN, GATEWAY_STORE_URL=f"sqlite:///{workdir}/state.db",
                GATEWAY_CONTROLLER_TICK_S="0.5", GATEWAY_GRPC_PORT=str(grpc_port),
                GATEWAY_TRITON_GRPC_URL=triton.grpc_url)
+    if fleet:  # every request balanced across these servers (the fleet 'default')
+        servers = [{"http": server.http_url, "grpc": server.grpc_url} for server in fleet]
+        env["GATEWAY_FLEETS"] = json.dumps({"default": {"servers": servers}})
     config = workdir / "gateway.yaml"
     config.write_text('policies:\n  qc: {weights: {"2": 100}, sticky_header: x-user-id}\n')
     process = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(config)], env=env)
@@ -196,18 +200,35 @@ def summary(console: Console, traffic: Traffic, outcomes: list[tuple[str, dict[s
             console.print(f"  {event['actor']:<18} {event['action']:<20} {event['reason']}")
 
 
+def split(console: Console, url: str) -> None:
+    """How the gateway spread the requests over the fleet's servers (``gateway ctl fleets``)."""
+    table = Table(title="per-server split (fleet default, balanced per request)")
+    for column in ("server", "requests", "share", "errors", "ejections", "READY versions of qc"):
+        table.add_column(column, justify="right")
+    servers = admin(url, "GET", "/admin/fleets")["fleets"]["default"]
+    total = sum(server["requests"] for server in servers) or 1
+    for server in servers:
+        table.add_row(server["server"], str(server["requests"]), f"{100 * server['requests'] / total:.1f}%",
+                      str(server["errors"]), str(server["ejections"]), ",".join(server["ready"].get("qc", [])))
+    console.print(table)
+
+
 def run_demo(keep_running: bool = False) -> int:
     console = Console()
     workdir = Path(tempfile.mkdtemp(prefix="gateway-demo-"))
     faults = workdir / "faults.json"
     faults.write_text("{}")
-    console.print("[bold]1. starting a local Triton[/] (nvidia-pytriton wheel, sample model repository) ...")
+    console.print("[bold]1. starting two local Tritons[/] (nvidia-pytriton wheel, sample model repository), "
+                  "one fleet ...")
     triton = LocalTriton.on_free_ports(faults_file=faults).start()
+    second: LocalTriton | None = None
     gateway: subprocess.Popen[bytes] | None = None
     traffic: Traffic | None = None
     try:
-        gateway, url, grpc_url = start_gateway(triton, workdir)
-        console.print(f"   Triton {triton.http_url}, gateway {url} (gRPC {grpc_url}); policy qc: 100% version 2")
+        second = LocalTriton.on_free_ports(faults_file=faults).start()
+        gateway, url, grpc_url = start_gateway(triton, workdir, [triton, second])
+        console.print(f"   Tritons {triton.http_url} and {second.http_url}, gateway {url} (gRPC {grpc_url}); "
+                      "policy qc: 100% version 2")
         traffic = Traffic(url, grpc_url)
         traffic.start()
         time.sleep(3)
@@ -220,12 +241,13 @@ def run_demo(keep_running: bool = False) -> int:
         set_faults(faults, {})
         traffic.phase = "healthy canary"
         admin(url, "POST", "/admin/models/qc/rollout", ROLLOUT)
-        second = watch_rollout(console, url)
+        healthy = watch_rollout(console, url)
         traffic.phase = "after promotion"
         time.sleep(2)
         traffic.stop()
-        summary(console, traffic, [("faulty canary", first), ("healthy canary", second)], url)
-        ok = first["state"] == "rolled_back" and second["state"] == "promoted"
+        summary(console, traffic, [("faulty canary", first), ("healthy canary", healthy)], url)
+        split(console, url)
+        ok = first["state"] == "rolled_back" and healthy["state"] == "promoted"
         console.print("[bold green]the gateway rolled back the bad version and promoted the good one[/]" if ok
                       else "[bold red]unexpected outcome[/]")
         if keep_running:
@@ -239,4 +261,6 @@ def run_demo(keep_running: bool = False) -> int:
         if gateway is not None:
             gateway.terminate()
             gateway.wait(10)
+        if second is not None:
+            second.stop()
         triton.stop()

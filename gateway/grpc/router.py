@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from gateway.grpc.status import FAULTS, StatusCode, classify, status_name
 from gateway.grpc.upstream import GrpcUpstream
@@ -34,12 +34,13 @@ class GrpcInfer:
     """One unary ``ModelInfer`` and its reply (see ``pipeline.Exchange``). The server answers the
     client itself once the pipeline is done, so ``deliver`` has nothing to do."""
 
-    __slots__ = ("upstream", "method", "raw", "versioned", "metadata", "timeout", "code", "details", "response",
-                 "status")
+    __slots__ = ("upstream", "fleets", "method", "raw", "versioned", "metadata", "timeout", "code", "details",
+                 "response", "status")
 
     def __init__(self, upstream: GrpcUpstream, method: str, raw: bytes, versioned: bool, metadata: Forwarded,
-                 timeout: float | None) -> None:
+                 timeout: float | None, fleets: Mapping[str, GrpcUpstream] | None = None) -> None:
         self.upstream = upstream
+        self.fleets = fleets  # named fleets, for targets such as "green:3"
         self.method = method
         self.raw = raw
         self.versioned = versioned  # the client named the version itself
@@ -52,8 +53,17 @@ class GrpcInfer:
 
     async def send(self, target: Target) -> None:
         message = self.raw if self.versioned or target.version is None else with_version(self.raw, target.version)
-        self.code, self.details, self.response = await self.upstream.unary(self.method, message, self.metadata,
-                                                                           self.timeout)
+        upstream = self.upstream
+        if target.fleet is not None:
+            named = self.fleets.get(target.fleet) if self.fleets is not None else None
+            if named is None:
+                self.code, self.details, self.response = (StatusCode.UNAVAILABLE.value,
+                                                          f"fleet '{target.fleet}' is not configured", b"")
+                self.status = status_name(self.code)
+                return
+            upstream = named
+        self.code, self.details, self.response = await upstream.unary(self.method, message, self.metadata,
+                                                                      self.timeout)
         self.status = status_name(self.code)
 
     def unavailable(self) -> bool:
@@ -84,10 +94,12 @@ class GrpcRouter:
     """What both gRPC servers share: routing a message, running a ModelInfer through the pipeline,
     recording stream replies, and the error details clients see."""
 
-    def __init__(self, pipeline: Pipeline, upstream: GrpcUpstream) -> None:
+    def __init__(self, pipeline: Pipeline, upstream: GrpcUpstream,
+                 fleets: Mapping[str, GrpcUpstream] | None = None) -> None:
         self.pipeline = pipeline
         self.book = pipeline.book
-        self.upstream = upstream
+        self.upstream = upstream  # the default fleet
+        self.fleets = dict(fleets or {})  # named fleets (ModelInfer only: a stream stays on the default fleet)
 
     def route(self, raw: bytes, headers: Iterable[tuple[bytes, bytes]]) -> tuple[RouteFields, Policy | None, Decision]:
         """Raises ``WireError`` for bytes that are not a ModelInferRequest."""
@@ -105,7 +117,7 @@ class GrpcRouter:
 
     def new_infer(self, method: str, raw: bytes, fields: RouteFields, forwarded: Forwarded,
                   timeout: float | None) -> GrpcInfer:
-        return GrpcInfer(self.upstream, method, raw, bool(fields.model_version), forwarded, timeout)
+        return GrpcInfer(self.upstream, method, raw, bool(fields.model_version), forwarded, timeout, self.fleets)
 
     async def infer(self, exchange: GrpcInfer, model: str, policy: Policy | None, decision: Decision) -> Decision:
         """Forward one routed ModelInfer through the pipeline; the decision that answered."""

@@ -35,12 +35,13 @@ class StatusCode(IntEnum):
 
 
 # Codes that count against the version that answered them; INVALID_ARGUMENT, NOT_FOUND & co.
-# are the client's, CANCELLED and RESOURCE_EXHAUSTED (overload) nobody's.
+# are the client's, CANCELLED is nobody's, RESOURCE_EXHAUSTED is overload (admission control or
+# Triton's full queue): shown, never held against a version.
 FAULTS = frozenset([StatusCode.UNAVAILABLE, StatusCode.INTERNAL, StatusCode.UNKNOWN, StatusCode.DEADLINE_EXCEEDED])
 _BY_HTTP_STATUS = {400: StatusCode.INVALID_ARGUMENT, 401: StatusCode.UNAUTHENTICATED,
                    403: StatusCode.PERMISSION_DENIED, 404: StatusCode.NOT_FOUND,
                    409: StatusCode.FAILED_PRECONDITION, 412: StatusCode.FAILED_PRECONDITION,
-                   422: StatusCode.INVALID_ARGUMENT}
+                   422: StatusCode.INVALID_ARGUMENT, 429: StatusCode.RESOURCE_EXHAUSTED}
 _NAMES = tuple(code.name for code in StatusCode)  # a tuple index per request, not an enum lookup
 
 

@@ -13,11 +13,11 @@ import asyncio
 import json
 import time
 import zlib
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 from gateway.control_surface import ControlGate, http_control_call
-from gateway.errors import ClientGone, GatewayError, UpstreamError
+from gateway.errors import ClientGone, GatewayError, Overloaded, UpstreamError, UpstreamUnavailable
 from gateway.pipeline import Pipeline, Target, route_metadata
 from gateway.proxy.limits import BodyReader, end_to_end
 from gateway.proxy.shadow import Mirror
@@ -42,13 +42,22 @@ class HttpProxy:
     """ASGI app for the KServe-v2 / Triton HTTP API: the HTTP side of the shared pipeline."""
 
     def __init__(self, pipeline: Pipeline, upstream: HttpUpstream, gate: ControlGate | None = None,
-                 bodies: BodyReader | None = None) -> None:
+                 bodies: BodyReader | None = None, fleets: Mapping[str, HttpUpstream] | None = None) -> None:
         self.pipeline = pipeline
         self.book = pipeline.book
-        self.upstream = upstream
+        self.upstream = upstream  # the default fleet
         self.gate = gate  # None: Triton control calls pass through (triton_control=allow)
         self.bodies = bodies or BodyReader()
+        self.fleets = dict(fleets or {})  # named fleets, for targets such as "green:3"
         self._reason_headers: dict[tuple[str | None, str], list[tuple[bytes, bytes]]] = {}
+
+    def upstream_for(self, target: Target) -> HttpUpstream:
+        if target.fleet is None:
+            return self.upstream
+        upstream = self.fleets.get(target.fleet)
+        if upstream is None:
+            raise UpstreamUnavailable(f"fleet '{target.fleet}' is not configured on this gateway")
+        return upstream
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
@@ -155,8 +164,9 @@ class HttpProxy:
             return
         cancelled = isinstance(error, ClientGone)
         fault = type(error).__name__ if isinstance(error, UpstreamError) and not cancelled else None
-        self.pipeline.record(model, decision, Outcome.CANCELLED if cancelled else Outcome.UPSTREAM_ERROR,
-                             error.status, "http", started, fault)
+        outcome = Outcome.CANCELLED if cancelled else Outcome.OVERLOAD if isinstance(error, Overloaded) \
+            else Outcome.UPSTREAM_ERROR
+        self.pipeline.record(model, decision, outcome, error.status, "http", started, fault)
 
     async def _route_sequence(self, policy: Policy, scope: Scope, body: bytes) -> Decision:
         """Routing for models with sequence affinity: the sequence fields live in the body."""
@@ -220,8 +230,9 @@ class HttpExchange:
 
     async def send(self, target: Target) -> None:
         scope = self.scope
-        self.response = await self.proxy.upstream.request(scope["method"].encode(), self._path(target),
-                                                          scope["headers"], self.body)
+        upstream = self.proxy.upstream if target.fleet is None else self.proxy.upstream_for(target)
+        self.response = await upstream.request(scope["method"].encode(), self._path(target), scope["headers"],
+                                               self.body)
         self.status = self.response.status
 
     def unavailable(self) -> bool:

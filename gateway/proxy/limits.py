@@ -23,7 +23,7 @@ import zlib
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
-from gateway.errors import ClientGone, Overloaded, PayloadTooLarge
+from gateway.errors import ClientGone, GatewayBusy, PayloadTooLarge
 from gateway.upstream import named_by_connection
 
 MIB = 1 << 20
@@ -63,7 +63,7 @@ class BodyReader:
 
     async def read(self, first: bytes, receive: Receive, headers: Headers) -> bytes:
         """The whole body, ``first`` being what arrived with the headers. Raises PayloadTooLarge,
-        Overloaded or ClientGone; nothing stays held when it raises."""
+        GatewayBusy or ClientGone; nothing stays held when it raises."""
         announced = content_length(headers)
         if announced is not None and announced > self.max_body:
             raise PayloadTooLarge(f"request body of {announced} bytes is over the limit of {self.max_body} bytes")
@@ -91,7 +91,7 @@ class BodyReader:
 
     def _take(self, size: int) -> None:
         if self.held + size > self.max_buffered:
-            raise Overloaded(f"the gateway holds {self.max_buffered} bytes of request bodies already: retry shortly")
+            raise GatewayBusy(f"the gateway holds {self.max_buffered} bytes of request bodies already: retry shortly")
         self.held += size
 
 

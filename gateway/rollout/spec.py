@@ -7,14 +7,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gateway.policy import Percent, Version
+from gateway.policy import Percent, TargetKey
 
 
 class RolloutSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    canary: Version = Field(description="the new version")
-    stable: Version | None = Field(None, description="default: the version now taking most traffic")
+    canary: TargetKey = Field(description="the new version (fleet:version for a version on a named fleet)")
+    stable: TargetKey | None = Field(None, description="default: the version now taking most traffic")
     steps: list[Percent] = Field(default_factory=lambda: [Decimal(5), Decimal(20), Decimal(50), Decimal(100)],
                                  min_length=1, max_length=20, description="canary percent per step, ascending")
     interval_s: float = Field(30.0, ge=1, le=86_400, description="seconds per analysis interval")

@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Any
 
-from gateway.errors import Conflict, LoadFailed, NotFound, UpstreamError
+from gateway.errors import Conflict, LoadFailed, NotFound
 from gateway.policy import without_version
 from gateway.services.fleet import Fleet
 from gateway.services.policies import PolicyService
@@ -146,19 +146,7 @@ class ModelLifecycle:
                                 require_ready=False)
 
     async def _reload(self, model: str, versions: set[str], timeout_s: float) -> None:
-        status, config = await self.triton.call(b"GET", f"/v2/models/{model}/config")
-        if status != 200 or not isinstance(config, dict):
-            raise NotFound(f"model '{model}' is not loaded on Triton: {config}")
-        config["version_policy"] = {"specific": {"versions": sorted(int(v) for v in versions)}}
-        body = {"parameters": {"config": json.dumps(config)}}
-        try:
-            status, answer = await self.triton.call(b"POST", f"/v2/repository/models/{model}/load", body,
-                                                    timeout_s=timeout_s)
-        except UpstreamError as exc:
-            raise LoadFailed(f"Triton did not finish loading '{model}': {exc.message}") from exc
-        if status != 200:
-            reason = answer.get("error") if isinstance(answer, dict) else answer
-            raise LoadFailed(f"Triton refused to load versions {sorted(versions, key=int)} of '{model}': {reason}")
+        await self.triton.reload(model, versions, timeout_s)  # every server of the fleet, or none anew
 
     async def _event(self, model: str, actor: str, action: str, reason: str) -> None:
         log.info(json.dumps({"type": "lifecycle", "model": model, "actor": actor, "action": action,

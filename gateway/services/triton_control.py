@@ -1,16 +1,28 @@
-"""Control-plane calls to Triton's HTTP API: repository index and model readiness.
+"""Control-plane calls to the Triton servers of a fleet: repository index, readiness, model loads.
 
-Low rate, correctness first; it shares the data plane's connection pool.
+Low rate, correctness first; each server's calls go over its small control pool. Every
+answer is about the whole fleet (its in-service servers, or every server when none is in
+service, so a single unreachable Triton still answers with its own error):
+
+- ``versions``/``index``: a version is READY only when every server reports it READY;
+  otherwise its state and reason are those of the first server where it is not, named.
+- ``reload``: the same version set on every server, concurrently; if one server fails,
+  the others go back to what they had, and the error names the server and Triton's reason.
+- ``sync_server``: a server joining the fleet (new pod, restart, re-admission) gets the
+  loaded set of its peers applied before it takes traffic (``Fleet.on_join``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.errors import Conflict, GatewayError, UpstreamError
-from gateway.upstream import HttpUpstream
+from gateway.errors import Conflict, GatewayError, LoadFailed, NotFound, UpstreamError
+from gateway.fleet.balancer import Fleet
+from gateway.fleet.members import Server
+from gateway.policy import split_target
 
 
 @dataclass(frozen=True)
@@ -21,50 +33,192 @@ class VersionState:
 
 
 class TritonControl:
-    def __init__(self, upstream: HttpUpstream, timeout_s: float = 10.0) -> None:
-        self.upstream = upstream
-        self.timeout_s = timeout_s
+    """Model control for one fleet; the default fleet's also answers for targets on the named
+    fleets (``fleet:version`` keys) in ``require_ready`` and ``is_version_ready``."""
 
-    async def call(self, method: bytes, path: str, body: Any = None, timeout_s: float | None = None) -> tuple[int, Any]:
+    def __init__(self, fleet: Fleet, named: dict[str, TritonControl] | None = None, timeout_s: float = 10.0) -> None:
+        self.fleet = fleet
+        self.named = named or {}
+        self.timeout_s = timeout_s
+        self._lock = asyncio.Lock()  # one reload or join sync at a time per fleet
+
+    def _for(self, key: str) -> tuple[TritonControl, str]:
+        """The control of the fleet a target key names, and the plain version."""
+        fleet, version = split_target(key)
+        if fleet is None or fleet == self.fleet.name:
+            return self, version
+        control = self.named.get(fleet)
+        if control is None:
+            raise Conflict(f"fleet '{fleet}' (in target '{key}') is not configured on this gateway")
+        return control, version
+
+    def servers(self) -> list[Server]:
+        return self.fleet.in_service() or list(self.fleet.servers.values())
+
+    async def call_on(self, server: Server, method: bytes, path: str, body: Any = None,
+                      timeout_s: float | None = None) -> tuple[int, Any]:
         payload = b"" if body is None else json.dumps(body).encode()
         headers = [(b"content-type", b"application/json")] if payload else []
-        response = await self.upstream.request(method, path.encode(), headers, payload,
-                                               timeout_s=timeout_s or self.timeout_s)
+        response = await server.control.request(method, path.encode(), headers, payload,
+                                                timeout_s=timeout_s or self.timeout_s)
         raw = await response.read()
         try:
             return response.status, json.loads(raw) if raw else None
         except ValueError as exc:
-            raise UpstreamError(f"upstream {self.upstream.name} answered {path} with invalid JSON") from exc
+            raise UpstreamError(f"Triton server {server.name} answered {path} with invalid JSON") from exc
 
-    async def index(self) -> list[dict[str, Any]]:
-        status, body = await self.call(b"POST", "/v2/repository/index", {})
+    async def call(self, method: bytes, path: str, body: Any = None, timeout_s: float | None = None) -> tuple[int, Any]:
+        """One call on one server of the fleet (reads that any server can answer)."""
+        servers = self.servers()
+        if not servers:
+            raise UpstreamError(f"fleet '{self.fleet.name}' has no servers")
+        return await self.call_on(servers[0], method, path, body, timeout_s)
+
+    async def server_index(self, server: Server) -> list[dict[str, Any]]:
+        status, body = await self.call_on(server, b"POST", "/v2/repository/index", {})
         if status != 200 or not isinstance(body, list):
-            raise UpstreamError(f"upstream {self.upstream.name} repository index failed ({status}): {body}")
+            raise UpstreamError(f"Triton server {server.name}: repository index failed ({status}): {body}")
         return body
 
+    async def index(self) -> list[dict[str, Any]]:
+        """The fleet's repository index: one entry per (model, version), as Triton shapes it."""
+        servers = self.servers()
+        indexes = await asyncio.gather(*(self.server_index(server) for server in servers))
+        if len(servers) == 1:
+            return indexes[0]
+        merged: dict[tuple[str, str | None], dict[str, Any]] = {}
+        for server, entries in zip(servers, indexes, strict=True):
+            for entry in entries:
+                key = (str(entry.get("name")), str(entry["version"]) if "version" in entry else None)
+                seen = merged.setdefault(key, {**entry, "servers": set()})
+                seen["servers"].add(server.name)
+                if entry.get("state") != "READY" and seen.get("state") == "READY":
+                    seen["state"] = entry.get("state", "UNKNOWN")
+                    seen["reason"] = f"on server {server.name}: {entry.get('reason') or seen['state']}"
+        names = {server.name for server in servers}
+        out = []
+        for entry in merged.values():
+            missing = sorted(names - entry.pop("servers"))
+            if missing and entry.get("state") == "READY":
+                entry["state"] = "UNAVAILABLE"
+                entry["reason"] = f"not loaded on server {', '.join(missing)}"
+            out.append(entry)
+        return out
+
     async def versions(self, model: str) -> dict[str, VersionState]:
-        """Every version of ``model`` the repository index lists, with its state."""
+        """Every version of ``model`` the fleet's index lists, with its fleet-wide state."""
         return {str(e["version"]): VersionState(str(e["version"]), e.get("state", "UNKNOWN"), e.get("reason", ""))
                 for e in await self.index() if e.get("name") == model and "version" in e}
 
     async def require_ready(self, model: str, versions: set[str]) -> None:
-        """Conflict (409) naming the first version that is not READY on Triton."""
+        """Conflict (409) naming the first version that is not READY on every server of its fleet."""
         if not versions:
             return
+        by_fleet: dict[TritonControl, set[str]] = {}
+        for key in versions:
+            control, version = self._for(key)
+            by_fleet.setdefault(control, set()).add(version)
+        for control, plain in by_fleet.items():
+            await control._require_ready(model, plain)
+
+    async def _require_ready(self, model: str, versions: set[str]) -> None:
+        where = "" if not self.named and self.fleet.name == "default" else f" of fleet '{self.fleet.name}'"
         known = await self.versions(model)
         for version in sorted(versions, key=int):
             state = known.get(version)
             if state is None:
-                raise Conflict(f"version {version} of model '{model}' is not known to Triton "
+                raise Conflict(f"version {version} of model '{model}' is not known to Triton{where} "
                                f"(known: {', '.join(sorted(known, key=int)) or 'none'})")
             if state.state != "READY":
                 why = f" ({state.reason})" if state.reason else ""
-                raise Conflict(f"version {version} of model '{model}' is {state.state} on Triton{why}, not READY")
+                raise Conflict(f"version {version} of model '{model}' is {state.state} on Triton{where}{why}, "
+                               "not READY")
 
     async def is_version_ready(self, model: str, version: str) -> bool | None:
-        """True/False from Triton; None when Triton could not be asked."""
+        """True when READY on every server (of the fleet a ``fleet:version`` key names); None when
+        no server could be asked."""
+        control, version = self._for(version)
+        answers = []
+        for server in control.servers():
+            try:
+                status, _ = await control.call_on(server, b"GET", f"/v2/models/{model}/versions/{version}/ready",
+                                               timeout_s=2.0)
+            except GatewayError:
+                continue
+            answers.append(status == 200)
+        return all(answers) if answers else None
+
+    # -- model control across the fleet -----------------------------------------------------------
+    async def reload(self, model: str, versions: set[str], timeout_s: float) -> None:
+        """Serve exactly ``versions`` of ``model`` on every server, or on none of them anew."""
+        async with self._lock:
+            servers = self.servers()
+            config = await self._config(servers[0], model)
+            before = await asyncio.gather(*(self._ready_on(server, model) for server in servers))
+            results = await asyncio.gather(*(self._reload_on(server, model, config, versions, timeout_s)
+                                             for server in servers), return_exceptions=True)
+            failed = [(server, result) for server, result in zip(servers, results, strict=True)
+                      if isinstance(result, BaseException)]
+            if not failed:
+                return
+            undo = [(server, previous) for server, previous, result in zip(servers, before, results, strict=True)
+                    if not isinstance(result, BaseException) and previous and previous != versions]
+            await asyncio.gather(*(self._reload_on(server, model, config, previous, timeout_s)
+                                   for server, previous in undo), return_exceptions=True)
+            server, error = failed[0]
+            if isinstance(error, GatewayError):
+                raise error
+            raise LoadFailed(f"Triton server {server.name} failed to load '{model}': {error!r}") from error
+
+    async def sync_server(self, fleet: Fleet, server: Server) -> None:
+        """Give a joining server the versions its in-service peers serve (``Fleet.on_join``)."""
+        async with self._lock:
+            peers = [peer for peer in fleet.in_service() if peer is not server]
+            if not peers:
+                return
+            reference = peers[0]
+            desired: dict[str, set[str]] = {}
+            for entry in await self.server_index(reference):
+                if entry.get("state") == "READY" and "version" in entry:
+                    desired.setdefault(str(entry["name"]), set()).add(str(entry["version"]))
+            own = await self.server_index(server)
+            for model, versions in sorted(desired.items()):
+                have = {str(e["version"]) for e in own if e.get("name") == model and e.get("state") == "READY"
+                        and "version" in e}
+                if have != versions:
+                    config = await self._config(reference, model)
+                    await self._reload_on(server, model, config, versions, max(self.timeout_s, 120.0))
+
+    async def _config(self, server: Server, model: str) -> dict[str, Any]:
+        status, config = await self.call_on(server, b"GET", f"/v2/models/{model}/config")
+        if status != 200 or not isinstance(config, dict):
+            raise NotFound(f"model '{model}' is not loaded on Triton server {server.name}: {config}")
+        return config
+
+    async def _ready_on(self, server: Server, model: str) -> set[str]:
+        return {str(e["version"]) for e in await self.server_index(server)
+                if e.get("name") == model and e.get("state") == "READY" and "version" in e}
+
+    async def _reload_on(self, server: Server, model: str, config: dict[str, Any], versions: set[str],
+                         timeout_s: float) -> None:
+        """Reload ``model`` on one server with exactly ``versions``; LoadFailed unless all are READY after."""
+        config = {**config, "version_policy": {"specific": {"versions": sorted(int(v) for v in versions)}}}
+        body = {"parameters": {"config": json.dumps(config)}}
         try:
-            status, _ = await self.call(b"GET", f"/v2/models/{model}/versions/{version}/ready", timeout_s=2.0)
-        except GatewayError:
-            return None
-        return status == 200
+            status, answer = await self.call_on(server, b"POST", f"/v2/repository/models/{model}/load", body,
+                                                timeout_s=timeout_s)
+        except UpstreamError as exc:
+            raise LoadFailed(f"Triton server {server.name} did not finish loading '{model}': {exc.message}") from exc
+        if status != 200:
+            reason = answer.get("error") if isinstance(answer, dict) else answer
+            raise LoadFailed(f"Triton server {server.name} refused to load versions {sorted(versions, key=int)} "
+                             f"of '{model}': {reason}")
+        # Triton answers 200 to a version_policy naming a version its repository lacks: check.
+        entries = {str(e["version"]): e for e in await self.server_index(server)
+                   if e.get("name") == model and "version" in e}
+        for version in sorted(versions, key=int):
+            entry = entries.get(version)
+            if entry is None or entry.get("state") != "READY":
+                why = (entry.get("reason") or entry.get("state")) if entry else "not in its model repository"
+                raise LoadFailed(f"Triton server {server.name} did not make version {version} of '{model}' READY: "
+                                 f"{why}")

@@ -207,7 +207,9 @@ def test_a_cancelled_call_resets_its_upstream_stream(gateway: GatewayThread, fau
     future = stub.ModelInfer.future(request)
     time.sleep(0.3)
     assert gateway.app.grpc_router is not None
-    connection = gateway.app.grpc_router.upstream._connection
+    server = gateway.app.fleets.default.single  # the one Triton server of the default fleet
+    assert server is not None
+    connection = server.grpc._connection
     assert connection is not None and len(connection.streams) == 1, "the call should be in flight upstream"
     assert gateway.app.recorder.inflight[("qc", "3")] == 1, "an unload's drain has to see gRPC calls too"
     future.cancel()

@@ -22,7 +22,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "gateway"
 
 DATA_PLANE = ("gateway.proxy", "gateway.grpc", "gateway.pipeline", "gateway.routing", "gateway.upstream",
-              "gateway.http2")
+              "gateway.http2", "gateway.fleet")  # fleet: the balancer picks each request's server
 CONTROL_PLANE = ("gateway.store", "gateway.admin", "gateway.rollout", "gateway.services")
 TRANSPORT = ("gateway.proxy", "gateway.grpc", "gateway.pipeline", "gateway.upstream", "gateway.http2",
              "gateway.asgi", "gateway.server", "asyncio", "socket", "httptools", "httpx", "grpc", "uvicorn")

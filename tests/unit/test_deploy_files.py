@@ -29,10 +29,16 @@ def test_dockerfile_is_slim_non_root_with_a_healthcheck() -> None:
 def test_compose_wires_every_service() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
-    assert set(services) == {"triton", "redis", "gateway", "prometheus", "grafana"}
+    assert set(services) == {"triton", "triton-2", "redis", "gateway", "prometheus", "grafana"}
     assert "--model-control-mode=explicit" in services["triton"]["command"]
+    assert services["triton-2"]["command"] == services["triton"]["command"]
     env = services["gateway"]["environment"]
     assert env["GATEWAY_STORE_URL"].startswith("redis://redis") and env["GATEWAY_TRITON_URL"] == "http://triton:8000"
+    from gateway.settings import Settings
+
+    fleet = Settings.load(None, fleets=json.loads(env["GATEWAY_FLEETS"])).fleet_specs()["default"]
+    assert [(s.http, s.grpc) for s in fleet.servers or []] == [("http://triton:8000", "triton:8001"),
+                                                              ("http://triton-2:8000", "triton-2:8001")]
     for service in services.values():
         for volume in service.get("volumes", []):
             source = volume.split(":")[0]
@@ -82,7 +88,13 @@ def test_k8s_manifests_are_well_formed() -> None:
     config = yaml.safe_load(by_kind["ConfigMap"][0]["data"]["gateway.yaml"])
     from gateway.settings import Settings
 
-    assert Settings.load(None, **config).store_url.startswith("redis://"), "the ConfigMap is a valid settings file"
+    settings = Settings.load(None, **config)
+    assert settings.store_url.startswith("redis://"), "the ConfigMap is a valid settings file"
+    assert deployments["triton"]["spec"]["replicas"] == 2
+    headless = next(s for s in by_kind["Service"] if s["metadata"]["name"] == "triton-pods")
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["selector"] == {"app": "triton"}
+    dns = settings.fleet_specs()["default"].dns
+    assert dns is not None and dns.name.startswith("triton-pods.") and (dns.http_port, dns.grpc_port) == (8000, 8001)
 
 
 def dashboard() -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import ClientGone, Overloaded, PayloadTooLarge
+from gateway.errors import ClientGone, GatewayBusy, PayloadTooLarge
 from gateway.proxy.limits import BodyReader, end_to_end, inflate
 from gateway.proxy.shadow import _decoded, agree
 from gateway.settings import Settings, SettingsError
@@ -51,7 +51,7 @@ def test_an_announced_body_over_the_limit_is_refused_unread() -> None:
 
 @pytest.mark.parametrize(("reader", "pieces", "error"), [
     (BodyReader(max_body=10, max_buffered=1000), Pieces(b"x" * 6, b"x" * 6), PayloadTooLarge),  # chunked, too long
-    (BodyReader(max_body=100, max_buffered=10), Pieces(b"x" * 6, b"x" * 6), Overloaded),  # all bodies together
+    (BodyReader(max_body=100, max_buffered=10), Pieces(b"x" * 6, b"x" * 6), GatewayBusy),  # all bodies together
     (BodyReader(max_body=100, max_buffered=1000), Pieces(b"x" * 6, disconnect=True), ClientGone),
 ])
 def test_a_refused_body_holds_nothing(reader: BodyReader, pieces: Pieces, error: type[Exception]) -> None:
@@ -61,7 +61,7 @@ def test_a_refused_body_holds_nothing(reader: BodyReader, pieces: Pieces, error:
 
 
 def test_overload_is_answered_with_retry_after() -> None:
-    assert (b"retry-after", b"1") in Overloaded("busy").headers and Overloaded.status == 503
+    assert (b"retry-after", b"1") in GatewayBusy("busy").headers and GatewayBusy.status == 503
     assert (b"connection", b"close") in PayloadTooLarge("big").headers  # the unread body is not parsed
 
 

@@ -1,0 +1,194 @@
+"""A fleet: its servers, and the per-request choice among them.
+
+The choice is power-of-two-choices on outstanding requests: draw two servers among those
+where the routed version is READY, take the one with fewer requests in flight (a random one
+of the two on a tie, so light traffic still spreads). Compared with round-robin it steers
+away from a slow or overloaded server at once; compared with a full least-outstanding scan
+it costs the same for 2 servers or 200.
+
+The candidate lists per (model, version) are computed once after every health change and
+kept in a dict of dicts: the hot path does two dict lookups, two random draws and a compare,
+and allocates nothing. Health changes (control plane, ~1/s at most) drop the whole cache by
+swapping in an empty dict; readers never see a half-built list.
+"""
+
+from __future__ import annotations
+
+import random
+import ssl
+from collections.abc import Awaitable, Callable
+
+from gateway.errors import Overloaded, UpstreamUnavailable
+from gateway.fleet.config import ServerSpec
+from gateway.fleet.members import Server
+from gateway.sequences import SequencePins
+
+_NO_VERSION = ""  # cache key for unversioned requests (Triton picks its default version)
+Key = str | bytes
+_CACHE_LIMIT = 4096  # distinct (model, version) pairs cached between two health changes
+
+
+class Fleet:
+    """Named group of Triton servers; ``pick`` is the only call on the request path."""
+
+    def __init__(self, name: str, *, pool_size: int = 128, connect_timeout_s: float = 2.0,
+                 request_timeout_s: float = 60.0, max_inflight: int = 0, queue_timeout_s: float = 0.0,
+                 eject_after: int = 3, http_tls: ssl.SSLContext | None = None,
+                 grpc_tls: ssl.SSLContext | None = None) -> None:
+        self.name = name
+        self.tls = (http_tls, grpc_tls)  # to every server of the fleet, for https:// and grpcs:// URLs
+        self.pool_size = pool_size
+        self.connect_timeout_s = connect_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.max_inflight = max_inflight
+        self.queue_timeout_s = queue_timeout_s
+        self.eject_after = eject_after
+        self.servers: dict[str, Server] = {}
+        self.retired: list[Server] = []  # left the fleet (DNS): closed once their requests ended
+        self.on_change: Callable[[Fleet], None] | None = None
+        # Called by the health monitor before a server takes traffic (applies the loaded set).
+        self.on_join: Callable[[Fleet, Server], Awaitable[None]] | None = None
+        self._cache: dict[Key, dict[Key, tuple[Server, ...]]] = {}
+        self._all: tuple[Server, ...] = ()
+        self.single: Server | None = None  # a one-server fleet: the request path skips the choice
+        self._random = random.Random().random
+        # (model, sequence id) -> server name: Triton keeps a sequence's state in one server.
+        self.sequences = SequencePins()
+
+    # -- membership (control plane) -------------------------------------------------------------
+    def add(self, spec: ServerSpec) -> Server:
+        server = self.servers.get(spec.name)
+        if server is None:
+            server = Server(self.name, spec, pool_size=self.pool_size, connect_timeout_s=self.connect_timeout_s,
+                            request_timeout_s=self.request_timeout_s, max_inflight=self.max_inflight,
+                            http_tls=self.tls[0], grpc_tls=self.tls[1])
+            self.servers[spec.name] = server
+            self.changed()
+        return server
+
+    def remove(self, name: str) -> Server | None:
+        server = self.servers.pop(name, None)
+        if server is not None:
+            server.in_service = False
+            self.retired.append(server)
+            self.changed()
+        return server
+
+    def changed(self) -> None:
+        """Health, readiness or membership moved: recompute candidates on next use."""
+        self._all = tuple(self.servers.values())
+        self.single = self._all[0] if len(self._all) == 1 else None
+        self._cache = {}
+        if self.on_change is not None:
+            self.on_change(self)
+
+    # -- the request path ---------------------------------------------------------------------
+    def candidates(self, model: Key, version: Key | None) -> tuple[Server, ...]:
+        """In-service servers where ``version`` is READY; in-service ones if it is READY nowhere
+        (Triton then answers for itself, and the version fallback applies); every server when
+        none is in service (a single-server fleet behaves as before fleets: try, fail clearly).
+        ``model`` and ``version`` may be bytes straight off the wire (cached as given)."""
+        key = version or _NO_VERSION
+        by_version = self._cache.get(model)
+        if by_version is not None:
+            found = by_version.get(key)
+            if found is not None:
+                return found
+        name = model.decode("utf-8", "replace") if isinstance(model, bytes) else model
+        wanted = version.decode("latin-1") if isinstance(version, bytes) else version
+        serving = tuple(s for s in self._all if s.in_service)
+        if wanted:
+            ready = tuple(s for s in serving if wanted in s.ready.get(name, ()))
+            found = ready or serving or self._all
+        else:
+            found = serving or self._all
+        cache = self._cache
+        if len(cache) >= _CACHE_LIMIT:
+            cache = self._cache = {}
+        cache.setdefault(model, {})[key] = found
+        return found
+
+    def pick(self, model: Key, version: Key | None, avoid: Server | None = None) -> Server:
+        """Power of two choices on in-flight requests, among the candidates (``avoid`` excluded
+        when there is another one: the retry after a failed connect)."""
+        by_version = self._cache.get(model)
+        servers = by_version.get(version or _NO_VERSION) if by_version is not None else None
+        if servers is None:
+            servers = self.candidates(model, version)
+        count = len(servers)
+        if count == 2:  # the common fleet: draw the order, take the less busy (ties: the first drawn)
+            a, b = (servers[0], servers[1]) if self._random() < 0.5 else (servers[1], servers[0])
+        elif count == 1:
+            only = servers[0]
+            if only is avoid:
+                raise UpstreamUnavailable(f"fleet '{self.name}' has no other server to try")
+            return only
+        elif count == 0:
+            raise UpstreamUnavailable(f"fleet '{self.name}' has no servers (none discovered yet)")
+        else:
+            draw = self._random() * count
+            first = int(draw)
+            second = int((draw - first) * (count - 1))  # the fractional part: a second draw for free
+            if second >= first:
+                second += 1
+            a, b = servers[first], servers[second]
+        if a is avoid:
+            return b
+        if b is avoid:
+            return a
+        return b if b.inflight < a.inflight else a
+
+    def sequence_server(self, model: Key, sequence_id: object, start: bool) -> Server | None:
+        """The server a live sequence is pinned to (None for a new one, or when its server left:
+        Triton there says the sequence is unknown, which is the one clear error it can get)."""
+        if start:
+            return None
+        name = self.sequences.lookup(model, sequence_id)  # type: ignore[arg-type]
+        server = self.servers.get(name) if name is not None else None
+        return server if server is not None and server.in_service else None
+
+    def pin_sequence(self, model: Key, sequence_id: object, end: bool, server: Server) -> None:
+        if end:
+            self.sequences.release(model, sequence_id)  # type: ignore[arg-type]
+        else:
+            self.sequences.pin(model, sequence_id, server.name)  # type: ignore[arg-type]
+
+    async def admit(self, server: Server, model: Key, version: Key | None) -> Server:
+        """A slot on ``server``, or on the least busy other candidate with room, or a queued wait on
+        ``server``; ``Overloaded`` when none comes within the queue timeout. ``inflight`` counts it."""
+        if server.has_room:
+            server.inflight += 1
+            return server
+        best = server
+        for other in self.candidates(model, version):
+            if other.has_room and other.inflight < best.inflight:
+                best = other
+        if best is not server:
+            best.inflight += 1
+            return best
+        if await server.wait_for_slot(self.queue_timeout_s):
+            return server
+        server.refused += 1
+        raise Overloaded(f"fleet '{self.name}': every server is at its limit of {self.max_inflight} requests in "
+                         f"flight{' and the queue wait ran out' if self.queue_timeout_s else ''}; retry later")
+
+    def failed(self, server: Server, error: str) -> None:
+        if server.transport_failed(error, self.eject_after):
+            self.changed()
+
+    # -- views -------------------------------------------------------------------------------
+    def in_service(self) -> list[Server]:
+        return [s for s in self._all if s.in_service]
+
+    def describe(self) -> list[dict[str, object]]:
+        """Per server: health, in-flight, counters and loaded versions (``gateway ctl fleets``)."""
+        return [{"server": s.name, "http": s.spec.http, "grpc": s.spec.grpc, "up": s.up, "ejected": s.ejected,
+                 "in_service": s.in_service, "inflight": s.inflight, "queued": len(s.waiters),
+                 "requests": s.requests, "errors": s.errors, "ejections": s.ejections, "refused": s.refused,
+                 "last_error": s.last_error,
+                 "ready": {m: sorted(v, key=int) for m, v in sorted(s.ready.items())}} for s in self._all]
+
+    async def aclose(self) -> None:
+        for server in [*self._all, *self.retired]:
+            await server.aclose()
+        self.retired.clear()

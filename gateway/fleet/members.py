@@ -1,0 +1,119 @@
+"""One Triton server of a fleet: its connections, its health, its admission slots, its counters.
+
+Everything the hot path touches is a plain attribute (``inflight``, ``failures``, counters):
+one event loop owns a server, so no lock is needed and a request costs a few attribute
+updates. Health flags are written by the health monitor and by passive ejection only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections import deque
+
+from gateway.fleet.config import ServerSpec
+from gateway.grpc.upstream import GrpcUpstream
+from gateway.upstream import HttpUpstream
+
+
+class Server:
+    """A Triton server: ``http`` and ``grpc`` carry data-plane requests, ``control`` the health
+    checks and model control (its own small pool, so probes never wait behind inference)."""
+
+    __slots__ = ("fleet", "spec", "name", "http", "grpc", "control", "limit", "queue_limit", "inflight", "waiters",
+                 "failures", "probe_failures", "up", "ejected", "in_service", "ready", "requests", "errors",
+                 "ejections", "refused", "last_error", "__weakref__")
+
+    def __init__(self, fleet: str, spec: ServerSpec, *, pool_size: int = 128, connect_timeout_s: float = 2.0,
+                 request_timeout_s: float = 60.0, max_inflight: int = 0, http_tls: ssl.SSLContext | None = None,
+                 grpc_tls: ssl.SSLContext | None = None) -> None:
+        self.fleet = fleet
+        self.spec = spec
+        self.name = spec.name
+        self.http = HttpUpstream(spec.http, max_connections=pool_size, connect_timeout_s=connect_timeout_s,
+                                 request_timeout_s=request_timeout_s, tls=http_tls)
+        self.grpc = GrpcUpstream(spec.grpc, connect_timeout_s, grpc_tls)
+        self.control = HttpUpstream(spec.http, max_connections=4, connect_timeout_s=connect_timeout_s,
+                                    request_timeout_s=request_timeout_s, tls=http_tls)
+        self.limit = max_inflight  # 0: no admission limit
+        self.queue_limit = max_inflight  # at most as many waiting as running: the queue stays bounded
+        self.inflight = 0
+        self.waiters: deque[asyncio.Future[None]] = deque()
+        self.failures = 0  # consecutive connect/transport failures (passive health)
+        self.probe_failures = 0  # consecutive failed active health checks
+        self.up = False  # the last active health check passed
+        self.ejected = False  # passive ejection: out until a health check passes again
+        self.in_service = False  # joined: healthy and the fleet's loaded set applied; takes traffic
+        self.ready: dict[str, frozenset[str]] = {}  # model -> versions READY here (repository index)
+        self.requests = 0
+        self.errors = 0
+        self.ejections = 0
+        self.refused = 0
+        self.last_error = ""
+
+    def __repr__(self) -> str:
+        return f"Server({self.fleet}/{self.name}, inflight={self.inflight}, in_service={self.in_service})"
+
+    @property
+    def has_room(self) -> bool:
+        return not self.limit or self.inflight < self.limit
+
+    # -- admission ---------------------------------------------------------------------------
+    async def wait_for_slot(self, timeout_s: float) -> bool:
+        """Queue for a slot, at most ``timeout_s``; True once one is ours (``inflight`` counts it)."""
+        if timeout_s <= 0 or len(self.waiters) >= self.queue_limit:
+            return False
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiters.append(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
+            return True
+        except TimeoutError:
+            if waiter.done() and not waiter.cancelled():
+                return True  # handed a slot at the very moment the wait ran out: it is ours
+            self._leave(waiter)
+            return False
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # the slot was handed to a caller that went away: pass it on
+            else:
+                self._leave(waiter)
+            raise
+
+    def _leave(self, waiter: asyncio.Future[None]) -> None:
+        waiter.cancel()
+        try:
+            self.waiters.remove(waiter)  # O(queue), on the overload path only
+        except ValueError:
+            pass
+
+    def release(self) -> None:
+        """A request on this server ended: hand its slot to the first live waiter, or free it."""
+        waiters = self.waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.inflight -= 1
+
+    # -- passive health ----------------------------------------------------------------------
+    def transport_failed(self, error: str, eject_after: int) -> bool:
+        """A connect failure or a broken exchange; True when this one ejects the server."""
+        self.errors += 1
+        self.failures += 1
+        self.last_error = error
+        if self.failures >= eject_after and not self.ejected:
+            self.ejected = True
+            self.in_service = False  # back only through a health check and the join sync
+            self.ejections += 1
+            return True
+        return False
+
+    async def aclose(self) -> None:
+        for waiter in self.waiters:
+            waiter.cancel()
+        self.waiters.clear()
+        await self.http.aclose()
+        await self.control.aclose()
+        await self.grpc.aclose()

@@ -1,0 +1,162 @@
+"""The balancer and admission control on their own: no sockets are opened (servers are only built)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from gateway.errors import Overloaded, UpstreamUnavailable
+from gateway.fleet.balancer import Fleet
+from gateway.fleet.config import ServerSpec
+from gateway.fleet.forward import message_model_version, target_model_version
+from gateway.fleet.members import Server
+from gateway.grpc.wire import with_version
+
+
+def fleet_of(count: int, **kwargs: object) -> tuple[Fleet, list[Server]]:
+    fleet = Fleet("f", **kwargs)  # type: ignore[arg-type]
+    servers = [fleet.add(ServerSpec(http=f"http://10.0.0.{i}:8000", grpc=f"10.0.0.{i}:8001")) for i in range(count)]
+    for server in servers:
+        server.up = server.in_service = True
+        server.ready = {"qc": frozenset({"1", "2"})}
+    fleet.changed()
+    return fleet, servers
+
+
+def test_idle_servers_share_requests_evenly() -> None:
+    fleet, servers = fleet_of(2)
+    picks = Counter(fleet.pick("qc", "2").name for _ in range(10_000))
+    assert set(picks) == {s.name for s in servers}
+    assert all(4_700 < count < 5_300 for count in picks.values()), picks
+
+
+def test_the_less_busy_of_two_wins() -> None:
+    fleet, servers = fleet_of(2)
+    servers[0].inflight = 5
+    assert {fleet.pick("qc", "1").name for _ in range(200)} == {servers[1].name}
+
+
+def test_power_of_two_spreads_over_many_and_avoids_the_busiest() -> None:
+    fleet, servers = fleet_of(5)
+    servers[3].inflight = 100
+    picks = Counter(fleet.pick("qc", "1").name for _ in range(10_000))
+    assert servers[3].name not in picks  # it loses every pair it is drawn into
+    assert len(picks) == 4 and min(picks.values()) > 1_500, picks
+
+
+def test_only_servers_where_the_version_is_ready() -> None:
+    fleet, servers = fleet_of(3)
+    servers[0].ready = {"qc": frozenset({"1", "2", "3"})}
+    fleet.changed()
+    assert {fleet.pick("qc", "3").name for _ in range(100)} == {servers[0].name}
+    assert len({fleet.pick("qc", "2").name for _ in range(300)}) == 3
+    # READY nowhere: every in-service server (Triton answers, and the version fallback applies)
+    assert len({fleet.pick("qc", "9").name for _ in range(300)}) == 3
+
+
+def test_out_of_service_servers_get_nothing_unless_none_is_in_service() -> None:
+    fleet, servers = fleet_of(2)
+    servers[0].in_service = False
+    fleet.changed()
+    assert {fleet.pick("qc", None).name for _ in range(100)} == {servers[1].name}
+    servers[1].in_service = False
+    fleet.changed()
+    assert len({fleet.pick("qc", None).name for _ in range(200)}) == 2, "try anyway, fail clearly"
+
+
+def test_the_retry_avoids_the_server_that_failed() -> None:
+    fleet, servers = fleet_of(2)
+    assert {fleet.pick("qc", "1", avoid=servers[0]).name for _ in range(100)} == {servers[1].name}
+    solo, (only,) = fleet_of(1)
+    with pytest.raises(UpstreamUnavailable, match="no other server"):
+        solo.pick("qc", "1", avoid=only)
+
+
+def test_consecutive_transport_failures_eject_and_a_success_resets_the_count() -> None:
+    fleet, servers = fleet_of(2, eject_after=3)
+    fleet.failed(servers[0], "refused")
+    fleet.failed(servers[0], "refused")
+    servers[0].failures = 0  # what a successful exchange does
+    fleet.failed(servers[0], "refused")
+    fleet.failed(servers[0], "refused")
+    assert servers[0].in_service and not servers[0].ejected
+    fleet.failed(servers[0], "refused")
+    assert servers[0].ejected and not servers[0].in_service and servers[0].ejections == 1
+    assert {fleet.pick("qc", "1").name for _ in range(100)} == {servers[1].name}
+
+
+def test_paths_and_messages_name_their_model_and_version() -> None:
+    assert target_model_version(b"/v2/models/qc/versions/3/infer") == (b"qc", b"3")
+    assert target_model_version(b"/v2/models/qc/versions/3/infer?x=1") == (b"qc", b"3")
+    assert target_model_version(b"/v2/models/qc/infer") == (b"qc", None)
+    assert target_model_version(b"/v2/models/qc/infer?x=1") == (b"qc", None)
+    assert target_model_version(b"/v2/health/ready") == (b"", None)
+    message = bytes([0x0A, 2]) + b"qc" + bytes([0x3A, 1, 0])  # model_name, then a field 7
+    assert message_model_version(message) == (b"qc", None, False)
+    assert message_model_version(with_version(message, "12")) == (b"qc", b"12", False)
+    pinned = bytes([0x0A, 2]) + b"qc" + bytes([0x12, 1]) + b"3" + bytes([0x22, 1, 0]) + bytes([0x3A, 1, 0])
+    assert message_model_version(pinned) == (b"qc", b"3", True)
+    assert message_model_version(b"") == (b"", None, False)
+
+
+def test_wire_keys_and_names_reach_the_same_servers() -> None:
+    fleet, servers = fleet_of(2)
+    servers[1].ready = {"qc": frozenset({"1", "2", "3"})}
+    fleet.changed()
+    assert {fleet.pick(b"qc", b"3").name for _ in range(50)} == {fleet.pick("qc", "3").name} == {servers[1].name}
+
+
+async def test_admission_queues_then_refuses() -> None:
+    fleet, (server,) = fleet_of(1, max_inflight=2, queue_timeout_s=0.2)
+    assert await fleet.admit(server, "qc", "1") is server
+    assert await fleet.admit(server, "qc", "1") is server
+    assert server.inflight == 2
+    waiting = asyncio.ensure_future(fleet.admit(server, "qc", "1"))
+    await asyncio.sleep(0.01)
+    assert not waiting.done() and len(server.waiters) == 1
+    server.release()  # the slot passes to the waiter: in flight stays at the limit
+    assert await waiting is server and server.inflight == 2
+    with pytest.raises(Overloaded, match="limit of 2"):
+        await fleet.admit(server, "qc", "1")  # nobody releases: refused after the queue wait
+    assert server.refused == 1 and server.inflight == 2 and not [w for w in server.waiters if not w.done()]
+    server.release()
+    server.release()
+    assert server.inflight == 0
+
+
+async def test_admission_without_a_queue_refuses_at_once_and_prefers_a_server_with_room() -> None:
+    fleet, servers = fleet_of(2, max_inflight=1, queue_timeout_s=0.0)
+    first = await fleet.admit(servers[0], "qc", "1")
+    second = await fleet.admit(servers[0], "qc", "1")
+    assert {first, second} == set(servers)
+    with pytest.raises(Overloaded):
+        await fleet.admit(servers[0], "qc", "1")
+
+
+async def test_a_queued_caller_that_goes_away_passes_its_slot_on() -> None:
+    fleet, (server,) = fleet_of(1, max_inflight=1, queue_timeout_s=5.0)
+    server.queue_limit = 2
+    await fleet.admit(server, "qc", "1")
+    gone = asyncio.ensure_future(fleet.admit(server, "qc", "1"))
+    staying = asyncio.ensure_future(fleet.admit(server, "qc", "1"))
+    await asyncio.sleep(0.01)
+    gone.cancel()
+    await asyncio.sleep(0.01)
+    assert len(server.waiters) == 1, "a caller that left leaves the queue"
+    server.release()
+    assert await staying is server and server.inflight == 1
+
+
+def test_a_sequence_stays_on_its_server_until_it_ends() -> None:
+    fleet, servers = fleet_of(2)
+    assert fleet.sequence_server(b"qc", 7, start=True) is None
+    fleet.pin_sequence(b"qc", 7, False, servers[1])
+    servers[1].inflight = 50  # busy: the balancer would never pick it, the sequence still goes there
+    assert fleet.sequence_server(b"qc", 7, start=False) is servers[1]
+    fleet.pin_sequence(b"qc", 7, True, servers[1])
+    assert fleet.sequence_server(b"qc", 7, start=False) is None
+    fleet.pin_sequence(b"qc", 8, False, servers[0])
+    servers[0].in_service = False  # its server left: the sequence cannot continue anywhere else either
+    assert fleet.sequence_server(b"qc", 8, start=False) is None
