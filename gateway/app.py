@@ -39,9 +39,9 @@ from gateway.proxy.shadow import ShadowMirror
 from gateway.rollout.controller import RolloutController
 from gateway.sequences import SequencePins
 from gateway.services.config_intent import apply_declared
-from gateway.services.fleet import Fleet
 from gateway.services.lifecycle import ModelLifecycle
 from gateway.services.policies import PolicyService
+from gateway.services.replicas import Replicas
 from gateway.services.state_sync import StateSync
 from gateway.services.triton_control import TritonControl
 from gateway.settings import Settings
@@ -91,8 +91,8 @@ class Gateway(Dispatch):
                               self.recorder, on_new_store=lambda: apply_declared(self.store, settings.policies))
         self.source = make_source(settings.metrics_source, settings.prometheus_url, self.recorder,
                                   timeout_s=settings.controller_call_timeout_s)
-        self.fleet = Fleet(self.store, self.recorder, self.pins)
-        self.lifecycle = ModelLifecycle(self.store, self.triton, self.policies, self.fleet,
+        self.replicas = Replicas(self.store, self.recorder, self.pins)
+        self.lifecycle = ModelLifecycle(self.store, self.triton, self.policies, self.replicas,
                                         drain_timeout_s=settings.drain_timeout_s)
         self.rollouts = RolloutController(self.store, self.triton, self.policies, self.source, self.recorder,
                                           tick_s=settings.controller_tick_s, lifecycle=self.lifecycle,
@@ -143,9 +143,9 @@ class Gateway(Dispatch):
         await self.fleets.start()
         await apply_declared(self.store, self.settings.policies)  # one log line per model
         await self.sync.resync()
-        await self.fleet.restore_pins()  # sequences pinned before a restart stay on their version
+        await self.replicas.restore_pins()  # sequences pinned before a restart stay on their version
         self.sync.start()
-        self.fleet.start()
+        self.replicas.start()
         if self.access_log is not None:
             self.access_log.start()
         self.shadow.start()
@@ -170,7 +170,7 @@ class Gateway(Dispatch):
     async def _stop(self) -> None:
         await self.rollouts.stop()
         await self.sync.stop()
-        await self.fleet.stop()
+        await self.replicas.stop()
         if self.access_log is not None:
             await self.access_log.stop()
         await self.shadow.stop()

@@ -4,7 +4,7 @@ Triton loads and unloads whole models; a version-level change is a reload with a
 ``version_policy`` override naming the versions to keep. Triton's reload is atomic: a
 version that fails to initialise leaves the old ones serving. Unloading first *drains*:
 the version leaves every policy, then we wait until no replica has a request in flight to
-it or an open sequence pinned to it (see :mod:`gateway.services.fleet`), and only then ask
+it or an open sequence pinned to it (see :mod:`gateway.services.replicas`), and only then ask
 Triton to drop it. Reloads of a model are serialised across replicas by a store lease.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 
 from gateway.errors import Conflict, LoadFailed, NotFound
 from gateway.policy import without_version
-from gateway.services.fleet import Fleet
 from gateway.services.policies import PolicyService
+from gateway.services.replicas import Replicas
 from gateway.services.triton_control import TritonControl
 from gateway.store.base import EventDraft, StateStore
 
@@ -28,12 +28,12 @@ RESTORE_LOCK_WAIT_S = 0.5  # restore runs inside a controller tick: never wait l
 
 
 class ModelLifecycle:
-    def __init__(self, store: StateStore, triton: TritonControl, policies: PolicyService, fleet: Fleet,
+    def __init__(self, store: StateStore, triton: TritonControl, policies: PolicyService, replicas: Replicas,
                  load_timeout_s: float = 300.0, drain_timeout_s: float = 60.0) -> None:
         self.store = store
         self.triton = triton
         self.policies = policies
-        self.fleet = fleet
+        self.replicas = replicas
         self.load_timeout_s = load_timeout_s
         self.drain_timeout_s = drain_timeout_s
         self._mismatch_since: dict[str, tuple[frozenset[str], float]] = {}  # model -> (READY set, first seen)
@@ -42,7 +42,7 @@ class ModelLifecycle:
         return {v for v, state in (await self.triton.versions(model)).items() if state.state == "READY"}
 
     async def load(self, model: str, version: str, actor: str) -> dict[str, Any]:
-        async with self.fleet.lock(model, self.load_timeout_s):
+        async with self.replicas.lock(model, self.load_timeout_s):
             serving = await self.serving(model)
             if version in serving:
                 return {"model": model, "version": version, "state": "READY", "serving": sorted(serving, key=int)}
@@ -65,8 +65,8 @@ class ModelLifecycle:
             raise Conflict(f"version {version} is the only version of model '{model}' serving: load another first")
         await self._refuse_if_referenced(model, version)
         await self._take_out_of_policy(model, version, actor)
-        drained = await self.fleet.drain(model, version, self.drain_timeout_s)
-        async with self.fleet.lock(model, self.load_timeout_s):
+        drained = await self.replicas.drain(model, version, self.drain_timeout_s)
+        async with self.replicas.lock(model, self.load_timeout_s):
             keep = await self.serving(model) - {version}
             await self._reload(model, keep, self.load_timeout_s)
             await self.store.put_loaded_versions(model, sorted(keep))
@@ -98,7 +98,7 @@ class ModelLifecycle:
         for model in await self.store.loaded_versions():
             try:
                 # the wanted set is read under the model's lifecycle lease: never older than any replica's load
-                async with self.fleet.lock(model, RESTORE_LOCK_WAIT_S):
+                async with self.replicas.lock(model, RESTORE_LOCK_WAIT_S):
                     done = await self._restore_one(model)
             except Conflict:
                 continue  # a load or unload of this model is running somewhere: look again next time

@@ -50,7 +50,7 @@ def test_fleets_without_default_keep_the_triton_urls_as_default() -> None:
     ({"g": {}}, "fleets.g: Value error, a fleet needs exactly one of"),
     ({"g": {"servers": [{"http": "http://a:1", "grpc": "a:2"}], "dns": {"name": "x"}}}, "fleets.g: Value error"),
     ({"g": {"servers": []}}, "fleets.g.servers"),
-    ({"g": {"servers": [{"http": "https://a:1", "grpc": "a:2"}]}}, "fleets.g.servers.0.http"),
+    ({"g": {"servers": [{"http": "ftp://a:1", "grpc": "a:2"}]}}, "fleets.g.servers.0.http"),
     ({"g": {"servers": [{"http": "http://a:1/v2", "grpc": "a:2"}]}}, "fleets.g.servers.0.http"),
     ({"g": {"servers": [{"http": "http://a:1", "grpc": "a"}]}}, "fleets.g.servers.0.grpc"),
     ({"g": {"servers": [{"http": "http://a:1", "grpc": "a:2"}, {"http": "http://a:1", "grpc": "b:2"}]}},

@@ -1,4 +1,4 @@
-"""The model lifecycle lock spans processes: two replicas' fleets on one real SQLite file."""
+"""The model lifecycle lock spans processes: two replicas on one real SQLite file."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from gateway.errors import Conflict
 from gateway.sequences import SequencePins
-from gateway.services.fleet import Fleet
+from gateway.services.replicas import Replicas
 from gateway.store.sqlite import SQLiteStore
 from gateway.telemetry.recorder import Recorder
 
@@ -18,14 +18,14 @@ async def test_one_load_or_unload_of_a_model_at_a_time_across_replicas(tmp_path:
     stores = [SQLiteStore(tmp_path / "state.db"), SQLiteStore(tmp_path / "state.db")]
     for store in stores:
         await store.open()
-    a, b = (Fleet(store, Recorder(), SequencePins(), replica=name) for store, name in zip(stores, "ab"))
+    a, b = (Replicas(store, Recorder(), SequencePins(), replica=name) for store, name in zip(stores, "ab"))
     order: list[str] = []
 
-    async def reload(fleet: Fleet, wait_s: float) -> None:
-        async with fleet.lock("qc", wait_s):
-            order.append(f"{fleet.replica} in")
+    async def reload(replicas: Replicas, wait_s: float) -> None:
+        async with replicas.lock("qc", wait_s):
+            order.append(f"{replicas.replica} in")
             await asyncio.sleep(0.3)
-            order.append(f"{fleet.replica} out")
+            order.append(f"{replicas.replica} out")
 
     first = asyncio.ensure_future(reload(a, 1))
     await asyncio.sleep(0.05)

@@ -93,7 +93,7 @@ def test_a_sequence_pinned_on_b_makes_the_unload_refuse_until_it_ends(delayed_tr
 
         status, body = admin_call(a.url, "POST", "/admin/models/qc/versions/3/unload")
         assert status == 409, body
-        assert "1 open sequence(s)" in body["error"] and b.app.fleet.replica in body["error"], body
+        assert "1 open sequence(s)" in body["error"] and b.app.replicas.replica in body["error"], body
         assert "3" in ready_versions(triton), "not unloaded: the sequence would break"
         assert infer(b.url, sequence_id=41, sequence_start=False, sequence_end=False) == "3", "the sequence goes on"
 

@@ -37,7 +37,7 @@ from gateway.sequences import SequencePins
 from gateway.store.base import ReplicaReport, StateStore
 from gateway.telemetry.recorder import Recorder
 
-log = logging.getLogger("gateway.fleet")
+log = logging.getLogger("gateway.replicas")
 REPORT_S = (0.2, 1.0)  # report period while something drains, and otherwise
 REPORT_TTL_S = 3.0  # a replica silent this long is gone
 LOCK_TTL_S = 10.0  # renewed every third of it while held; a crashed holder frees it this fast
@@ -48,7 +48,7 @@ def replica_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-class Fleet:
+class Replicas:
     def __init__(self, store: StateStore, recorder: Recorder, pins: SequencePins, replica: str | None = None) -> None:
         self.store = store
         self.recorder = recorder
