@@ -64,11 +64,17 @@ def to_triton(settings: Settings, alpn: list[str]) -> ssl.SSLContext:
 
 
 def upstream_http(settings: Settings) -> ssl.SSLContext | None:
-    return to_triton(settings, HTTP11) if settings.triton_url.startswith("https://") else None
+    """The context for every https:// Triton server (triton_url or a fleet's); plain servers ignore it."""
+    urls = [settings.triton_url, *(server.http for spec in settings.fleet_specs().values()
+                                   for server in spec.servers or [])]
+    return to_triton(settings, HTTP11) if any(url.startswith("https://") for url in urls) else None
 
 
 def upstream_grpc(settings: Settings) -> ssl.SSLContext | None:
-    return to_triton(settings, H2) if settings.triton_grpc_url.startswith("grpcs://") else None
+    """The context for every grpcs:// Triton server (triton_grpc_url or a fleet's)."""
+    urls = [settings.triton_grpc_url, *(server.grpc for spec in settings.fleet_specs().values()
+                                        for server in spec.servers or [])]
+    return to_triton(settings, H2) if any(url.startswith("grpcs://") for url in urls) else None
 
 
 def grpcio_server_credentials(settings: Settings) -> grpc.ServerCredentials | None:

@@ -242,7 +242,7 @@ class HttpUpstream:
         self.host, self.port = host or "127.0.0.1", int(port or (443 if secure else 80))
         if secure and tls is None:  # verified against the system's trust store
             tls = ssl.create_default_context()
-        self.tls = tls
+        self.tls = tls if secure else None  # one fleet may mix https:// and plain servers
         self.host_header = rest.encode()
         self.max_connections = max_connections
         self.connect_timeout_s = connect_timeout_s

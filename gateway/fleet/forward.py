@@ -184,7 +184,7 @@ class FleetGrpc(GrpcUpstream):
     def address(self) -> str:  # type: ignore[override]
         """Named in error details; grpcio's front opens its stream channel to the first server."""
         servers = self.fleet.in_service() or list(self.fleet.servers.values())
-        return servers[0].spec.grpc if servers else f"fleet '{self.fleet.name}'"
+        return servers[0].grpc.address if servers else f"fleet '{self.fleet.name}'"
 
     async def unary(self, path: str, message: bytes, metadata: GrpcMetadata = (),
                     timeout: float | None = None) -> Reply:

@@ -21,6 +21,8 @@ from gateway.proxy.shadow import GrpcMirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
 from gateway.telemetry.recorder import QUEUE_FULL, Outcome
 
+_QUEUE_FULL = QUEUE_FULL.encode()
+
 SERVICE = "/inference.GRPCInferenceService/"
 INFER = SERVICE + "ModelInfer"
 STREAM_INFER = SERVICE + "ModelStreamInfer"
@@ -142,12 +144,16 @@ class GrpcRouter:
         """One ModelStreamInferResponse: a failed request inside a stream comes back as a message
         with error_message (field 1) set, and the stream stays open."""
         failed = response[:1] == b"\x0a" and len(response) > 1 and response[1] != 0
+        if failed and _QUEUE_FULL in response[:256]:  # Triton's full queue: overload, not the version's fault
+            self.record(model, decision, StatusCode.RESOURCE_EXHAUSTED, started)
+            return
         self.record(model, decision, StatusCode.INTERNAL if failed else StatusCode.OK, started)
 
-    def record(self, model: str | None, decision: Decision | None, code: int, started: float) -> None:
+    def record(self, model: str | None, decision: Decision | None, code: int, started: float,
+               details: str = "") -> None:
         if model is None or decision is None:
             return
-        outcome = classify(code)
+        outcome = classify(code, details)
         name = status_name(code)
         self.pipeline.record(model, decision, outcome, name, "grpc", started,
                              name if outcome is Outcome.UPSTREAM_ERROR else None)

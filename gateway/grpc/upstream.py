@@ -50,7 +50,7 @@ class GrpcUpstream:
         if secure and tls is None:  # verified against the system's trust store
             tls = ssl.create_default_context()
             tls.set_alpn_protocols(["h2"])
-        self.tls = tls
+        self.tls = tls if secure else None  # one fleet may mix grpcs:// and plain servers
         self.address = address
         host, _, port = address.rpartition(":")
         self.host, self.port = host.strip("[]") or "127.0.0.1", int(port)

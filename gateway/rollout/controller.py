@@ -97,21 +97,24 @@ class RolloutController:
         self.fast.baseline(model, spec.canary, stable)  # only failures from now on count
         rollout = dataclasses.replace(steps.begin(model, spec, stable, self.clock()),
                                       policy_revision=policy.revision if policy else 0)
-        self._watch(rollout)
         for version in (spec.canary, stable):  # the first interval's latency sample starts now
             self.recorder.take_latencies(model, version)
         stored = await self.store.put_rollout(model, rollout.document(), existing.revision if existing else 0)
+        self.driver.known[model] = stored  # what the commit below starts from, never an older attempt's
         try:
-            rollout = await self._commit(stored, rollout, policy, None, actor)
+            rollout = await self._commit(stored, rollout, policy, None, actor)  # watches the latencies
         except Exception:
             # Refused (a version named by the policy not READY, a concurrent policy change):
             # take the record back, or it would block every retry as an "active rollout".
             saved = self.driver.known.get(model)
             revision = saved.revision if saved is not None and saved.revision > stored.revision else stored.revision
+            self.driver.known.pop(model, None)
             if existing is not None:
                 await self.store.put_rollout(model, existing.document, revision)
             else:
                 await self.store.delete_rollout(model, revision)
+            for version in (spec.canary, stable):
+                self.recorder.unwatch_latencies(model, version)
             raise
         self._show_state(model, rollout.phase)
         await self.policies.audit(model, actor, "rollout_started", rollout.reason, at=self.clock())

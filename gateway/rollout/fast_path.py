@@ -32,7 +32,7 @@ VERSION_SPECIFIC_KINDS = ("VersionUnavailable",)
 
 
 class VersionStates(Protocol):
-    async def versions(self, model: str) -> dict[str, VersionState]: ...
+    async def target_states(self, model: str, keys: set[str]) -> tuple[dict[str, VersionState], bool]: ...
 
 
 class FastPath:
@@ -49,20 +49,21 @@ class FastPath:
             for kind in VERSION_SPECIFIC_KINDS:
                 self._new_failures(model, version, kind)
 
-    async def states(self, model: str) -> dict[str, VersionState] | None:
-        """One snapshot of Triton's repository index for the model, within the call timeout;
-        None when Triton cannot be asked."""
+    async def states(self, model: str, *keys: str) -> tuple[dict[str, VersionState], bool] | None:
+        """One snapshot of the repository index of the fleets the target keys (``version`` or
+        ``fleet:version``) name, within the call timeout: the keys' states, and whether anything
+        of the model is loading; None when Triton cannot be asked."""
         try:
             async with asyncio.timeout(self.call_timeout_s):
-                return await self.triton.versions(model)
+                return await self.triton.target_states(model, set(keys))
         except (TimeoutError, GatewayError):
             return None
 
     async def ready(self, model: str, version: str) -> bool | None:
-        states = await self.states(model)
-        if states is None:
+        snapshot = await self.states(model, version)
+        if snapshot is None:
             return None
-        state = states.get(version)
+        state = snapshot[0].get(version)
         return state is not None and state.state == "READY"
 
     async def reason_to_roll_back(self, rollout: Rollout) -> str | None:
@@ -71,12 +72,12 @@ class FastPath:
         failures = {kind: self._new_failures(rollout.model, rollout.canary, kind) for kind in VERSION_SPECIFIC_KINDS}
         stable_failures = {kind: self._new_failures(rollout.model, rollout.stable, kind)
                            for kind in VERSION_SPECIFIC_KINDS}
-        states = await self.states(rollout.model)
-        stable = states.get(rollout.stable) if states is not None else None
-        canary = states.get(rollout.canary) if states is not None else None
+        snapshot = await self.states(rollout.model, rollout.canary, rollout.stable)
+        states, busy = snapshot if snapshot is not None else ({}, False)
+        stable = states.get(rollout.stable)
+        canary = states.get(rollout.canary)
         stable_ready = stable is not None and stable.state == "READY"
-        if states is None or any(s.state in ("LOADING", "UNLOADING") for s in states.values()) \
-                or (not stable_ready and (canary is None or canary.state != "READY")):
+        if snapshot is None or busy or (not stable_ready and (canary is None or canary.state != "READY")):
             # Triton-wide trouble (down, restarting, reloading the model): nothing is the canary's
             # own, and the judge is told not to hold this interval's errors against it.
             self.troubled_at[rollout.model] = time.monotonic()

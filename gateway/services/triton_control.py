@@ -110,6 +110,21 @@ class TritonControl:
         return {str(e["version"]): VersionState(str(e["version"]), e.get("state", "UNKNOWN"), e.get("reason", ""))
                 for e in await self.index() if e.get("name") == model and "version" in e}
 
+    async def target_states(self, model: str, keys: set[str]) -> tuple[dict[str, VersionState], bool]:
+        """The state of each target key (``version`` or ``fleet:version``) on its own fleet, and
+        whether anything of ``model`` is loading or unloading on those fleets."""
+        by_fleet: dict[TritonControl, list[tuple[str, str]]] = {}
+        for key in keys:
+            control, version = self._for(key)
+            by_fleet.setdefault(control, []).append((key, version))
+        found: dict[str, VersionState] = {}
+        busy = False
+        for control, pairs in by_fleet.items():
+            states = await control.versions(model)
+            busy = busy or any(state.state in ("LOADING", "UNLOADING") for state in states.values())
+            found.update({key: states[version] for key, version in pairs if version in states})
+        return found, busy
+
     async def require_ready(self, model: str, versions: set[str]) -> None:
         """Conflict (409) naming the first version that is not READY on every server of its fleet."""
         if not versions:

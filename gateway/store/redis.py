@@ -124,7 +124,8 @@ class RedisStore:
     async def open(self) -> None:
         self._redis = aioredis.from_url(self.url, decode_responses=True, socket_connect_timeout=2, socket_timeout=5)
         self._scripts = {name: self._redis.register_script(text) for name, text in
-                         (("cas", _CAS), ("append", _APPEND), ("delete", _DELETE), ("read", _READ))}
+                         (("cas", _CAS), ("append", _APPEND), ("delete", _DELETE), ("read", _READ),
+                          ("fenced_cas", _FENCED_CAS))}
         try:
             await self._redis.ping()
         except RedisError as exc:
@@ -342,8 +343,7 @@ class RedisStore:
 
     async def _fenced_cas(self, kind: str, model: str, expected_revision: int | None, record: dict[str, Any],
                           event: str, fence: Fence, now: float) -> tuple[int, str]:
-        script = self.redis.register_script(_FENCED_CAS)
-        revision, current, generation = await self._call(script(
+        revision, current, generation = await self._call(self._scripts["fenced_cas"](
             keys=[self._key(kind, model), self._key("events"), self._key("changes"), self._key("generation"),
                   self._key("fence", fence.name)],
             args=["" if expected_revision is None else expected_revision, json.dumps(record), event, model,

@@ -47,6 +47,10 @@ class FakeTriton:
     async def versions(self, model: str) -> dict[str, VersionState]:
         return {v: VersionState(v, "READY" if r else "UNAVAILABLE", "") for v, r in self.ready.items()}
 
+    async def target_states(self, model: str, keys: set[str]) -> tuple[dict[str, VersionState], bool]:
+        states = await self.versions(model)
+        return {key: states[key] for key in keys if key in states}, False
+
     async def require_ready(self, model: str, versions: set[str]) -> None:
         for version in versions:
             if not self.ready.get(version):
