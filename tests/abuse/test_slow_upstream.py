@@ -24,7 +24,7 @@ from tritonclient.grpc import service_pb2
 from gateway.devtools.local_triton import LocalTriton
 from gateway.grpc.upstream import GrpcUpstream
 from tests.abuse.attack import MB, SETTINGS, WINDOW_UPDATE, frame, request_headers, watch
-from tests.support import GatewayThread
+from tests.support import GatewayThread, gateway_settings
 
 pytestmark = pytest.mark.triton
 STREAM_INFER = b"/inference.GRPCInferenceService/ModelStreamInfer"
@@ -157,3 +157,66 @@ def test_a_stream_whose_upstream_reads_nothing_pauses_its_client(gateway: Gatewa
     assert held <= 2 * window + len(message), f"{held} bytes queued for the upstream"
     assert sent <= 65535 + held + window, f"the client sent {sent} bytes; the upstream took 65,535"
     assert resumed >= 4 * MB and drained <= 2 * window + len(message), (resumed, drained)
+
+
+def send_on_streams(sock: socket.socket, streams: list[int], message: bytes, seconds: float) -> dict[int, int]:
+    """One ``message`` on each of ``streams`` (opened here), each as far as its windows allow,
+    for ``seconds``: the bytes each stream sent."""
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+    client.initiate_connection()
+    for stream in streams:
+        client.send_headers(stream, request_headers(STREAM_INFER))
+    sock.sendall(client.data_to_send())
+    sent = dict.fromkeys(streams, 0)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and min(sent.values()) < len(message):
+        for stream in streams:
+            size = min(client.local_flow_control_window(stream), client.max_outbound_frame_size,
+                       len(message) - sent[stream])
+            if size > 0:
+                client.send_data(stream, message[sent[stream]:sent[stream] + size])
+                sent[stream] += size
+        sock.sendall(client.data_to_send())
+        sock.settimeout(0.05)
+        try:
+            chunk = sock.recv(1 << 16)
+        except TimeoutError:
+            continue
+        assert chunk, "the gateway closed the connection"
+        for event in client.receive_data(chunk):
+            assert not isinstance(event, (h2.events.StreamReset, h2.events.ConnectionTerminated)), event
+        sock.sendall(client.data_to_send())
+    return sent
+
+
+def test_large_messages_the_upstream_has_not_taken_keep_their_reservation(triton: LocalTriton,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four streams on one connection each send a 3 MiB message (4 MiB limit), to an upstream
+    that takes 65,535 bytes. The first message is admitted and handed over; as the upstream has
+    not taken it, it keeps its reservation, so the other three are not admitted and stop at their
+    stream window: about one message is queued, not four. Before, the reservation went with the
+    hand-over, and all four messages were queued for the upstream."""
+    settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url, grpc_max_message_bytes=4 * MB)
+    message = stream_request(3 * MB)
+    window = settings.grpc_stream_window_bytes
+    with window_hoarder() as (port, _), GatewayThread(settings) as gateway:
+        router = gateway.app.grpc_router
+        assert router is not None
+        hoarder = GrpcUpstream(f"127.0.0.1:{port}")
+        monkeypatch.setattr(router.upstream, "open", hoarder.open)
+
+        async def queued() -> int:
+            connection = hoarder._connection
+            assert connection is not None
+            return sum(len(call.pending or b"") for call in connection.streams.values())
+
+        try:
+            with watch(gateway, triton, rss_bound_mb=24):
+                with socket.create_connection(("127.0.0.1", settings.grpc_port), timeout=5) as sock:
+                    sent = send_on_streams(sock, [1, 3, 5, 7], message, seconds=2)
+                    time.sleep(0.2)
+                    held = gateway.call(queued())
+        finally:
+            gateway.call(hoarder.aclose())
+    assert sorted(sent.values())[-1] == len(message) and sorted(sent.values())[-2] <= window, sent
+    assert held <= len(message) + window, f"{held} bytes queued for the upstream"
