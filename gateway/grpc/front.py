@@ -210,6 +210,7 @@ class StreamCall(_Call):
         self.waiting.clear()
         if self.ended:
             opened.end()
+        self.on_drained()
 
     # -- from the client ------------------------------------------------------------------------
     def on_message(self, message: bytes) -> None:
@@ -226,8 +227,22 @@ class StreamCall(_Call):
         routed = router.routed_message(message, decision)
         if self.upstream is not None:
             self.upstream.send(routed)
+            backlog = self.upstream.backlog
         else:
             self.waiting.append(routed)
+            backlog = sum(len(waiting) for waiting in self.waiting)
+        if backlog > self.connection.limits.stream_window:
+            self.connection.hold(self.stream)  # Triton reads slower than the client sends: pause the client
+
+    def on_drained(self) -> None:
+        """The upstream took requests (or the stream just opened): the client may send again once
+        no more than one stream window waits upstream."""
+        if self.upstream is None:
+            return
+        if self.upstream.backlog > self.connection.limits.stream_window:
+            self.connection.hold(self.stream)
+        elif self.stream.held:
+            self.connection.release(self.stream)
 
     def on_end(self) -> None:
         self.ended = True

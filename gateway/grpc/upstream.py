@@ -166,6 +166,11 @@ class UpstreamStream:
     def send(self, message: bytes) -> None:
         self.connection.send_message(self.call, message)
 
+    @property
+    def backlog(self) -> int:
+        """Bytes sent but not yet taken by the upstream (waiting for its flow-control window)."""
+        return self.connection.backlog(self.call)
+
     def end(self) -> None:
         self.connection.end_requests(self.call)
 

@@ -40,6 +40,7 @@ class StreamListener(Protocol):
     def on_headers(self, headers: Headers) -> None: ...
     def on_data(self, payload: bytes) -> None: ...
     def on_close(self, code: int, details: str) -> None: ...
+    def on_drained(self) -> None: ...  # part or all of the call's send queue went out (see ``backlog``)
 
 
 class _Call(StreamState):
@@ -115,6 +116,13 @@ class Http2Connection(Endpoint):
     def _on_settings(self) -> None:
         self._wake_all()
 
+    def _on_drained(self, stream: StreamState) -> None:
+        call: _Call = stream  # type: ignore[assignment]
+        if call.listener is not None:  # a streaming call paces its client by what the upstream takes
+            call.listener.on_drained()
+
+    _on_flushed = _on_drained
+
     def _on_stream_error(self, stream: StreamState, code: int) -> None:
         self._finish(stream, (INTERNAL, f"upstream broke HTTP/2 on the stream (we reset it with {code})", b""))  # type: ignore[arg-type]
 
@@ -163,6 +171,12 @@ class Http2Connection(Endpoint):
     def send_message(self, call: _Call, message: bytes) -> None:
         if call.id in self.streams:
             self.send(call, grpc_frame(message))
+
+    @staticmethod
+    def backlog(call: _Call) -> int:
+        """Request bytes queued on the call, waiting for the upstream to grant window."""
+        pending = call.pending
+        return len(pending) if pending is not None else 0
 
     def end_requests(self, call: _Call) -> None:
         if call.id in self.streams:

@@ -133,6 +133,9 @@ class Endpoint(asyncio.Protocol):
     def _on_flushed(self, stream: StreamState) -> None:
         """Everything queued on ``stream`` went out."""
 
+    def _on_drained(self, stream: StreamState) -> None:
+        """Part of what is queued on ``stream`` went out; the rest still waits for window."""
+
     def _on_header_list_too_large(self, stream_id: int, end_stream: bool, error: HeaderListTooLarge) -> None:
         raise ProtocolError(str(error), ENHANCE_YOUR_CALM)
 
@@ -431,6 +434,7 @@ class Endpoint(asyncio.Protocol):
             pending = stream.pending
             assert pending is not None
             ended = False
+            queued = len(pending)
             while pending:
                 size = min(len(pending), self._peer_max_frame, self._send_window, stream.window)
                 if size <= 0:
@@ -442,6 +446,8 @@ class Endpoint(asyncio.Protocol):
                 stream.window -= size
                 ended = bool(flags)
             if pending:
+                if len(pending) < queued:
+                    self._on_drained(stream)
                 continue
             self._blocked.remove(stream)
             stream.pending = None

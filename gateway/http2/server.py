@@ -64,9 +64,13 @@ class Limits:
     (its upstream call starts, or the stream ends). So one connection holds at most
     ``max_message`` plus one stream window per stream (~128 MiB with the defaults), and honest
     clients sending many large messages at once get them through a few at a time instead of
-    stalling. The connection window only bounds bytes in flight, so its credit goes back on
-    receipt. 256 KiB per stream and 4 MiB per connection keep a fast client streaming on
-    loopback and a LAN, and keep what 256 stalled streams can make the gateway hold to 64 MiB.
+    stalling. A streaming call whose upstream has not taken what it was handed (its send queue
+    is above one stream window: Triton reads slower than the client sends) is held: no stream
+    credit, and the reservation of a message handed over stays, until the queue drains. So the
+    upstream queues add at most two stream windows per stream. The connection window only
+    bounds bytes in flight, so its credit goes back on receipt. 256 KiB per stream and 4 MiB
+    per connection keep a fast client streaming on loopback and a LAN, and keep what 256
+    stalled streams can make the gateway hold to 64 MiB.
     """
 
     max_concurrent_streams: int = 256
@@ -96,7 +100,7 @@ class StreamHandler(Protocol):
 
 class ServerStream(StreamState):
     __slots__ = ("path", "headers", "buffer", "handler", "responded", "finished", "compression", "recv_window",
-                 "reserved", "admitted", "remote_closed", "inflating", "end_pending")
+                 "reserved", "admitted", "remote_closed", "inflating", "end_pending", "held", "handed")
 
     def __init__(self, stream_id: int, window: int, headers: Headers, path: str, compression: bytes,
                  recv_window: int) -> None:
@@ -114,6 +118,8 @@ class ServerStream(StreamState):
         self.remote_closed = False  # the client sent END_STREAM
         self.inflating = False  # a large compressed message is inflated a slice per loop turn
         self.end_pending = False  # END_STREAM arrived while inflating
+        self.held = False  # the upstream has not taken what was handed over: no stream credit (see hold)
+        self.handed = False  # the reservation is for a message handed over while held: kept until release
 
 
 _PSEUDO = frozenset([b":method", b":scheme", b":path", b":authority"])
@@ -357,7 +363,7 @@ class Http2ServerConnection(Endpoint):
             return
         stream.recv_window -= length
         self._on_data(stream, payload, bool(flags & END_STREAM))
-        if not stream.remote_closed and not stream.finished and not stream.inflating \
+        if not stream.remote_closed and not stream.finished and not stream.inflating and not stream.held \
                 and (stream.admitted or not stream.reserved):
             self._stream_credit(stream, self.limits.stream_window >> 1)
 
@@ -376,6 +382,7 @@ class Http2ServerConnection(Endpoint):
             self._waiting.append(stream)
 
     def _unreserve(self, stream: ServerStream) -> None:
+        stream.handed = False
         if stream.admitted:
             self._reserved -= stream.reserved
             stream.admitted = False
@@ -387,7 +394,28 @@ class Http2ServerConnection(Endpoint):
             admitted = waiting.pop(0)
             admitted.admitted = True
             self._reserved += admitted.reserved
-            self._stream_credit(admitted, 1)  # it may be blocked on a window used up
+            if not admitted.held:
+                self._stream_credit(admitted, 1)  # it may be blocked on a window used up
+
+    def hold(self, stream: ServerStream) -> None:
+        """A streaming handler's upstream queue is full: the client gets no more stream credit, and
+        a message handed over keeps its reservation, until ``release``."""
+        stream.held = True
+
+    def release(self, stream: ServerStream) -> None:
+        """The upstream took what it was handed: credit and reservations go on as before ``hold``."""
+        if not stream.held:
+            return
+        stream.held = False
+        if stream.finished:
+            return
+        if stream.handed:
+            self._unreserve(stream)
+            buffer = stream.buffer
+            if len(buffer) >= 5 and not stream.inflating:  # the next message, already begun, reserves now
+                self._reserve(stream, int.from_bytes(buffer[1:5], "big") + 5)
+        if not stream.remote_closed and not stream.inflating and (stream.admitted or not stream.reserved):
+            self._stream_credit(stream, 1)
 
     def _on_data(self, stream: StreamState, payload: bytes, end_stream: bool) -> None:
         call: ServerStream = stream  # type: ignore[assignment]
@@ -430,21 +458,24 @@ class Http2ServerConnection(Endpoint):
             del buffer[:used]
         elif used < len(payload):
             buffer += payload[used:]
+        if messages and handler.streaming and call.reserved and not call.handed:
+            if call.held:
+                call.handed = True  # the upstream has not taken it yet: the reservation stays until release
+            else:
+                self._unreserve(call)  # on its way upstream
         if end_stream:
             if buffer:
                 self.finish(call, StatusCode.INTERNAL, "the request ended inside a message")
             else:
                 self._end_of_request(call)
             return
-        if messages and handler.streaming and call.reserved:
-            self._unreserve(call)  # on its way upstream
         if len(buffer) >= 5 and not call.reserved:  # a message spread over frames: it reserves its size
             self._reserve(call, int.from_bytes(buffer[1:5], "big") + 5)
 
     def _end_of_request(self, stream: ServerStream) -> None:
         """END_STREAM: exactly once per stream, so one request stream starts one upstream call."""
         stream.remote_closed = True
-        if stream.reserved:
+        if stream.reserved and not stream.handed:
             self._unreserve(stream)  # the upstream call takes it from here
         if stream.handler is not None and not stream.finished:
             stream.handler.on_end()
@@ -499,7 +530,8 @@ class Http2ServerConnection(Endpoint):
         if not call.finished:
             call.remote_closed = False  # set again, now in order, by what waited
             self._on_data(call, b"", call.end_pending)
-            if not call.remote_closed and not call.finished and (call.admitted or not call.reserved):
+            if not call.remote_closed and not call.finished and not call.held \
+                    and (call.admitted or not call.reserved):
                 self._stream_credit(call, 1)
 
     def _on_reset(self, stream: StreamState, code: int) -> None:
