@@ -93,7 +93,10 @@ class Hooks:
             headers = {"Content-Type": "application/json"}
             if secret is not None:
                 headers[SIGNATURE_HEADER] = sign(body, secret)
-            await self._deliver(model, url, body, headers)
+            try:
+                await self._deliver(model, url, body, headers)
+            except Exception as exc:  # one odd delivery must not end the sender (and every later event)
+                self._failed(model, f"{url}: {type(exc).__name__}: {exc}")
 
     async def _deliver(self, model: str, url: str, body: bytes, headers: dict[str, str]) -> None:
         backoff = self.first_backoff_s
