@@ -60,7 +60,8 @@ def test_webhook_gets_started_each_step_and_promoted_signed(gateway: GatewayThre
         [(1, {"2": 80, "3": 20}), (2, {"2": 50, "3": 50}), (3, {"2": 0, "3": 100})]
     assert second["verdict"]["outcome"] == "healthy" and second["verdict"]["canary_requests"] >= 5
     assert promoted["state"] == "promoted" and "promoted" in promoted["reason"]
-    hooks = rollout(gateway.url)["hooks"]
+    # counted once the answer is back, just after the receiver recorded the post
+    hooks = wait_for(lambda: (d := rollout(gateway.url)["hooks"])["delivered"] >= 4 and d, 5, what="4 deliveries")
     assert (hooks["delivered"], hooks["failures"], hooks["last_error"]) == (4, 0, None)
 
 
