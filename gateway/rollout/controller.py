@@ -37,7 +37,6 @@ from gateway.rollout import steps
 from gateway.rollout.analysis import Outcome, Verdict, judge
 from gateway.rollout.driver import PolicyDriver, PolicyMoved, adopt_own_write, manual_change
 from gateway.rollout.fast_path import FastPath
-from gateway.rollout.hook_spec import GateAt
 from gateway.rollout.hooks import PHASE_EVENTS, Hooks
 from gateway.rollout.judge import Evidence, VersionSample, assess
 from gateway.rollout.phases import Phase, TransitionError
@@ -247,29 +246,11 @@ class RolloutController:
                 return steps.on_verdict(rollout, verdict, now), None
             verdict, evidence = await self._judge(rollout)
             judged = steps.on_verdict(rollout, verdict, now, evidence)
-            gated = await self._gated(rollout, judged, now)
+            gated = await self.hooks.gated(rollout, judged, now, self.call_timeout_s)
             if gated is not judged:
                 return gated, "gate" if gated.phase is Phase.ROLLED_BACK else None
             return judged, verdict.metric if judged.phase is Phase.ROLLED_BACK else None
         return rollout, None
-
-    async def _gated(self, rollout: Rollout, moved: Rollout, now: float) -> Rollout:
-        """An automatic advance the spec's gates refuse: held at the current step (asked again
-        next interval) or rolled back. Bounded by the call timeout, as every call of a tick."""
-        if not (moved.phase is Phase.PROMOTED or moved.step > rollout.step):
-            return moved
-        at: tuple[GateAt, ...] = ("each_step", "pre_promotion") if moved.canary_percent == 100 > \
-            rollout.canary_percent else ("each_step",)
-        refused = await self.hooks.refusal(rollout, at, self.call_timeout_s, next_weights=moved.document()["weights"])
-        if refused is None:
-            return moved
-        gate, problem = refused
-        why = f"the {gate.at} gate {gate.url} refused: {problem}"
-        held = dataclasses.replace(moved, phase=rollout.phase, step=rollout.step, history=rollout.history,
-                                   last_transition_at=rollout.last_transition_at, applied=rollout.applied,
-                                   step_started_at=now, reason=f"held at step {rollout.step + 1}: {why} "
-                                   "(asked again next interval)")
-        return steps.roll_back(held, now, why) if gate.on_failure == "rollback" else held
 
     async def _yield(self, stored: StoredRollout, rollout: Rollout, policy: StoredPolicy | None, now: float,
                      fence: Fence | None) -> None:

@@ -12,6 +12,7 @@ move together are bounded by the controller's call timeout, which keeps a tick i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import Any
 import httpx
 
 from gateway.background import Background
+from gateway.rollout import steps
 from gateway.rollout.hook_spec import SIGNATURE_HEADER, Event, Gate, GateAt, sign
 from gateway.rollout.phases import Phase
 from gateway.rollout.steps import Rollout
@@ -136,6 +138,24 @@ class Hooks:
             if problem is not None:
                 return gate, problem
         return None
+
+    async def gated(self, rollout: Rollout, moved: Rollout, now: float, limit_s: float) -> Rollout:
+        """``moved`` unless it is an automatic advance the spec's gates refuse: then held at the
+        current step (asked again next interval) or rolled back. All within ``limit_s``."""
+        if not (moved.phase is Phase.PROMOTED or moved.step > rollout.step):
+            return moved
+        at: tuple[GateAt, ...] = ("each_step", "pre_promotion") if moved.canary_percent == 100 > \
+            rollout.canary_percent else ("each_step",)
+        refused = await self.refusal(rollout, at, limit_s, next_weights=moved.document()["weights"])
+        if refused is None:
+            return moved
+        gate, problem = refused
+        why = f"the {gate.at} gate {gate.url} refused: {problem}"
+        held = dataclasses.replace(moved, phase=rollout.phase, step=rollout.step, history=rollout.history,
+                                   last_transition_at=rollout.last_transition_at, applied=rollout.applied,
+                                   step_started_at=now, reason=f"held at step {rollout.step + 1}: {why} "
+                                   "(asked again next interval)")
+        return steps.roll_back(held, now, why) if gate.on_failure == "rollback" else held
 
     # -- HTTP --------------------------------------------------------------------------------
     async def _post(self, url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> str | None:
