@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
 import threading
 import time
@@ -325,3 +326,48 @@ class GrpcBackgroundLoad(BackgroundLoad):
         await asyncio.gather(*(worker() for _ in range(self.concurrency)))
         self.seconds = time.monotonic() - self.started_at
         await client.close()
+
+
+class HookReceiver:
+    """A webhook/gate receiver on 127.0.0.1 (http.server in a thread) that records every POST.
+    ``answers[path]`` is the list of statuses to answer in turn (the last one repeats; 200 if
+    none); ``delay_s[path]`` holds the answer back that long."""
+
+    def __init__(self) -> None:
+        self.posts: list[tuple[str, dict[str, str], bytes]] = []
+        self.answers: dict[str, list[int]] = {}
+        self.delay_s: dict[str, float] = {}
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                receiver.posts.append((self.path, dict(self.headers.items()), body))
+                time.sleep(receiver.delay_s.get(self.path, 0.0))
+                queue = receiver.answers.get(self.path, [200])
+                status = queue.pop(0) if len(queue) > 1 else queue[0]
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+
+    def bodies(self, path: str) -> list[dict[str, Any]]:
+        return [json.loads(body) for p, _, body in list(self.posts) if p == path]
+
+    def __enter__(self) -> HookReceiver:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(5)

@@ -332,7 +332,7 @@ def _rollout_status(args: argparse.Namespace, api: Api) -> Any:
 def rollout_view(doc: dict[str, Any]) -> Table:
     steps = ", ".join(f"[bold]{s}%[/]" if i == doc["step"] else f"{s}%" for i, s in enumerate(doc["steps"]))
     table = Table(title=f"rollout of {doc['model']}: {doc['state']} (steps {steps})",
-                  caption="\n".join([doc["reason"], *_evidence_lines(doc)]))
+                  caption="\n".join([doc["reason"], *_evidence_lines(doc), *_hook_lines(doc)]))
     for column in ("version", "role", "weight %", "requests", "error rate", "p99 ms"):
         table.add_column(column, justify="right")
     live = doc.get("live", {})
@@ -350,3 +350,11 @@ def _evidence_lines(doc: dict[str, Any]) -> list[str]:
     """The statistical judge's last word per metric, in its own summary sentences."""
     metrics = doc["verdicts"][-1].get("metrics", []) if doc["verdicts"] else []
     return [f"{metric['verdict'].upper():>12}  {metric['summary']}" for metric in metrics]
+
+
+def _hook_lines(doc: dict[str, Any]) -> list[str]:
+    """Webhook failures (a webhook never blocks the rollout, so only the status tells)."""
+    hooks = doc.get("hooks") or {}
+    if not hooks.get("failures"):
+        return []
+    return [f"webhooks: {hooks['failures']} failed (last: {hooks['last_error']}), {hooks['delivered']} delivered"]

@@ -37,6 +37,7 @@ from gateway.rollout import steps
 from gateway.rollout.analysis import Outcome, Verdict, judge
 from gateway.rollout.driver import PolicyDriver, PolicyMoved, adopt_own_write, manual_change
 from gateway.rollout.fast_path import FastPath
+from gateway.rollout.hooks import PHASE_EVENTS, Hooks
 from gateway.rollout.judge import Evidence, VersionSample, assess
 from gateway.rollout.phases import Phase, TransitionError
 from gateway.rollout.spec import RolloutSpec
@@ -78,6 +79,7 @@ class RolloutController:
         self._unsaved: dict[str, tuple[int, Rollout, str | None]] = {}
         self._background = Background()  # the loop, and unload tasks after promotions
         self._restoring: asyncio.Task[Any] | None = None
+        self.hooks = Hooks(clock)  # webhooks (queued, sent off the tick) and gates (asked in the tick)
 
     # -- commands from the admin API -----------------------------------------------------
     async def begin(self, model: str, spec: RolloutSpec, actor: str) -> Rollout:
@@ -97,6 +99,9 @@ class RolloutController:
         self.fast.baseline(model, spec.canary, stable)  # only failures from now on count
         rollout = dataclasses.replace(steps.begin(model, spec, stable, self.clock()),
                                       policy_revision=policy.revision if policy else 0)
+        refused = await self.hooks.refusal(rollout, ("pre_rollout",), self.call_timeout_s)
+        if refused is not None:
+            raise Conflict(f"the pre_rollout gate {refused[0].url} refused the rollout: {refused[1]}")
         for version in (spec.canary, stable):  # the first interval's latency sample starts now
             self.recorder.take_latencies(model, version)
         stored = await self.store.put_rollout(model, rollout.document(), existing.revision if existing else 0)
@@ -117,6 +122,7 @@ class RolloutController:
                 self.recorder.unwatch_latencies(model, version)
             raise
         self._show_state(model, rollout.phase)
+        self.hooks.notify(rollout, "started")
         await self.policies.audit(model, actor, "rollout_started", rollout.reason, at=self.clock())
         return rollout
 
@@ -141,6 +147,10 @@ class RolloutController:
         _, rollout = await self._load(model)
         doc = rollout.document()
         doc["live"] = await self._live_numbers(rollout)
+        doc["hooks"] = self.hooks.status(model)
+        for hook in doc["spec"]["webhooks"]:  # a status reader may not sign as the gateway
+            if hook["secret"] is not None:
+                hook["secret"] = "***"
         if self.shadow is not None:
             doc["shadow"] = {version: stats.document() for (m, version), stats in self.shadow.stats.items()
                              if m == model}
@@ -239,6 +249,9 @@ class RolloutController:
                 return steps.on_verdict(rollout, verdict, now), None
             verdict, evidence = await self._judge(rollout)
             judged = steps.on_verdict(rollout, verdict, now, evidence)
+            gated = await self.hooks.gated(rollout, judged, now, self.call_timeout_s)
+            if gated is not judged:
+                return gated, "gate" if gated.phase is Phase.ROLLED_BACK else None
             return judged, verdict.metric if judged.phase is Phase.ROLLED_BACK else None
         return rollout, None
 
@@ -291,18 +304,25 @@ class RolloutController:
     async def _commit(self, stored: StoredRollout, rollout: Rollout, policy: StoredPolicy | None,
                       fence: Fence | None, actor: str, metric: str | None = None) -> Rollout:
         before = Phase(stored.document["state"])
+        stepped = rollout.phase is Phase.PROGRESSING and before is Phase.PROGRESSING \
+            and rollout.step != stored.document["step"]
         try:
             _, rollout = await self.driver.commit(stored, rollout, policy, fence, actor)
         except GatewayError:
             saved = self.driver.known.get(rollout.model)
-            if rollout.phase is not before and saved is not None and saved.revision > stored.revision:
-                await self._announce(rollout, actor, metric)  # the phase change is stored; its weights are not
+            if saved is not None and saved.revision > stored.revision:  # the change is stored; its weights are not
+                if rollout.phase is not before:
+                    await self._announce(rollout, actor, metric)
+                elif stepped:
+                    self.hooks.notify(rollout, "step")
             raise
         self._watch(rollout)
         self.recorder.set_rollback_blocked(rollout.model, rollout.canary_percent == 0 and not rollout.applied
                                            and not rollout.manual_revision and "not READY" in rollout.apply_reason)
         if rollout.phase is not before:
             await self._announce(rollout, actor, metric)
+        elif stepped:
+            self.hooks.notify(rollout, "step")
         was_done = before is Phase.PROMOTED and stored.document.get("applied", False)
         if rollout.phase is Phase.PROMOTED and rollout.applied and not was_done and rollout.spec.unload_previous \
                 and self.lifecycle is not None:
@@ -314,6 +334,7 @@ class RolloutController:
         self._show_state(rollout.model, rollout.phase)
         if rollout.phase is Phase.ROLLED_BACK:
             self.recorder.count_rollback(rollout.model, metric or "unhealthy")
+        self.hooks.notify(rollout, PHASE_EVENTS.get(rollout.phase, "resumed"))  # progressing: only from paused
         log.info(json.dumps({"type": "rollout", "model": rollout.model, "state": rollout.phase.value,
                              "step": rollout.step, "actor": actor, "reason": rollout.reason}))
         await self.policies.audit(rollout.model, actor, f"rollout_{rollout.phase.value}", rollout.reason,
@@ -400,6 +421,7 @@ class RolloutController:
 
     async def stop(self) -> None:
         await self._background.cancel_all()
+        await self.hooks.close()
 
     async def _run(self) -> None:
         while True:

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gateway.policy import Percent, TargetKey
+from gateway.rollout.hook_spec import Gate, Webhook
 
 
 class RolloutSpec(BaseModel):
@@ -53,6 +54,10 @@ class RolloutSpec(BaseModel):
     retry: bool = Field(False, description="roll out a canary that the model's last rollout rolled back")
     inconclusive_limit: int = Field(30, ge=1, le=10_000, description="statistical: inconclusive intervals in a "
                                     "row before the rollout pauses (with the requests a decision still needs)")
+    webhooks: list[Webhook] = Field(default_factory=list, max_length=10, description="told of every transition "
+                                    "(gateway/rollout/hooks.py)")
+    gates: list[Gate] = Field(default_factory=list, max_length=10, description="asked before the rollout starts, "
+                              "steps or is promoted")
 
     def client_error_floor(self) -> float:
         """max_client_error_rate_increase, or the selected judge's default for it."""

@@ -32,3 +32,14 @@ def test_status_view_of_a_thresholds_rollout_has_no_evidence_lines() -> None:
     console = Console(record=True, width=240)
     console.print(rollout_view(doc))
     assert "INCONCLUSIVE" not in console.export_text()
+
+
+def test_status_view_shows_webhook_failures_only_when_there_are_some() -> None:
+    doc = steps.begin("qc", RolloutSpec(canary="3", stable="2", judge="thresholds"), "2", now=0).document()
+    console = Console(record=True, width=240)
+    console.print(rollout_view({**doc, "hooks": {"delivered": 4, "failures": 0, "last_error": None}}))
+    assert "webhooks" not in console.export_text()
+    failed = {"delivered": 1, "failures": 2, "last_error": "http://ops/hook: answered 502 (4 attempts)"}
+    console.print(rollout_view({**doc, "hooks": failed}))
+    shown = " ".join(console.export_text().split())
+    assert "webhooks: 2 failed (last: http://ops/hook: answered 502 (4 attempts)), 1 delivered" in shown

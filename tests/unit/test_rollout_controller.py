@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from gateway.services.triton_control import VersionState
 from gateway.store.base import EventDraft
 from gateway.store.memory import InMemoryStore
 from gateway.telemetry.recorder import LATENCY_BOUNDS, Recorder, Window
+from tests.support import HookReceiver
 
 
 class FakeClock:
@@ -301,3 +303,49 @@ async def test_an_unreadable_rollout_record_does_not_stop_the_others(h: Harness)
     await h.store.put_rollout("qc", newer, qc.revision)
     await h.interval(canary=(100, 0, 0.004))
     assert (await h.weights())["3"] == 20, "qc's rollout went on beside the unreadable one"
+
+
+async def test_a_refusing_rollback_gate_rolls_back_and_a_hold_gate_holds(h: Harness) -> None:
+    with HookReceiver() as receiver:
+        receiver.answers["/no"] = [503]
+        gated = SPEC.model_copy(update={"gates": RolloutSpec.model_validate({"canary": "3", "gates": [
+            {"url": receiver.url("/no"), "at": "each_step", "on_failure": "hold"}]}).gates})
+        await h.controller.begin("qc", gated, "alice")
+        for _ in range(2):  # held, and asked again on the next interval
+            await h.interval(canary=(100, 0, 0.004))
+            state = await h.state()
+            assert (state["state"], state["step"], await h.weights()) == ("progressing", 0, {"2": 95, "3": 5})
+            assert "held at step 1: the each_step gate" in state["reason"] and "answered 503" in state["reason"]
+        assert len(receiver.bodies("/no")) == 2
+        await h.controller.command("qc", "abort", "alice")
+
+        rolling = SPEC.model_copy(update={"gates": RolloutSpec.model_validate({"canary": "3", "gates": [
+            {"url": receiver.url("/no"), "at": "each_step", "on_failure": "rollback"}]}).gates})
+        await h.controller.begin("qc", rolling, "alice")
+        await h.interval(canary=(100, 0, 0.004))
+        state = await h.state()
+        assert state["state"] == "rolled_back" and await h.weights() == {"2": 100}
+        assert "each_step gate" in state["reason"] and h.recorder.rollbacks == {("qc", "gate"): 1}
+        await h.controller.stop()
+
+
+async def test_webhooks_get_each_transition_once(h: Harness) -> None:
+    with HookReceiver() as receiver:
+        hooked = SPEC.model_copy(update={"webhooks": RolloutSpec.model_validate(
+            {"canary": "3", "webhooks": [{"url": receiver.url("/hook")}]}).webhooks})
+        await h.controller.begin("qc", hooked, "alice")
+        await h.interval(canary=(100, 0, 0.004))  # healthy: step 2
+        await h.interval(canary=(100, 0, 0.004), seconds=5)  # not due: nothing
+        for command in ("pause", "resume", "promote", "abort"):
+            await h.controller.command("qc", command, "alice")
+        await h.interval(canary=(100, 0, 0.004))  # settled: nothing more
+        for _ in range(100):
+            if h.controller.hooks.status("qc")["delivered"] >= 6:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)  # anything sent twice would arrive by now
+        await h.controller.stop()
+    events = [(b["event"], b["step"], b["state"]) for b in receiver.bodies("/hook")]
+    assert events == [("started", 1, "progressing"), ("step", 2, "progressing"), ("paused", 2, "paused"),
+                      ("resumed", 2, "progressing"), ("step", 3, "progressing"), ("aborted", 3, "aborted")]
+    assert (await h.state())["hooks"]["delivered"] == 6
