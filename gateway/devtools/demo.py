@@ -237,10 +237,11 @@ def run_demo(keep_running: bool = False) -> int:
         traffic.phase = "faulty canary"
         admin(url, "POST", "/admin/models/qc/rollout", ROLLOUT)
         first = watch_rollout(console, url)
-        console.print("[bold]3. version 3 repaired[/]; starting a new rollout")
+        console.print("[bold]3. version 3 repaired[/]; starting a new rollout (\"retry\": true: a rolled-back "
+                      "version is not rolled out again by accident)")
         set_faults(faults, {})
         traffic.phase = "healthy canary"
-        admin(url, "POST", "/admin/models/qc/rollout", ROLLOUT)
+        admin(url, "POST", "/admin/models/qc/rollout", {**ROLLOUT, "retry": True})
         healthy = watch_rollout(console, url)
         traffic.phase = "after promotion"
         time.sleep(2)
