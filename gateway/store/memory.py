@@ -198,7 +198,6 @@ class InMemoryStore:
         self._check_fence(fence)
         return await self.put_rollout(model, document, expected_revision)
 
-
     async def put_loaded_versions(self, model: str, versions: list[str]) -> None:
         self._loaded[model] = sorted(versions, key=int)
 

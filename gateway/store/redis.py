@@ -186,14 +186,7 @@ class RedisStore:
 
     async def put_policy(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
                          event: EventDraft) -> StoredPolicy:
-        now = time.time()
-        record = {"model": model, "spec": spec.document() if spec else None, "updated_at": now, "actor": event.actor}
-        try:
-            before = await self.get_policy(model)
-        except CorruptRecord:  # overwriting a corrupt record is how it gets repaired
-            before = None
-        after_doc = StoredPolicy(model, spec, 0, now).document() if spec else None
-        finished = event.finish(model, before.document() if before and before.spec else None, after_doc)
+        now, record, finished = await self._policy_write(model, spec, event)
         revision, current, generation = await self._call(self._scripts["cas"](
             keys=[self._key("policy", model), self._key("events"), self._key("changes"), self._key("generation")],
             args=["" if expected_revision is None else expected_revision, json.dumps(record),
@@ -315,6 +308,18 @@ class RedisStore:
         return bool(renewed)
 
     # -- fencing: the epoch check runs inside the same Lua script as the write -------------
+    async def _policy_write(self, model: str, spec: PolicySpec | None,
+                            event: EventDraft) -> tuple[float, dict[str, Any], Event]:
+        """What a policy write stores: its time, the record, and the audit event (before/after)."""
+        now = time.time()
+        record = {"model": model, "spec": spec.document() if spec else None, "updated_at": now, "actor": event.actor}
+        try:
+            before = await self.get_policy(model)
+        except CorruptRecord:  # overwriting a corrupt record is how it gets repaired
+            before = None
+        after_doc = StoredPolicy(model, spec, 0, now).document() if spec else None
+        return now, record, event.finish(model, before.document() if before and before.spec else None, after_doc)
+
     async def acquire_fenced_lease(self, name: str, holder: str, ttl_s: float) -> int | None:
         epoch = await self._call(self.redis.eval(
             _ACQUIRE_FENCED, 2, self._key("fence", name), self._key("fence", name) + ":live", holder,
@@ -323,14 +328,7 @@ class RedisStore:
 
     async def put_policy_fenced(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
                                 event: EventDraft, fence: Fence) -> StoredPolicy:
-        now = time.time()
-        record = {"model": model, "spec": spec.document() if spec else None, "updated_at": now, "actor": event.actor}
-        try:
-            before = await self.get_policy(model)
-        except CorruptRecord:  # overwriting a corrupt record is how it gets repaired
-            before = None
-        after_doc = StoredPolicy(model, spec, 0, now).document() if spec else None
-        finished = event.finish(model, before.document() if before and before.spec else None, after_doc)
+        now, record, finished = await self._policy_write(model, spec, event)
         revision, generation = await self._fenced_cas("policy", model, expected_revision, record,
                                                       json.dumps(_event_doc(finished)), fence, now)
         return StoredPolicy(model, spec, revision, now, generation, event.actor)

@@ -203,18 +203,8 @@ class SQLiteStore:
         return out
 
     async def put_rollout(self, model: str, document: dict[str, Any], expected_revision: int | None) -> StoredRollout:
-        def work(db: sqlite3.Connection) -> StoredRollout:
-            def body() -> StoredRollout:
-                rows = db.execute("SELECT revision FROM rollouts WHERE model = ?", (model,)).fetchall()
-                current = rows[0][0] if rows else 0
-                check_revision("rollout", model, current, expected_revision)
-                db.execute("INSERT OR REPLACE INTO rollouts VALUES (?, ?, ?)",
-                           (model, json.dumps(document), current + 1))
-                return StoredRollout(model, document, current + 1)
-
-            return self._transaction(db, body)
-
-        return await self._run(work)
+        return await self._run(lambda db: self._transaction(
+            db, lambda: _write_rollout(db, model, document, expected_revision)))
 
     async def delete_rollout(self, model: str, expected_revision: int) -> None:
         def work(db: sqlite3.Connection) -> None:
@@ -311,17 +301,11 @@ class SQLiteStore:
         def work(db: sqlite3.Connection) -> StoredRollout:
             def body() -> StoredRollout:
                 _check_fence(db, fence)
-                rows = db.execute("SELECT revision FROM rollouts WHERE model = ?", (model,)).fetchall()
-                current = rows[0][0] if rows else 0
-                check_revision("rollout", model, current, expected_revision)
-                db.execute("INSERT OR REPLACE INTO rollouts VALUES (?, ?, ?)",
-                           (model, json.dumps(document), current + 1))
-                return StoredRollout(model, document, current + 1)
+                return _write_rollout(db, model, document, expected_revision)
 
             return self._transaction(db, body)
 
         return await self._run(work)
-
 
     async def put_loaded_versions(self, model: str, versions: list[str]) -> None:
         text = json.dumps(sorted(versions, key=int))
@@ -411,3 +395,13 @@ def _check_fence(db: sqlite3.Connection, fence: Fence) -> None:
     row = db.execute("SELECT holder, epoch FROM fenced_leases WHERE name = ?", (fence.name,)).fetchone()
     if row is None or (row[0], row[1]) != (fence.holder, fence.epoch):
         raise LeaseLost(fence_message(fence, row[1] if row else 0))
+
+
+def _write_rollout(db: sqlite3.Connection, model: str, document: dict[str, Any],
+                   expected_revision: int | None) -> StoredRollout:
+    """put_rollout's statements, inside a transaction (the fenced write checks its fence first)."""
+    rows = db.execute("SELECT revision FROM rollouts WHERE model = ?", (model,)).fetchall()
+    current = rows[0][0] if rows else 0
+    check_revision("rollout", model, current, expected_revision)
+    db.execute("INSERT OR REPLACE INTO rollouts VALUES (?, ?, ?)", (model, json.dumps(document), current + 1))
+    return StoredRollout(model, document, current + 1)
