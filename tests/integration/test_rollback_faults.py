@@ -260,11 +260,16 @@ def test_two_gateways_on_one_redis_a_deposed_holders_writes_are_rejected(
     """Two gateways share Redis. The holder's tick is held at its metrics query; the test lets
     its lease expire (deletes the live key, as a TTL would) so the other gateway takes it with
     the next epoch; the deposed holder's verdict write is then refused by the store."""
+    # A database of its own: the lease must be contested by these two gateways only, never by a
+    # gateway another test left running on the session Redis's database 0.
+    redis_url = redis_url.rsplit("/", 1)[0] + "/7"
+
     def settings() -> Any:
         return gateway_settings(triton.http_url, admin_token=TOKEN, controller_tick_s=TICK, store_url=redis_url,
                                 policies={"qc": {"weights": {"2": 100}}})
 
     client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client.flushdb()
     with GatewayThread(settings()) as one, GatewayThread(settings()) as two, BackgroundLoad(one.url, concurrency=4):
         holder, other = (one, two) if wait_for(lambda: one.app.rollouts.fence or two.app.rollouts.fence, 5,
                                                what="a lease holder") is one.app.rollouts.fence else (two, one)
