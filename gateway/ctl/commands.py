@@ -119,6 +119,12 @@ def add_rollout_parser(sub: Any) -> None:
                        "verdict (50)")
     start.add_argument("--failure-limit", type=int, help="unhealthy intervals in a row before rollback (2)")
     start.add_argument("--manual-gates", action="store_true", help="wait for `promote` after every healthy step")
+    start.add_argument("--rollback", choices=["immediate", "gradual"], help="how an unhealthy canary goes back: "
+                       "at once (the default) or down the rollback steps, one per interval")
+    start.add_argument("--rollback-steps", help="canary percents on the way down, e.g. 50,20,0 (the "
+                       "default; implies --rollback gradual)")
+    start.add_argument("--critical-error-rate", type=float, help="an interval's canary error rate past this rolls "
+                       "back at once, whatever the mode (0.5)")
     start.set_defaults(ctl=_rollout_start)
     status = rollout.add_parser("status", help="state, weights, verdicts; --watch for a live view")
     status.add_argument("model")
@@ -294,7 +300,7 @@ def _rollout_start(args: argparse.Namespace, api: Api) -> Any:
     body: dict[str, Any] = {"canary": args.canary}
     for name in ("stable", "interval_s", "max_error_rate", "max_p99_ms", "max_p99_ratio", "min_requests",
                  "failure_limit", "judge", "max_error_rate_increase", "max_client_error_rate_increase",
-                 "max_latency_increase", "inconclusive_limit"):
+                 "max_latency_increase", "inconclusive_limit", "critical_error_rate"):
         if getattr(args, name) is not None:
             body[name] = getattr(args, name)
     if args.retry:
@@ -303,6 +309,10 @@ def _rollout_start(args: argparse.Namespace, api: Api) -> Any:
         body["steps"] = [float(step) for step in args.steps.split(",")]
     if args.manual_gates:
         body["manual_gates"] = True
+    if args.rollback or args.rollback_steps:
+        body["rollback"] = {"mode": args.rollback or "gradual"}
+        if args.rollback_steps:
+            body["rollback"]["steps"] = [float(step) for step in args.rollback_steps.split(",")]
     doc = api.call("POST", f"/admin/models/{args.model}/rollout", body)
     return doc if args.json else rollout_view(doc)
 
@@ -322,7 +332,7 @@ def _rollout_status(args: argparse.Namespace, api: Api) -> Any:
 
     doc = api.call("GET", f"/admin/models/{args.model}/rollout")
     with Live(rollout_view(doc), refresh_per_second=4) as live:
-        while doc["state"] in ("progressing", "paused"):
+        while doc["state"] in ("progressing", "paused", "rolling_back"):
             time.sleep(1)
             doc = api.call("GET", f"/admin/models/{args.model}/rollout")
             live.update(rollout_view(doc))
@@ -332,7 +342,7 @@ def _rollout_status(args: argparse.Namespace, api: Api) -> Any:
 def rollout_view(doc: dict[str, Any]) -> Table:
     steps = ", ".join(f"[bold]{s}%[/]" if i == doc["step"] else f"{s}%" for i, s in enumerate(doc["steps"]))
     table = Table(title=f"rollout of {doc['model']}: {doc['state']} (steps {steps})",
-                  caption="\n".join([doc["reason"], *_evidence_lines(doc), *_hook_lines(doc)]))
+                  caption="\n".join([doc["reason"], *_descent_lines(doc), *_evidence_lines(doc), *_hook_lines(doc)]))
     for column in ("version", "role", "weight %", "requests", "error rate", "p99 ms"):
         table.add_column(column, justify="right")
     live = doc.get("live", {})
@@ -350,6 +360,16 @@ def _evidence_lines(doc: dict[str, Any]) -> list[str]:
     """The statistical judge's last word per metric, in its own summary sentences."""
     metrics = doc["verdicts"][-1].get("metrics", []) if doc["verdicts"] else []
     return [f"{metric['verdict'].upper():>12}  {metric['summary']}" for metric in metrics]
+
+
+def _descent_lines(doc: dict[str, Any]) -> list[str]:
+    """Where a gradual rollback is on its way down (the current percent in bold)."""
+    descent = doc.get("descent")
+    if not descent:
+        return []
+    canary = doc["weights"].get(doc["canary"], 0)
+    path = " -> ".join(f"[bold]{p}%[/]" if p == canary else f"{p}%" for p in descent)
+    return [f"rolling back gradually: {path}, one step per {doc['spec']['interval_s']:g} s interval"]
 
 
 def _hook_lines(doc: dict[str, Any]) -> list[str]:

@@ -160,7 +160,7 @@ def watch_rollout(console: Console, url: str, timeout_s: float = 90) -> dict[str
     doc = admin(url, "GET", "/admin/models/qc/rollout")
     deadline = time.monotonic() + timeout_s
     with Live(rollout_view(doc), console=console, refresh_per_second=4) as live:
-        while doc["state"] in ("progressing", "paused") and time.monotonic() < deadline:
+        while doc["state"] in ("progressing", "paused", "rolling_back") and time.monotonic() < deadline:
             time.sleep(0.5)
             doc = admin(url, "GET", "/admin/models/qc/rollout")
             live.update(rollout_view(doc))

@@ -40,6 +40,7 @@ from gateway.rollout.fast_path import FastPath
 from gateway.rollout.hooks import PHASE_EVENTS, Hooks
 from gateway.rollout.judge import Evidence, VersionSample, assess
 from gateway.rollout.phases import Phase, TransitionError
+from gateway.rollout.rollback import critical_verdict
 from gateway.rollout.spec import RolloutSpec
 from gateway.rollout.steps import Rollout
 from gateway.services.policies import PolicyService
@@ -235,6 +236,8 @@ class RolloutController:
             return StoredPolicy(model, held.spec, held.revision, 0.0)
 
     async def _decide(self, rollout: Rollout, now: float) -> tuple[Rollout, str | None]:
+        if rollout.phase is Phase.ROLLING_BACK:
+            return await self._descend(rollout, now), None  # its rollback was counted when it started
         if rollout.phase is not Phase.PROGRESSING:
             return rollout, None  # a final phase not applied yet: only its weights to drive
         lost = await self.fast.reason_to_roll_back(rollout)
@@ -252,8 +255,22 @@ class RolloutController:
             gated = await self.hooks.gated(rollout, judged, now, self.call_timeout_s)
             if gated is not judged:
                 return gated, "gate" if gated.phase is Phase.ROLLED_BACK else None
-            return judged, verdict.metric if judged.phase is Phase.ROLLED_BACK else None
+            rolled_back = judged.phase in (Phase.ROLLED_BACK, Phase.ROLLING_BACK)
+            return judged, verdict.metric if rolled_back else None
         return rollout, None
+
+    async def _descend(self, rollout: Rollout, now: float) -> Rollout:
+        """A gradual rollback: one step down per interval once the last step's weights are in
+        place; a critical failure (the fast path's, or critical_error_rate) goes to 0 at once."""
+        lost = await self.fast.reason_to_roll_back(rollout)
+        if lost:
+            return steps.descend(rollout, now, lost)
+        if not (rollout.applied and rollout.due(now)):
+            return rollout
+        critical = None
+        if not self.fast.troubled_within(rollout.model, rollout.spec.interval_s + self.tick_s):
+            critical = critical_verdict(rollout.spec, *await self._windows(rollout))
+        return steps.descend(rollout, now, None if critical is None else critical.reason)
 
     async def _yield(self, stored: StoredRollout, rollout: Rollout, policy: StoredPolicy | None, now: float,
                      fence: Fence | None) -> None:
@@ -261,7 +278,12 @@ class RolloutController:
         latest = await self.store.events(rollout.model, limit=1)
         who = latest[0].actor if latest else "someone"
         revision = policy.revision if policy is not None else 0
-        if rollout.phase.active:
+        if rollout.phase is Phase.ROLLING_BACK:  # the verdict stands (no pause: a resume would retry the canary)
+            changed = dataclasses.replace(steps.roll_back(rollout, now, f"{rollout.rollback_reason} (the gradual "
+                                                          f"rollback ended by {who}'s manual policy change)"),
+                                          manual_revision=revision, apply_reason=(
+                f"manual policy change by {who} at revision {revision}: left as set"))
+        elif rollout.phase.active:
             changed = steps.on_command(rollout, "pause", now, f"{who} (manual policy change during the rollout)")
         else:
             changed = dataclasses.replace(rollout, applied=False, manual_revision=revision, apply_reason=(
@@ -271,6 +293,9 @@ class RolloutController:
     async def _judge(self, rollout: Rollout) -> tuple[Verdict, dict[str, Any] | None]:
         """The spec's judge on this interval; the statistical one also returns its evidence."""
         canary, stable = await self._windows(rollout)
+        critical = critical_verdict(rollout.spec, canary, stable)  # whatever the judge: no waiting on it
+        if critical is not None:
+            return critical, None
         if rollout.spec.judge == "thresholds":
             return judge(rollout.spec, canary, stable), None
         # taken even when the windows are unreadable, so the next interval's sample is its own
@@ -284,7 +309,7 @@ class RolloutController:
     def _watch(self, rollout: Rollout) -> None:
         """Latency samples for the statistical judge, only while a rollout needs them."""
         for version in (rollout.canary, rollout.stable):
-            if rollout.phase.active and rollout.spec.judge == "statistical":
+            if rollout.phase in (Phase.PROGRESSING, Phase.PAUSED) and rollout.spec.judge == "statistical":
                 self.recorder.watch_latencies(rollout.model, version)
             else:
                 self.recorder.unwatch_latencies(rollout.model, version)
@@ -312,7 +337,7 @@ class RolloutController:
             saved = self.driver.known.get(rollout.model)
             if saved is not None and saved.revision > stored.revision:  # the change is stored; its weights are not
                 if rollout.phase is not before:
-                    await self._announce(rollout, actor, metric)
+                    await self._announce(rollout, actor, metric, before)
                 elif stepped:
                     self.hooks.notify(rollout, "step")
             raise
@@ -320,7 +345,7 @@ class RolloutController:
         self.recorder.set_rollback_blocked(rollout.model, rollout.canary_percent == 0 and not rollout.applied
                                            and not rollout.manual_revision and "not READY" in rollout.apply_reason)
         if rollout.phase is not before:
-            await self._announce(rollout, actor, metric)
+            await self._announce(rollout, actor, metric, before)
         elif stepped:
             self.hooks.notify(rollout, "step")
         was_done = before is Phase.PROMOTED and stored.document.get("applied", False)
@@ -329,12 +354,16 @@ class RolloutController:
             self._cleanup(rollout)  # only once the promoted weights are in place
         return rollout
 
-    async def _announce(self, rollout: Rollout, actor: str, metric: str | None) -> None:
-        """A phase change the store has taken: metrics, log line, audit trail (once)."""
+    async def _announce(self, rollout: Rollout, actor: str, metric: str | None, before: Phase | None = None) -> None:
+        """A phase change the store has taken: metrics, log line, audit trail (once). A gradual
+        rollback is counted and sent as ``rolled_back`` when it starts (the decision), so the
+        end of its descent is only logged and audited."""
         self._show_state(rollout.model, rollout.phase)
-        if rollout.phase is Phase.ROLLED_BACK:
+        descent_over = before is Phase.ROLLING_BACK
+        if rollout.phase in (Phase.ROLLED_BACK, Phase.ROLLING_BACK) and not descent_over:
             self.recorder.count_rollback(rollout.model, metric or "unhealthy")
-        self.hooks.notify(rollout, PHASE_EVENTS.get(rollout.phase, "resumed"))  # progressing: only from paused
+        if not (descent_over and rollout.phase is Phase.ROLLED_BACK):
+            self.hooks.notify(rollout, PHASE_EVENTS.get(rollout.phase, "resumed"))  # progressing: only from paused
         log.info(json.dumps({"type": "rollout", "model": rollout.model, "state": rollout.phase.value,
                              "step": rollout.step, "actor": actor, "reason": rollout.reason}))
         await self.policies.audit(rollout.model, actor, f"rollout_{rollout.phase.value}", rollout.reason,

@@ -67,6 +67,8 @@ class PolicyDriver:
         caller decided on. PolicyMoved when the policy is no longer that revision."""
         if rollout.phase is Phase.PAUSED:  # a paused rollout leaves the weights to the humans
             return await self.save(base, rollout, fence), rollout
+        if rollout.manual_revision and rollout.manual_revision == revision_of(policy):
+            return await self.save(base, rollout, fence), rollout  # it yielded to this human's revision
         desired = nonzero(rollout.weights())
         if policy is not None and weights_of(policy.spec) == desired:
             if rollout.applied and rollout.policy_revision == policy.revision:

@@ -32,7 +32,10 @@ ATTEMPTS = 4
 FIRST_BACKOFF_S = 0.5
 SEND_TIMEOUT_S = 5.0
 PHASE_EVENTS: dict[Phase, Event] = {Phase.PAUSED: "paused", Phase.PROMOTED: "promoted",
-                                    Phase.ROLLED_BACK: "rolled_back", Phase.ABORTED: "aborted"}
+                                    Phase.ROLLED_BACK: "rolled_back", Phase.ABORTED: "aborted",
+                                    # sent once, when the gradual descent starts (the decision), never
+                                    # again at its end: see controller._announce
+                                    Phase.ROLLING_BACK: "rolled_back"}
 
 
 def payload(rollout: Rollout, event: str, now: float, **extra: Any) -> bytes:

@@ -16,14 +16,21 @@ class Phase(str, Enum):
     PROMOTED = "promoted"
     ROLLED_BACK = "rolled_back"
     ABORTED = "aborted"
+    # The judge found the canary worse and ``rollback.mode`` is gradual: its weight goes down
+    # through the rollback steps, one per interval. Not pausable (a resume would be a silent
+    # retry of a failed canary) and not promotable; only a critical failure, the last step or
+    # an abort ends it.
+    ROLLING_BACK = "rolling_back"
 
     @property
     def active(self) -> bool:
-        return self in (Phase.PROGRESSING, Phase.PAUSED)
+        return self in (Phase.PROGRESSING, Phase.PAUSED, Phase.ROLLING_BACK)
 
 
 ALLOWED: dict[Phase, frozenset[Phase]] = {
-    Phase.PROGRESSING: frozenset({Phase.PROGRESSING, Phase.PAUSED, Phase.PROMOTED, Phase.ROLLED_BACK, Phase.ABORTED}),
+    Phase.PROGRESSING: frozenset({Phase.PROGRESSING, Phase.PAUSED, Phase.PROMOTED, Phase.ROLLED_BACK, Phase.ABORTED,
+                                  Phase.ROLLING_BACK}),
+    Phase.ROLLING_BACK: frozenset({Phase.ROLLING_BACK, Phase.ROLLED_BACK, Phase.ABORTED}),
     Phase.PAUSED: frozenset({Phase.PROGRESSING, Phase.PROMOTED, Phase.ROLLED_BACK, Phase.ABORTED}),
     Phase.PROMOTED: frozenset(),  # final: a new rollout starts a new record
     Phase.ROLLED_BACK: frozenset(),  # final: stays rolled back until someone starts a new rollout

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gateway.policy import Percent, TargetKey
 from gateway.rollout.hook_spec import Gate, Webhook
+from gateway.rollout.rollback_spec import RollbackSpec
 
 
 class RolloutSpec(BaseModel):
@@ -58,6 +59,14 @@ class RolloutSpec(BaseModel):
                                     "(gateway/rollout/hooks.py)")
     gates: list[Gate] = Field(default_factory=list, max_length=10, description="asked before the rollout starts, "
                               "steps or is promoted")
+    # Gentle rollback (gateway/rollout/rollback.py).
+    rollback: RollbackSpec = Field(default_factory=RollbackSpec, description="how an unhealthy canary goes back to "
+                                   "the stable: immediate, or gradual through rollback steps, one per interval")
+    critical_error_rate: float | None = Field(
+        0.5, gt=0, lt=1, description="a canary whose error rate in one interval is past this (with 99.9% "
+        "confidence, while the stable's is not) is rolled back at once, whatever the judge, failure_limit or "
+        "rollback mode; null switches it off. 0.5: a canary failing more requests than it serves is broken "
+        "beyond anything the statistics need to weigh")
 
     def client_error_floor(self) -> float:
         """max_client_error_rate_increase, or the selected judge's default for it."""
@@ -83,4 +92,5 @@ class RolloutSpec(BaseModel):
     def document(self) -> dict[str, object]:
         doc = self.model_dump(mode="json")
         doc["steps"] = [float(s) if s != int(s) else int(s) for s in self.steps]
+        doc["rollback"]["steps"] = [float(s) if s != int(s) else int(s) for s in self.rollback.steps]
         return doc

@@ -14,6 +14,7 @@ from typing import Any
 
 from gateway.rollout.analysis import Outcome, Verdict
 from gateway.rollout.phases import Phase, TransitionError, check
+from gateway.rollout.rollback import CRITICAL
 from gateway.rollout.spec import RolloutSpec
 from gateway.store.records import lenient_model
 
@@ -45,6 +46,10 @@ class Rollout:
     apply_reason: str = "not written yet"  # why not applied (or how it was)
     pending_revision: int = 0  # the policy revision our write in flight will produce: a crash after it resumes
     manual_revision: int = 0  # a policy revision a human wrote that this rollout yields to (final phases)
+    # A gradual rollback (ROLLING_BACK): index into spec.rollback.steps, and why it started
+    # (each step's reason repeats it). Defaults, so a rollout stored before them still loads.
+    rollback_step: int = 0
+    rollback_reason: str = ""
 
     @property
     def settled(self) -> bool:
@@ -61,15 +66,23 @@ class Rollout:
             return Decimal(100)
         if self.phase in (Phase.ROLLED_BACK, Phase.ABORTED):
             return Decimal(0)
+        if self.phase is Phase.ROLLING_BACK:
+            return self.spec.rollback.steps[self.rollback_step]
         return self.spec.steps[self.step]
+
+    @property
+    def descent(self) -> list[Decimal]:
+        """The rollback steps a gradual rollback goes through: those below the step it failed at."""
+        rollback = self.spec.rollback
+        return rollback.steps[rollback.descent_from(self.spec.steps[self.step]):]
 
     def weights(self) -> dict[str, Decimal]:
         canary = self.canary_percent
         return {self.stable: Decimal(100) - canary, self.canary: canary}
 
     def due(self, now: float) -> bool:
-        """Time for a verdict on the current interval."""
-        return (self.phase is Phase.PROGRESSING and not self.awaiting_promote
+        """Time for a verdict on the current interval (or, rolling back, for the next step down)."""
+        return (self.phase in (Phase.PROGRESSING, Phase.ROLLING_BACK) and not self.awaiting_promote
                 and now - self.step_started_at >= self.spec.interval_s)
 
     def document(self) -> dict[str, Any]:
@@ -84,7 +97,10 @@ class Rollout:
             "canary_requests": self.canary_requests, "verdicts": list(self.verdicts), "history": list(self.history),
             "evidence": self.evidence, "consecutive_inconclusive": self.consecutive_inconclusive,
             "applied": self.applied, "apply_reason": self.apply_reason, "pending_revision": self.pending_revision,
-            "manual_revision": self.manual_revision,
+            "manual_revision": self.manual_revision, "rollback_step": self.rollback_step,
+            "rollback_reason": self.rollback_reason,
+            # derived, for status readers: the percents of a gradual rollback under way
+            "descent": [_number(p) for p in self.descent] if self.phase is Phase.ROLLING_BACK else None,
         }
 
     @classmethod
@@ -101,6 +117,7 @@ class Rollout:
             evidence=doc.get("evidence", {}), consecutive_inconclusive=doc.get("consecutive_inconclusive", 0),
             applied=doc.get("applied", False), apply_reason=doc.get("apply_reason", "not written yet"),
             pending_revision=doc.get("pending_revision", 0), manual_revision=doc.get("manual_revision", 0),
+            rollback_step=doc.get("rollback_step", 0), rollback_reason=doc.get("rollback_reason", ""),
         )
 
 
@@ -136,7 +153,47 @@ def advance(rollout: Rollout, now: float, why: str) -> Rollout:
 
 
 def roll_back(rollout: Rollout, now: float, why: str) -> Rollout:
+    """At once, whatever the rollback mode (a critical failure, a gate, or the end of a descent)."""
     return _move(rollout, Phase.ROLLED_BACK, now, f"rolled back to {rollout.stable}: {why}", awaiting_promote=False)
+
+
+def judged_roll_back(rollout: Rollout, now: float, why: str) -> Rollout:
+    """The judge's rollback: down through the rollback steps below the canary's weight when
+    ``rollback.mode`` is gradual and there is one above 0; at once otherwise."""
+    rollback = rollout.spec.rollback
+    if rollback.mode == "immediate":
+        return roll_back(rollout, now, why)
+    first = rollback.descent_from(rollout.canary_percent)
+    if rollback.steps[first] == 0:
+        return roll_back(rollout, now, f"{why} (no rollback step below the canary's "
+                         f"{_number(rollout.canary_percent)}%)")
+    return _descend_to(rollout, first, now, why)
+
+
+def descend(rollout: Rollout, now: float, critical: str | None = None) -> Rollout:
+    """One interval of a gradual rollback later: the next step down, or rolled back at its
+    end; straight to 0 when ``critical`` says why."""
+    if critical is not None:
+        return roll_back(rollout, now, f"{critical} (during the gradual rollback, at "
+                         f"{_number(rollout.canary_percent)}%)")
+    following = rollout.rollback_step + 1
+    if rollout.spec.rollback.steps[following] == 0:
+        return roll_back(rollout, now, f"{rollout.rollback_reason} (gradual rollback through "
+                         f"{_percents(rollout.descent)} done)")
+    return _descend_to(rollout, following, now, rollout.rollback_reason)
+
+
+def _descend_to(rollout: Rollout, index: int, now: float, why: str) -> Rollout:
+    moved = dataclasses.replace(rollout, rollback_step=index, rollback_reason=why)
+    descent = moved.descent
+    where = descent.index(moved.canary_percent) + 1
+    return _move(moved, Phase.ROLLING_BACK, now, f"rolling back gradually to {rollout.stable}: canary at "
+                 f"{_number(moved.canary_percent)}% (step {where} of {len(descent)} down {_percents(descent)}, "
+                 f"one per interval): {why}", step_started_at=now, awaiting_promote=False)
+
+
+def _percents(percents: list[Decimal]) -> str:
+    return " -> ".join(f"{_number(p)}%" for p in percents)
 
 
 def on_verdict(rollout: Rollout, verdict: Verdict, now: float, evidence: dict[str, Any] | None = None) -> Rollout:
@@ -163,8 +220,10 @@ def on_verdict(rollout: Rollout, verdict: Verdict, now: float, evidence: dict[st
     if verdict.outcome is Outcome.UNHEALTHY:
         failures = rollout.consecutive_failures + 1
         judged = dataclasses.replace(judged, consecutive_failures=failures, consecutive_errors=0)
+        if verdict.metric == CRITICAL:  # no failure limit, no descent
+            return roll_back(judged, now, verdict.reason)
         if failures >= spec.failure_limit:
-            return roll_back(judged, now, f"{verdict.reason} ({failures} unhealthy intervals in a row)")
+            return judged_roll_back(judged, now, f"{verdict.reason} ({failures} unhealthy intervals in a row)")
         return judged
     judged = dataclasses.replace(judged, consecutive_failures=0, consecutive_errors=0)
     if spec.manual_gates:
@@ -174,6 +233,11 @@ def on_verdict(rollout: Rollout, verdict: Verdict, now: float, evidence: dict[st
 
 def on_command(rollout: Rollout, command: str, now: float, actor: str) -> Rollout:
     """An SRE's promote / pause / resume / abort. Raises TransitionError when not allowed."""
+    if rollout.phase is Phase.ROLLING_BACK and command in ("promote", "pause", "resume"):
+        raise TransitionError(f"the rollout is rolling back gradually (canary at {_number(rollout.canary_percent)}%, "
+                              f"going down {_percents(rollout.descent)}: {rollout.rollback_reason}); it cannot be "
+                              f"{command}d: abort it to take the canary to 0% at once, or start a new rollout "
+                              'with "retry": true once it has ended')
     if command == "promote":
         check(rollout.phase, Phase.PROGRESSING)
         return advance(rollout, now, f"promoted by {actor}")

@@ -78,7 +78,7 @@ class ModelLifecycle:
         """409 naming what still needs the version: an active rollout (its stable is the rollback
         target, its canary takes traffic) or a non-zero weight."""
         rollout = await self.store.get_rollout(model)
-        if rollout is not None and rollout.document["state"] in ("progressing", "paused"):
+        if rollout is not None and rollout.document["state"] in ("progressing", "paused", "rolling_back"):
             for role in ("stable", "canary"):
                 if rollout.document[role] == version:
                     raise Conflict(f"version {version} of model '{model}' is the {role} of its "

@@ -100,9 +100,12 @@ def test_healthy_canary_goes_through_every_step_and_becomes_stable(gateway: Gate
 
 
 def test_too_little_traffic_neither_promotes_nor_rolls_back(gateway: GatewayThread, faults: Faults) -> None:
+    """critical_error_rate is off: a canary failing every request is rolled back at once
+    whatever min_requests says (test_rollout_gradual.py); this test is about min_requests."""
     faults.set("qc", "3", error_rate=1.0)
     with BackgroundLoad(gateway.url, concurrency=1):
-        start(gateway.url, judge="thresholds", steps=[10, 50, 100], interval_s=1, min_requests=100_000)
+        start(gateway.url, judge="thresholds", steps=[10, 50, 100], interval_s=1, min_requests=100_000,
+              critical_error_rate=None)
         time.sleep(4.5)
     doc = rollout_state(gateway.url)
     assert (doc["state"], doc["step"]) == ("progressing", 0)
