@@ -185,10 +185,10 @@ def descend(rollout: Rollout, now: float, critical: str | None = None) -> Rollou
 
 def _descend_to(rollout: Rollout, index: int, now: float, why: str) -> Rollout:
     moved = dataclasses.replace(rollout, rollback_step=index, rollback_reason=why)
-    descent = moved.descent
-    where = descent.index(moved.canary_percent) + 1
+    descent, percent = moved.descent, rollout.spec.rollback.steps[index]
+    where = descent.index(percent) + 1
     return _move(moved, Phase.ROLLING_BACK, now, f"rolling back gradually to {rollout.stable}: canary at "
-                 f"{_number(moved.canary_percent)}% (step {where} of {len(descent)} down {_percents(descent)}, "
+                 f"{_number(percent)}% (step {where} of {len(descent)} down {_percents(descent)}, "
                  f"one per interval): {why}", step_started_at=now, awaiting_promote=False)
 
 
