@@ -170,3 +170,47 @@ def test_valid_rollback_specs() -> None:
     spec = RolloutSpec.model_validate({"canary": "3", "rollback": {"mode": "gradual", "steps": [0]},
                                        "critical_error_rate": None})
     assert spec.rollback.steps == [Decimal(0)] and spec.critical_error_rate is None
+
+
+def test_ctl_status_shows_where_the_descent_is() -> None:
+    from rich.console import Console
+
+    from gateway.ctl.commands import rollout_view
+
+    rollout = steps.descend(fail(at_step(GRADUAL, 3), 40), 60)
+    console = Console(record=True, width=240)
+    console.print(rollout_view(rollout.document()))
+    shown = " ".join(console.export_text().split())
+    assert "rollout of qc: rolling_back" in shown
+    assert "rolling back gradually: 50% -> 20% -> 0%, one step per 10 s interval" in shown
+    assert "canary at 20% (step 2 of 3 down 50% -> 20% -> 0%" in shown and "error rate" in shown
+    console = Console(record=True, width=240)
+    console.print(rollout_view(steps.begin("qc", GRADUAL, "2", 0).document()))
+    assert "rolling back" not in console.export_text()
+
+
+def test_ctl_rollout_start_sends_the_rollback_fields() -> None:
+    import argparse
+
+    from gateway.ctl.commands import _rollout_start, add_rollout_parser
+
+    parser = argparse.ArgumentParser()
+    add_rollout_parser(parser.add_subparsers())
+
+    class Api:
+        body: Any = None
+
+        def call(self, method: str, path: str, body: Any = None) -> Any:
+            Api.body = body
+            return {}
+
+    for argv, expected in (
+        ([], None),
+        (["--rollback", "gradual"], {"mode": "gradual"}),
+        (["--rollback-steps", "60,12.5,0"], {"mode": "gradual", "steps": [60.0, 12.5, 0.0]}),
+        (["--rollback", "immediate"], {"mode": "immediate"}),
+    ):
+        args = parser.parse_args(["rollout", "start", "qc", "--canary", "3", "--critical-error-rate", "0.4", *argv])
+        args.json = True
+        _rollout_start(args, Api())  # type: ignore[arg-type]
+        assert Api.body.get("rollback") == expected and Api.body["critical_error_rate"] == 0.4
