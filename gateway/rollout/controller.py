@@ -92,7 +92,7 @@ class RolloutController:
         stable = spec.stable or await self._default_stable(model, policy.spec if policy else None)
         if stable == spec.canary:
             raise Conflict(f"version {stable} already takes most of the traffic: name another stable version")
-        if existing is not None and existing.document["state"] == Phase.ROLLED_BACK.value \
+        if existing is not None and steps.was_rolled_back(existing.document) \
                 and existing.document["canary"] == spec.canary and not spec.retry:
             raise Conflict(f"version {spec.canary} of model '{model}' was rolled back ({existing.document['reason']}); "
                            f'start again with "retry": true to roll it out anyway')

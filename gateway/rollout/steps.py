@@ -157,6 +157,13 @@ def roll_back(rollout: Rollout, now: float, why: str) -> Rollout:
     return _move(rollout, Phase.ROLLED_BACK, now, f"rolled back to {rollout.stable}: {why}", awaiting_promote=False)
 
 
+def was_rolled_back(doc: dict[str, Any]) -> bool:
+    """A stored rollout whose canary was rejected: rolled back, or aborted on its way down (the
+    abort only hurried the descent; the verdict stands, so a new rollout of it needs retry)."""
+    return doc["state"] == Phase.ROLLED_BACK.value or (
+        doc["state"] == Phase.ABORTED.value and any(h["to"] == Phase.ROLLING_BACK.value for h in doc["history"]))
+
+
 def judged_roll_back(rollout: Rollout, now: float, why: str) -> Rollout:
     """The judge's rollback: down through the rollback steps below the canary's weight when
     ``rollback.mode`` is gradual and there is one above 0; at once otherwise."""

@@ -98,6 +98,17 @@ async def test_promote_and_resume_are_refused_and_abort_goes_to_zero_at_once(h: 
     await h.interval(canary=HEALTHY)
     assert (await h.state())["state"] == "aborted" and await h.weights() == {"2": 100}
     assert h.recorder.rollbacks == {("qc", "error_rate"): 1}
+    with pytest.raises(Conflict, match='"retry": true'):  # the abort hurried the descent; the verdict stands
+        await h.controller.begin("qc", GRADUAL, "alice")
+    await h.controller.begin("qc", GRADUAL.model_copy(update={"retry": True}), "alice")
+    assert (await h.state())["state"] == "progressing"
+
+
+async def test_an_abort_before_any_verdict_needs_no_retry(h: Harness) -> None:
+    await h.controller.begin("qc", GRADUAL, "alice")
+    await h.controller.command("qc", "abort", "alice")
+    await h.controller.begin("qc", GRADUAL, "alice")
+    assert (await h.state())["state"] == "progressing"
 
 
 async def test_a_critical_error_rate_during_the_descent_goes_straight_to_zero(h: Harness) -> None:
