@@ -181,7 +181,7 @@ class UnaryCall(_Call):
 class StreamCall(_Call):
     """ModelStreamInfer: client messages routed and sent up one stream, answers relayed back."""
 
-    __slots__ = ("upstream", "waiting", "ended", "model", "decision", "sent", "replies")
+    __slots__ = ("upstream", "waiting", "ended", "model", "decision", "sent", "replies", "replied")
     streaming = True
 
     def __init__(self, front: GrpcFront, connection: Http2ServerConnection, stream: ServerStream) -> None:
@@ -192,6 +192,7 @@ class StreamCall(_Call):
         self.model: str | None = None
         self.decision: Decision | None = None
         self.sent = time.perf_counter()
+        self.replied = 0.0  # when the last reply since the last request went out; 0.0: none yet
         self.replies = bytearray()
         self.run(self._open)
 
@@ -223,7 +224,7 @@ class StreamCall(_Call):
                 self.upstream.cancel()
             self.finish(StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}")
             return
-        self.model, self.decision, self.sent = fields.model_name, decision, time.perf_counter()
+        self.model, self.decision, self.sent, self.replied = fields.model_name, decision, time.perf_counter(), 0.0
         routed = router.routed_message(message, decision)
         if self.upstream is not None:
             self.upstream.send(routed)
@@ -266,7 +267,8 @@ class StreamCall(_Call):
         replies += payload
         messages, used = split_messages(replies)  # Triton compresses nothing: we never ask it to
         for _, response in messages:
-            self.front.router.record_stream_reply(self.model, self.decision, response, self.sent)
+            self.replied = self.front.router.record_stream_reply(self.model, self.decision, response, self.sent,
+                                                                 self.replied)
             self.connection.send_message(self.stream, response)
         del replies[:used]
 

@@ -90,13 +90,13 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
     async def _stream(self, upstream: Any, requests: AsyncIterator[bytes],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         metadata = context.invocation_metadata() or ()
-        last: dict[str, Any] = {"model": None, "decision": None, "sent": time.perf_counter()}
+        last: dict[str, Any] = {"model": None, "decision": None, "sent": time.perf_counter(), "replied": 0.0}
         wire = _wire(metadata)
 
         async def routed() -> AsyncIterator[bytes]:
             async for raw in requests:
                 fields, _, decision = self.router.route(raw, wire)
-                last.update(model=fields.model_name, decision=decision, sent=time.perf_counter())
+                last.update(model=fields.model_name, decision=decision, sent=time.perf_counter(), replied=0.0)
                 yield self.router.routed_message(raw, decision)
 
         call = upstream(routed(), metadata=_forwarded(context, metadata), timeout=context.time_remaining())
@@ -107,7 +107,8 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
                 if not announced and decision is not None:
                     await context.send_initial_metadata(self.router.announced(decision))
                 announced = True
-                self.router.record_stream_reply(last["model"], decision, response, last["sent"])
+                last["replied"] = self.router.record_stream_reply(last["model"], decision, response, last["sent"],
+                                                                  last["replied"])
                 yield response
         except grpc.aio.AioRpcError as exc:
             code = exc.code().value[0]

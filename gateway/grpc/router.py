@@ -140,14 +140,21 @@ class GrpcRouter:
         return details or ""
 
     def record_stream_reply(self, model: str | None, decision: Decision | None, response: bytes,
-                            started: float) -> None:
+                            started: float, replied: float = 0.0) -> float:
         """One ModelStreamInferResponse: a failed request inside a stream comes back as a message
-        with error_message (field 1) set, and the stream stays open."""
+        with error_message (field 1) set, and the stream stays open. A successful one is also
+        timed (``record_stream``): from ``started``, the stream's last request, when it is the
+        first reply since (``replied`` 0.0), else from ``replied``. Returns the new ``replied``."""
         failed = response[:1] == b"\x0a" and len(response) > 1 and response[1] != 0
         if failed and _QUEUE_FULL in response[:256]:  # Triton's full queue: overload, not the version's fault
             self.record(model, decision, StatusCode.RESOURCE_EXHAUSTED, started)
-            return
+            return replied
         self.record(model, decision, StatusCode.INTERNAL if failed else StatusCode.OK, started)
+        if failed or model is None or decision is None:
+            return replied
+        now = time.perf_counter()
+        self.pipeline.recorder.record_stream(model, decision.version or "", not replied, now - (replied or started))
+        return now
 
     def record(self, model: str | None, decision: Decision | None, code: int, started: float,
                details: str = "") -> None:

@@ -121,6 +121,8 @@ class HttpProxy:
                 await _send_error(send, exc)
             return
         exchange = HttpExchange(self, scope, send, target, versioned, body)
+        if model is not None and scope["path"].endswith("/generate_stream"):  # its responses are timed as they go out
+            exchange.stream_of, exchange.started = model, started
         task = exchange.task = asyncio.current_task()
         watcher = None
         connection = scope.get(CONNECTION_KEY)
@@ -207,7 +209,7 @@ class HttpExchange:
     """One HTTP request and its answer, as the pipeline drives it (see ``pipeline.Exchange``)."""
 
     __slots__ = ("proxy", "scope", "send_to_client", "target", "versioned", "body", "response", "status",
-                 "handed", "client_left", "task")
+                 "handed", "client_left", "task", "stream_of", "started", "delivered")
 
     def __init__(self, proxy: HttpProxy, scope: Scope, send: Send, target: bytes, versioned: bool,
                  body: bytes) -> None:
@@ -222,6 +224,9 @@ class HttpExchange:
         self.handed = False  # the response was fully handed to the server
         self.client_left = False
         self.task: asyncio.Task[Any] | None = None
+        self.stream_of: str | None = None  # the model of a generate_stream call, whose responses are timed
+        self.started = 0.0  # when the request arrived (perf_counter)
+        self.delivered = 0.0  # when the previous response went to the client; 0.0: none yet
 
     def _path(self, target: Target) -> bytes:
         if self.versioned or target.version is None:
@@ -249,21 +254,38 @@ class HttpExchange:
         response, send = self.response, self.send_to_client
         assert response is not None
         headers = end_to_end(response.headers)
+        version = None  # the version whose generate_stream responses are timed
         if decision is not None:
             headers += self.proxy.decision_headers(decision, response)
+            if self.stream_of is not None and response.status == 200:
+                version = decision.version or ""
         if response.complete:
             body = response.body()
             headers.append((b"content-length", str(len(body)).encode()))
             self.handed = True
+            if version is not None:  # the whole stream at once: one delivery
+                self._timed(version)
             await send({"type": "http.response.start", "status": response.status, "headers": headers})
             await send({"type": "http.response.body", "body": body})
             return
         length = [(name, value) for name, value in response.headers if name.lower() == b"content-length"]
         await send({"type": "http.response.start", "status": response.status, "headers": headers + length})
         async for chunk in response.chunks():
+            if version is not None:
+                self._timed(version)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         self.handed = True
         await send({"type": "http.response.body", "body": b""})
+
+    def _timed(self, version: str) -> None:
+        """A generate_stream response goes to the client now. Triton writes each server-sent
+        event as one chunk, so a chunk is a response (events read together go out together:
+        one delivery, never a gap of 0)."""
+        now, previous = time.perf_counter(), self.delivered
+        assert self.stream_of is not None
+        self.proxy.pipeline.recorder.record_stream(self.stream_of, version, not previous,
+                                                   now - (previous or self.started))
+        self.delivered = now
 
     def outcome(self) -> Outcome:
         response = self.response

@@ -105,6 +105,7 @@ class RolloutController:
             raise Conflict(f"the pre_rollout gate {refused[0].url} refused the rollout: {refused[1]}")
         for version in (spec.canary, stable):  # the first interval's latency sample starts now
             self.recorder.take_latencies(model, version)
+            self.recorder.take_stream(model, version)
         stored = await self.store.put_rollout(model, rollout.document(), existing.revision if existing else 0)
         self.driver.known[model] = stored  # what the commit below starts from, never an older attempt's
         try:
@@ -249,6 +250,7 @@ class RolloutController:
                                   "(down, restarting or reloading): its errors are no version's fault")
                 for version in (rollout.canary, rollout.stable):  # nor are its latencies: drop them
                     self.recorder.take_latencies(rollout.model, version)
+                    self.recorder.take_stream(rollout.model, version)
                 return steps.on_verdict(rollout, verdict, now), None
             verdict, evidence = await self._judge(rollout)
             judged = steps.on_verdict(rollout, verdict, now, evidence)
@@ -300,10 +302,12 @@ class RolloutController:
             return judge(rollout.spec, canary, stable), None
         # taken even when the windows are unreadable, so the next interval's sample is its own
         latencies = [self.recorder.take_latencies(rollout.model, v) for v in (rollout.canary, rollout.stable)]
+        streams = [self.recorder.take_stream(rollout.model, v) for v in (rollout.canary, rollout.stable)]
         if canary is None or stable is None:
             return judge(rollout.spec, None, None), None  # the ERROR verdict
         verdict, evidence = assess(rollout.spec, Evidence.from_document(rollout.evidence),
-                                   VersionSample.of(canary, latencies[0]), VersionSample.of(stable, latencies[1]))
+                                   VersionSample.of(canary, latencies[0], streams[0]),
+                                   VersionSample.of(stable, latencies[1], streams[1]))
         return verdict, evidence.document()
 
     def _watch(self, rollout: Rollout) -> None:

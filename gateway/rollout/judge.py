@@ -6,7 +6,12 @@ and judges three metrics on everything gathered so far:
 
 * ``error_rate``: 5xx and transport errors per answered request;
 * ``client_error_rate``: 4xx per answered request (a canary that renamed an input fails here);
-* ``latency``: the median shift of successful requests' latency, as a ratio.
+* ``latency``: the median shift of successful requests' latency, as a ratio;
+* ``time_to_first_response`` and ``response_gap``, for streaming calls (HTTP generate_stream,
+  gRPC ModelStreamInfer, decoupled models): the median shift, as a ratio, of the time from a
+  request to its first response and of the gaps between its responses, judged like latency
+  against the same floor. A metric without any sample of either version (a model nobody
+  streams from) stays out of the verdict, so non-streaming rollouts are judged on three.
 
 A metric FAILS only when the difference is significant (an anytime-valid test, see
 :mod:`gateway.rollout.stats`, so looking every interval does not inflate false alarms) AND
@@ -15,8 +20,8 @@ floor says which effects matter, the test whether the effect is real). It PASSES
 upper bound on the difference is below the floor. Otherwise it is INCONCLUSIVE, with the
 canary requests a decision needs at the effect seen so far. The verdict is UNHEALTHY if any
 metric fails, HEALTHY if all pass (and the canary had traffic this interval), INCONCLUSIVE
-otherwise. The false-rollback budget ``false_rollback_rate`` is split evenly over the three
-metrics (Bonferroni).
+otherwise. The false-rollback budget ``false_rollback_rate`` is split evenly over the metrics
+in the verdict (Bonferroni): three, or up to five once streaming samples were seen.
 
 Overload answers (HTTP 429, Triton's queue-full 503, gRPC RESOURCE_EXHAUSTED) are counted
 and shown, never judged: they measure the server's load, not the canary.
@@ -38,6 +43,7 @@ from gateway.rollout.spec import RolloutSpec
 from gateway.telemetry.recorder import Window
 
 METRICS = ("error_rate", "client_error_rate", "latency")
+STREAM_METRICS = ("time_to_first_response", "response_gap")  # judged only once samples were seen
 PASS_CONFIDENCE = 0.95  # one-sided: a canary at least as bad as the floor passes a look <= 5% of the time
 Z_PASS = 1.6448536269514722  # its normal quantile
 INTERVAL_CONFIDENCE = 0.95  # of the reported two-sided intervals
@@ -59,12 +65,16 @@ class VersionSample:
     client_errors: int = 0
     overloads: int = 0
     latencies: Sequence[float] = ()
+    first_responses: Sequence[float] = ()  # seconds to the first response of streaming calls
+    response_gaps: Sequence[float] = ()  # seconds between their consecutive responses
 
     @classmethod
-    def of(cls, window: Window, latencies: Sequence[float]) -> VersionSample:
-        """From a metrics window (whose ``requests`` leave out 4xx) and a latency sample."""
+    def of(cls, window: Window, latencies: Sequence[float],
+           stream: tuple[Sequence[float], Sequence[float]] = ((), ())) -> VersionSample:
+        """From a metrics window (whose ``requests`` leave out 4xx), a latency sample and the
+        streaming samples (``Recorder.take_stream``: first responses, gaps)."""
         return cls(window.requests + window.client_errors, window.errors, window.client_errors, window.overloads,
-                   latencies)
+                   latencies, *stream)
 
 
 @dataclass(frozen=True)
@@ -121,14 +131,24 @@ class Evidence:
     canary_overloads: int = 0
     stable_overloads: int = 0
     intervals: int = 0
+    first_response: LatencyEvidence = field(default_factory=LatencyEvidence)
+    response_gap: LatencyEvidence = field(default_factory=LatencyEvidence)
+    # streaming samples seen of either version, warm-up included: a metric with none stays out of the verdict
+    first_responses_seen: int = 0
+    response_gaps_seen: int = 0
 
     def add(self, canary: VersionSample, stable: VersionSample, latency: bool = True) -> Evidence:
-        """This interval's samples; ``latency=False`` leaves its latencies out (warm-up)."""
+        """This interval's samples; ``latency=False`` leaves its latencies (streaming ones too) out (warm-up)."""
+        first, gaps = self.first_response, self.response_gap
         return Evidence(
             self.errors.add(canary.requests, canary.errors, stable.requests, stable.errors),
             self.client_errors.add(canary.requests, canary.client_errors, stable.requests, stable.client_errors),
             self.latency.add(canary.latencies, stable.latencies) if latency else self.latency,
-            self.canary_overloads + canary.overloads, self.stable_overloads + stable.overloads, self.intervals + 1)
+            self.canary_overloads + canary.overloads, self.stable_overloads + stable.overloads, self.intervals + 1,
+            first.add(canary.first_responses, stable.first_responses) if latency else first,
+            gaps.add(canary.response_gaps, stable.response_gaps) if latency else gaps,
+            self.first_responses_seen + len(canary.first_responses) + len(stable.first_responses),
+            self.response_gaps_seen + len(canary.response_gaps) + len(stable.response_gaps))
 
     def document(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -140,7 +160,10 @@ class Evidence:
         return cls(RateEvidence(**{**doc["errors"], "log_lr": tuple(doc["errors"]["log_lr"])}),
                    RateEvidence(**{**doc["client_errors"], "log_lr": tuple(doc["client_errors"]["log_lr"])}),
                    _latency_evidence(doc["latency"]), doc["canary_overloads"], doc["stable_overloads"],
-                   doc["intervals"])
+                   doc["intervals"],
+                   # documents stored before streaming metrics have none of these
+                   _latency_evidence(doc.get("first_response") or {}), _latency_evidence(doc.get("response_gap") or {}),
+                   doc.get("first_responses_seen", 0), doc.get("response_gaps_seen", 0))
 
 
 def _latency_evidence(doc: dict[str, Any]) -> LatencyEvidence:
@@ -170,12 +193,18 @@ def assess(spec: RolloutSpec, evidence: Evidence, canary: VersionSample,
     """The verdict on everything seen so far, this interval included, and the new evidence."""
     warming = evidence.intervals * spec.interval_s < spec.latency_warmup_s
     evidence = evidence.add(canary, stable, latency=not warming)
-    alpha = spec.false_rollback_rate / len(METRICS)
+    streams = [(name, label, judged) for name, label, judged, seen in (
+        ("time_to_first_response", "time to first response", evidence.first_response, evidence.first_responses_seen),
+        ("response_gap", "gap between responses", evidence.response_gap, evidence.response_gaps_seen)) if seen]
+    alpha = spec.false_rollback_rate / (len(METRICS) + len(streams))
+    warmup_s = spec.latency_warmup_s if warming else 0
     metrics = (
         _judge_rate("error_rate", "error rate", evidence.errors, spec.max_error_rate_increase, alpha),
         _judge_rate("client_error_rate", "4xx rate", evidence.client_errors, spec.client_error_floor(),
                     alpha),
-        _judge_latency(evidence.latency, spec.max_latency_increase, alpha, spec.latency_warmup_s if warming else 0),
+        _judge_latency(evidence.latency, spec.max_latency_increase, alpha, warmup_s),
+        *(_judge_latency(judged, spec.max_latency_increase, alpha, warmup_s, name, label)
+          for name, label, judged in streams),
     )
     numbers: dict[str, Any] = {
         "canary_requests": canary.requests, "canary_errors": canary.errors,
@@ -266,14 +295,16 @@ def _first(decides: Callable[[int], bool], have: int) -> int | None:
     return max(1, high - have)
 
 
-def _judge_latency(latency: LatencyEvidence, floor: float, alpha: float, warmup_s: float) -> MetricVerdict:
+def _judge_latency(latency: LatencyEvidence, floor: float, alpha: float, warmup_s: float, name: str = "latency",
+                   label: str = "latency") -> MetricVerdict:
+    """A latency-like metric (``name``, in words ``label``): end-to-end latency, or a streaming time."""
     if warmup_s:
-        return MetricVerdict("latency", "inconclusive", None, None, None, floor, 1.0, 1 / alpha, None, None,
-                             f"latency: not judged in the rollout's first {warmup_s:g} s (the canary warms up)")
+        return MetricVerdict(name, "inconclusive", None, None, None, floor, 1.0, 1 / alpha, None, None,
+                             f"{label}: not judged in the rollout's first {warmup_s:g} s (the canary warms up)")
     if latency.weight == 0:
-        return MetricVerdict("latency", "inconclusive", None, None, None, floor, 1.0, 1 / alpha, None,
+        return MetricVerdict(name, "inconclusive", None, None, None, floor, 1.0, 1 / alpha, None,
                              max(1, MIN_LATENCIES - len(latency.carry_canary)),
-                             f"latency: fewer than {MIN_LATENCIES} samples of each version yet")
+                             f"{label}: fewer than {MIN_LATENCIES} samples of each version yet")
     shift, variance = latency.weighted_shift / latency.weight, 1 / latency.weight
     tau = math.log1p(floor)  # the mixture is tuned to effects of the floor's size
     radius = stats.normal_mixture_radius(variance, tau, alpha)
@@ -282,13 +313,13 @@ def _judge_latency(latency: LatencyEvidence, floor: float, alpha: float, warmup_
     low, high = math.expm1(shift - spread), math.expm1(shift + spread)
     seen = (f"canary median {_percent(effect)} vs stable ({_percent(low)} to {_percent(high)}) over "
             f"{latency.canary_n} vs {latency.stable_n} samples")
-    args = ("latency", floor, e_value, 1 / alpha, latency.last_p_value)
+    args = (name, floor, e_value, 1 / alpha, latency.last_p_value)
     if shift - radius > 0 and shift > tau:
         return _metric(*args, "fail", effect, low, high, None,
-                       f"latency worse: {seen}, beyond the +{floor:.0%} floor (evidence {_times(e_value)}, "
+                       f"{label} worse: {seen}, beyond the +{floor:.0%} floor (evidence {_times(e_value)}, "
                        f"needed {_times(1 / alpha)})")
     if shift + Z_PASS * math.sqrt(variance) < tau:
-        return _metric(*args, "pass", effect, low, high, None, f"latency fine: {seen} (floor +{floor:.0%})")
+        return _metric(*args, "pass", effect, low, high, None, f"{label} fine: {seen} (floor +{floor:.0%})")
     n = latency.canary_n
     if shift < tau:
         needed: int | None = max(1, math.ceil(variance * n * (Z_PASS / (tau - shift)) ** 2) - n)
@@ -297,7 +328,7 @@ def _judge_latency(latency: LatencyEvidence, floor: float, alpha: float, warmup_
     else:
         needed = None
     return _metric(*args, "inconclusive", effect, low, high, needed,
-                   f"latency undecided: {seen}; {_needed_words(needed)}")
+                   f"{label} undecided: {seen}; {_needed_words(needed)}")
 
 
 def _metric(name: str, floor: float, e_value: float, threshold: float, p_value: float | None, verdict: str,

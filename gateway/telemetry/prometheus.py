@@ -28,6 +28,7 @@ class GatewayCollector:
 
     def collect(self) -> Iterator[Metric]:
         yield from self._requests()
+        yield from self._streams()
         yield from self._policies()
         yield from self._rollouts()
         yield from self._shadow()
@@ -101,6 +102,24 @@ class GatewayCollector:
             inflight.add_metric(list(series), count)
         yield inflight
 
+    def _streams(self) -> Iterator[Metric]:
+        first = HistogramMetricFamily("gateway_stream_time_to_first_response_seconds", "Streaming calls (HTTP "
+                                      "generate_stream, gRPC ModelStreamInfer): seconds from the request to its "
+                                      "first successful response", labels=["model", "version"])
+        gap = HistogramMetricFamily("gateway_stream_response_gap_seconds", "Streaming calls: seconds between "
+                                    "consecutive successful responses to one request", labels=["model", "version"])
+        rows = {key: ((stream.first.hist, stream.first.sum), (stream.gap.hist, stream.gap.sum))
+                for key, stream in list(self.recorder.streams.items()) if stream.first.count or stream.gap.count}
+        zero, streaming = ([0] * (len(LATENCY_BOUNDS) + 1), 0.0), {model for model, _ in rows}
+        for model, version in self._routed_versions():  # from 0 once the model streams, as request durations
+            if model in streaming:
+                rows.setdefault((model, version), (zero, zero))
+        for (model, version), ((first_hist, first_sum), (gap_hist, gap_sum)) in rows.items():
+            first.add_metric([model, version], _buckets(first_hist), first_sum)
+            gap.add_metric([model, version], _buckets(gap_hist), gap_sum)
+        yield first
+        yield gap
+
     def _routed_versions(self) -> set[tuple[str, str]]:
         return {(model, version) for model, policy in self.book.snapshot().items() for version in policy.spec.weights}
 
@@ -145,6 +164,15 @@ class GatewayCollector:
         for model, value in list(self.recorder.rollback_blocked.items()):
             blocked.add_metric([model], value)
         yield blocked
+
+
+def _buckets(hist: list[int]) -> list[tuple[str, float]]:
+    """Cumulative Prometheus buckets of one LATENCY_BOUNDS histogram."""
+    running, buckets = 0, []
+    for bound, count in zip((*LATENCY_BOUNDS, float("inf")), hist):
+        running += count
+        buckets.append(("+Inf" if bound == float("inf") else repr(bound), float(running)))
+    return buckets
 
 
 def make_registry(collector: GatewayCollector) -> CollectorRegistry:

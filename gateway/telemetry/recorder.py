@@ -5,7 +5,9 @@ each holding a request count, an upstream-error count, client-error and overload
 fixed-bucket latency histogram of the judged requests (successes and upstream errors).
 Memory is bounded by (series x slots x buckets), never by request count. ``window()`` sums
 the last N seconds for the rollout analysis; cumulative totals per label set feed
-``/metrics`` at scrape time, so the hot path never touches prometheus-client.
+``/metrics`` at scrape time, so the hot path never touches prometheus-client. Streaming calls
+(``record_stream``) add, per response, the time to the first response or the gap since the
+previous one.
 
 It is one of the two meeting points of the planes (the policy book is the other): writers
 call methods (``record``, ``add_inflight``/``remove_inflight``, ``upstream_error``,
@@ -149,6 +151,19 @@ class _Totals:
         self.hist = [0] * (len(LATENCY_BOUNDS) + 1)
 
 
+class _Stream:
+    """The response timings of one (model, version)'s streaming calls: cumulative, for
+    Prometheus, and while a rollout watches the version a uniform sample of each since the
+    controller last took them (``samples``: first responses, gaps)."""
+
+    __slots__ = ("first", "gap", "samples")
+
+    def __init__(self) -> None:
+        self.first = _Totals()
+        self.gap = _Totals()
+        self.samples: tuple[Reservoir, Reservoir] | None = None
+
+
 class Recorder:
     def __init__(self, horizon_s: int = 300, clock: Callable[[], float] = time.monotonic) -> None:
         self._slots = horizon_s
@@ -162,6 +177,7 @@ class Recorder:
         self._rollbacks: dict[tuple[str, str], int] = {}  # (model, reason) -> count
         self._shadow: dict[tuple[str, str], ShadowStats] = {}
         self._reservoirs: dict[tuple[str, str], Reservoir] = {}  # (model, version) -> latency sample
+        self._streams: dict[tuple[str, str], _Stream] = {}  # (model, version) -> streaming response timings
         self._sync_errors: dict[str, int] = dict.fromkeys(SYNC_ERROR_REASONS, 0)  # reason -> count
         self._loop_restarts: dict[str, int] = {}  # background loop -> restarts after a crash
         self.store_up = True  # the state store answered the last time state sync asked
@@ -176,6 +192,7 @@ class Recorder:
         self.sync_errors: Mapping[str, int] = MappingProxyType(self._sync_errors)
         self.loop_restarts: Mapping[str, int] = MappingProxyType(self._loop_restarts)
         self.rollback_blocked: Mapping[str, int] = MappingProxyType(self._rollback_blocked)
+        self.streams: Mapping[tuple[str, str], _Stream] = MappingProxyType(self._streams)
 
     def record(self, model: str, version: str, outcome: Outcome, latency_s: float,
                route: str = "", protocol: str = "http", code: str = "200") -> None:
@@ -216,6 +233,22 @@ class Recorder:
             series.client_errors[slot] += 1
         elif outcome is Outcome.OVERLOAD:
             series.overloads[slot] += 1
+
+    def record_stream(self, model: str, version: str, first: bool, seconds: float) -> None:
+        """One successful response of a streaming call, as it goes to the client: ``first``
+        with the seconds since the request arrived, else the seconds since the previous
+        response to the same request. O(1): one lookup, one histogram bump, and a reservoir
+        add while a rollout watches the version."""
+        stream = self._streams.get((model, version))
+        if stream is None:
+            stream = self._new_stream((model, version))
+        totals = stream.first if first else stream.gap
+        totals.count += 1
+        totals.sum += seconds
+        totals.hist[bisect_left(LATENCY_BOUNDS, seconds)] += 1
+        samples = stream.samples
+        if samples is not None:
+            samples[0 if first else 1].add(seconds)
 
     def upstream_error(self, model: str, version: str, kind: str) -> None:
         key = (model, version, kind)
@@ -285,6 +318,10 @@ class Recorder:
         (idempotent). The rollout controller watches its canary and stable only."""
         if (model, version) not in self._reservoirs and len(self._reservoirs) < MAX_SERIES:
             self._reservoirs[(model, version)] = Reservoir()
+            # and of its streaming calls' timings (kept apart from the capped overflow series)
+            stream = self._streams.get((model, version)) or self._streams.setdefault((model, version), _Stream())
+            if stream.samples is None:
+                stream.samples = (Reservoir(), Reservoir())
 
     def take_latencies(self, model: str, version: str) -> list[float]:
         """The latencies sampled since the previous take (at most ``reservoir.DEFAULT_SIZE``);
@@ -292,8 +329,19 @@ class Recorder:
         reservoir = self._reservoirs.get((model, version))
         return reservoir.take() if reservoir is not None else []
 
+    def take_stream(self, model: str, version: str) -> tuple[list[float], list[float]]:
+        """The times to first response and the gaps between responses of (model, version)'s
+        streaming calls sampled since the previous take, like :meth:`take_latencies`."""
+        stream = self._streams.get((model, version))
+        if stream is None or stream.samples is None:
+            return [], []
+        return stream.samples[0].take(), stream.samples[1].take()
+
     def unwatch_latencies(self, model: str, version: str) -> None:
         self._reservoirs.pop((model, version), None)
+        stream = self._streams.get((model, version))
+        if stream is not None:
+            stream.samples = None
 
     def watched(self) -> list[tuple[str, str]]:
         return list(self._reservoirs)
@@ -313,6 +361,15 @@ class Recorder:
                 return existing
         series = self._series[key] = _Series(self._slots)
         return series
+
+    def _new_stream(self, key: tuple[str, str]) -> _Stream:
+        if len(self._streams) >= MAX_SERIES:
+            key = (UNKNOWN_MODEL, "")
+            existing = self._streams.get(key)
+            if existing is not None:
+                return existing
+        stream = self._streams[key] = _Stream()
+        return stream
 
     def _new_totals(self, label: tuple[str, str, str, str, str]) -> _Totals:
         if len(self._totals) >= MAX_SERIES:

@@ -1,0 +1,177 @@
+"""Streaming metrics against the real Triton: the decoupled sample model ``tok`` streamed over
+HTTP generate_stream and gRPC ModelStreamInfer through the real gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.devtools.local_triton import LocalTriton
+from gateway.upstream import HttpUpstream
+from tests.conftest import Faults
+from tests.support import TOKEN, GatewayThread, admin_call, gateway_settings, wait_for
+
+pytestmark = pytest.mark.triton
+STREAM = b"/v2/models/tok/generate_stream"
+FIRST = "gateway_stream_time_to_first_response_seconds"
+GAP = "gateway_stream_response_gap_seconds"
+
+
+class StreamLoad:
+    """generate_stream calls from ``concurrency`` clients until stopped: ``tokens`` responses
+    each, ``delay_ms`` apart; counts the versions that answered."""
+
+    def __init__(self, url: str, concurrency: int = 8, tokens: int = 6, delay_ms: int = 40) -> None:
+        self.url = url
+        self.concurrency = concurrency
+        self.body = json.dumps({"text_input": "hi", "max_tokens": tokens, "delay_ms": delay_ms}).encode()
+        self.versions: Counter[str] = Counter()
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _run(self) -> None:
+        client = HttpUpstream(self.url, max_connections=self.concurrency, request_timeout_s=30)
+
+        async def worker() -> None:
+            while not self._stop.is_set():
+                try:
+                    response = await client.request(b"POST", STREAM, [], self.body)
+                    payload = await response.read()
+                except Exception as exc:  # counted; the test asserts on it
+                    self.failures.append(repr(exc))
+                    continue
+                if response.status != 200:
+                    self.failures.append(payload.decode(errors="replace")[:200])
+                    continue
+                self.versions[dict(response.headers)[b"x-gateway-model-version"].decode()] += 1
+
+        await asyncio.gather(*(worker() for _ in range(self.concurrency)))
+        await client.aclose()
+
+    def __enter__(self) -> StreamLoad:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+def scraped(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/metrics") as response:
+        text = response.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def count(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, version: str) -> float:
+    return metrics.get((f"{name}_count", (("model", "tok"), ("version", version))), 0.0)
+
+
+@pytest.fixture
+def gateway(triton: LocalTriton) -> Iterator[GatewayThread]:
+    settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url, admin_token=TOKEN,
+                                controller_tick_s=0.2, policies={"tok": {"weights": {"1": 100}}})
+    with GatewayThread(settings) as running:
+        yield running
+
+
+def finished(url: str) -> dict[str, Any] | None:
+    status, doc = admin_call(url, "GET", "/admin/models/tok/rollout")
+    assert status == 200, doc
+    return doc if doc["state"] != "progressing" else None
+
+
+def test_a_canary_whose_first_response_comes_5x_later_is_rolled_back_on_it(gateway: GatewayThread,
+                                                                          faults: Faults) -> None:
+    """tok 2's first response waits 5 ms more: the stable's comes in 1-2 ms through the gateway
+    (measured here), so the canary's comes ~4-5x later, while its whole stream (~200 ms of
+    40 ms gaps) is only ~3% longer, well inside the +20% floor: only the stream metric,
+    judged against that same floor, can catch it."""
+    faults.set("tok", "2", first_delay_ms=4)
+    with StreamLoad(gateway.url) as load:
+        wait_for(lambda: sum(load.versions.values()) >= 20, 30, what="streams to flow")  # version 1 warm
+        status, doc = admin_call(gateway.url, "POST", "/admin/models/tok/rollout",
+                                 {"canary": "2", "steps": [20, 50, 100], "interval_s": 2, "latency_warmup_s": 2})
+        assert status == 200, doc
+        doc = wait_for(lambda: finished(gateway.url), 90, what="the rollout to end")
+    assert not load.failures, load.failures[:3]
+    assert doc["state"] == "rolled_back", doc["reason"]
+    assert "time to first response worse" in doc["reason"], doc["reason"]
+    metrics = {m["name"]: m for m in doc["verdicts"][-1]["metrics"]}
+    failed = [name for name, m in metrics.items() if m["verdict"] == "fail"]
+    assert failed[0] == "time_to_first_response", doc["reason"]
+    assert metrics["time_to_first_response"]["effect"] > 1.0, "the canary's first response came > 2x later"
+    assert metrics["latency"]["verdict"] != "fail" and metrics["response_gap"]["verdict"] != "fail"
+    assert doc["evidence"]["first_response"]["canary_n"] > 0 and doc["evidence"]["response_gap"]["canary_n"] > 0
+    seen = scraped(gateway.url)
+    for version in ("1", "2"):
+        assert count(seen, FIRST, version) > 0 and count(seen, GAP, version) > 0, version
+    assert seen[("gateway_rollbacks_total", (("model", "tok"), ("reason", "time_to_first_response")))] == 1
+
+
+@pytest.mark.parametrize("grpc_server", ["lean", "grpcio"])
+def test_grpc_model_stream_infer_responses_are_timed_per_version(triton: LocalTriton, grpc_server: str) -> None:
+    settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url, admin_token=TOKEN,
+                                grpc_server=grpc_server, policies={"tok": {"weights": {"1": 100}}})
+    with GatewayThread(settings) as gw:
+        recorder = gw.app.recorder
+
+        async def watch() -> None:
+            recorder.watch_latencies("tok", "1")
+
+        gw.call(watch())
+        client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{settings.grpc_port}")
+        results: queue.Queue[Any] = queue.Queue()
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        text = grpcclient.InferInput("text_input", [1], "BYTES")
+        text.set_data_from_numpy(np.array([b"hi"], dtype=np.object_))
+        tokens = grpcclient.InferInput("max_tokens", [1], "INT32")
+        tokens.set_data_from_numpy(np.array([4], dtype=np.int32))
+        delay = grpcclient.InferInput("delay_ms", [1], "INT32")
+        delay.set_data_from_numpy(np.array([50], dtype=np.int32))
+        started = time.monotonic()
+        client.async_stream_infer("tok", [text, tokens, delay])
+        answers = [results.get(timeout=10) for _ in range(4)]
+        elapsed = time.monotonic() - started
+        client.stop_stream()
+        client.close()
+        assert [error for _, error in answers] == [None] * 4
+
+        async def take() -> tuple[list[float], list[float]]:
+            return recorder.take_stream("tok", "1")
+
+        first, gaps = gw.call(take())
+        seen = scraped(gw.url)
+    assert len(first) == 1 and 0 < first[0] < 0.04, first  # the first token is sent at once
+    assert len(gaps) == 3 and all(0.04 < gap < 0.5 for gap in gaps), gaps
+    assert first[0] + sum(gaps) <= elapsed
+    assert count(seen, FIRST, "1") == 1 and count(seen, GAP, "1") == 3
+
+
+def test_a_streaming_canary_like_the_stable_is_promoted_on_five_metrics(gateway: GatewayThread) -> None:
+    with StreamLoad(gateway.url) as load:
+        wait_for(lambda: sum(load.versions.values()) >= 20, 30, what="streams to flow")
+        status, doc = admin_call(gateway.url, "POST", "/admin/models/tok/rollout",
+                                 {"canary": "2", "steps": [20, 50, 100], "interval_s": 2, "latency_warmup_s": 2})
+        assert status == 200, doc
+        doc = wait_for(lambda: finished(gateway.url), 120, what="the rollout to end")
+    assert not load.failures, load.failures[:3]
+    assert doc["state"] == "promoted", doc["reason"]
+    metrics = {m["name"]: m["verdict"] for m in doc["verdicts"][-1]["metrics"]}
+    assert metrics == dict.fromkeys(["error_rate", "client_error_rate", "latency", "time_to_first_response",
+                                     "response_gap"], "pass")
