@@ -126,6 +126,7 @@ def test_a_failing_check_rolls_back_and_is_named_in_the_reason(
     last = done["verdicts"][-1]
     assert (last["outcome"], last["metric"], last["threshold"]) == ("unhealthy", "check", 0)
     assert last["observed"] > 0, "the counter grew"
+    assert gw.app.recorder.rollbacks.get(("qc", "check")) == 1, gw.app.recorder.rollbacks
 
 
 def test_prometheus_stopped_mid_rollout_pauses_after_error_limit_never_rolls_back(
@@ -173,6 +174,7 @@ def test_a_shadow_that_disagrees_fails_the_gate(gateway: GatewayThread) -> None:
     assert done["state"] == "rolled_back", done["reason"]
     assert "shadow agreement too low: 0 of" in done["reason"] and "below the min 90.0%" in done["reason"]
     assert done["verdicts"][-1]["metric"] == "shadow_agreement"
+    assert gateway.app.recorder.rollbacks.get(("qc", "shadow_agreement")) == 1, gateway.app.recorder.rollbacks
     stats = gateway.app.shadow.stats[("qc", "3")]
     # the canary took 20% of the traffic: none of its own answers were compared with itself
     assert stats.compared > 40 and stats.agreed == 0
