@@ -153,7 +153,7 @@ class MetricVerdict:
     """One metric's verdict and the numbers behind it, for the status and ``gateway ctl``."""
 
     name: str
-    verdict: str  # "pass" | "fail" | "inconclusive"
+    verdict: str  # "pass" | "fail" | "inconclusive"; the extra gates (checks.py) also "error" | "not_judged"
     effect: float | None  # rate: canary minus stable; latency: canary/stable - 1
     low: float | None  # 95% interval on the effect
     high: float | None

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import socket
+import time
 from typing import Any
 
 import pytest
@@ -125,6 +127,19 @@ def test_prometheus_unreachable_is_no_value_never_a_failure() -> None:
     results = asyncio.run(checks.evaluate("qc", spec(checks=[CHECK]), "2"))
     assert [(m.name, m.verdict) for m in results] == [("check:orders", "error")]
     assert "did not answer" in results[0].summary and "ConnectError" in results[0].summary
+
+
+def test_a_prometheus_that_never_answers_is_no_value_within_the_timeout() -> None:
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        checks = Checks(f"http://127.0.0.1:{silent.getsockname()[1]}", 0.3)
+        started = time.monotonic()
+        results = asyncio.run(checks.evaluate("qc", spec(checks=[CHECK, {**CHECK, "name": "other"}]), "2"))
+        elapsed = time.monotonic() - started
+    assert [m.verdict for m in results] == ["error", "error"]
+    assert all("did not answer" in m.summary and "Timeout" in m.summary for m in results), results
+    assert elapsed < 1.5, "the checks are asked together, each within the timeout"
 
 
 def test_checks_without_prometheus_are_refused_at_start() -> None:
