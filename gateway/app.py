@@ -97,7 +97,8 @@ class Gateway(Dispatch):
         self.rollouts = RolloutController(self.store, self.triton, self.policies, self.source, self.recorder,
                                           tick_s=settings.controller_tick_s, lifecycle=self.lifecycle,
                                           shadow=self.shadow, lease_ttl_s=settings.controller_lease_ttl_s,
-                                          call_timeout_s=settings.controller_call_timeout_s)
+                                          call_timeout_s=settings.controller_call_timeout_s,
+                                          prometheus_url=settings.prometheus_url)
         self.registry = make_registry(GatewayCollector(self.recorder, self.book))
         self.registry.register(FleetCollector(self.fleets))
         self.probes = Probes(self.upstream, self.book, self.registry, settings.connect_timeout_s, self.sync.problem)

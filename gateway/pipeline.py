@@ -166,9 +166,11 @@ class Pipeline:
         return decision
 
     def _shadow_gate(self, exchange: Exchange, model: str, policy: Policy, decision: Decision) -> None:
-        """Mirror a share of the requests the policy routed, never blocking, never more than the queue holds."""
+        """Mirror a share of the requests the policy routed, never blocking, never more than the queue holds.
+        Not the shadow's own answers (a rollout of the shadow sends it traffic): it would agree with itself."""
         shadow, version = self.shadow, policy.shadow_version
-        if shadow is None or version is None or decision.reason not in MAY_SHADOW or not exchange.mirrorable():
+        if shadow is None or version is None or decision.reason not in MAY_SHADOW or not exchange.mirrorable() \
+                or decision.version == version:
             return
         if self._draw() >= policy.shadow_bp or shadow.full(model, version):
             return

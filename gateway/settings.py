@@ -91,7 +91,8 @@ class Settings(BaseSettings):
     metrics_source: str = Field("recorder", pattern="^(recorder|prometheus)$",
                                 description="rollout analysis reads this process's recorder, or Prometheus "
                                 "(all replicas' traffic)")
-    prometheus_url: str = Field("http://127.0.0.1:9090", description="Prometheus query API, for metrics_source")
+    prometheus_url: str | None = Field(None, description="Prometheus query API (e.g. http://prometheus:9090): needed "
+                                       "by metrics_source prometheus and by rollouts with custom checks")
     controller_enabled: bool = Field(True, description="run the rollout controller loop (lease-elected)")
     controller_tick_s: float = Field(1.0, gt=0, le=60, description="rollout controller tick period")
     controller_lease_ttl_s: float = Field(15.0, gt=0, le=600, description="the controller lease: a holder silent "
@@ -135,6 +136,14 @@ class Settings(BaseSettings):
         if self.max_buffered_body_bytes < self.max_body_bytes:
             raise ValueError(f"max_buffered_body_bytes ({self.max_buffered_body_bytes}) must be at least "
                              f"max_body_bytes ({self.max_body_bytes}): a body of the largest size must fit")
+        return self
+
+    @model_validator(mode="after")
+    def _prometheus_named(self) -> Settings:
+        # No default URL: a rollout check against a Prometheus nobody configured would only
+        # ever fail to connect, so it is refused at start instead (gateway/rollout/checks.py).
+        if self.metrics_source == "prometheus" and not self.prometheus_url:
+            raise ValueError("metrics_source prometheus needs prometheus_url (e.g. http://prometheus:9090)")
         return self
 
     @model_validator(mode="after")

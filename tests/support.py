@@ -240,10 +240,11 @@ def infer_version(base: str, headers: dict[str, str] | None = None) -> str:
 class BackgroundLoad:
     """Steady inference traffic from a thread until stopped; every response is counted."""
 
-    def __init__(self, url: str, concurrency: int = 8, model: str = "qc") -> None:
+    def __init__(self, url: str, concurrency: int = 8, model: str = "qc", body: bytes = INFER_BODY) -> None:
         self.url = url
         self.concurrency = concurrency
         self.model = model
+        self.body = body
         self.result = LoadResult()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
@@ -257,7 +258,7 @@ class BackgroundLoad:
         async def worker() -> None:
             while not self._stop.is_set():
                 try:
-                    response = await client.request(b"POST", target, [], INFER_BODY)
+                    response = await client.request(b"POST", target, [], self.body)
                     payload = await response.read()
                 except Exception as exc:  # counted; the test asserts on it
                     self.result.failures.append(repr(exc))

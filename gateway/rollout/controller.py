@@ -35,10 +35,11 @@ from gateway.errors import Conflict, GatewayError, LeaseLost, MetricsUnavailable
 from gateway.policy import PolicySpec, heaviest
 from gateway.rollout import steps
 from gateway.rollout.analysis import Outcome, Verdict, judge
+from gateway.rollout.checks import Checks
 from gateway.rollout.driver import PolicyDriver, PolicyMoved, adopt_own_write, manual_change
 from gateway.rollout.fast_path import FastPath
 from gateway.rollout.hooks import PHASE_EVENTS, Hooks
-from gateway.rollout.judge import Evidence, VersionSample, assess
+from gateway.rollout.judge import Evidence, VersionSample, assess, fold
 from gateway.rollout.phases import Phase, TransitionError
 from gateway.rollout.rollback import critical_verdict
 from gateway.rollout.spec import RolloutSpec
@@ -59,7 +60,7 @@ class RolloutController:
     def __init__(self, store: StateStore, triton: TritonControl, policies: PolicyService, source: MetricsSource,
                  recorder: Recorder, clock: Callable[[], float] = time.time, tick_s: float = 1.0,
                  lifecycle: Any = None, shadow: Any = None, lease_ttl_s: float = 15.0,
-                 call_timeout_s: float = 1.5) -> None:
+                 call_timeout_s: float = 1.5, prometheus_url: str | None = None) -> None:
         self.lifecycle = lifecycle  # gateway.services.lifecycle.ModelLifecycle: unload_previous after promotion
         self.shadow = shadow  # gateway.proxy.shadow.ShadowMirror: shadow numbers in the status
         self.store = store
@@ -81,6 +82,8 @@ class RolloutController:
         self._background = Background()  # the loop, and unload tasks after promotions
         self._restoring: asyncio.Task[Any] | None = None
         self.hooks = Hooks(clock)  # webhooks (queued, sent off the tick) and gates (asked in the tick)
+        self.checks = Checks(prometheus_url, call_timeout_s, recorder.shadow,  # custom checks, shadow agreement
+                             lambda model: getattr(self.policies.book.get(model), "shadow_version", None))
 
     # -- commands from the admin API -----------------------------------------------------
     async def begin(self, model: str, spec: RolloutSpec, actor: str) -> Rollout:
@@ -96,6 +99,9 @@ class RolloutController:
                 and existing.document["canary"] == spec.canary and not spec.retry:
             raise Conflict(f"version {spec.canary} of model '{model}' was rolled back ({existing.document['reason']}); "
                            f'start again with "retry": true to roll it out anyway')
+        refused_checks = self.checks.refusal(spec)
+        if refused_checks is not None:
+            raise Conflict(refused_checks)
         await self.triton.require_ready(model, {stable, spec.canary})
         self.fast.baseline(model, spec.canary, stable)  # only failures from now on count
         rollout = dataclasses.replace(steps.begin(model, spec, stable, self.clock()),
@@ -298,16 +304,17 @@ class RolloutController:
         critical = critical_verdict(rollout.spec, canary, stable)  # whatever the judge: no waiting on it
         if critical is not None:
             return critical, None
+        extra = await self.checks.evaluate(rollout.model, rollout.spec, rollout.stable)
         if rollout.spec.judge == "thresholds":
-            return judge(rollout.spec, canary, stable), None
+            return fold(judge(rollout.spec, canary, stable), extra), None
         # taken even when the windows are unreadable, so the next interval's sample is its own
         latencies = [self.recorder.take_latencies(rollout.model, v) for v in (rollout.canary, rollout.stable)]
         streams = [self.recorder.take_stream(rollout.model, v) for v in (rollout.canary, rollout.stable)]
         if canary is None or stable is None:
-            return judge(rollout.spec, None, None), None  # the ERROR verdict
+            return fold(judge(rollout.spec, None, None), extra), None  # the ERROR verdict, unless a check fails
         verdict, evidence = assess(rollout.spec, Evidence.from_document(rollout.evidence),
                                    VersionSample.of(canary, latencies[0], streams[0]),
-                                   VersionSample.of(stable, latencies[1], streams[1]))
+                                   VersionSample.of(stable, latencies[1], streams[1]), extra)
         return verdict, evidence.document()
 
     def _watch(self, rollout: Rollout) -> None:

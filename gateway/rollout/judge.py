@@ -176,7 +176,7 @@ class MetricVerdict:
     """One metric's verdict and the numbers behind it, for the status and ``gateway ctl``."""
 
     name: str
-    verdict: str  # "pass" | "fail" | "inconclusive"
+    verdict: str  # "pass" | "fail" | "inconclusive"; the extra gates (checks.py) also "error" | "not_judged"
     effect: float | None  # rate: canary minus stable; latency: canary/stable - 1
     low: float | None  # 95% interval on the effect
     high: float | None
@@ -189,8 +189,12 @@ class MetricVerdict:
 
 
 def assess(spec: RolloutSpec, evidence: Evidence, canary: VersionSample,
-           stable: VersionSample) -> tuple[Verdict, Evidence]:
-    """The verdict on everything seen so far, this interval included, and the new evidence."""
+           stable: VersionSample, extra: Sequence[MetricVerdict] = ()) -> tuple[Verdict, Evidence]:
+    """The verdict on everything seen so far, this interval included, and the new evidence;
+    ``extra`` (custom checks, the shadow gate: gateway/rollout/checks.py) is folded in."""
+    if extra:
+        verdict, evidence = assess(spec, evidence, canary, stable)
+        return fold(verdict, extra), evidence
     warming = evidence.intervals * spec.interval_s < spec.latency_warmup_s
     evidence = evidence.add(canary, stable, latency=not warming)
     streams = [(name, label, judged) for name, label, judged, seen in (
@@ -348,3 +352,34 @@ def _needed_words(needed: int | None) -> str:
     if needed is None:
         return "the effect sits on the floor: no sample size will tell"
     return f"about {needed} more canary requests needed"
+
+
+def fold(verdict: Verdict, extra: Sequence[MetricVerdict]) -> Verdict:
+    """Either judge's verdict with the extra gates' results added: any failure makes it
+    UNHEALTHY (the judge's own failure named first); an ``error`` (a check without a usable
+    value) makes it ERROR, counted against ``error_limit``, unless something failed; an
+    ``inconclusive`` makes a HEALTHY verdict INCONCLUSIVE. ``pass`` and ``not_judged`` change
+    nothing but the metrics shown."""
+    metrics = (*verdict.metrics, *extra)
+    failed = [m for m in extra if m.verdict == "fail"]
+    errors = [m for m in extra if m.verdict == "error"]
+    waiting = [m for m in extra if m.verdict == "inconclusive"]
+    own = verdict.outcome
+    if failed and own is not Outcome.UNHEALTHY:
+        first = failed[0]
+        metric = "check" if first.name.startswith("check:") else first.name  # a bounded label for /metrics
+        return dataclasses.replace(verdict, outcome=Outcome.UNHEALTHY, reason=_joined(failed),
+                                   metric=metric, observed=first.effect, threshold=first.floor, metrics=metrics)
+    if failed:
+        return dataclasses.replace(verdict, reason=f"{verdict.reason}; {_joined(failed)}", metrics=metrics)
+    if errors and own is not Outcome.UNHEALTHY:
+        reason = _joined(errors) if own is not Outcome.ERROR else f"{verdict.reason}; {_joined(errors)}"
+        return dataclasses.replace(verdict, outcome=Outcome.ERROR, reason=reason, metrics=metrics)
+    if waiting and own in (Outcome.HEALTHY, Outcome.INCONCLUSIVE):
+        reason = _joined(waiting) if own is Outcome.HEALTHY else f"{verdict.reason}; {_joined(waiting)}"
+        return dataclasses.replace(verdict, outcome=Outcome.INCONCLUSIVE, reason=reason, metrics=metrics)
+    return dataclasses.replace(verdict, metrics=metrics)
+
+
+def _joined(metrics: Sequence[MetricVerdict]) -> str:
+    return "; ".join(m.summary for m in metrics)

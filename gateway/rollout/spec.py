@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gateway.policy import Percent, TargetKey
+from gateway.rollout.check_spec import Check, unique_names
 from gateway.rollout.hook_spec import Gate, Webhook
 from gateway.rollout.rollback_spec import RollbackSpec
 
@@ -67,12 +68,20 @@ class RolloutSpec(BaseModel):
         "confidence, while the stable's is not) is rolled back at once, whatever the judge, failure_limit or "
         "rollback mode; null switches it off. 0.5: a canary failing more requests than it serves is broken "
         "beyond anything the statistics need to weigh")
+    checks: list[Check] = Field(default_factory=list, max_length=10, description="PromQL queries with limits, "
+                                "judged each interval (gateway/rollout/checks.py): past its limit a check fails "
+                                "like a metric; no usable value is a metric read error, never a failure")
+    min_shadow_agreement: float | None = Field(None, ge=0, le=1, description="when the canary is (or was) the "
+                                               "model's shadow: the least share of its compared outputs that "
+                                               "agree with the primary's (a binomial bound decides)")
 
     def client_error_floor(self) -> float:
         """max_client_error_rate_increase, or the selected judge's default for it."""
         if self.max_client_error_rate_increase is not None:
             return self.max_client_error_rate_increase
         return 0.01 if self.judge == "statistical" else 0.05
+
+    _unique_checks = field_validator("checks")(unique_names)
 
     @field_validator("steps")
     @classmethod

@@ -74,9 +74,11 @@ def _escape(value: str) -> str:
     return urllib.parse.quote(value, safe="") if '"' in value or "\\" in value else value
 
 
-def make_source(kind: str, prometheus_url: str, recorder: Recorder, timeout_s: float = 5.0) -> MetricsSource:
+def make_source(kind: str, prometheus_url: str | None, recorder: Recorder, timeout_s: float = 5.0) -> MetricsSource:
     """``recorder`` (this replica's traffic) or ``prometheus`` (every replica's, via its query API)."""
     if kind == "prometheus":
+        if not prometheus_url:
+            raise ValueError("metrics source 'prometheus' needs a prometheus_url")
         return PrometheusSource(prometheus_url, timeout_s)
     if kind != "recorder":
         raise ValueError(f"unknown metrics source {kind!r}: use 'recorder' or 'prometheus'")
