@@ -161,6 +161,7 @@ def test_a_canary_identical_to_the_stable_is_promoted_within_2_minutes(gateway: 
     assert doc["state"] == "promoted", doc["reason"]
     assert load.versions["3"] > 0 and load.versions["2"] > 0
     latency = {m["name"]: m for m in doc["verdicts"][-1]["metrics"]}["latency"]
+    print(latency["summary"])
     assert latency["verdict"] == "pass", latency["summary"]
 
 
