@@ -201,6 +201,8 @@ class RolloutController:
                 log.warning("rollout of %s: store unavailable (%s): kept in memory", model, exc)
             except GatewayError as exc:
                 log.warning("rollout of %s: tick failed: %s", model, exc)
+            except Exception:  # a bug in one rollout's tick must not stop every other model's
+                log.exception("rollout of %s: tick failed unexpectedly", model)
 
     def _working(self, model: str, stored: StoredRollout) -> Rollout:
         """The store's rollout, or the newer state this replica could not save yet on top of it."""
@@ -273,11 +275,13 @@ class RolloutController:
         lost = await self.fast.reason_to_roll_back(rollout)
         if lost:
             return steps.descend(rollout, now, lost)
-        if not (rollout.applied and rollout.due(now)):
+        if not rollout.due(now):
             return rollout
         critical = None
         if not self.fast.troubled_within(rollout.model, rollout.spec.interval_s + self.tick_s):
             critical = critical_verdict(rollout.spec, *await self._windows(rollout))
+        if critical is None and not rollout.applied:
+            return rollout  # the next step down waits for this one's weights; a critical failure does not
         return steps.descend(rollout, now, None if critical is None else critical.reason)
 
     async def _yield(self, stored: StoredRollout, rollout: Rollout, policy: StoredPolicy | None, now: float,

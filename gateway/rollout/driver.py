@@ -76,7 +76,8 @@ class PolicyDriver:
             done = _applied(rollout, policy.revision, f"policy revision {policy.revision} shows the weights")
             return await self.save(base, done, fence), done
         spec = with_weights(policy.spec if policy is not None else None, rollout.weights())
-        urgent = rollout.canary_percent == 0
+        # moving traffic away from a rejected canary, to 0 or a step down, never waits on the store
+        urgent = rollout.canary_percent == 0 or rollout.phase is Phase.ROLLING_BACK
         if urgent:
             if await self.fast.ready(rollout.model, rollout.stable) is False:
                 held = dataclasses.replace(rollout, applied=False, apply_reason=(

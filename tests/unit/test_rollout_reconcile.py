@@ -17,6 +17,7 @@ from gateway.store.base import EventDraft, Fence
 from gateway.store.memory import InMemoryStore
 from gateway.telemetry.recorder import Window
 from tests.unit.test_rollout_controller import SPEC, FakeSource, Harness
+from tests.unit.test_rollout_gradual_controller import BROKEN, FAILING, GRADUAL, HEALTHY
 
 
 class FlakyStore(InMemoryStore):
@@ -265,3 +266,46 @@ async def test_errors_from_an_interval_in_which_triton_could_not_serve_are_no_ve
     state = await h.state()
     assert state["state"] == "progressing", state["reason"]
     assert state["verdicts"][-1]["outcome"] == "inconclusive" and "could not serve" in state["verdicts"][-1]["reason"]
+
+
+async def test_store_down_a_gradual_rollback_steps_down_on_this_replica_and_a_critical_failure_still_zeroes(
+        h: Harness) -> None:
+    """The descent moves traffic away from a rejected canary: like a rollback to 0 it goes into
+    this replica's book at once, whether or not the store answers, and a critical failure
+    during the outage is not left waiting for a step's weights the store never took."""
+    await h.controller.begin("qc", GRADUAL, "alice")
+    for _ in range(3):
+        await h.interval(canary=HEALTHY)
+    assert await h.weights() == {"3": 100}
+    store_of(h).down = True
+    for _ in range(2):  # failure_limit unhealthy intervals at 100%
+        await h.interval(canary=FAILING, stable=(0, 0, 0.004))
+    assert book_weights(h) == {"2": 50, "3": 50}, "the first step down serves at once, store or no store"
+    await h.interval(canary=FAILING, stable=(0, 0, 0.004))
+    assert book_weights(h) == {"2": 50, "3": 50}, "no further step down before this one is in the store"
+    await h.interval(canary=BROKEN, stable=(0, 0, 0.004))
+    assert book_weights(h) == {"2": 100}, "a critical error rate goes to 0 at once, mid-outage"
+    store_of(h).down = False
+    await h.interval(canary=(0, 0, 0.004), seconds=0.5)
+    state = await h.state()
+    assert (state["state"], state["applied"]) == ("rolled_back", True), state["apply_reason"]
+    assert await h.weights() == {"2": 100} and "during the gradual rollback" in state["reason"]
+
+
+async def test_a_bug_in_one_models_tick_does_not_stop_the_others(h: Harness) -> None:
+    await h.policies.put("tok", PolicySpec.model_validate({"weights": {"2": 100}}), 0, EventDraft("sre", "put"))
+    await h.controller.begin("qc", SPEC, "alice")
+    await h.controller.begin("tok", SPEC, "alice")
+    judge = h.controller._judge
+
+    async def broken_for_qc(rollout: Any) -> Any:
+        if rollout.model == "qc":
+            raise AttributeError("'list' object has no attribute 'get'")  # what a bad Prometheus answer once did
+        return await judge(rollout)
+
+    h.controller._judge = broken_for_qc  # type: ignore[method-assign]
+    for _ in range(2):
+        await h.interval(canary=(100, 0, 0.004))
+    tok = await h.controller.status("tok")
+    assert tok["step"] == 2, "tok moved on although qc's tick raised"
+    assert (await h.state())["step"] == 0
