@@ -52,7 +52,9 @@ def read_value(body: Any) -> float:
         raise CheckError("prometheus answered something that is not a query result")
     if body.get("status") != "success":
         raise CheckError(f"query failed ({body.get('errorType', 'error')}): {body.get('error', body)}")
-    data = body.get("data") or {}
+    data = body.get("data")
+    if not isinstance(data, dict):
+        raise CheckError("prometheus answered success without a query result")
     kind, result = data.get("resultType"), data.get("result")
     if result is None:
         raise CheckError(f"a {kind} answer without a result")

@@ -106,6 +106,9 @@ def test_one_number_is_read(body: dict[str, Any], value: float) -> None:
     ({"status": "success", "data": {"resultType": "vector"}}, "without a result"),
     ({"status": "error", "errorType": "bad_data", "error": "parse error"}, r"query failed \(bad_data\): parse error"),
     (["not", "an", "answer"], "not a query result"),
+    ({"status": "success", "data": [1]}, "without a query result"),  # raised AttributeError, stopping every tick
+    ({"status": "success", "data": "x"}, "without a query result"),
+    ({"status": "success", "data": {"resultType": "vector", "result": 7}}, "unreadable vector"),
 ])
 def test_anything_but_one_finite_number_is_no_value(body: Any, why: str) -> None:
     with pytest.raises(CheckError, match=why):
