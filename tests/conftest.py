@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -64,6 +65,10 @@ def faults(triton: LocalTriton, faults_path: Path) -> Iterator[Faults]:
     helper.clear()
 
 
+REDIS_DATABASES = 4096
+_redis_databases = itertools.count(16)  # 0-15 stay free for tests that pick one by hand
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real redis-server on a free loopback port for the whole session (never skipped:
@@ -79,7 +84,8 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     workdir = tmp_path_factory.mktemp("redis")
     process = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                                "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+                                "--databases", str(REDIS_DATABASES), "--dir", str(workdir)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 10
     while True:
         try:
@@ -99,13 +105,16 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture
 def redis_url(redis_server: str) -> str:
-    """A clean database for each test."""
+    """A clean database of its own for each test: a gateway an earlier test failed to stop
+    keeps syncing into that test's database, and once wrote a config policy into a later test's
+    (a new-store generation after the flush), so no two tests share one."""
     import redis
 
-    client = redis.Redis.from_url(redis_server + "/0")
-    client.flushall()
+    database = next(_redis_databases)
+    client = redis.Redis.from_url(f"{redis_server}/{database}")
+    client.flushdb()
     client.close()
-    return redis_server + "/0"
+    return f"{redis_server}/{database}"
 
 
 class PrometheusServer:

@@ -16,24 +16,24 @@ import pytest
 
 from gateway.devtools.local_triton import LocalTriton
 from tests.conftest import Faults
-from tests.support import TOKEN, BackgroundLoad, GatewayThread, admin_call, gateway_settings, wait_for
+from tests.support import (
+    TOKEN,
+    BackgroundLoad,
+    GatewayThread,
+    admin_call,
+    gateway_settings,
+    rollout_gateway,
+    rollout_status,
+    wait_for,
+)
 
 pytestmark = pytest.mark.triton
 
 
 @pytest.fixture
 def gateway(triton: LocalTriton) -> Iterator[GatewayThread]:
-    settings = gateway_settings(triton.http_url, admin_token=TOKEN, controller_tick_s=0.2,
-                                policies={"qc": {"weights": {"2": 100}}})
-    with GatewayThread(settings) as running:
+    with rollout_gateway(triton.http_url) as running:
         yield running
-
-
-def rollout(url: str) -> dict[str, Any]:
-    status, doc = admin_call(url, "GET", "/admin/models/qc/rollout")
-    assert status == 200, doc
-    assert isinstance(doc, dict)
-    return doc
 
 
 def begin(url: str, **spec: Any) -> None:
@@ -42,7 +42,7 @@ def begin(url: str, **spec: Any) -> None:
 
 
 def ended(url: str) -> dict[str, Any] | None:
-    doc = rollout(url)
+    doc = rollout_status(url)
     return doc if doc["state"] not in ("progressing", "paused") else None
 
 
@@ -123,15 +123,15 @@ def test_the_stable_is_protected_and_triton_restarts_neither_roll_back_nor_lose_
                                       {"canary": "2", "stable": "3", "steps": [50, 100], "interval_s": 3600})
             assert status == 200, body
             assert admin_call(gw.url, "POST", "/admin/models/qc/rollout/promote")[0] == 200  # the 100% step
-            assert rollout(gw.url)["weights"] == {"2": 100, "3": 0}
+            assert rollout_status(gw.url)["weights"] == {"2": 100, "3": 0}
             with BackgroundLoad(gw.url, concurrency=2):
                 own.stop()
                 own.start()
                 wait_for(lambda: ready_versions(own) == {"2", "3"}, 30, interval=0.2, what="restored again")
                 time.sleep(1.0)
-            doc = rollout(gw.url)
+            doc = rollout_status(gw.url)
             assert (doc["state"], doc["step"]) == ("progressing", 1), doc["reason"]
             assert admin_call(gw.url, "POST", "/admin/models/qc/rollout/promote")[0] == 200
-            assert rollout(gw.url)["state"] == "promoted", "the rollout goes on"
+            assert rollout_status(gw.url)["state"] == "promoted", "the rollout goes on"
     finally:
         own.stop()

@@ -20,6 +20,8 @@ from tests.support import (
     GatewayThread,
     admin_call,
     gateway_settings,
+    rollout_gateway,
+    rollout_status,
     wait_for,
 )
 
@@ -28,17 +30,8 @@ pytestmark = pytest.mark.triton
 
 @pytest.fixture
 def gateway(triton: LocalTriton) -> Iterator[GatewayThread]:
-    settings = gateway_settings(triton.http_url, admin_token=TOKEN, controller_tick_s=0.2,
-                                policies={"qc": {"weights": {"2": 100}}})
-    with GatewayThread(settings) as running:
+    with rollout_gateway(triton.http_url) as running:
         yield running
-
-
-def rollout_state(url: str) -> dict[str, Any]:
-    status, doc = admin_call(url, "GET", "/admin/models/qc/rollout")
-    assert status == 200, doc
-    assert isinstance(doc, dict)
-    return doc
 
 
 def start(url: str, **spec: Any) -> dict[str, Any]:
@@ -49,7 +42,7 @@ def start(url: str, **spec: Any) -> dict[str, Any]:
 
 
 def finished(url: str) -> dict[str, Any] | None:
-    doc = rollout_state(url)
+    doc = rollout_status(url)
     return doc if doc["state"] != "progressing" else None
 
 
@@ -107,7 +100,7 @@ def test_too_little_traffic_neither_promotes_nor_rolls_back(gateway: GatewayThre
         start(gateway.url, judge="thresholds", steps=[10, 50, 100], interval_s=1, min_requests=100_000,
               critical_error_rate=None)
         time.sleep(4.5)
-    doc = rollout_state(gateway.url)
+    doc = rollout_status(gateway.url)
     assert (doc["state"], doc["step"]) == ("progressing", 0)
     assert len(doc["verdicts"]) >= 3 and {v["outcome"] for v in doc["verdicts"]} == {"inconclusive"}
 
@@ -162,20 +155,20 @@ def test_a_gateway_killed_mid_rollout_resumes_at_the_same_step(triton: LocalTrit
         admin_call(first.url, "PUT", "/admin/models/qc/policy", {"weights": {"2": 100}})
         with BackgroundLoad(first.url, concurrency=4):
             start(first.url, judge="thresholds", steps=[10, 20, 50, 100], interval_s=1.5, min_requests=10)
-            wait_for(lambda: rollout_state(first.url)["step"] >= 1, 15, what="step 2")
-            killed_at_step = rollout_state(first.url)["step"]  # an interval is 1.5 s: no step in between
+            wait_for(lambda: rollout_status(first.url)["step"] >= 1, 15, what="step 2")
+            killed_at_step = rollout_status(first.url)["step"]  # an interval is 1.5 s: no step in between
             first.kill()
     finally:
         first.kill()
     second = GatewayProcess(env, port=first.port).start()
     try:
-        doc = rollout_state(second.url)
+        doc = rollout_status(second.url)
         assert doc["state"] == "progressing" and doc["step"] == killed_at_step
         resumed_step = doc["step"]
         assert admin_call(second.url, "GET", "/admin/models/qc/policy")[1]["weights"]["3"] == \
             doc["steps"][resumed_step]
         with BackgroundLoad(second.url, concurrency=4):
-            later = wait_for(lambda: (d := rollout_state(second.url))["step"] > resumed_step or
+            later = wait_for(lambda: (d := rollout_status(second.url))["step"] > resumed_step or
                              d["state"] == "promoted", 15, what="the rollout to carry on")
         assert later
     finally:

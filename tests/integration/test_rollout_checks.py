@@ -17,7 +17,16 @@ from gateway.rollout.check_spec import render
 from gateway.rollout.checks import Checks
 from gateway.rollout.spec import RolloutSpec
 from tests.conftest import PrometheusServer
-from tests.support import TOKEN, BackgroundLoad, GatewayThread, admin_call, gateway_settings, wait_for
+from tests.support import (
+    TOKEN,
+    BackgroundLoad,
+    GatewayThread,
+    admin_call,
+    gateway_settings,
+    rollout_gateway,
+    rollout_status,
+    wait_for,
+)
 
 pytestmark = pytest.mark.triton
 CANARY_ERRORS = {"name": "canary_errors", "max": 0, "query": 'sum(increase(gateway_version_requests_total{model='
@@ -44,17 +53,8 @@ def observed(triton: LocalTriton, tmp_path: Path) -> Iterator[tuple[GatewayThrea
 
 @pytest.fixture
 def gateway(triton: LocalTriton) -> Iterator[GatewayThread]:
-    settings = gateway_settings(triton.http_url, admin_token=TOKEN, controller_tick_s=0.2,
-                                policies={"qc": {"weights": {"2": 100}}})
-    with GatewayThread(settings) as running:
+    with rollout_gateway(triton.http_url) as running:
         yield running
-
-
-def rollout(url: str) -> dict[str, Any]:
-    status, doc = admin_call(url, "GET", "/admin/models/qc/rollout")
-    assert status == 200, doc
-    assert isinstance(doc, dict)
-    return doc
 
 
 def start(url: str, **spec: Any) -> tuple[int, Any]:
@@ -63,7 +63,7 @@ def start(url: str, **spec: Any) -> tuple[int, Any]:
 
 
 def finished(url: str, timeout: float) -> dict[str, Any]:
-    done: dict[str, Any] = wait_for(lambda: (d := rollout(url))["state"] != "progressing" and d, timeout,
+    done: dict[str, Any] = wait_for(lambda: (d := rollout_status(url))["state"] != "progressing" and d, timeout,
                                     what="the rollout to finish")
     return done
 
@@ -136,9 +136,9 @@ def test_prometheus_stopped_mid_rollout_pauses_after_error_limit_never_rolls_bac
         status, doc = start(gw.url, steps=[10, 20, 30, 40, 50, 60, 70, 80, 90, 100], interval_s=2, error_limit=3,
                             checks=[CANARY_ERRORS])
         assert status == 200, doc
-        wait_for(lambda: metrics(rollout(gw.url), "check:canary_errors"), 10, what="a first judged check")
+        wait_for(lambda: metrics(rollout_status(gw.url), "check:canary_errors"), 10, what="a first judged check")
         prometheus.stop()
-        paused = wait_for(lambda: (d := rollout(gw.url))["state"] != "progressing" and d, 20, what="a pause")
+        paused = wait_for(lambda: (d := rollout_status(gw.url))["state"] != "progressing" and d, 20, what="a pause")
     assert paused["state"] == "paused", paused["reason"]
     assert paused["reason"].startswith("paused: metrics unreadable for 3 intervals")
     assert "check canary_errors: no value (prometheus at" in paused["reason"] and "did not answer" in paused["reason"]

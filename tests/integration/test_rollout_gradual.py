@@ -18,7 +18,8 @@ from tests.support import (
     GatewayProcess,
     GatewayThread,
     admin_call,
-    gateway_settings,
+    rollout_gateway,
+    rollout_status,
     wait_for,
 )
 
@@ -29,17 +30,8 @@ TICK_S = 0.2
 
 @pytest.fixture
 def gateway(triton: LocalTriton) -> Iterator[GatewayThread]:
-    settings = gateway_settings(triton.http_url, admin_token=TOKEN, controller_tick_s=TICK_S,
-                                policies={"qc": {"weights": {"2": 100}}})
-    with GatewayThread(settings) as running:
+    with rollout_gateway(triton.http_url, tick_s=TICK_S) as running:
         yield running
-
-
-def status(url: str) -> dict[str, Any]:
-    code, doc = admin_call(url, "GET", "/admin/models/qc/rollout")
-    assert code == 200, doc
-    assert isinstance(doc, dict)
-    return doc
 
 
 def canary_weight(url: str) -> float:
@@ -58,7 +50,7 @@ def follow(url: str, timeout_s: float) -> tuple[list[tuple[float, float]], list[
         weight = canary_weight(url)
         if not changes or changes[-1][1] != weight:
             changes.append((time.monotonic() - began, weight))
-        doc = status(url)
+        doc = rollout_status(url)
         if doc["state"] == "rolling_back":
             descending.append(doc)
         elif doc["state"] not in ("progressing", "paused") and doc["applied"]:
@@ -87,7 +79,7 @@ def test_a_worse_canary_goes_down_50_20_0_one_interval_at_a_time(gateway: Gatewa
         assert INTERVAL_S - 0.5 <= held <= INTERVAL_S + 1.0, changes
     assert {doc["weights"]["3"] for doc in descending} == {50, 20}
     assert all(doc["descent"] == [50, 20, 0] and "rolling back gradually" in doc["reason"] for doc in descending)
-    doc = status(gateway.url)
+    doc = rollout_status(gateway.url)
     assert doc["state"] == "rolled_back" and "gradual rollback through 50% -> 20% -> 0% done" in doc["reason"]
     assert [h["to"] for h in doc["history"]] == ["progressing", "rolling_back", "rolling_back", "rolled_back"]
     assert served.get("3", 0) > 0 and served.get("2", 0) > 0
@@ -102,8 +94,8 @@ def test_mid_descent_promote_is_refused_and_abort_goes_to_zero_at_once(gateway: 
         start(gateway.url, judge="thresholds", steps=[60, 100], interval_s=3, min_requests=20, failure_limit=1,
               rollback={"mode": "gradual", "steps": [50, 20, 0]})
         deadline = time.monotonic() + 10  # one interval at 60%, then 3 s at 50% for what follows
-        while status(gateway.url)["state"] != "rolling_back":
-            assert time.monotonic() < deadline, status(gateway.url)
+        while rollout_status(gateway.url)["state"] != "rolling_back":
+            assert time.monotonic() < deadline, rollout_status(gateway.url)
             time.sleep(0.05)
         for command in ("promote", "resume"):
             code, doc = admin_call(gateway.url, "POST", f"/admin/models/qc/rollout/{command}", {})
@@ -124,7 +116,7 @@ def test_a_critical_error_rate_rolls_back_at_once_even_with_gradual_mode(gateway
     assert [weight for _, weight in changes] == [60, 0], changes
     assert changes[-1][0] <= INTERVAL_S + 1.5, "at the first interval's end, not after failure_limit intervals"
     assert descending == []
-    doc = status(gateway.url)
+    doc = rollout_status(gateway.url)
     assert doc["state"] == "rolled_back" and doc["reason"].startswith("rolled back to 2: critical: canary error rate")
     assert [h["to"] for h in doc["history"]] == ["progressing", "rolled_back"]
     assert doc["verdicts"][-1]["metric"] == "critical_error_rate" and len(doc["verdicts"]) == 1
@@ -154,18 +146,19 @@ def test_a_gateway_killed_mid_descent_carries_on_down_from_the_store(triton: Loc
             # 6 s intervals: the restart below (a few seconds) lands inside the 50% hold
             start(first.url, judge="thresholds", steps=[60, 100], interval_s=6, min_requests=10, failure_limit=1,
                   rollback={"mode": "gradual", "steps": [50, 20, 0]})
-            wait_for(lambda: status(first.url)["state"] == "rolling_back", 15, interval=0.05, what="the descent")
+            wait_for(lambda: rollout_status(first.url)["state"] == "rolling_back", 15, interval=0.05,
+                     what="the descent")
             first.kill()
     finally:
         first.kill()
     second = GatewayProcess(env, port=first.port).start()
     try:
-        doc = status(second.url)
+        doc = rollout_status(second.url)
         assert doc["state"] == "rolling_back" and doc["weights"]["3"] in (50, 20), doc["reason"]
         with BackgroundLoad(second.url, concurrency=4):
             changes, _ = follow(second.url, 30)
         assert [w for _, w in changes] in ([50, 20, 0], [20, 0]), changes
-        doc = status(second.url)
+        doc = rollout_status(second.url)
         assert doc["state"] == "rolled_back" and "gradual rollback through 50% -> 20% -> 0% done" in doc["reason"]
         assert [h["to"] for h in doc["history"]] == ["progressing", "rolling_back", "rolling_back", "rolled_back"], \
             "each step down once: the descent carried on, it did not start again"

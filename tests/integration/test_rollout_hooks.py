@@ -10,7 +10,15 @@ from typing import Any
 import pytest
 
 from gateway.devtools.local_triton import LocalTriton
-from tests.support import TOKEN, BackgroundLoad, GatewayThread, HookReceiver, admin_call, gateway_settings, wait_for
+from tests.support import (
+    BackgroundLoad,
+    GatewayThread,
+    HookReceiver,
+    admin_call,
+    rollout_gateway,
+    rollout_status,
+    wait_for,
+)
 
 pytestmark = pytest.mark.triton
 SECRET = "hook-secret"
@@ -18,9 +26,7 @@ SECRET = "hook-secret"
 
 @pytest.fixture
 def gateway(triton: LocalTriton) -> Iterator[GatewayThread]:
-    settings = gateway_settings(triton.http_url, admin_token=TOKEN, controller_tick_s=0.2,
-                                policies={"qc": {"weights": {"2": 100}}})
-    with GatewayThread(settings) as running:
+    with rollout_gateway(triton.http_url) as running:
         yield running
 
 
@@ -30,11 +36,7 @@ def receiver() -> Iterator[HookReceiver]:
         yield running
 
 
-def rollout(url: str) -> dict[str, Any]:
-    status, doc = admin_call(url, "GET", "/admin/models/qc/rollout")
-    assert status == 200, doc
-    assert isinstance(doc, dict)
-    return doc
+status_of = rollout_status
 
 
 def start(url: str, **spec: Any) -> tuple[int, Any]:
@@ -61,7 +63,7 @@ def test_webhook_gets_started_each_step_and_promoted_signed(gateway: GatewayThre
     assert second["verdict"]["outcome"] == "healthy" and second["verdict"]["canary_requests"] >= 5
     assert promoted["state"] == "promoted" and "promoted" in promoted["reason"]
     # counted once the answer is back, just after the receiver recorded the post
-    hooks = wait_for(lambda: (d := rollout(gateway.url)["hooks"])["delivered"] >= 4 and d, 5, what="4 deliveries")
+    hooks = wait_for(lambda: (d := status_of(gateway.url)["hooks"])["delivered"] >= 4 and d, 5, what="4 deliveries")
     assert (hooks["delivered"], hooks["failures"], hooks["last_error"]) == (4, 0, None)
 
 
@@ -70,16 +72,16 @@ def test_a_failing_pre_promotion_gate_holds_below_100_percent(gateway: GatewayTh
     with BackgroundLoad(gateway.url, concurrency=4):
         status, doc = start(gateway.url, steps=[20, 50], gates=[{"url": receiver.url("/gate"), "at": "pre_promotion"}])
         assert status == 200, doc
-        held = wait_for(lambda: (d := rollout(gateway.url))["reason"].startswith("held") and d, 15, what="a hold")
+        held = wait_for(lambda: (d := status_of(gateway.url))["reason"].startswith("held") and d, 15, what="a hold")
         assert (held["state"], held["step"], held["weights"]) == ("progressing", 1, {"2": 50, "3": 50})
         assert "pre_promotion gate" in held["reason"] and "answered 500" in held["reason"]
         wait_for(lambda: len(receiver.bodies("/gate")) >= 2, 10, what="the gate asked again next interval")
-        assert rollout(gateway.url)["state"] == "progressing"
+        assert status_of(gateway.url)["state"] == "progressing"
         assert admin_call(gateway.url, "GET", "/admin/models/qc/policy")[1]["weights"] == {"2": 50, "3": 50}
         asked = receiver.bodies("/gate")[0]
         assert (asked["event"], asked["at"], asked["next_weights"]) == ("gate", "pre_promotion", {"2": 0, "3": 100})
         receiver.answers["/gate"] = [200]  # the gate opens: the next interval promotes
-        done = wait_for(lambda: (d := rollout(gateway.url))["state"] != "progressing" and d, 10, what="promotion")
+        done = wait_for(lambda: (d := status_of(gateway.url))["state"] != "progressing" and d, 10, what="promotion")
     assert done["state"] == "promoted"
 
 

@@ -9,16 +9,14 @@ import pytest
 
 from gateway.devtools.local_triton import LocalTriton
 from tests.conftest import Faults
-from tests.support import TOKEN, BackgroundLoad, GatewayThread, admin_call, gateway_settings, wait_for
+from tests.support import BackgroundLoad, GatewayThread, admin_call, rollout_gateway, wait_for
 
 pytestmark = pytest.mark.triton
 
 
 @pytest.fixture
 def gateway(triton: LocalTriton) -> Iterator[GatewayThread]:
-    settings = gateway_settings(triton.http_url, admin_token=TOKEN, controller_tick_s=0.2,
-                                policies={"qc": {"weights": {"2": 100}}})
-    with GatewayThread(settings) as running:
+    with rollout_gateway(triton.http_url) as running:
         yield running
 
 
