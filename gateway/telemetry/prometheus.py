@@ -84,11 +84,7 @@ class GatewayCollector:
                                           "judged requests (successes and upstream errors)",
                                           labels=["model", "version", "protocol"])
         for labels, (hist, total) in durations.items():
-            running, buckets = 0, []
-            for bound, count in zip((*LATENCY_BOUNDS, float("inf")), hist):
-                running += count
-                buckets.append(("+Inf" if bound == float("inf") else repr(bound), running))
-            histogram.add_metric(list(labels), buckets, total)
+            histogram.add_metric(list(labels), _buckets(hist), total)
         yield histogram
         yield self._outcomes(routed)
         errors = CounterMetricFamily("gateway_upstream_errors", "Upstream failures by kind",
