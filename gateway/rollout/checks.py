@@ -31,15 +31,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
-from scipy import stats as scipy_stats
 
+from gateway.rollout import stats
 from gateway.rollout.check_spec import Check, render
 from gateway.rollout.judge import INTERVAL_CONFIDENCE, PASS_CONFIDENCE, MetricVerdict
 from gateway.rollout.spec import RolloutSpec
 from gateway.telemetry.recorder import ShadowStats
 
 MIN_COMPARISONS = 20  # compared shadow responses below which the gate does not judge at all
-MAX_NEEDED = 10_000_000
 
 
 class CheckError(Exception):
@@ -150,24 +149,22 @@ class Checks:
 
 def agreement_bounds(agreed: int, compared: int, confidence: float) -> tuple[float, float]:
     """One-sided Clopper-Pearson bounds at ``confidence`` (each side on its own)."""
-    low = float(scipy_stats.beta.ppf(1 - confidence, agreed, compared - agreed + 1)) if agreed else 0.0
-    high = float(scipy_stats.beta.ppf(confidence, agreed + 1, compared - agreed)) if agreed < compared else 1.0
-    return low, high
+    return stats.rate_lower(agreed, compared, confidence), stats.rate_upper(agreed, compared, confidence)
 
 
-def shadow_verdict(spec: RolloutSpec, canary: str, stats: ShadowStats | None, shadowed: bool) -> MetricVerdict:
+def shadow_verdict(spec: RolloutSpec, canary: str, counts: ShadowStats | None, shadowed: bool) -> MetricVerdict:
     """The shadow agreement gate on the canary's cumulative comparisons."""
     limit = spec.min_shadow_agreement
     assert limit is not None
     name = "shadow_agreement"
-    if stats is None or stats.compared == 0:
+    if counts is None or counts.compared == 0:
         if shadowed:
             return MetricVerdict(name, "inconclusive", None, None, None, limit, 1.0, 1.0, None, MIN_COMPARISONS,
                                  f"shadow agreement: version {canary} is the shadow, no compared responses yet")
         return MetricVerdict(name, "not_judged", None, None, None, limit, 1.0, 1.0, None, None,
                              f"shadow agreement: not judged, version {canary} is not the model's shadow "
                              f"(min {limit:.0%} set)")
-    agreed, compared = stats.agreed, stats.compared
+    agreed, compared = counts.agreed, counts.compared
     share = agreed / compared
     interval = agreement_bounds(agreed, compared, 0.5 + INTERVAL_CONFIDENCE / 2)
     seen = f"{agreed} of {compared} compared outputs agree ({share:.1%}, 95% {interval[0]:.1%} to {interval[1]:.1%})"
@@ -196,18 +193,7 @@ def _decide(agreed: int, compared: int, limit: float, alpha: float) -> str:
 
 
 def _needed(share: float, compared: int, limit: float, alpha: float) -> int | None:
-    """More comparisons until a decision, if the share stayed as observed: doubling, then bisection."""
-    def decides(total: int) -> bool:
-        return _decide(round(share * total), total, limit, alpha) != "inconclusive"
-
-    high = 2 * compared
-    while not decides(high):
-        if high > MAX_NEEDED:
-            return None
-        high *= 2
-    low = compared
-    while high - low > max(1, low // 100):
-        middle = (low + high) // 2
-        low, high = (low, middle) if decides(middle) else (middle, high)
-    return max(1, high - compared)
+    """More comparisons until a decision, if the share stayed as observed."""
+    return stats.more_needed(lambda total: _decide(round(share * total), total, limit, alpha) != "inconclusive",
+                             compared)
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +43,6 @@ from gateway.rollout.spec import RolloutSpec
 from gateway.telemetry.recorder import Window
 
 METRICS = ("error_rate", "client_error_rate", "latency")
-STREAM_METRICS = ("time_to_first_response", "response_gap")  # judged only once samples were seen
 PASS_CONFIDENCE = 0.95  # one-sided: a canary at least as bad as the floor passes a look <= 5% of the time
 Z_PASS = 1.6448536269514722  # its normal quantile
 INTERVAL_CONFIDENCE = 0.95  # of the reported two-sided intervals
@@ -51,7 +50,6 @@ Z_INTERVAL = 1.959963984540054  # its normal quantile
 MIN_LATENCIES = 10  # per version, below which an interval's latencies carry over to the next interval
 MAX_CARRY = 512  # latencies per version carried over (kept with the rollout, so bounded)
 MIN_SE = 1e-4  # floor on an interval's log-shift standard error (identical latencies would give 0)
-MAX_NEEDED = 10_000_000  # beyond this, "cannot tell at this effect size"
 
 
 @dataclass(frozen=True)
@@ -271,32 +269,14 @@ def _rate_needed(rates: RateEvidence, floor: float, alpha: float) -> int | None:
     if rate_c - rate_s < floor:
         def passes(total: int) -> bool:
             return stats.rate_upper(round(rate_c * total), total, PASS_CONFIDENCE) - rate_s < floor
-        return _first(passes, n_c)
+        return stats.more_needed(passes, n_c)
     if rate_c - rate_s > floor:
         def fails(total: int) -> bool:
             scale = total / n_c
             log_lr = stats.log_conditional_lr(round(x_c * scale), total, round(x_s * scale), round(n_s * scale))
             return stats.log_mixture(log_lr) >= math.log(1 / alpha)
-        return _first(fails, n_c)
+        return stats.more_needed(fails, n_c)
     return None
-
-
-def _first(decides: Callable[[int], bool], have: int) -> int | None:
-    """Smallest extra count (>= 1) for which ``decides(have + extra)`` holds: doubling, then
-    bisection (the criteria are monotone in the sample size up to rounding)."""
-    high = max(2 * have, have + 10)
-    while not decides(high):
-        if high > MAX_NEEDED:
-            return None
-        high *= 2
-    low = have
-    while high - low > max(1, low // 100):
-        middle = (low + high) // 2
-        if decides(middle):
-            high = middle
-        else:
-            low = middle
-    return max(1, high - have)
 
 
 def _judge_latency(latency: LatencyEvidence, floor: float, alpha: float, warmup_s: float, name: str = "latency",
@@ -328,7 +308,8 @@ def _judge_latency(latency: LatencyEvidence, floor: float, alpha: float, warmup_
     if shift < tau:
         needed: int | None = max(1, math.ceil(variance * n * (Z_PASS / (tau - shift)) ** 2) - n)
     elif shift > tau:
-        needed = _first(lambda total: stats.normal_mixture_radius(variance * n / total, tau, alpha) < shift, n)
+        needed = stats.more_needed(lambda total: stats.normal_mixture_radius(variance * n / total, tau, alpha) < shift,
+                                   n)
     else:
         needed = None
     return _metric(*args, "inconclusive", effect, low, high, needed,

@@ -39,9 +39,7 @@ def critical_verdict(spec: RolloutSpec, canary: Window | None, stable: Window | 
     limit = spec.critical_error_rate
     if limit is None or canary is None or not canary.requests:
         return None
-    lower = 1 - stats.rate_upper(canary.requests - canary.errors, canary.requests, CRITICAL_CONFIDENCE) \
-        if canary.errors else 0.0
-    if lower <= limit:
+    if stats.rate_lower(canary.errors, canary.requests, CRITICAL_CONFIDENCE) <= limit:
         return None
     stable_rate = stable.error_rate if stable is not None else None
     if stable_rate is not None and stable_rate > limit:

@@ -35,7 +35,7 @@ Two kinds of question, asked every interval of a rollout:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -84,6 +84,35 @@ def rate_upper(events: int, n: int, confidence: float) -> float:
     if n == 0 or events >= n:
         return 1.0
     return float(stats.beta.ppf(confidence, events + 1, n - events))
+
+
+def rate_lower(events: int, n: int, confidence: float) -> float:
+    """One-sided Clopper-Pearson lower bound on a rate (0.0 without events)."""
+    if n == 0 or events <= 0:
+        return 0.0
+    return float(stats.beta.ppf(1 - confidence, events, n - events + 1))
+
+
+MAX_NEEDED = 10_000_000  # beyond this, "cannot tell at this effect size"
+
+
+def more_needed(decides: Callable[[int], bool], have: int) -> int | None:
+    """Smallest extra count (>= 1) for which ``decides(have + extra)`` holds, or None beyond
+    MAX_NEEDED: doubling, then bisection (the criteria are monotone in the sample size up to
+    rounding)."""
+    high = max(2 * have, have + 10)
+    while not decides(high):
+        if high > MAX_NEEDED:
+            return None
+        high *= 2
+    low = have
+    while high - low > max(1, low // 100):
+        middle = (low + high) // 2
+        if decides(middle):
+            high = middle
+        else:
+            low = middle
+    return max(1, high - have)
 
 
 def hodges_lehmann(canary: Sample, stable: Sample,
