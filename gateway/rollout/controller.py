@@ -109,9 +109,7 @@ class RolloutController:
         refused = await self.hooks.refusal(rollout, ("pre_rollout",), self.call_timeout_s)
         if refused is not None:
             raise Conflict(f"the pre_rollout gate {refused[0].url} refused the rollout: {refused[1]}")
-        for version in (spec.canary, stable):  # the first interval's latency sample starts now
-            self.recorder.take_latencies(model, version)
-            self.recorder.take_stream(model, version)
+        self._take_samples(rollout)  # the first interval's samples start now
         stored = await self.store.put_rollout(model, rollout.document(), existing.revision if existing else 0)
         self.driver.known[model] = stored  # what the commit below starts from, never an older attempt's
         try:
@@ -256,9 +254,7 @@ class RolloutController:
             if self.fast.troubled_within(rollout.model, rollout.spec.interval_s + self.tick_s):
                 verdict = Verdict(Outcome.INCONCLUSIVE, "Triton could not serve the model during this interval "
                                   "(down, restarting or reloading): its errors are no version's fault")
-                for version in (rollout.canary, rollout.stable):  # nor are its latencies: drop them
-                    self.recorder.take_latencies(rollout.model, version)
-                    self.recorder.take_stream(rollout.model, version)
+                self._take_samples(rollout)  # nor are its latencies: drop them
                 return steps.on_verdict(rollout, verdict, now), None
             verdict, evidence = await self._judge(rollout)
             judged = steps.on_verdict(rollout, verdict, now, evidence)
@@ -312,14 +308,20 @@ class RolloutController:
         if rollout.spec.judge == "thresholds":
             return fold(judge(rollout.spec, canary, stable), extra), None
         # taken even when the windows are unreadable, so the next interval's sample is its own
-        latencies = [self.recorder.take_latencies(rollout.model, v) for v in (rollout.canary, rollout.stable)]
-        streams = [self.recorder.take_stream(rollout.model, v) for v in (rollout.canary, rollout.stable)]
+        canary_samples, stable_samples = self._take_samples(rollout)
         if canary is None or stable is None:
             return fold(judge(rollout.spec, None, None), extra), None  # the ERROR verdict, unless a check fails
         verdict, evidence = assess(rollout.spec, Evidence.from_document(rollout.evidence),
-                                   VersionSample.of(canary, latencies[0], streams[0]),
-                                   VersionSample.of(stable, latencies[1], streams[1]), extra)
+                                   VersionSample.of(canary, *canary_samples), VersionSample.of(stable, *stable_samples),
+                                   extra)
         return verdict, evidence.document()
+
+    def _take_samples(self, rollout: Rollout) -> list[tuple[list[float], tuple[list[float], list[float]]]]:
+        """The canary's and the stable's per-request samples since the last take (latencies;
+        streaming first responses and gaps); taking them starts the next interval's."""
+        take_latencies, take_stream = self.recorder.take_latencies, self.recorder.take_stream
+        return [(take_latencies(rollout.model, version), take_stream(rollout.model, version))
+                for version in (rollout.canary, rollout.stable)]
 
     def _watch(self, rollout: Rollout) -> None:
         """Latency samples for the statistical judge, only while a rollout needs them."""
