@@ -102,6 +102,8 @@ def add_rollout_parser(sub: Any) -> None:
     start.add_argument("model")
     start.add_argument("--canary", required=True, help="the new version")
     start.add_argument("--stable", help="default: the version now taking most traffic")
+    start.add_argument("--baseline", help="a copy of the stable loaded as an older version than the canary: it "
+                       "takes the canary's weight and the canary is judged against it (small hosts, sub-ms models)")
     start.add_argument("--steps", help="canary percent per step, e.g. 5,20,50,100 (the default)")
     start.add_argument("--interval", type=float, dest="interval_s", help="seconds per analysis interval (30)")
     start.add_argument("--judge", choices=["statistical", "thresholds"], help="statistical (the default): "
@@ -298,7 +300,7 @@ def _events(args: argparse.Namespace, api: Api) -> Any:
 
 def _rollout_start(args: argparse.Namespace, api: Api) -> Any:
     body: dict[str, Any] = {"canary": args.canary}
-    for name in ("stable", "interval_s", "max_error_rate", "max_p99_ms", "max_p99_ratio", "min_requests",
+    for name in ("stable", "baseline", "interval_s", "max_error_rate", "max_p99_ms", "max_p99_ratio", "min_requests",
                  "failure_limit", "judge", "max_error_rate_increase", "max_client_error_rate_increase",
                  "max_latency_increase", "inconclusive_limit", "critical_error_rate"):
         if getattr(args, name) is not None:
@@ -346,7 +348,10 @@ def rollout_view(doc: dict[str, Any]) -> Table:
     for column in ("version", "role", "weight %", "requests", "error rate", "p99 ms"):
         table.add_column(column, justify="right")
     live = doc.get("live", {})
-    for version, role in ((doc["stable"], "stable"), (doc["canary"], "canary")):
+    roles = [(doc["stable"], "stable"), (doc["canary"], "canary")]
+    if doc.get("baseline"):
+        roles.insert(1, (doc["baseline"], "baseline"))
+    for version, role in roles:
         numbers = live.get(version, {})
         rate = numbers.get("error_rate")
         table.add_row(version, role, str(doc["weights"].get(version, 0)), str(numbers.get("requests", "-")),

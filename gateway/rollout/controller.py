@@ -11,7 +11,8 @@ the lease) has its writes refused by the store. Each tick, per rollout not yet s
 3. fast path (:mod:`gateway.rollout.fast_path`): failures that are the canary's own roll back
    at once;
 4. when the interval is over and the step's weights are in place: judge the canary against
-   the stable over the same window and step (pure);
+   the stable (or the spec's baseline, a copy of it at the canary's weight) over the same
+   window and step (pure);
 5. drive the policy toward the rollout's weights (:mod:`gateway.rollout.driver`) until it
    shows them, whatever the phase; a final phase counts as applied only then.
 
@@ -95,6 +96,9 @@ class RolloutController:
         stable = spec.stable or await self._default_stable(model, policy.spec if policy else None)
         if stable == spec.canary:
             raise Conflict(f"version {stable} already takes most of the traffic: name another stable version")
+        if stable == spec.baseline:
+            raise Conflict(f"version {stable} takes most of the traffic, so it is the stable version: the baseline "
+                           "must be a copy of it loaded as a version of its own")
         if existing is not None and steps.was_rolled_back(existing.document) \
                 and existing.document["canary"] == spec.canary and not spec.retry:
             raise Conflict(f"version {spec.canary} of model '{model}' was rolled back ({existing.document['reason']}); "
@@ -102,7 +106,7 @@ class RolloutController:
         refused_checks = self.checks.refusal(spec)
         if refused_checks is not None:
             raise Conflict(refused_checks)
-        await self.triton.require_ready(model, {stable, spec.canary})
+        await self.triton.require_ready(model, {stable, spec.canary} | ({spec.baseline} if spec.baseline else set()))
         self.fast.baseline(model, spec.canary, stable)  # only failures from now on count
         rollout = dataclasses.replace(steps.begin(model, spec, stable, self.clock()),
                                       policy_revision=policy.revision if policy else 0)
@@ -124,7 +128,7 @@ class RolloutController:
                 await self.store.put_rollout(model, existing.document, revision)
             else:
                 await self.store.delete_rollout(model, revision)
-            for version in (spec.canary, stable):
+            for version in (spec.canary, rollout.reference):
                 self.recorder.unwatch_latencies(model, version)
             raise
         self._show_state(model, rollout.phase)
@@ -299,33 +303,35 @@ class RolloutController:
         await self._commit(stored, changed, policy, fence, ACTOR)
 
     async def _judge(self, rollout: Rollout) -> tuple[Verdict, dict[str, Any] | None]:
-        """The spec's judge on this interval; the statistical one also returns its evidence."""
-        canary, stable = await self._windows(rollout)
-        critical = critical_verdict(rollout.spec, canary, stable)  # whatever the judge: no waiting on it
+        """The spec's judge on this interval, the canary against its reference (the baseline, or the
+        stable); the statistical one also returns its evidence."""
+        canary, reference = await self._windows(rollout)
+        critical = critical_verdict(rollout.spec, canary, reference)  # whatever the judge: no waiting on it
         if critical is not None:
             return critical, None
         extra = await self.checks.evaluate(rollout.model, rollout.spec, rollout.stable)
         if rollout.spec.judge == "thresholds":
-            return fold(judge(rollout.spec, canary, stable), extra), None
+            return fold(judge(rollout.spec, canary, reference), extra), None
         # taken even when the windows are unreadable, so the next interval's sample is its own
-        canary_samples, stable_samples = self._take_samples(rollout)
-        if canary is None or stable is None:
+        canary_samples, reference_samples = self._take_samples(rollout)
+        if canary is None or reference is None:
             return fold(judge(rollout.spec, None, None), extra), None  # the ERROR verdict, unless a check fails
         verdict, evidence = assess(rollout.spec, Evidence.from_document(rollout.evidence),
-                                   VersionSample.of(canary, *canary_samples), VersionSample.of(stable, *stable_samples),
-                                   extra)
+                                   VersionSample.of(canary, *canary_samples),
+                                   VersionSample.of(reference, *reference_samples), extra)
         return verdict, evidence.document()
 
     def _take_samples(self, rollout: Rollout) -> list[tuple[list[float], tuple[list[float], list[float]]]]:
-        """The canary's and the stable's per-request samples since the last take (latencies;
-        streaming first responses and gaps); taking them starts the next interval's."""
+        """The canary's and its reference's (the baseline, or the stable) per-request samples since
+        the last take (latencies; streaming first responses and gaps); taking them starts the next
+        interval's."""
         take_latencies, take_stream = self.recorder.take_latencies, self.recorder.take_stream
         return [(take_latencies(rollout.model, version), take_stream(rollout.model, version))
-                for version in (rollout.canary, rollout.stable)]
+                for version in (rollout.canary, rollout.reference)]
 
     def _watch(self, rollout: Rollout) -> None:
         """Latency samples for the statistical judge, only while a rollout needs them."""
-        for version in (rollout.canary, rollout.stable):
+        for version in (rollout.canary, rollout.reference):
             if rollout.phase in (Phase.PROGRESSING, Phase.PAUSED) and rollout.spec.judge == "statistical":
                 self.recorder.watch_latencies(rollout.model, version)
             else:
@@ -336,11 +342,11 @@ class RolloutController:
         try:
             async with asyncio.timeout(self.call_timeout_s * 2):
                 canary = await self.source.window(rollout.model, rollout.canary, seconds)
-                stable = await self.source.window(rollout.model, rollout.stable, seconds)
+                reference = await self.source.window(rollout.model, rollout.reference, seconds)
         except (MetricsUnavailable, TimeoutError) as exc:
             log.warning("rollout of %s: metrics unavailable: %s", rollout.model, exc or "timed out")
             return None, None
-        return canary, stable
+        return canary, reference
 
     # -- persistence -------------------------------------------------------------------------
     async def _commit(self, stored: StoredRollout, rollout: Rollout, policy: StoredPolicy | None,
@@ -437,7 +443,7 @@ class RolloutController:
 
     async def _live_numbers(self, rollout: Rollout) -> dict[str, Any]:
         live = {}
-        for version in (rollout.stable, rollout.canary):
+        for version in dict.fromkeys((rollout.stable, rollout.reference, rollout.canary)):
             try:
                 window = await self.source.window(rollout.model, version, rollout.spec.interval_s)
             except MetricsUnavailable:

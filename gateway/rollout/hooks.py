@@ -45,6 +45,8 @@ def payload(rollout: Rollout, event: str, now: float, **extra: Any) -> bytes:
     body = {"event": event, "model": rollout.model, "stable": rollout.stable, "canary": rollout.canary,
             "state": doc["state"], "step": rollout.step + 1, "steps": doc["steps"], "weights": doc["weights"],
             "reason": rollout.reason, "verdict": verdict, "time": now, **extra}
+    if rollout.spec.baseline is not None:
+        body["baseline"] = rollout.spec.baseline
     return json.dumps(body, separators=(",", ":")).encode()
 
 

@@ -1,5 +1,6 @@
 """The statistical judge (``judge: statistical``, the default): canary against stable over
-the same seconds, with evidence that accumulates over the whole rollout.
+the same seconds, with evidence that accumulates over the whole rollout. With a ``baseline`` in
+the spec, "stable" below means that baseline: a copy of the stable at the canary's weight.
 
 Each interval adds one :class:`VersionSample` per version to the rollout's :class:`Evidence`
 and judges three metrics on everything gathered so far:
@@ -200,12 +201,13 @@ def assess(spec: RolloutSpec, evidence: Evidence, canary: VersionSample,
         ("response_gap", "gap between responses", evidence.response_gap, evidence.response_gaps_seen)) if seen]
     alpha = spec.false_rollback_rate / (len(METRICS) + len(streams))
     warmup_s = spec.latency_warmup_s if warming else 0
+    versus = "stable" if spec.baseline is None else "baseline"  # the words for what the canary is judged against
     metrics = (
-        _judge_rate("error_rate", "error rate", evidence.errors, spec.max_error_rate_increase, alpha),
+        _judge_rate("error_rate", "error rate", evidence.errors, spec.max_error_rate_increase, alpha, versus),
         _judge_rate("client_error_rate", "4xx rate", evidence.client_errors, spec.client_error_floor(),
-                    alpha),
-        _judge_latency(evidence.latency, spec.max_latency_increase, alpha, warmup_s),
-        *(_judge_latency(judged, spec.max_latency_increase, alpha, warmup_s, name, label)
+                    alpha, versus),
+        _judge_latency(evidence.latency, spec.max_latency_increase, alpha, warmup_s, versus=versus),
+        *(_judge_latency(judged, spec.max_latency_increase, alpha, warmup_s, name, label, versus)
           for name, label, judged in streams),
     )
     numbers: dict[str, Any] = {
@@ -231,18 +233,19 @@ def assess(spec: RolloutSpec, evidence: Evidence, canary: VersionSample,
     return Verdict(Outcome.HEALTHY, "every metric within its floor" + overloads, **numbers), evidence
 
 
-def _judge_rate(name: str, label: str, rates: RateEvidence, floor: float, alpha: float) -> MetricVerdict:
+def _judge_rate(name: str, label: str, rates: RateEvidence, floor: float, alpha: float,
+                versus: str = "stable") -> MetricVerdict:
     n_c, x_c, n_s, x_s = rates.canary_n, rates.canary_events, rates.stable_n, rates.stable_events
     e_value = math.exp(min(stats.log_mixture(np.asarray(rates.log_lr)), 700.0))
     if n_c == 0 or n_s == 0:
-        who = "canary" if n_c == 0 else "stable"
+        who = "canary" if n_c == 0 else versus
         return MetricVerdict(name, "inconclusive", None, None, None, floor, e_value, 1 / alpha, None, None,
                              f"{label}: no {who} requests yet")
     rate_c, rate_s = x_c / n_c, x_s / n_s
     effect = rate_c - rate_s
     low = _rate_lower(x_c, n_c) - rate_s
     high = stats.rate_upper(x_c, n_c, 0.5 + INTERVAL_CONFIDENCE / 2) - rate_s
-    seen = f"canary {rate_c:.2%} of {n_c} vs stable {rate_s:.2%} of {n_s}"
+    seen = f"canary {rate_c:.2%} of {n_c} vs {versus} {rate_s:.2%} of {n_s}"
     if e_value >= 1 / alpha and effect > floor:
         return MetricVerdict(name, "fail", effect, low, high, floor, e_value, 1 / alpha, None, None,
                              f"{label} worse: {seen} (+{effect:.2%}, beyond the +{floor:.2%} floor; "
@@ -280,7 +283,7 @@ def _rate_needed(rates: RateEvidence, floor: float, alpha: float) -> int | None:
 
 
 def _judge_latency(latency: LatencyEvidence, floor: float, alpha: float, warmup_s: float, name: str = "latency",
-                   label: str = "latency") -> MetricVerdict:
+                   label: str = "latency", versus: str = "stable") -> MetricVerdict:
     """A latency-like metric (``name``, in words ``label``): end-to-end latency, or a streaming time."""
     if warmup_s:
         return MetricVerdict(name, "inconclusive", None, None, None, floor, 1.0, 1 / alpha, None, None,
@@ -295,7 +298,7 @@ def _judge_latency(latency: LatencyEvidence, floor: float, alpha: float, warmup_
     e_value = math.exp(min(stats.normal_mixture_log_e(shift, variance, tau), 700.0))
     effect, spread = math.expm1(shift), Z_INTERVAL * math.sqrt(variance)
     low, high = math.expm1(shift - spread), math.expm1(shift + spread)
-    seen = (f"canary median {_percent(effect)} vs stable ({_percent(low)} to {_percent(high)}) over "
+    seen = (f"canary median {_percent(effect)} vs {versus} ({_percent(low)} to {_percent(high)}) over "
             f"{latency.canary_n} vs {latency.stable_n} samples")
     args = (name, floor, e_value, 1 / alpha, latency.last_p_value)
     if shift - radius > 0 and shift > tau:

@@ -76,9 +76,17 @@ class Rollout:
         rollback = self.spec.rollback
         return rollback.steps[rollback.descent_from(self.spec.steps[self.step]):]
 
+    @property
+    def reference(self) -> str:
+        """The version the canary is judged against: the baseline when there is one."""
+        return self.spec.baseline or self.stable
+
     def weights(self) -> dict[str, Decimal]:
         canary = self.canary_percent
-        return {self.stable: Decimal(100) - canary, self.canary: canary}
+        if self.spec.baseline is None:
+            return {self.stable: Decimal(100) - canary, self.canary: canary}
+        baseline = min(canary, Decimal(100) - canary)  # as much as the canary, out of the stable's share
+        return {self.stable: Decimal(100) - canary - baseline, self.spec.baseline: baseline, self.canary: canary}
 
     def due(self, now: float) -> bool:
         """Time for a verdict on the current interval (or, rolling back, for the next step down)."""
@@ -88,6 +96,7 @@ class Rollout:
     def document(self) -> dict[str, Any]:
         return {
             "model": self.model, "spec": self.spec.document(), "stable": self.stable, "canary": self.canary,
+            "baseline": self.spec.baseline,
             "state": self.phase.value, "step": self.step, "steps": self.spec.document()["steps"],
             "weights": {v: _number(w) for v, w in self.weights().items()},
             "started_at": self.started_at, "step_started_at": self.step_started_at,
@@ -136,6 +145,8 @@ def _move(rollout: Rollout, phase: Phase, now: float, reason: str, **changes: An
 
 def begin(model: str, spec: RolloutSpec, stable: str, now: float) -> Rollout:
     reason = f"started: step 1 of {len(spec.steps)}, canary {spec.canary} at {_number(spec.steps[0])}%"
+    if spec.baseline is not None:
+        reason += f", judged against baseline {spec.baseline} at the same weight"
     return Rollout(model=model, spec=spec, stable=stable, phase=Phase.PROGRESSING, step=0, started_at=now,
                    step_started_at=now, last_transition_at=now, reason=reason,
                    history=({"at": now, "from": None, "to": Phase.PROGRESSING.value, "step": 0, "reason": reason},))

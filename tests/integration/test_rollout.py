@@ -121,6 +121,20 @@ def test_rollout_validation(gateway: GatewayThread) -> None:
     assert admin_call(gateway.url, "POST", "/admin/models/qc/rollout/resume", {})[0] == 409
 
 
+def test_bad_baselines_are_refused_and_change_nothing(gateway: GatewayThread) -> None:
+    for body, code, words in (
+        ({"canary": "3", "baseline": "3"}, 422, "neither the stable nor the canary"),
+        ({"canary": "2", "stable": "1", "baseline": "3"}, 422, "older version than the canary"),
+        ({"canary": "3", "baseline": "2"}, 409, "it is the stable version"),  # 2 takes all the traffic
+    ):
+        status, doc = admin_call(gateway.url, "POST", "/admin/models/qc/rollout", body)
+        assert status == code and words in doc["error"], (body, status, doc)
+    assert admin_call(gateway.url, "GET", "/admin/models/qc/rollout")[0] == 404
+    assert admin_call(gateway.url, "GET", "/admin/models/qc/policy")[1]["weights"] == {"2": 100}
+    doc = start(gateway.url, baseline="1", interval_s=60)
+    assert doc["weights"] == {"2": 90, "1": 5, "3": 5} and doc["baseline"] == "1"
+
+
 def test_unloading_the_canary_rolls_back_at_once_without_failing_requests(faults_path: Path) -> None:
     own = LocalTriton.on_free_ports(models=("qc",), faults_file=faults_path).start()
     try:
