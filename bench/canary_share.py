@@ -9,8 +9,13 @@ other with its 95% interval, and Triton's own per-version averages (queue and co
 from its statistics API) over the same interval, to tell the gateway's share of a difference
 from the model's. Each phase ends with the inverse-variance pooled shift, as the judge pools it.
 
+With ``--baseline``, version 1 (the same code again) takes as much traffic as the smaller-share
+version, out of the larger one's, and the smaller one is compared with it: a rollout's
+``baseline``, the comparison the judge then makes.
+
     .venv/bin/python bench/canary_share.py                             # 95/5, 5/95, 80/20, 50/50
     .venv/bin/python bench/canary_share.py --delay-ms 1 --phases 95:5:30 80:20:30
+    .venv/bin/python bench/canary_share.py --baseline --phases 95:5:60 80:20:30
 """
 
 from __future__ import annotations
@@ -71,7 +76,11 @@ def mean_ms(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]
 
 
 def phase(gateway: GatewayThread, triton: LocalTriton, weights: dict[str, int], seconds: float,
-          interval: float) -> None:
+          interval: float, baseline: bool = False) -> None:
+    canary, stable = sorted(weights, key=lambda version: weights[version])
+    if baseline:  # version 1 at the canary's weight, out of the stable's: compare the canary with it
+        weights = {**weights, stable: weights[stable] - weights[canary], "1": weights[canary]}
+        stable = "1"
     status, doc = admin_call(gateway.url, "PUT", "/admin/models/qc/policy", {"weights": weights})
     assert status < 300, doc
     recorder = gateway.app.recorder
@@ -80,8 +89,8 @@ def phase(gateway: GatewayThread, triton: LocalTriton, weights: dict[str, int], 
         return {version: recorder.take_latencies("qc", version) for version in weights}
 
     gateway.call(take())
-    canary, stable = sorted(weights, key=lambda version: weights[version])
-    print(f"weights {weights}: canary {canary} ({weights[canary]}%) vs stable {stable} ({weights[stable]}%)")
+    print(f"weights {weights}: canary {canary} ({weights[canary]}%) vs {'baseline' if baseline else 'stable'} "
+          f"{stable} ({weights[stable]}%)")
     totals = {version: triton_totals(triton.http_url, version) for version in weights}
     weight = weighted = 0.0
     ends = time.monotonic() + seconds
@@ -113,15 +122,17 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=float, default=0.0, help="base delay of both versions (ms)")
     parser.add_argument("--phases", nargs="+", default=["95:5:60", "5:95:60", "80:20:30", "50:50:30"],
                         help="weight of version 2 : weight of version 3 : seconds")
+    parser.add_argument("--baseline", action="store_true", help="compare the smaller-share version with version 1 "
+                        "at the same share instead of with the larger-share one")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as workdir:
         faults = Path(workdir) / "faults.json"
-        faults.write_text(json.dumps({"qc": {v: {"delay_ms": args.delay_ms} for v in ("2", "3")}}))
+        faults.write_text(json.dumps({"qc": {v: {"delay_ms": args.delay_ms} for v in ("1", "2", "3")}}))
         with LocalTriton.on_free_ports(faults_file=faults) as triton:
             settings = gateway_settings(triton.http_url, admin_token=TOKEN, policies={"qc": {"weights": {"2": 100}}})
             with GatewayThread(settings) as gateway:
                 async def watch() -> None:
-                    for version in ("2", "3"):
+                    for version in ("1", "2", "3"):
                         gateway.app.recorder.watch_latencies("qc", version)
 
                 gateway.call(watch())
@@ -133,7 +144,8 @@ def main() -> None:
                 try:
                     for spec in args.phases:
                         two, three, seconds = spec.split(":")
-                        phase(gateway, triton, {"2": int(two), "3": int(three)}, float(seconds), args.interval)
+                        phase(gateway, triton, {"2": int(two), "3": int(three)}, float(seconds), args.interval,
+                              args.baseline)
                 finally:
                     stop.set()
                     load.join(30)

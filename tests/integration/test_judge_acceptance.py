@@ -2,21 +2,21 @@
 an identical canary at ~150 req/s is promoted within 2 minutes, one 30% slower is rolled back
 within 2 minutes, and the thresholds judge does not roll that same slower canary back.
 
-Both versions of the sample model get the same base delay of BASE_DELAY_MS (the canary of the
-slower test gets more). Without it, the model is ~0.15 ms of Python inside Triton, and a version
-taking 5% of 150 req/s measured 4-34% slower per 3 s interval (+16% to +30% pooled, in 5 phases
-of 30-60 s) than the one taking 95%, in Triton's own compute_infer statistics as much as on the
-gateway's clock, steadily (not a warm-up: it starts the moment a version's share drops, and
-lasts) and for either version: a version that serves a request every ~130 ms runs each one
-colder than one that serves every ~7 ms, a fixed ~0.05-0.1 ms. On a sub-millisecond model that
-is as large as the +20% latency floor and the +30% canary to be caught, so comparing the two
-cannot tell them apart at the 5% step; with 1 ms of work per request it measured +4-5% (20%
-share: +1-1.5%). bench/canary_share.py measures it; README, "The statistical judge", has the
-numbers.
+The canary (version 3) is judged against a baseline (version 1, the same code as the stable,
+version 2) that takes as much traffic as it does: on Triton's Python backend a version's latency
+depends on its share. The bare sample model is ~0.15 ms of Python inside Triton, and a version
+taking 5% of 150 req/s measured 4-34% slower per 3 s interval (+9% to +30% pooled, in phases of
+30-60 s) than the same code taking 95%, in Triton's own compute_infer statistics as much as on
+the gateway's clock, for either version: a version that serves a request every ~130 ms runs each
+one colder than one that serves every ~7 ms. Judged against the stable, the identical canary was
+rolled back in 2 of 3 runs (the judge was right: it *was* slower); against a baseline at the same
+share the difference measured +3-4% (bench/canary_share.py --baseline; README, "The statistical
+judge").
 
 ``JUDGE_ACCEPTANCE_RUNS=3`` repeats the identical-canary run (the issue asks for 3 in a row);
-the suite runs it once. ``JUDGE_ACCEPTANCE_BASE_DELAY_MS=0`` runs the bare model, to see the
-above. Each test prints its time to promotion or rollback and the load average.
+the suite runs it once. ``JUDGE_ACCEPTANCE_BASE_DELAY_MS`` gives every version that much work
+per request (default 0, the bare model). Each test prints its time to promotion or rollback and
+the load average.
 """
 
 from __future__ import annotations
@@ -41,9 +41,10 @@ from tests.support import INFER_BODY, TOKEN, GatewayThread, admin_call, gateway_
 pytestmark = pytest.mark.triton
 
 RATE = 150.0  # req/s, the issue's "~150 req/s"
-SPEC = {"steps": [5, 20, 50, 100], "interval_s": 3}  # everything else: the statistical judge's defaults
+# everything else: the statistical judge's defaults
+SPEC = {"steps": [5, 20, 50, 100], "interval_s": 3, "baseline": "1"}
 DEADLINE_S = 120.0  # "within 2 minutes"
-BASE_DELAY_MS = float(os.environ.get("JUDGE_ACCEPTANCE_BASE_DELAY_MS", "1.0"))  # 0: the bare sub-ms model
+BASE_DELAY_MS = float(os.environ.get("JUDGE_ACCEPTANCE_BASE_DELAY_MS", "0"))  # 0: the bare sub-ms model
 SLOWER = 0.30
 RUNS = int(os.environ.get("JUDGE_ACCEPTANCE_RUNS", "1"))
 
@@ -103,8 +104,8 @@ class PacedLoad:
 
 @pytest.fixture
 def gateway(triton: LocalTriton, faults: Faults) -> Iterator[GatewayThread]:
-    """A gateway with its default controller tick, stable version 2; both versions do BASE_DELAY_MS of work."""
-    for version in ("2", "3"):
+    """A gateway with its default controller tick, stable version 2; every version does BASE_DELAY_MS of work."""
+    for version in ("1", "2", "3"):
         faults.set("qc", version, delay_ms=BASE_DELAY_MS)
     settings = gateway_settings(triton.http_url, admin_token=TOKEN, policies={"qc": {"weights": {"2": 100}}})
     with GatewayThread(settings) as running:
@@ -131,23 +132,27 @@ def outcome(load: PacedLoad, doc: dict[str, Any], took: float, what: str) -> Non
           f"{doc['reason']}")
 
 
-def stable_median_s(gateway: GatewayThread, seconds: float = 3.0) -> float:
-    """The stable's median latency on the gateway's own clock (the one the judge reads)."""
+def baseline_median_s(gateway: GatewayThread, seconds: float = 9.0) -> float:
+    """The baseline's median latency on the gateway's own clock (the one the judge reads), at
+    the share it will have at the first step."""
     recorder = gateway.app.recorder
+    status, doc = admin_call(gateway.url, "PUT", "/admin/models/qc/policy", {"weights": {"2": 95, "1": 5}})
+    assert status == 200, doc
 
     async def watch() -> None:
-        recorder.watch_latencies("qc", "2")
-        recorder.take_latencies("qc", "2")
+        recorder.watch_latencies("qc", "1")
+        recorder.take_latencies("qc", "1")
 
     async def take() -> list[float]:
-        sample = recorder.take_latencies("qc", "2")
-        recorder.unwatch_latencies("qc", "2")
+        sample = recorder.take_latencies("qc", "1")
+        recorder.unwatch_latencies("qc", "1")
         return sample
 
+    time.sleep(2)  # past the first requests of a version that just started taking traffic
     gateway.call(watch())
     time.sleep(seconds)
     sample: list[float] = gateway.call(take())
-    assert len(sample) >= 100, len(sample)
+    assert len(sample) >= 40, len(sample)
     return statistics.median(sample)
 
 
@@ -160,19 +165,19 @@ def test_a_canary_identical_to_the_stable_is_promoted_within_2_minutes(gateway: 
         took = time.monotonic() - started
     outcome(load, doc, took, f"identical canary, run {run + 1} of {RUNS}")
     assert doc["state"] == "promoted", doc["reason"]
-    assert load.versions["3"] > 0 and load.versions["2"] > 0
+    assert load.versions["3"] > 0 and load.versions["2"] > 0 and load.versions["1"] > 0
     latency = {m["name"]: m for m in doc["verdicts"][-1]["metrics"]}["latency"]
     print(latency["summary"])
     assert latency["verdict"] == "pass", latency["summary"]
 
 
 def slower_canary(gateway: GatewayThread, faults: Faults) -> float:
-    """Make version 3 SLOWER end to end: its delay is the base one plus 30% of the stable's
-    measured median, so (stable median + extra) / stable median = 1.3 on the gateway's clock."""
-    median = stable_median_s(gateway)
+    """Make version 3 SLOWER end to end: its delay is the base one plus 30% of the baseline's
+    median at 5%, so (baseline median + extra) / baseline median = 1.3 on the gateway's clock."""
+    median = baseline_median_s(gateway)
     extra_ms = SLOWER * median * 1000
     faults.set("qc", "3", delay_ms=BASE_DELAY_MS + extra_ms)
-    print(f"\nstable median {median * 1000:.3f} ms: canary delay {BASE_DELAY_MS + extra_ms:.3f} ms")
+    print(f"\nbaseline median {median * 1000:.3f} ms: canary delay {BASE_DELAY_MS + extra_ms:.3f} ms")
     return median
 
 
