@@ -43,7 +43,7 @@ from gateway.rollout.hooks import PHASE_EVENTS, Hooks
 from gateway.rollout.judge import Evidence, VersionSample, assess, fold
 from gateway.rollout.phases import Phase, TransitionError
 from gateway.rollout.rollback import critical_verdict
-from gateway.rollout.spec import RolloutSpec
+from gateway.rollout.spec import RolloutSpec, newest_first
 from gateway.rollout.steps import Rollout
 from gateway.services.policies import PolicyService
 from gateway.services.triton_control import TritonControl
@@ -96,9 +96,14 @@ class RolloutController:
         stable = spec.stable or await self._default_stable(model, policy.spec if policy else None)
         if stable == spec.canary:
             raise Conflict(f"version {stable} already takes most of the traffic: name another stable version")
-        if stable == spec.baseline:
-            raise Conflict(f"version {stable} takes most of the traffic, so it is the stable version: the baseline "
-                           "must be a copy of it loaded as a version of its own")
+        if spec.baseline is not None:
+            if stable == spec.baseline:
+                raise Conflict(f"version {stable} takes most of the traffic, so it is the stable version: the "
+                               "baseline must be a copy of it loaded as a version of its own")
+            try:
+                newest_first(spec.canary, stable)
+            except ValueError as exc:
+                raise Conflict(str(exc)) from None
         if existing is not None and steps.was_rolled_back(existing.document) \
                 and existing.document["canary"] == spec.canary and not spec.retry:
             raise Conflict(f"version {spec.canary} of model '{model}' was rolled back ({existing.document['reason']}); "
@@ -106,8 +111,9 @@ class RolloutController:
         refused_checks = self.checks.refusal(spec)
         if refused_checks is not None:
             raise Conflict(refused_checks)
-        await self.triton.require_ready(model, {stable, spec.canary} | ({spec.baseline} if spec.baseline else set()))
-        self.fast.baseline(model, spec.canary, stable)  # only failures from now on count
+        versions = {stable, spec.canary} | ({spec.baseline} if spec.baseline else set())
+        await self.triton.require_ready(model, versions)
+        self.fast.baseline(model, *versions)  # only failures from now on count
         rollout = dataclasses.replace(steps.begin(model, spec, stable, self.clock()),
                                       policy_revision=policy.revision if policy else 0)
         refused = await self.hooks.refusal(rollout, ("pre_rollout",), self.call_timeout_s)
@@ -145,7 +151,7 @@ class RolloutController:
         policy = await self.store.get_policy(model)
         if command == "resume":  # the SRE's resume re-asserts the rollout's weights over theirs
             changed = dataclasses.replace(changed, policy_revision=policy.revision if policy else 0)
-            self.fast.baseline(model, changed.canary, changed.stable)
+            self.fast.baseline(model, *changed.weights())
         try:
             result = await self._commit(stored, changed, policy, None, actor)
         except PolicyMoved:
@@ -254,6 +260,9 @@ class RolloutController:
         lost = await self.fast.reason_to_roll_back(rollout)
         if lost:
             return steps.roll_back(rollout, now, lost), "canary_lost"
+        missing = await self.fast.baseline_missing(rollout)
+        if missing:  # nothing to judge the canary against, and its traffic goes elsewhere: a human decides
+            return steps.on_command(rollout, "pause", now, f"{ACTOR} ({missing})"), None
         if rollout.applied and rollout.due(now):  # judge a step only once its weights are in place
             if self.fast.troubled_within(rollout.model, rollout.spec.interval_s + self.tick_s):
                 verdict = Verdict(Outcome.INCONCLUSIVE, "Triton could not serve the model during this interval "

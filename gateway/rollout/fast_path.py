@@ -7,8 +7,11 @@ with). So the fast path fires only when
 
 - Triton reports the canary not READY while the stable is READY, or
 - the data path saw "version unavailable" answers from the canary and none from the stable
-  (below 100%: at the 100% step the stable takes no traffic to compare with, so only
-  readiness counts there).
+  or the baseline (below 100%: at the 100% step the stable takes no traffic to compare with,
+  so only readiness counts there).
+
+A rollout's baseline that is not READY while the canary is pauses the rollout
+(:meth:`FastPath.baseline_missing`): it is nobody's failure, but nothing is left to judge with.
 
 Both readiness answers come from one snapshot of Triton's repository index, so a Triton that
 is restarting (nothing READY) never looks like a broken canary.
@@ -70,7 +73,9 @@ class FastPath:
         if rollout.canary_percent == 0:
             return None
         failures = {kind: self._new_failures(rollout.model, rollout.canary, kind) for kind in VERSION_SPECIFIC_KINDS}
-        stable_failures = {kind: self._new_failures(rollout.model, rollout.stable, kind)
+        # the stable's, and a baseline's (from the 50% step on, the stable may take no traffic at all)
+        stable_failures = {kind: sum(self._new_failures(rollout.model, version, kind)
+                                     for version in dict.fromkeys((rollout.stable, rollout.reference)))
                            for kind in VERSION_SPECIFIC_KINDS}
         snapshot = await self.states(rollout.model, rollout.canary, rollout.stable)
         states, busy = snapshot if snapshot is not None else ({}, False)
@@ -94,6 +99,25 @@ class FastPath:
             if count and not stable_failures[kind]:
                 return f"version {rollout.canary} failed with {kind} ({count} requests) while stable did not"
         return None
+
+    async def baseline_missing(self, rollout: Rollout) -> str | None:
+        """Why the rollout's baseline cannot serve (not READY while the canary is), if it has one:
+        then nothing is left to judge the canary against, and the baseline's requests go to
+        another version (from the 50% step on, the canary)."""
+        baseline = rollout.spec.baseline
+        if baseline is None or rollout.canary_percent in (0, 100):
+            return None
+        snapshot = await self.states(rollout.model, baseline, rollout.canary)
+        if snapshot is None or snapshot[1]:
+            return None  # Triton cannot be asked, or is loading the model: not the baseline's own
+        states = snapshot[0]
+        state, canary = states.get(baseline), states.get(rollout.canary)
+        if canary is None or canary.state != "READY" or (state is not None and state.state in ("READY", "LOADING")):
+            return None
+        shown = "not in the repository index" if state is None else \
+            f"{state.state} ({state.reason})" if state.reason else state.state
+        return (f"baseline version {baseline} is {shown} on Triton: the canary cannot be judged without it; "
+                "load it again and resume, or abort")
 
     def _new_failures(self, model: str, version: str, kind: str) -> int:
         """Failures of this kind since the previous look (0 on the first look)."""

@@ -105,6 +105,12 @@ class RolloutSpec(BaseModel):
         if self.baseline is not None:
             if self.baseline in (self.stable, self.canary):
                 raise ValueError("the baseline must be a version of its own, neither the stable nor the canary")
+            if self.judge != "statistical":
+                raise ValueError("a baseline is for the statistical judge (judge: thresholds compares each "
+                                 "interval's p99 and 4xx with min_requests of the other version, which a "
+                                 "baseline at the canary's weight seldom has)")
+            if self.stable is not None:
+                newest_first(self.canary, self.stable)
             # Sticky users are laid out newest version first: an older baseline sits after the
             # canary, so raising the canary's weight still only moves users into it.
             if target_order(self.baseline) >= target_order(self.canary):
@@ -117,3 +123,12 @@ class RolloutSpec(BaseModel):
         doc["steps"] = [float(s) if s != int(s) else int(s) for s in self.steps]
         doc["rollback"]["steps"] = [float(s) if s != int(s) else int(s) for s in self.rollback.steps]
         return doc
+
+
+def newest_first(canary: str, stable: str) -> None:
+    """With a baseline, the canary must be the newest of the three versions: sticky users are
+    laid out newest version first, so only then does raising its weight only move users into it
+    (with two versions either order works: the canary's range grows from one end)."""
+    if target_order(stable) >= target_order(canary):
+        raise ValueError(f"with a baseline the canary ({canary}) must be newer than the stable ({stable}), "
+                         "or sticky users would move out of the canary as it grows")

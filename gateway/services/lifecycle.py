@@ -79,8 +79,8 @@ class ModelLifecycle:
         target, its canary takes traffic) or a non-zero weight."""
         rollout = await self.store.get_rollout(model)
         if rollout is not None and rollout.document["state"] in ("progressing", "paused", "rolling_back"):
-            for role in ("stable", "canary"):
-                if rollout.document[role] == version:
+            for role in ("stable", "canary", "baseline"):
+                if rollout.document.get(role) == version:
                     raise Conflict(f"version {version} of model '{model}' is the {role} of its "
                                    f"{rollout.document['state']} rollout: abort or finish the rollout first")
         stored = await self.store.get_policy(model)

@@ -65,15 +65,18 @@ def test_a_stored_rollout_without_a_baseline_still_loads_and_judges_against_the_
     assert loaded.reference == "2" and numbers(loaded.weights()) == {"2": 95, "3": 5}
 
 
-def test_sticky_users_never_leave_the_canary_as_it_grows() -> None:
-    """The baseline is older than the canary, so its bucket range sits after the canary's:
-    raising the canary's weight only moves users into it (the routing promise)."""
+@pytest.mark.parametrize(("stable", "baseline"), [("2", "1"), ("1", "2"), ("blue:2", "blue:1")])
+def test_sticky_users_never_leave_the_canary_as_it_grows(stable: str, baseline: str) -> None:
+    """The canary is the newest of the three (the spec and begin() see to it), so its bucket
+    range comes first: raising its weight only moves users into it (the routing promise)."""
     users = [f"user-{i}" for i in range(4000)]
-    rollout = steps.begin("qc", SPEC, "2", now=0)
+    canary = "blue:3" if ":" in stable else "3"
+    spec = RolloutSpec(canary=canary, stable=stable, baseline=baseline, steps=[5, 20, 50, 100])
+    rollout = steps.begin("qc", spec, stable, now=0)
     before: set[str] | None = None
     for i in range(4):
         policy = compile_policy("qc", PolicySpec.model_validate({"weights": numbers(rollout.weights())}))
-        in_canary = {u for u in users if _version_of(policy, u) == "3"}
+        in_canary = {u for u in users if _version_of(policy, u) == canary}
         if before is not None:
             assert before <= in_canary, f"users left the canary at step {i + 1}"
         before = in_canary
@@ -92,6 +95,9 @@ def _version_of(policy: Policy, user: str) -> str | None:
     ({"baseline": "4"}, "older version than the canary"),
     ({"baseline": "0"}, "String should match pattern"),
     ({"baseline": "x:1:2"}, "String should match pattern"),
+    ({"baseline": "1", "judge": "thresholds"}, "a baseline is for the statistical judge"),
+    ({"canary": "2", "stable": "3", "baseline": "1"}, "must be newer than the stable"),
+    ({"canary": "blue:3", "stable": "green:3", "baseline": "blue:2"}, "must be newer than the stable"),
 ])
 def test_invalid_baselines_are_refused(fields: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
@@ -201,3 +207,68 @@ def test_webhooks_name_the_baseline_only_when_there_is_one() -> None:
     assert with_baseline["baseline"] == "1" and with_baseline["weights"] == {"2": 90, "1": 5, "3": 5}
     without = json.loads(payload(steps.begin("qc", RolloutSpec(canary="3"), "2", now=0), "started", 0))
     assert "baseline" not in without
+
+
+
+async def test_a_canary_older_than_the_stable_is_refused_with_a_baseline(h: Harness) -> None:
+    """Redeploying an older version (stable 3, canary 2): the stable's range would sit before the
+    canary's, and sticky users would move out of the canary at every step."""
+    await h.policies.put("qc", PolicySpec.model_validate({"weights": {"3": 100}}), 1, EventDraft("sre", "put"))
+    with pytest.raises(Conflict, match="must be newer than the stable"):
+        await h.controller.begin("qc", RolloutSpec(canary="2", baseline="1"), "alice")
+    assert await h.store.get_rollout("qc") is None and await h.weights() == {"3": 100}
+    started = await h.controller.begin("qc", RolloutSpec(canary="2"), "alice")  # without one: fine
+    assert numbers(started.weights()) == {"3": 95, "2": 5}
+
+
+async def at_50_percent(h: Harness) -> None:
+    await h.controller.begin("qc", SPEC, "alice")
+    rng = random.Random(7)
+    while (await h.weights()).get("3") != 50:
+        await interval(h, {"1": 0.0006, "2": 0.0006, "3": 0.0006}, rng)
+    assert await h.weights() == {"1": 50, "3": 50}, "the stable takes nothing at 50%"
+
+
+async def test_failures_the_canary_shares_with_the_baseline_are_not_its_own(h: Harness) -> None:
+    """From 50% on the stable takes no traffic: "version unavailable" answers from the canary
+    and the baseline alike (Triton reloading the model) must not roll the canary back at once."""
+    await at_50_percent(h)
+    for version in ("3", "1"):
+        for _ in range(5):
+            h.recorder.upstream_error("qc", version, "VersionUnavailable")
+    h.clock.now += 0.5
+    await h.controller.tick()
+    assert (await h.state())["state"] == "progressing"
+    for _ in range(5):
+        h.recorder.upstream_error("qc", "3", "VersionUnavailable")
+    h.clock.now += 0.5
+    await h.controller.tick()
+    state = await h.state()
+    assert state["state"] == "rolled_back" and "failed with VersionUnavailable" in state["reason"]
+
+
+async def test_a_baseline_that_stops_serving_pauses_the_rollout_where_it_is(h: Harness) -> None:
+    """At 50% its requests would fall back to the canary, which would serve everything while the
+    rollout claims 50%; below, every step would wait on it. Nothing to judge against: pause."""
+    await at_50_percent(h)
+    h.triton.ready["1"] = False
+    h.clock.now += 0.5
+    await h.controller.tick()
+    state = await h.state()
+    assert state["state"] == "paused" and "baseline version 1 is UNAVAILABLE" in state["reason"], state["reason"]
+    assert await h.weights() == {"1": 50, "3": 50}, "a pause leaves the weights to the humans"
+    h.triton.ready["1"] = True
+    await h.controller.command("qc", "resume", "alice")
+    h.clock.now += 0.5
+    await h.controller.tick()
+    assert (await h.state())["state"] == "progressing"
+
+
+async def test_the_baseline_of_an_active_rollout_cannot_be_unloaded(h: Harness) -> None:
+    from gateway.services.lifecycle import ModelLifecycle
+
+    await h.controller.begin("qc", SPEC, "alice")
+    lifecycle: Any = ModelLifecycle.__new__(ModelLifecycle)
+    lifecycle.store = h.store
+    with pytest.raises(Conflict, match="baseline of its progressing rollout"):
+        await lifecycle._refuse_if_referenced("qc", "1")
