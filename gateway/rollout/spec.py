@@ -60,8 +60,9 @@ class RolloutSpec(BaseModel):
     false_rollback_rate: float = Field(0.01, gt=0, le=0.2, description="statistical: chance that a canary as "
                                        "good as the stable is ever judged unhealthy during the whole rollout")
     retry: bool = Field(False, description="roll out a canary that the model's last rollout rolled back")
-    inconclusive_limit: int = Field(30, ge=1, le=10_000, description="statistical: inconclusive intervals in a "
-                                    "row before the rollout pauses (with the requests a decision still needs)")
+    inconclusive_limit: int = Field(30, ge=1, le=10_000, description="statistical: intervals in a row without a "
+                                    "decision (inconclusive, or metrics unreadable) before the rollout pauses (with "
+                                    "the requests a decision still needs)")
     webhooks: list[Webhook] = Field(default_factory=list, max_length=10, description="told of every transition "
                                     "(gateway/rollout/hooks.py)")
     gates: list[Gate] = Field(default_factory=list, max_length=10, description="asked before the rollout starts, "

@@ -222,10 +222,13 @@ def on_verdict(rollout: Rollout, verdict: Verdict, now: float, evidence: dict[st
         rollout, verdicts=(*rollout.verdicts, {"at": now, "step": rollout.step, **verdict.document()})[-KEEP_VERDICTS:],
         canary_requests=rollout.canary_requests + verdict.canary_requests, step_started_at=now,
         evidence=rollout.evidence if evidence is None else evidence,
-        consecutive_inconclusive=rollout.consecutive_inconclusive + 1 if verdict.outcome is Outcome.INCONCLUSIVE
-        else 0)
+        # an unreadable interval decides nothing either: it must not restart the inconclusive count
+        # (a flaky check alternating error and ok would otherwise reset both counts for ever)
+        consecutive_inconclusive=rollout.consecutive_inconclusive + 1
+        if verdict.outcome in (Outcome.INCONCLUSIVE, Outcome.ERROR) else 0)
+    undecided = spec.judge == "statistical" and judged.consecutive_inconclusive >= spec.inconclusive_limit
     if verdict.outcome is Outcome.INCONCLUSIVE:  # no data: hold the step, count nothing
-        if spec.judge == "statistical" and judged.consecutive_inconclusive >= spec.inconclusive_limit:
+        if undecided:
             return _move(judged, Phase.PAUSED, now, f"paused: {judged.consecutive_inconclusive} inconclusive "
                          f"intervals in a row ({verdict.reason})", consecutive_errors=0, consecutive_inconclusive=0)
         return dataclasses.replace(judged, consecutive_errors=0)
@@ -234,6 +237,10 @@ def on_verdict(rollout: Rollout, verdict: Verdict, now: float, evidence: dict[st
         if errors >= spec.error_limit:
             return _move(judged, Phase.PAUSED, now, f"paused: metrics unreadable for {errors} intervals "
                          f"({verdict.reason})", consecutive_errors=errors)
+        if undecided:
+            return _move(judged, Phase.PAUSED, now, f"paused: {judged.consecutive_inconclusive} inconclusive "
+                         f"intervals in a row, some with metrics unreadable ({verdict.reason})",
+                         consecutive_errors=0, consecutive_inconclusive=0)
         return dataclasses.replace(judged, consecutive_errors=errors)
     if verdict.outcome is Outcome.UNHEALTHY:
         failures = rollout.consecutive_failures + 1

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.rollout import steps
-from gateway.rollout.analysis import Outcome
+from gateway.rollout.analysis import Outcome, Verdict
 from gateway.rollout.judge import Evidence, VersionSample, assess
 from gateway.rollout.phases import Phase
 from gateway.rollout.spec import RolloutSpec
@@ -117,6 +117,21 @@ def test_inconclusive_limit_pauses_the_rollout_with_the_reason() -> None:
     assert "more canary requests needed" in rollout.reason
     assert Evidence.from_document(rollout.evidence) == evidence
     assert steps.Rollout.from_document(rollout.document()) == rollout
+
+
+def test_a_check_that_alternates_error_and_ok_cannot_keep_an_undecided_rollout_going_for_ever() -> None:
+    """ERROR (a check without a value) and INCONCLUSIVE (the judge undecided) used to reset each
+    other's count, so neither error_limit nor inconclusive_limit was ever reached."""
+    spec = SPEC.model_copy(update={"inconclusive_limit": 4, "error_limit": 3})
+    rollout = steps.begin("qc", spec, "2", now=0)
+    unreadable = Verdict(Outcome.ERROR, "check 'conversion': no value")
+    undecided = Verdict(Outcome.INCONCLUSIVE, "latency undecided")
+    for i, verdict in enumerate([unreadable, undecided, unreadable, undecided]):
+        assert rollout.phase is Phase.PROGRESSING, (i, rollout.reason)
+        rollout = steps.on_verdict(rollout, verdict, 30.0 * (i + 1))
+    assert rollout.phase is Phase.PAUSED and "4 inconclusive intervals in a row" in rollout.reason
+    healthy_again = steps.on_verdict(steps.on_command(rollout, "resume", 200, "sre"), undecided, 230)
+    assert healthy_again.phase is Phase.PROGRESSING and healthy_again.consecutive_inconclusive == 1
 
 
 def test_bench_smoke_run_prints_the_table(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
