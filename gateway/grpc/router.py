@@ -19,7 +19,7 @@ from gateway.grpc.wire import RouteFields, WireError, route_fields, with_version
 from gateway.pipeline import Pipeline, Target, route_metadata
 from gateway.proxy.shadow import GrpcMirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
-from gateway.telemetry.recorder import QUEUE_FULL, Outcome
+from gateway.telemetry.recorder import QUEUE_FULL, STEERED_ROUTES, Outcome
 
 _QUEUE_FULL = QUEUE_FULL.encode()
 
@@ -150,7 +150,7 @@ class GrpcRouter:
             self.record(model, decision, StatusCode.RESOURCE_EXHAUSTED, started)
             return replied
         self.record(model, decision, StatusCode.INTERNAL if failed else StatusCode.OK, started)
-        if failed or model is None or decision is None:
+        if failed or model is None or decision is None or decision.reason in STEERED_ROUTES:
             return replied
         now = time.perf_counter()
         self.pipeline.recorder.record_stream(model, decision.version or "", not replied, now - (replied or started))

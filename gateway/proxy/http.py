@@ -22,7 +22,7 @@ from gateway.pipeline import Pipeline, Target, route_metadata
 from gateway.proxy.limits import BodyReader, end_to_end
 from gateway.proxy.shadow import Mirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
-from gateway.telemetry.recorder import Outcome, http_outcome
+from gateway.telemetry.recorder import STEERED_ROUTES, Outcome, http_outcome
 from gateway.upstream import HttpUpstream, UpstreamResponse
 
 Scope = MutableMapping[str, Any]
@@ -257,7 +257,7 @@ class HttpExchange:
         version = None  # the version whose generate_stream responses are timed
         if decision is not None:
             headers += self.proxy.decision_headers(decision, response)
-            if self.stream_of is not None and response.status == 200:
+            if self.stream_of is not None and response.status == 200 and decision.reason not in STEERED_ROUTES:
                 version = decision.version or ""
         if response.complete:
             body = response.body()

@@ -81,7 +81,8 @@ class GatewayCollector:
             for protocol in ("http", "grpc"):
                 durations.setdefault((model, version, protocol), ([0] * (len(LATENCY_BOUNDS) + 1), 0.0))
         histogram = HistogramMetricFamily("gateway_request_duration_seconds", "Latency through the gateway of "
-                                          "judged requests (successes and upstream errors)",
+                                          "judged requests (successes and upstream errors, not on routes pinned "
+                                          "and rule)",
                                           labels=["model", "version", "protocol"])
         for labels, (hist, total) in durations.items():
             histogram.add_metric(list(labels), _buckets(hist), total)
@@ -123,7 +124,9 @@ class GatewayCollector:
         """Per version and outcome, every outcome from 0 for every routed version: a version's
         first error then counts in increase(), which misses the first sample of a new series."""
         family = CounterMetricFamily("gateway_version_requests", "Requests per routed version by outcome "
-                                     "(success, upstream_error, client_error, overload, cancelled)",
+                                     "(success, upstream_error, client_error, overload, cancelled), as the "
+                                     "judge counts them: not those whose client chose the version (routes pinned "
+                                     "and rule, in gateway_requests_total)",
                                      labels=["model", "version", "outcome"])
         totals = self.recorder.outcome_totals()
         for key in routed:

@@ -44,6 +44,10 @@ MAX_SERIES = 4096  # hard cap on distinct label sets; beyond it samples fold int
 # Why policy sync failed: an unreadable stored record (skipped), the store unreachable, or a
 # sync loop that crashed (restarted by its supervisor).
 SYNC_ERROR_REASONS = ("corrupt_record", "store_unreachable", "internal")
+# Routes on which the client chose the version (gateway.routing.Reason: a version in the URL or
+# the request, a header rule): counted in /metrics, never judged. They are not a sample of the
+# policy's split, and a hostile client could aim bad requests at the canary to roll it back.
+STEERED_ROUTES = frozenset(("pinned", "rule"))
 
 
 class Outcome(str, Enum):
@@ -197,6 +201,13 @@ class Recorder:
     def record(self, model: str, version: str, outcome: Outcome, latency_s: float,
                route: str = "", protocol: str = "http", code: str = "200") -> None:
         """One finished request. O(1); the series is created on first use."""
+        label = (model, version, route, protocol, code)
+        totals = self._totals.get(label)
+        if totals is None:
+            totals = self._new_totals(label)
+        totals.count += 1
+        if route in STEERED_ROUTES:
+            return
         key = (model, version)
         series = self._series.get(key)
         if series is None:
@@ -210,11 +221,6 @@ class Recorder:
             for index in range(len(hist)):
                 hist[index] = 0
         series.outcomes[outcome] += 1
-        label = (model, version, route, protocol, code)
-        totals = self._totals.get(label)
-        if totals is None:
-            totals = self._new_totals(label)
-        totals.count += 1
         if outcome is Outcome.SUCCESS or outcome is Outcome.UPSTREAM_ERROR:
             # Latency only of judged requests, here and in /metrics, so that Prometheus' p99
             # and the recorder's are of the same requests.

@@ -173,17 +173,25 @@ def test_errors_pass_through_and_are_classified(gateway: GatewayThread, client: 
     assert "StatusCode.NOT_FOUND" in str(missing.value.status())
     bad = grpcclient.InferInput("WRONG", [1, 4], "FP32")
     bad.set_data_from_numpy(X)
+    # routed by the policy, so judged (a version the client names is counted, never judged)
+    assert admin_call(gateway.url, "PUT", "/admin/models/qc/policy", {"weights": {"2": 100}})[0] == 200
     with pytest.raises(InferenceServerException) as invalid:
-        client.infer("qc", [bad], model_version="2")
+        client.infer("qc", [bad])
     assert "INVALID_ARGUMENT" in str(invalid.value.status())
     faults.set("qc", "3", error_rate=1.0)
+    assert admin_call(gateway.url, "PUT", "/admin/models/qc/policy", {"weights": {"3": 100}})[0] == 200
     with pytest.raises(InferenceServerException, match="injected fault"):
-        client.infer("qc", inputs(), model_version="3")
+        client.infer("qc", inputs())
     recorder = gateway.app.recorder
     codes = {(label[1], label[3], label[4]) for label in recorder.totals if label[3] == "grpc"}
     assert ("2", "grpc", "INVALID_ARGUMENT") in codes
-    assert recorder.window("qc", "2", 60).errors == 0, "client mistakes never count against a version"
-    assert recorder.window("qc", "3", 60).errors >= 1
+    stable, canary = recorder.window("qc", "2", 60), recorder.window("qc", "3", 60)
+    assert (stable.errors, stable.client_errors) == (0, 1), "client mistakes never count as a version's errors"
+    assert canary.errors == 1
+    with pytest.raises(InferenceServerException, match="injected fault"):
+        client.infer("qc", inputs(), model_version="3")
+    assert recorder.window("qc", "3", 60).errors == 1, "the client named the version: not judged"
+    assert recorder.totals[("qc", "3", "pinned", "grpc", "INTERNAL")].count == 1
 
 
 def test_deadline_propagates(client: grpcclient.InferenceServerClient, faults: Faults) -> None:

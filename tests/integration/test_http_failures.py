@@ -64,9 +64,9 @@ def test_upstream_deadline_gives_504(triton: LocalTriton, faults: Faults) -> Non
 
 def test_client_that_disconnects_cancels_its_upstream_request(triton: LocalTriton, faults: Faults) -> None:
     faults.set("qc", "3", delay_ms=2000)
-    with GatewayThread(gateway_settings(triton.http_url)) as gw:
+    with GatewayThread(gateway_settings(triton.http_url, policies={"qc": {"weights": {"3": 100}}})) as gw:
         sock = socket.create_connection(("127.0.0.1", gw.settings.port))
-        sock.sendall(b"POST /v2/models/qc/versions/3/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+        sock.sendall(b"POST /v2/models/qc/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
                      % (len(INFER_BODY), INFER_BODY))
         time.sleep(0.3)
         assert gw.app.upstream.open_connections == 1
@@ -83,13 +83,16 @@ def test_client_that_disconnects_cancels_its_upstream_request(triton: LocalTrito
 
 def test_recorder_counts_upstream_errors_but_not_client_errors(triton: LocalTriton, faults: Faults) -> None:
     faults.set("qc", "3", error_rate=1.0)
-    with GatewayThread(gateway_settings(triton.http_url)) as gw:
-        status, _, body = post(f"{gw.url}/v2/models/qc/versions/3/infer")
+    with GatewayThread(gateway_settings(triton.http_url, policies={"qc": {"weights": {"3": 100}}})) as gw:
+        status, _, body = post(f"{gw.url}/v2/models/qc/infer")
         assert status == 500 and "injected fault" in json.loads(body)["error"]
-        assert post(f"{gw.url}/v2/models/qc/versions/2/infer", body=b'{"inputs": []}')[0] == 400
-        assert gw.app.recorder.window("qc", "3", 10).errors == 1
-        window2 = gw.app.recorder.window("qc", "2", 10)
-        assert (window2.requests, window2.client_errors) == (0, 1)
+        assert post(f"{gw.url}/v2/models/qc/infer", body=b'{"inputs": []}')[0] == 400
+        window = gw.app.recorder.window("qc", "3", 10)
+        assert (window.requests, window.errors, window.client_errors) == (1, 1, 1)
+        # the client chose the version: counted in /metrics by route, never judged
+        assert post(f"{gw.url}/v2/models/qc/versions/3/infer")[0] == 500
+        assert gw.app.recorder.window("qc", "3", 10) == window
+        assert gw.app.recorder.totals[("qc", "3", "pinned", "http", "500")].count == 1
         assert Outcome.UPSTREAM_ERROR.value == "upstream_error"
 
 

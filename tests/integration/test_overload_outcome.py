@@ -35,8 +35,9 @@ def upstream(request: pytest.FixtureRequest) -> Iterator[tuple[GarbageServer, st
 
 def test_overload_is_counted_apart_and_not_against_the_version(upstream: tuple[GarbageServer, str]) -> None:
     server, expected = upstream
-    with GatewayThread(gateway_settings(f"http://127.0.0.1:{server.port}")) as gw:
-        request = urllib.request.Request(f"{gw.url}/v2/models/qc/versions/3/infer", data=INFER_BODY, method="POST")
+    settings = gateway_settings(f"http://127.0.0.1:{server.port}", policies={"qc": {"weights": {"3": 100}}})
+    with GatewayThread(settings) as gw:  # routed by the policy: a version in the URL is never judged
+        request = urllib.request.Request(f"{gw.url}/v2/models/qc/infer", data=INFER_BODY, method="POST")
         with pytest.raises(urllib.error.HTTPError):
             urllib.request.urlopen(request, timeout=10)
         window = gw.app.recorder.window("qc", "3", 10)

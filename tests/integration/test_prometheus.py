@@ -59,7 +59,8 @@ def test_a_new_versions_first_errors_count_and_overload_is_not_an_error(triton: 
     """No warm-up: the canary's series exist at 0 from the first scrape, so increase() counts
     its very first errors; Triton's queue-full 503s and 400s are counted apart from errors."""
     faults.set("qc", "3", error_rate=0.4, client_error_rate=0.2, overload_rate=0.2)
-    settings = gateway_settings(triton.http_url, policies={"qc": {"weights": {"2": 50, "3": 50}}})
+    # all of it routed to 3 by the policy (a version in the URL would be counted, never judged)
+    settings = gateway_settings(triton.http_url, policies={"qc": {"weights": {"2": 0, "3": 100}}})
     with GatewayThread(settings) as gw:
         prometheus = PrometheusServer(tmp_path, {"gateway": gw.hostport})
         try:
@@ -67,7 +68,7 @@ def test_a_new_versions_first_errors_count_and_overload_is_not_an_error(triton: 
                      10, what="first scrape")
             time.sleep(1.5)  # at least two scrapes of the zeros
             started = time.monotonic()
-            asyncio.run(drive(gw.url, 400, concurrency=4, path="/v2/models/qc/versions/3/infer"))
+            asyncio.run(drive(gw.url, 400, concurrency=4))
             time.sleep(2.5)
             seconds = math.ceil(time.monotonic() - started) + 2
             promql = asyncio.run(PrometheusSource(prometheus.url).window("qc", "3", seconds))

@@ -70,6 +70,24 @@ def test_window_counts_errors_and_quantiles() -> None:
     assert p50 is not None and 0.003 < p50 <= 0.005
 
 
+@pytest.mark.parametrize("route", ["pinned", "rule"])
+def test_requests_whose_client_chose_the_version_are_counted_but_never_judged(route: str) -> None:
+    """A version in the URL or a header rule: not a sample of the policy's split, and a hostile
+    client's way to aim bad requests at a canary (tests/integration/test_hostile_judge.py)."""
+    recorder = Recorder(clock=Clock())
+    recorder.watch_latencies("qc", "3")
+    for outcome, code in ((Outcome.SUCCESS, "200"), (Outcome.UPSTREAM_ERROR, "500"), (Outcome.CLIENT_ERROR, "400"),
+                          (Outcome.OVERLOAD, "429")):
+        recorder.record("qc", "3", outcome, 0.004, route, "http", code)
+    window = recorder.window("qc", "3", 10)
+    assert (window.requests, window.errors, window.client_errors, window.overloads) == (0, 0, 0, 0)
+    assert recorder.take_latencies("qc", "3") == []
+    assert {label[4]: totals.count for label, totals in recorder.totals.items()} == \
+        {"200": 1, "500": 1, "400": 1, "429": 1}
+    recorder.record("qc", "3", Outcome.CLIENT_ERROR, 0.004, "weighted", "http", "400")
+    assert recorder.window("qc", "3", 10).client_errors == 1
+
+
 def test_old_seconds_fall_out_of_the_window() -> None:
     clock = Clock()
     recorder = Recorder(horizon_s=60, clock=clock)
