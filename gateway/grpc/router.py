@@ -150,10 +150,11 @@ class GrpcRouter:
             self.record(model, decision, StatusCode.RESOURCE_EXHAUSTED, started)
             return replied
         self.record(model, decision, StatusCode.INTERNAL if failed else StatusCode.OK, started)
-        if failed or model is None or decision is None or decision.reason in STEERED_ROUTES:
+        if failed or model is None or decision is None:
             return replied
         now = time.perf_counter()
-        self.pipeline.recorder.record_stream(model, decision.version or "", not replied, now - (replied or started))
+        self.pipeline.recorder.record_stream(model, decision.version or "", not replied, now - (replied or started),
+                                             decision.reason not in STEERED_ROUTES)
         return now
 
     def record(self, model: str | None, decision: Decision | None, code: int, started: float,

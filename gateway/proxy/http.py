@@ -209,7 +209,7 @@ class HttpExchange:
     """One HTTP request and its answer, as the pipeline drives it (see ``pipeline.Exchange``)."""
 
     __slots__ = ("proxy", "scope", "send_to_client", "target", "versioned", "body", "response", "status",
-                 "handed", "client_left", "task", "stream_of", "started", "delivered")
+                 "handed", "client_left", "task", "stream_of", "started", "delivered", "judged")
 
     def __init__(self, proxy: HttpProxy, scope: Scope, send: Send, target: bytes, versioned: bool,
                  body: bytes) -> None:
@@ -227,6 +227,7 @@ class HttpExchange:
         self.stream_of: str | None = None  # the model of a generate_stream call, whose responses are timed
         self.started = 0.0  # when the request arrived (perf_counter)
         self.delivered = 0.0  # when the previous response went to the client; 0.0: none yet
+        self.judged = True  # False when the client chose the version: its stream timings are not judged
 
     def _path(self, target: Target) -> bytes:
         if self.versioned or target.version is None:
@@ -257,8 +258,9 @@ class HttpExchange:
         version = None  # the version whose generate_stream responses are timed
         if decision is not None:
             headers += self.proxy.decision_headers(decision, response)
-            if self.stream_of is not None and response.status == 200 and decision.reason not in STEERED_ROUTES:
+            if self.stream_of is not None and response.status == 200:
                 version = decision.version or ""
+                self.judged = decision.reason not in STEERED_ROUTES
         if response.complete:
             body = response.body()
             headers.append((b"content-length", str(len(body)).encode()))
@@ -284,7 +286,7 @@ class HttpExchange:
         now, previous = time.perf_counter(), self.delivered
         assert self.stream_of is not None
         self.proxy.pipeline.recorder.record_stream(self.stream_of, version, not previous,
-                                                   now - (previous or self.started))
+                                                   now - (previous or self.started), self.judged)
         self.delivered = now
 
     def outcome(self) -> Outcome:

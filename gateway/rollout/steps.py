@@ -236,7 +236,7 @@ def on_verdict(rollout: Rollout, verdict: Verdict, now: float, evidence: dict[st
         errors = rollout.consecutive_errors + 1
         if errors >= spec.error_limit:
             return _move(judged, Phase.PAUSED, now, f"paused: metrics unreadable for {errors} intervals "
-                         f"({verdict.reason})", consecutive_errors=errors)
+                         f"({verdict.reason})", consecutive_errors=errors, consecutive_inconclusive=0)
         if undecided:
             return _move(judged, Phase.PAUSED, now, f"paused: {judged.consecutive_inconclusive} inconclusive "
                          f"intervals in a row, some with metrics unreadable ({verdict.reason})",
@@ -272,7 +272,7 @@ def on_command(rollout: Rollout, command: str, now: float, actor: str) -> Rollou
         if rollout.phase is not Phase.PAUSED:
             raise TransitionError(f"the rollout is {rollout.phase.value}, not paused")
         return _move(rollout, Phase.PROGRESSING, now, f"resumed by {actor}", step_started_at=now,
-                     consecutive_errors=0)
+                     consecutive_errors=0, consecutive_inconclusive=0)
     if command == "abort":
         return _move(rollout, Phase.ABORTED, now, f"aborted by {actor}: back to {rollout.stable}",
                      awaiting_promote=False)

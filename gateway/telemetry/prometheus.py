@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import choose_encoder
 
 from gateway.policy_book import PolicyBook
-from gateway.telemetry.recorder import LATENCY_BOUNDS, OUTCOMES, Recorder
+from gateway.telemetry.recorder import LATENCY_BOUNDS, OUTCOMES, STEERED_ROUTES, Recorder
 
 
 class GatewayCollector:
@@ -70,28 +70,29 @@ class GatewayCollector:
         requests = CounterMetricFamily("gateway_requests", "Requests through the gateway, by routed version, "
                                        "route reason, protocol and status code",
                                        labels=["model", "version", "route", "protocol", "code"])
-        durations: dict[tuple[str, str, str], tuple[list[int], float]] = {}
+        durations: dict[tuple[str, str, str, str], tuple[list[int], float]] = {}
         for (model, version, route, protocol, code), totals in list(self.recorder.totals.items()):
             requests.add_metric([model, version, route, protocol, code], totals.count)
-            hist, total = durations.get((model, version, protocol), ([0] * len(totals.hist), 0.0))
-            durations[(model, version, protocol)] = ([a + b for a, b in zip(hist, totals.hist)], total + totals.sum)
+            key = (model, version, protocol, "false" if route in STEERED_ROUTES else "true")
+            hist, total = durations.get(key, ([0] * len(totals.hist), 0.0))
+            durations[key] = ([a + b for a, b in zip(hist, totals.hist)], total + totals.sum)
         yield requests
         routed = self._routed_versions()
         for model, version in routed:  # from 0, so the first judged request counts in increase()
             for protocol in ("http", "grpc"):
-                durations.setdefault((model, version, protocol), ([0] * (len(LATENCY_BOUNDS) + 1), 0.0))
+                durations.setdefault((model, version, protocol, "true"), ([0] * (len(LATENCY_BOUNDS) + 1), 0.0))
         histogram = HistogramMetricFamily("gateway_request_duration_seconds", "Latency through the gateway of "
-                                          "judged requests (successes and upstream errors, not on routes pinned "
-                                          "and rule)",
-                                          labels=["model", "version", "protocol"])
-        for labels, (hist, total) in durations.items():
-            histogram.add_metric(list(labels), _buckets(hist), total)
+                                          "successes and upstream errors; judged=\"false\": the client chose the "
+                                          "version (routes pinned and rule), never judged",
+                                          labels=["model", "version", "protocol", "judged"])
+        for labelled, (hist, total) in durations.items():
+            histogram.add_metric(list(labelled), _buckets(hist), total)
         yield histogram
         yield self._outcomes(routed)
         errors = CounterMetricFamily("gateway_upstream_errors", "Upstream failures by kind",
                                      labels=["model", "version", "kind"])
-        for key, count in list(self.recorder.upstream_errors.items()):
-            errors.add_metric(list(key), count)
+        for kind, count in list(self.recorder.upstream_errors.items()):
+            errors.add_metric(list(kind), count)
         yield errors
         inflight = GaugeMetricFamily("gateway_inflight_requests", "Requests waiting on Triton now",
                                      labels=["model", "version"])
@@ -123,17 +124,17 @@ class GatewayCollector:
     def _outcomes(self, routed: set[tuple[str, str]]) -> Metric:
         """Per version and outcome, every outcome from 0 for every routed version: a version's
         first error then counts in increase(), which misses the first sample of a new series."""
-        family = CounterMetricFamily("gateway_version_requests", "Requests per routed version by outcome "
-                                     "(success, upstream_error, client_error, overload, cancelled), as the "
-                                     "judge counts them: not those whose client chose the version (routes pinned "
-                                     "and rule, in gateway_requests_total)",
-                                     labels=["model", "version", "outcome"])
+        family = CounterMetricFamily("gateway_version_requests", "Requests per version by outcome (success, "
+                                     "upstream_error, client_error, overload, cancelled); judged=\"false\": the "
+                                     "client chose the version (routes pinned and rule), never judged",
+                                     labels=["model", "version", "outcome", "judged"])
         totals = self.recorder.outcome_totals()
         for key in routed:
             totals.setdefault(key, dict.fromkeys(OUTCOMES, 0))
-        for (model, version), counts in totals.items():
-            for outcome, count in counts.items():
-                family.add_metric([model, version, outcome.value], count)
+        for judged, rows in (("true", totals), ("false", self.recorder.steered_outcome_totals())):
+            for (model, version), counts in rows.items():
+                for outcome, count in counts.items():
+                    family.add_metric([model, version, outcome.value, judged], count)
         return family
 
     def _policies(self) -> Iterator[Metric]:

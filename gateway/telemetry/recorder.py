@@ -45,8 +45,9 @@ MAX_SERIES = 4096  # hard cap on distinct label sets; beyond it samples fold int
 # sync loop that crashed (restarted by its supervisor).
 SYNC_ERROR_REASONS = ("corrupt_record", "store_unreachable", "internal")
 # Routes on which the client chose the version (gateway.routing.Reason: a version in the URL or
-# the request, a header rule): counted in /metrics, never judged. They are not a sample of the
-# policy's split, and a hostile client could aim bad requests at the canary to roll it back.
+# the request, a header rule): in /metrics (with judged="false"), never in what the judge reads.
+# They are not a sample of the policy's split, and a hostile client could aim bad requests at
+# the canary to roll it back.
 STEERED_ROUTES = frozenset(("pinned", "rule"))
 
 
@@ -173,6 +174,7 @@ class Recorder:
         self._slots = horizon_s
         self._clock = clock
         self._series: dict[tuple[str, str], _Series] = {}
+        self._steered: dict[tuple[str, str], dict[Outcome, int]] = {}  # outcomes of requests never judged
         # (model, version, route, protocol, code) -> totals
         self._totals: dict[tuple[str, str, str, str, str], _Totals] = {}
         self._upstream_errors: dict[tuple[str, str, str], int] = {}  # (model, version, kind) -> count
@@ -206,9 +208,10 @@ class Recorder:
         if totals is None:
             totals = self._new_totals(label)
         totals.count += 1
-        if route in STEERED_ROUTES:
-            return
         key = (model, version)
+        if route in STEERED_ROUTES:
+            self._count_steered(key, totals, outcome, latency_s)
+            return
         series = self._series.get(key)
         if series is None:
             series = self._new_series(key)
@@ -240,11 +243,23 @@ class Recorder:
         elif outcome is Outcome.OVERLOAD:
             series.overloads[slot] += 1
 
-    def record_stream(self, model: str, version: str, first: bool, seconds: float) -> None:
+    def _count_steered(self, key: tuple[str, str], totals: _Totals, outcome: Outcome, latency_s: float) -> None:
+        """A request whose client chose the version: /metrics only (judged="false")."""
+        if outcome is Outcome.SUCCESS or outcome is Outcome.UPSTREAM_ERROR:
+            totals.sum += latency_s
+            totals.hist[bisect_left(LATENCY_BOUNDS, latency_s)] += 1
+        counts = self._steered.get(key)
+        if counts is None:
+            if len(self._steered) >= MAX_SERIES:
+                key = (UNKNOWN_MODEL, "")
+            counts = self._steered.setdefault(key, dict.fromkeys(OUTCOMES, 0))
+        counts[outcome] += 1
+
+    def record_stream(self, model: str, version: str, first: bool, seconds: float, judged: bool = True) -> None:
         """One successful response of a streaming call, as it goes to the client: ``first``
         with the seconds since the request arrived, else the seconds since the previous
         response to the same request. O(1): one lookup, one histogram bump, and a reservoir
-        add while a rollout watches the version."""
+        add while a rollout watches the version (unless the client chose it: not ``judged``)."""
         stream = self._streams.get((model, version))
         if stream is None:
             stream = self._new_stream((model, version))
@@ -253,7 +268,7 @@ class Recorder:
         totals.sum += seconds
         totals.hist[bisect_left(LATENCY_BOUNDS, seconds)] += 1
         samples = stream.samples
-        if samples is not None:
+        if samples is not None and judged:
             samples[0 if first else 1].add(seconds)
 
     def upstream_error(self, model: str, version: str, kind: str) -> None:
@@ -356,8 +371,12 @@ class Recorder:
         return list(self._series)
 
     def outcome_totals(self) -> dict[tuple[str, str], dict[Outcome, int]]:
-        """Cumulative requests per (model, version) and outcome, every outcome present (from 0)."""
+        """Cumulative judged requests per (model, version) and outcome, every outcome present (from 0)."""
         return {key: dict(series.outcomes) for key, series in list(self._series.items())}
+
+    def steered_outcome_totals(self) -> dict[tuple[str, str], dict[Outcome, int]]:
+        """The same for requests whose client chose the version (never judged)."""
+        return {key: dict(counts) for key, counts in list(self._steered.items())}
 
     def _new_series(self, key: tuple[str, str]) -> _Series:
         if len(self._series) >= MAX_SERIES:

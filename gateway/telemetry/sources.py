@@ -52,7 +52,8 @@ class PrometheusSource:
 
     async def window(self, model: str, version: str, seconds: float) -> Window:
         span = f"{max(1, int(math.ceil(seconds)))}s"
-        labels = f'model="{_escape(model)}",version="{_escape(version)}"'
+        # judged!="false" rather than ="true": a replica from before the label still counts
+        labels = f'model="{_escape(model)}",version="{_escape(version)}",judged!="false"'
         async with httpx.AsyncClient(timeout=self.timeout_s) as client:
             outcomes = await self._query(
                 client, f"sum by (outcome) (increase(gateway_version_requests_total{{{labels}}}[{span}]))")

@@ -40,8 +40,8 @@ def test_metrics_report_what_the_recorder_saw(triton: LocalTriton, faults: Fault
         failed = values[("gateway_requests_total", (("code", "500"), ("model", "qc"), ("protocol", "http"),
                                                     ("route", "weighted"), ("version", "3")))]
         assert ok == result.versions["2"] and ok + failed == 500
-        count = values[("gateway_request_duration_seconds_count", (("model", "qc"), ("protocol", "http"),
-                                                                   ("version", "2")))]
+        count = values[("gateway_request_duration_seconds_count", (("judged", "true"), ("model", "qc"),
+                                                                   ("protocol", "http"), ("version", "2")))]
         assert count == ok
         assert values[("gateway_route_weight", (("model", "qc"), ("version", "3")))] == 20
         assert values[("gateway_policy_revision", (("model", "qc"),))] == 1

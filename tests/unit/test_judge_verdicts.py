@@ -134,6 +134,21 @@ def test_a_check_that_alternates_error_and_ok_cannot_keep_an_undecided_rollout_g
     assert healthy_again.phase is Phase.PROGRESSING and healthy_again.consecutive_inconclusive == 1
 
 
+def test_an_error_limit_pause_and_a_resume_start_the_inconclusive_count_again() -> None:
+    """25 undecided intervals, then Prometheus down for 3: paused for the errors. Once the SRE
+    fixed it and resumed, the rollout gets inconclusive_limit intervals again, not 2."""
+    rollout = steps.begin("qc", SPEC, "2", now=0)
+    for i in range(25):
+        rollout = steps.on_verdict(rollout, Verdict(Outcome.INCONCLUSIVE, "undecided"), 30.0 * (i + 1))
+    for i in range(3):
+        rollout = steps.on_verdict(rollout, Verdict(Outcome.ERROR, "prometheus down"), 1000.0 + i)
+    assert rollout.phase is Phase.PAUSED and "metrics unreadable for 3 intervals" in rollout.reason
+    rollout = steps.on_command(rollout, "resume", 2000, "sre")
+    for i in range(SPEC.inconclusive_limit - 1):
+        rollout = steps.on_verdict(rollout, Verdict(Outcome.INCONCLUSIVE, "undecided"), 2000.0 + 30 * (i + 1))
+    assert rollout.phase is Phase.PROGRESSING, rollout.reason
+
+
 def test_bench_smoke_run_prints_the_table(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
     import sys

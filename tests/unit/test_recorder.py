@@ -180,11 +180,32 @@ def test_a_routed_version_exports_every_outcome_from_zero() -> None:
     book, recorder = PolicyBook(), Recorder()
     book.put("qc", PolicySpec.model_validate({"weights": {"2": 95, "3": 5}}), 1)
     registry = make_registry(GatewayCollector(recorder, book))
+    judged = {"model": "qc", "version": "3", "judged": "true"}
     for outcome in Outcome:  # before the canary's first request: present, at 0
-        assert registry.get_sample_value("gateway_version_requests_total",
-                                         {"model": "qc", "version": "3", "outcome": outcome.value}) == 0
-    assert registry.get_sample_value("gateway_request_duration_seconds_count",
-                                     {"model": "qc", "version": "3", "protocol": "http"}) == 0
+        assert registry.get_sample_value("gateway_version_requests_total", {**judged, "outcome": outcome.value}) == 0
+    assert registry.get_sample_value("gateway_request_duration_seconds_count", {**judged, "protocol": "http"}) == 0
     recorder.record("qc", "3", Outcome.UPSTREAM_ERROR, 0.01, "weighted", "http", "500")
     assert registry.get_sample_value("gateway_version_requests_total",
-                                     {"model": "qc", "version": "3", "outcome": "upstream_error"}) == 1
+                                     {**judged, "outcome": "upstream_error"}) == 1
+
+
+def test_requests_whose_client_chose_the_version_are_exported_as_not_judged() -> None:
+    """Dashboards and alerts that sum over the label still see all traffic; what the judge reads
+    (PrometheusSource: judged!="false") does not include it."""
+    from gateway.policy_book import PolicyBook
+    from gateway.telemetry.prometheus import GatewayCollector, make_registry
+
+    recorder = Recorder()
+    registry = make_registry(GatewayCollector(recorder, PolicyBook()))
+    recorder.record("qc", "3", Outcome.SUCCESS, 0.01, "weighted", "http", "200")
+    for route in ("pinned", "rule"):
+        recorder.record("qc", "3", Outcome.CLIENT_ERROR, 0.01, route, "http", "400")
+        recorder.record("qc", "3", Outcome.SUCCESS, 0.02, route, "grpc", "OK")
+    steered = {"model": "qc", "version": "3", "judged": "false"}
+    assert registry.get_sample_value("gateway_version_requests_total", {**steered, "outcome": "client_error"}) == 2
+    assert registry.get_sample_value("gateway_version_requests_total", {**steered, "outcome": "success"}) == 2
+    assert registry.get_sample_value("gateway_version_requests_total",
+                                     {"model": "qc", "version": "3", "judged": "true", "outcome": "client_error"}) == 0
+    assert registry.get_sample_value("gateway_request_duration_seconds_count", {**steered, "protocol": "grpc"}) == 2
+    assert registry.get_sample_value("gateway_request_duration_seconds_count",
+                                     {"model": "qc", "version": "3", "judged": "true", "protocol": "http"}) == 1

@@ -74,3 +74,18 @@ def test_grpc_stream_replies_are_timed_from_the_request_then_from_each_other() -
     assert first == [replied] and len(gaps) == 1 and 0 < gaps[0] == again - replied
     router.record_stream_reply("tok", DEFAULT, ok, 0.0)  # Triton's default version: recorded under ""
     assert recorder.streams[("tok", "")].first.count == 1
+
+
+def test_stream_replies_to_a_version_the_client_chose_are_shown_but_not_judged() -> None:
+    recorder = Recorder()
+    router = GrpcRouter(Pipeline(PolicyBook(), recorder), GrpcUpstream("127.0.0.1:1"))
+    recorder.watch_latencies("tok", "2")
+    ok = b"\x12\x00"
+    for reason in (Reason.PINNED, Reason.RULE):
+        replied = router.record_stream_reply("tok", Decision("2", reason), ok, started=0.0)
+        router.record_stream_reply("tok", Decision("2", reason), ok, 0.0, replied)
+    assert recorder.take_stream("tok", "2") == ([], []), "never in the judge's samples"
+    stream = recorder.streams[("tok", "2")]
+    assert (stream.first.count, stream.gap.count) == (2, 2), "in /metrics all the same"
+    router.record_stream_reply("tok", Decision("2", Reason.STICKY), ok, started=0.0)
+    assert len(recorder.take_stream("tok", "2")[0]) == 1
