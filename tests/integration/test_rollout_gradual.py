@@ -157,7 +157,10 @@ def test_a_gateway_killed_mid_descent_carries_on_down_from_the_store(triton: Loc
         assert doc["state"] == "rolling_back" and doc["weights"]["3"] in (50, 20), doc["reason"]
         with BackgroundLoad(second.url, concurrency=4):
             changes, _ = follow(second.url, 30)
-        assert [w for _, w in changes] in ([50, 20, 0], [20, 0]), changes
+        weights = [w for _, w in changes]
+        if weights[0] == 60:  # killed after the descent's record and before its policy write: the second one writes it
+            weights = weights[1:]
+        assert weights in ([50, 20, 0], [20, 0]), changes
         doc = rollout_status(second.url)
         assert doc["state"] == "rolled_back" and "gradual rollback through 50% -> 20% -> 0% done" in doc["reason"]
         assert [h["to"] for h in doc["history"]] == ["progressing", "rolling_back", "rolling_back", "rolled_back"], \
