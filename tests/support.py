@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import uvicorn
 
@@ -268,17 +268,36 @@ def infer_version(base: str, headers: dict[str, str] | None = None) -> str:
         return str(json.loads(response.read())["model_version"])
 
 
-class BackgroundLoad:
+class LoadThread:
+    """Traffic from a thread with an event loop of its own, for the length of a ``with`` block:
+    subclasses write ``_run`` and stop when ``self._stop`` is set."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+class BackgroundLoad(LoadThread):
     """Steady inference traffic from a thread until stopped; every response is counted."""
 
     def __init__(self, url: str, concurrency: int = 8, model: str = "qc", body: bytes = INFER_BODY) -> None:
+        super().__init__()
         self.url = url
         self.concurrency = concurrency
         self.model = model
         self.body = body
         self.result = LoadResult()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
         self.started_at = 0.0
         self.seconds = 0.0
 
@@ -305,14 +324,6 @@ class BackgroundLoad:
         await asyncio.gather(*(worker() for _ in range(self.concurrency)))
         self.seconds = time.monotonic() - self.started_at
         await client.aclose()
-
-    def __enter__(self) -> BackgroundLoad:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(30)
 
 
 def wait_for(predicate: Any, timeout: float, interval: float = 0.1, what: str = "condition") -> Any:

@@ -7,11 +7,9 @@ import asyncio
 import json
 import os
 import signal
-import threading
 import time
 import urllib.request
 from collections import Counter
-from typing import Self
 
 import pytest
 
@@ -19,7 +17,7 @@ from gateway.devtools.local_triton import LocalTriton
 from gateway.grpc.status import StatusCode
 from tests.fleet_support import INFER as INFER_PATH
 from tests.fleet_support import drive_grpc, fleet_settings, infer_message, ready_versions, successes
-from tests.support import INFER_BODY, GatewayThread, LoadResult, admin_call, drive, wait_for
+from tests.support import INFER_BODY, GatewayThread, LoadResult, LoadThread, admin_call, drive, wait_for
 
 pytestmark = pytest.mark.triton
 
@@ -85,15 +83,14 @@ def _triton_load(server: LocalTriton, model: str, versions: list[int]) -> None:
         assert response.status == 200
 
 
-class PacedLoad:
+class PacedLoad(LoadThread):
     """~``rate`` inference requests per second from a thread, every response counted with its time."""
 
     def __init__(self, url: str, rate: float = 200, concurrency: int = 8) -> None:
+        super().__init__()
         self.url, self.interval, self.concurrency = url, concurrency / rate, concurrency
         self.result = LoadResult()
         self.failed_at: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
     async def _run(self) -> None:
         from gateway.upstream import HttpUpstream
@@ -118,14 +115,6 @@ class PacedLoad:
 
         await asyncio.gather(*(worker(i * self.interval / self.concurrency) for i in range(self.concurrency)))
         await client.aclose()
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(30)
 
 
 class PacedGrpcLoad(PacedLoad):

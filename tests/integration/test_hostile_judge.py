@@ -7,7 +7,6 @@ its 4xx rate ~90% against the stable's 0%, and the judge rolled it back within t
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -16,22 +15,29 @@ import pytest
 
 from gateway.devtools.local_triton import LocalTriton
 from gateway.upstream import HttpUpstream
-from tests.support import BackgroundLoad, GatewayThread, admin_call, rollout_gateway, rollout_status, wait_for
+from tests.support import (
+    BackgroundLoad,
+    GatewayThread,
+    LoadThread,
+    admin_call,
+    rollout_gateway,
+    rollout_status,
+    wait_for,
+)
 
 pytestmark = pytest.mark.triton
 
 MALFORMED = b'{"inputs": []}'  # Triton: 400, no INPUT0
 
 
-class HostileClient:
+class HostileClient(LoadThread):
     """Malformed requests aimed at version 3, pinned in the URL and through the header rule, as
     fast as two connections go, from a thread."""
 
     def __init__(self, url: str) -> None:
+        super().__init__()
         self.url = url
         self.statuses: Counter[int] = Counter()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
     async def _run(self) -> None:
         client = HttpUpstream(self.url, max_connections=2, request_timeout_s=10)
@@ -45,14 +51,6 @@ class HostileClient:
         await asyncio.gather(aim(b"/v2/models/qc/versions/3/infer", []),
                              aim(b"/v2/models/qc/infer", [(b"x-canary", b"always")]))
         await client.aclose()
-
-    def __enter__(self) -> HostileClient:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(30)
 
 
 @pytest.fixture

@@ -25,7 +25,6 @@ import asyncio
 import json
 import os
 import statistics
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -36,7 +35,7 @@ import pytest
 from gateway.devtools.local_triton import LocalTriton
 from gateway.upstream import HttpUpstream
 from tests.conftest import Faults
-from tests.support import INFER_BODY, TOKEN, GatewayThread, admin_call, gateway_settings, wait_for
+from tests.support import INFER_BODY, TOKEN, GatewayThread, LoadThread, admin_call, gateway_settings, wait_for
 
 pytestmark = pytest.mark.triton
 
@@ -49,17 +48,16 @@ SLOWER = 0.30
 RUNS = int(os.environ.get("JUDGE_ACCEPTANCE_RUNS", "1"))
 
 
-class PacedLoad:
+class PacedLoad(LoadThread):
     """Inference traffic at a fixed rate from a thread: ``workers`` clients, each sending on its
     own schedule (a late answer makes it catch up, never send more than the rate)."""
 
     def __init__(self, url: str, rate: float, workers: int = 8) -> None:
+        super().__init__()
         self.url, self.rate, self.workers = url, rate, workers
         self.statuses: Counter[int] = Counter()
         self.versions: Counter[str] = Counter()
         self.started = self.seconds = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
     async def _run(self) -> None:
         client = HttpUpstream(self.url, max_connections=self.workers, request_timeout_s=30)
@@ -92,14 +90,6 @@ class PacedLoad:
         """Requests per second so far (while running) or over the whole run."""
         seconds = self.seconds or time.monotonic() - self.started
         return sum(self.statuses.values()) / seconds if self.started else 0.0
-
-    def __enter__(self) -> PacedLoad:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(30)
 
 
 @pytest.fixture

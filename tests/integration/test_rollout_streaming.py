@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import queue
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.devtools.local_triton import LocalTriton
 from gateway.upstream import HttpUpstream
 from tests.conftest import Faults
-from tests.support import TOKEN, GatewayThread, admin_call, gateway_settings, wait_for
+from tests.support import TOKEN, GatewayThread, LoadThread, admin_call, gateway_settings, wait_for
 
 pytestmark = pytest.mark.triton
 STREAM = b"/v2/models/tok/generate_stream"
@@ -28,18 +27,17 @@ FIRST = "gateway_stream_time_to_first_response_seconds"
 GAP = "gateway_stream_response_gap_seconds"
 
 
-class StreamLoad:
+class StreamLoad(LoadThread):
     """generate_stream calls from ``concurrency`` clients until stopped: ``tokens`` responses
     each, ``delay_ms`` apart; counts the versions that answered."""
 
     def __init__(self, url: str, concurrency: int = 8, tokens: int = 6, delay_ms: int = 40) -> None:
+        super().__init__()
         self.url = url
         self.concurrency = concurrency
         self.body = json.dumps({"text_input": "hi", "max_tokens": tokens, "delay_ms": delay_ms}).encode()
         self.versions: Counter[str] = Counter()
         self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
     async def _run(self) -> None:
         client = HttpUpstream(self.url, max_connections=self.concurrency, request_timeout_s=30)
@@ -59,14 +57,6 @@ class StreamLoad:
 
         await asyncio.gather(*(worker() for _ in range(self.concurrency)))
         await client.aclose()
-
-    def __enter__(self) -> StreamLoad:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(30)
 
 
 def scraped(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

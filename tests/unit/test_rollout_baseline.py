@@ -25,7 +25,7 @@ from gateway.store.base import EventDraft
 from gateway.telemetry.recorder import Outcome
 from tests.unit.test_rollout_controller import Harness
 from tests.unit.test_rollout_pure import healthy, unhealthy
-from tests.unit.test_rollout_statistical import WindowSource
+from tests.unit.test_rollout_statistical import statistical_harness
 
 SPEC = RolloutSpec(canary="3", baseline="1", steps=[5, 20, 50, 100], interval_s=10)
 
@@ -106,10 +106,7 @@ def test_invalid_baselines_are_refused(fields: dict[str, Any], message: str) -> 
 
 @pytest.fixture
 async def h() -> Harness:
-    harness = Harness()
-    harness.controller.source = harness.source = WindowSource()  # type: ignore[assignment]
-    await harness.policies.put("qc", PolicySpec.model_validate({"weights": {"2": 100}}), 0, EventDraft("sre", "put"))
-    return harness
+    return await statistical_harness()
 
 
 async def interval(h: Harness, latency_s: dict[str, float], rng: random.Random) -> None:

@@ -30,12 +30,17 @@ class WindowSource:
         return Window(model, version, seconds, requests, errors, client_errors, tuple(hist), overloads)
 
 
-@pytest.fixture
-async def h() -> Harness:
+async def statistical_harness() -> Harness:
+    """The controller harness with windows as the test sets them, and qc all on version 2."""
     harness = Harness()
     harness.controller.source = harness.source = WindowSource()  # type: ignore[assignment]
     await harness.policies.put("qc", PolicySpec.model_validate({"weights": {"2": 100}}), 0, EventDraft("sre", "put"))
     return harness
+
+
+@pytest.fixture
+async def h() -> Harness:
+    return await statistical_harness()
 
 
 async def interval(h: Harness, canary: tuple[int, int, int, int], stable: tuple[int, int, int, int],
