@@ -152,10 +152,8 @@ class GrpcRouter:
         self.record(model, decision, StatusCode.INTERNAL if failed else StatusCode.OK, started)
         if failed or model is None or decision is None:
             return replied
-        now = time.perf_counter()
-        self.pipeline.recorder.record_stream(model, decision.version or "", not replied, now - (replied or started),
-                                             decision.reason not in STEERED_ROUTES)
-        return now
+        return self.pipeline.recorder.stream_response(model, decision.version or "", started, replied,
+                                                      decision.reason not in STEERED_ROUTES)
 
     def record(self, model: str | None, decision: Decision | None, code: int, started: float,
                details: str = "") -> None:

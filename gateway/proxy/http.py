@@ -283,11 +283,9 @@ class HttpExchange:
         """A generate_stream response goes to the client now. Triton writes each server-sent
         event as one chunk, so a chunk is a response (events read together go out together:
         one delivery, never a gap of 0)."""
-        now, previous = time.perf_counter(), self.delivered
         assert self.stream_of is not None
-        self.proxy.pipeline.recorder.record_stream(self.stream_of, version, not previous,
-                                                   now - (previous or self.started), self.judged)
-        self.delivered = now
+        self.delivered = self.proxy.pipeline.recorder.stream_response(self.stream_of, version, self.started,
+                                                                      self.delivered, self.judged)
 
     def outcome(self) -> Outcome:
         response = self.response

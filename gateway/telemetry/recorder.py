@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from gateway.telemetry.reservoir import Reservoir
 
@@ -169,6 +169,26 @@ class _Stream:
         self.samples: tuple[Reservoir, Reservoir] | None = None
 
 
+_Key = TypeVar("_Key")
+_Value = TypeVar("_Value")
+
+
+def _bounded(table: dict[_Key, _Value], key: _Key, make: Callable[[], _Value], overflow: _Key) -> _Value:
+    """A new entry of ``table`` for ``key``; past MAX_SERIES entries, the one shared ``overflow``
+    entry instead, so that label sets clients control cannot grow memory without bound."""
+    if len(table) >= MAX_SERIES:
+        existing = table.get(overflow)
+        if existing is not None:
+            return existing
+        key = overflow
+    value = table[key] = make()
+    return value
+
+
+def _zero_outcomes() -> dict[Outcome, int]:
+    return dict.fromkeys(OUTCOMES, 0)
+
+
 class Recorder:
     def __init__(self, horizon_s: int = 300, clock: Callable[[], float] = time.monotonic) -> None:
         self._slots = horizon_s
@@ -208,9 +228,17 @@ class Recorder:
         if totals is None:
             totals = self._new_totals(label)
         totals.count += 1
+        timed = outcome is Outcome.SUCCESS or outcome is Outcome.UPSTREAM_ERROR
+        if timed:
+            # Latency only of successes and upstream errors, here and in what the judge reads, so
+            # that Prometheus' p99 and the recorder's are of the same requests.
+            bucket = bisect_left(LATENCY_BOUNDS, latency_s)
+            totals.sum += latency_s
+            totals.hist[bucket] += 1
         key = (model, version)
-        if route in STEERED_ROUTES:
-            self._count_steered(key, totals, outcome, latency_s)
+        if route in STEERED_ROUTES:  # the client chose the version: /metrics only (judged="false")
+            counts = self._steered.get(key) or _bounded(self._steered, key, _zero_outcomes, (UNKNOWN_MODEL, ""))
+            counts[outcome] += 1
             return
         series = self._series.get(key)
         if series is None:
@@ -224,14 +252,9 @@ class Recorder:
             for index in range(len(hist)):
                 hist[index] = 0
         series.outcomes[outcome] += 1
-        if outcome is Outcome.SUCCESS or outcome is Outcome.UPSTREAM_ERROR:
-            # Latency only of judged requests, here and in /metrics, so that Prometheus' p99
-            # and the recorder's are of the same requests.
-            bucket = bisect_left(LATENCY_BOUNDS, latency_s)
+        if timed:
             series.requests[slot] += 1
             series.hist[slot][bucket] += 1
-            totals.sum += latency_s
-            totals.hist[bucket] += 1
             if outcome is Outcome.UPSTREAM_ERROR:
                 series.errors[slot] += 1
             elif self._reservoirs:  # only while a rollout watches some version: one dict lookup then
@@ -243,17 +266,13 @@ class Recorder:
         elif outcome is Outcome.OVERLOAD:
             series.overloads[slot] += 1
 
-    def _count_steered(self, key: tuple[str, str], totals: _Totals, outcome: Outcome, latency_s: float) -> None:
-        """A request whose client chose the version: /metrics only (judged="false")."""
-        if outcome is Outcome.SUCCESS or outcome is Outcome.UPSTREAM_ERROR:
-            totals.sum += latency_s
-            totals.hist[bisect_left(LATENCY_BOUNDS, latency_s)] += 1
-        counts = self._steered.get(key)
-        if counts is None:
-            if len(self._steered) >= MAX_SERIES:
-                key = (UNKNOWN_MODEL, "")
-            counts = self._steered.setdefault(key, dict.fromkeys(OUTCOMES, 0))
-        counts[outcome] += 1
+    def stream_response(self, model: str, version: str, started: float, previous: float, judged: bool = True) -> float:
+        """A successful streaming response goes to the client now (``time.perf_counter``): timed
+        from ``started``, its request, when it is the first one (``previous`` 0.0), else from
+        ``previous``. Returns now: the next response's ``previous``."""
+        now = time.perf_counter()
+        self.record_stream(model, version, not previous, now - (previous or started), judged)
+        return now
 
     def record_stream(self, model: str, version: str, first: bool, seconds: float, judged: bool = True) -> None:
         """One successful response of a streaming call, as it goes to the client: ``first``
@@ -340,7 +359,7 @@ class Recorder:
         if (model, version) not in self._reservoirs and len(self._reservoirs) < MAX_SERIES:
             self._reservoirs[(model, version)] = Reservoir()
             # and of its streaming calls' timings (kept apart from the capped overflow series)
-            stream = self._streams.get((model, version)) or self._streams.setdefault((model, version), _Stream())
+            stream = self._streams.setdefault((model, version), _Stream())
             if stream.samples is None:
                 stream.samples = (Reservoir(), Reservoir())
 
@@ -379,28 +398,10 @@ class Recorder:
         return {key: dict(counts) for key, counts in list(self._steered.items())}
 
     def _new_series(self, key: tuple[str, str]) -> _Series:
-        if len(self._series) >= MAX_SERIES:
-            key = (UNKNOWN_MODEL, "")
-            existing = self._series.get(key)
-            if existing is not None:
-                return existing
-        series = self._series[key] = _Series(self._slots)
-        return series
+        return _bounded(self._series, key, lambda: _Series(self._slots), (UNKNOWN_MODEL, ""))
 
     def _new_stream(self, key: tuple[str, str]) -> _Stream:
-        if len(self._streams) >= MAX_SERIES:
-            key = (UNKNOWN_MODEL, "")
-            existing = self._streams.get(key)
-            if existing is not None:
-                return existing
-        stream = self._streams[key] = _Stream()
-        return stream
+        return _bounded(self._streams, key, _Stream, (UNKNOWN_MODEL, ""))
 
     def _new_totals(self, label: tuple[str, str, str, str, str]) -> _Totals:
-        if len(self._totals) >= MAX_SERIES:
-            label = (UNKNOWN_MODEL, "", "", label[3], "")
-            existing = self._totals.get(label)
-            if existing is not None:
-                return existing
-        totals = self._totals[label] = _Totals()
-        return totals
+        return _bounded(self._totals, label, _Totals, (UNKNOWN_MODEL, "", "", label[3], ""))
