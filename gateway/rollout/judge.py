@@ -243,7 +243,7 @@ def _judge_rate(name: str, label: str, rates: RateEvidence, floor: float, alpha:
                              f"{label}: no {who} requests yet")
     rate_c, rate_s = x_c / n_c, x_s / n_s
     effect = rate_c - rate_s
-    low = _rate_lower(x_c, n_c) - rate_s
+    low = stats.rate_lower(x_c, n_c, 0.5 + INTERVAL_CONFIDENCE / 2) - rate_s
     high = stats.rate_upper(x_c, n_c, 0.5 + INTERVAL_CONFIDENCE / 2) - rate_s
     seen = f"canary {rate_c:.2%} of {n_c} vs {versus} {rate_s:.2%} of {n_s}"
     if e_value >= 1 / alpha and effect > floor:
@@ -257,10 +257,6 @@ def _judge_rate(name: str, label: str, rates: RateEvidence, floor: float, alpha:
     needed = _rate_needed(rates, floor, alpha)
     return MetricVerdict(name, "inconclusive", effect, low, high, floor, e_value, 1 / alpha, None, needed,
                          f"{label} undecided: {seen}; {_needed_words(needed)}")
-
-
-def _rate_lower(events: int, n: int) -> float:
-    return 1 - stats.rate_upper(n - events, n, 0.5 + INTERVAL_CONFIDENCE / 2) if events else 0.0
 
 
 def _rate_needed(rates: RateEvidence, floor: float, alpha: float) -> int | None:
