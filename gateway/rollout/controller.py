@@ -257,10 +257,9 @@ class RolloutController:
             return await self._descend(rollout, now), None  # its rollback was counted when it started
         if rollout.phase is not Phase.PROGRESSING:
             return rollout, None  # a final phase not applied yet: only its weights to drive
-        lost = await self.fast.reason_to_roll_back(rollout)
+        lost, missing = await self.fast.check(rollout)
         if lost:
             return steps.roll_back(rollout, now, lost), "canary_lost"
-        missing = await self.fast.baseline_missing(rollout)
         if missing:  # nothing to judge the canary against, and its traffic goes elsewhere: a human decides
             return steps.on_command(rollout, "pause", now, f"{ACTOR} ({missing})"), None
         if rollout.applied and rollout.due(now):  # judge a step only once its weights are in place
@@ -281,7 +280,7 @@ class RolloutController:
     async def _descend(self, rollout: Rollout, now: float) -> Rollout:
         """A gradual rollback: one step down per interval once the last step's weights are in
         place; a critical failure (the fast path's, or critical_error_rate) goes to 0 at once."""
-        lost = await self.fast.reason_to_roll_back(rollout)
+        lost, _ = await self.fast.check(rollout)
         if lost:
             return steps.descend(rollout, now, lost)
         if not rollout.due(now):

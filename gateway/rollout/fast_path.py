@@ -11,7 +11,7 @@ with). So the fast path fires only when
   so only readiness counts there).
 
 A rollout's baseline that is not READY while the canary is pauses the rollout
-(:meth:`FastPath.baseline_missing`): it is nobody's failure, but nothing is left to judge with.
+(:meth:`FastPath.check`): it is nobody's failure, but nothing is left to judge with.
 
 Both readiness answers come from one snapshot of Triton's repository index, so a Triton that
 is restarting (nothing READY) never looks like a broken canary.
@@ -69,15 +69,17 @@ class FastPath:
         state = snapshot[0].get(version)
         return state is not None and state.state == "READY"
 
-    async def reason_to_roll_back(self, rollout: Rollout) -> str | None:
+    async def check(self, rollout: Rollout) -> tuple[str | None, str | None]:
+        """From one snapshot of Triton's index: why the canary must be rolled back at once, and
+        why the rollout must pause (its baseline cannot serve); (None, None) when neither."""
         if rollout.canary_percent == 0:
-            return None
+            return None, None
         failures = {kind: self._new_failures(rollout.model, rollout.canary, kind) for kind in VERSION_SPECIFIC_KINDS}
         # the stable's, and a baseline's (from the 50% step on, the stable may take no traffic at all)
         stable_failures = {kind: sum(self._new_failures(rollout.model, version, kind)
                                      for version in dict.fromkeys((rollout.stable, rollout.reference)))
                            for kind in VERSION_SPECIFIC_KINDS}
-        snapshot = await self.states(rollout.model, rollout.canary, rollout.stable)
+        snapshot = await self.states(rollout.model, *dict.fromkeys((rollout.canary, rollout.stable, rollout.reference)))
         states, busy = snapshot if snapshot is not None else ({}, False)
         stable = states.get(rollout.stable)
         canary = states.get(rollout.canary)
@@ -86,38 +88,19 @@ class FastPath:
             # Triton-wide trouble (down, restarting, reloading the model): nothing is the canary's
             # own, and the judge is told not to hold this interval's errors against it.
             self.troubled_at[rollout.model] = time.monotonic()
-            return None
-        if not stable_ready:
-            return None  # nothing to roll back to at once; the judge may still roll back (and wait)
+            return None, None
         if canary is None or canary.state not in ("READY", "LOADING"):
-            state = f"{canary.state} ({canary.reason})" if canary is not None and canary.reason else \
-                canary.state if canary is not None else "not in the repository index"
-            return f"Triton reports version {rollout.canary} {state}, not READY, while {rollout.stable} is READY"
-        if rollout.canary_percent == 100:
-            return None  # the stable takes no traffic to compare with; its readiness was the check
+            if not stable_ready:
+                return None, None  # nothing to roll back to at once; the judge may still roll back (and wait)
+            return (f"Triton reports version {rollout.canary} {_shown(canary)}, not READY, while {rollout.stable} "
+                    "is READY"), None
+        missing = _baseline_missing(rollout, states) if canary.state == "READY" else None
+        if not stable_ready or rollout.canary_percent == 100:
+            return None, missing  # no stable to roll back to at once / no stable traffic to compare with
         for kind, count in failures.items():
             if count and not stable_failures[kind]:
-                return f"version {rollout.canary} failed with {kind} ({count} requests) while stable did not"
-        return None
-
-    async def baseline_missing(self, rollout: Rollout) -> str | None:
-        """Why the rollout's baseline cannot serve (not READY while the canary is), if it has one:
-        then nothing is left to judge the canary against, and the baseline's requests go to
-        another version (from the 50% step on, the canary)."""
-        baseline = rollout.spec.baseline
-        if baseline is None or rollout.canary_percent in (0, 100):
-            return None
-        snapshot = await self.states(rollout.model, baseline, rollout.canary)
-        if snapshot is None or snapshot[1]:
-            return None  # Triton cannot be asked, or is loading the model: not the baseline's own
-        states = snapshot[0]
-        state, canary = states.get(baseline), states.get(rollout.canary)
-        if canary is None or canary.state != "READY" or (state is not None and state.state in ("READY", "LOADING")):
-            return None
-        shown = "not in the repository index" if state is None else \
-            f"{state.state} ({state.reason})" if state.reason else state.state
-        return (f"baseline version {baseline} is {shown} on Triton: the canary cannot be judged without it; "
-                "load it again and resume, or abort")
+                return f"version {rollout.canary} failed with {kind} ({count} requests) while stable did not", None
+        return None, missing
 
     def _new_failures(self, model: str, version: str, kind: str) -> int:
         """Failures of this kind since the previous look (0 on the first look)."""
@@ -131,3 +114,24 @@ class FastPath:
         """Triton could not serve the model (both versions) at some tick of the last ``seconds``."""
         at = self.troubled_at.get(model)
         return at is not None and time.monotonic() - at <= seconds
+
+
+def _shown(state: VersionState | None) -> str:
+    """A version's state in Triton's index, in words."""
+    if state is None:
+        return "not in the repository index"
+    return f"{state.state} ({state.reason})" if state.reason else state.state
+
+
+def _baseline_missing(rollout: Rollout, states: dict[str, VersionState]) -> str | None:
+    """Why the rollout's baseline cannot serve (not READY while the canary is), if it has one:
+    then nothing is left to judge the canary against, and the baseline's requests go to another
+    version (from the 50% step on, the canary)."""
+    baseline = rollout.spec.baseline
+    if baseline is None or rollout.canary_percent == 100:
+        return None
+    state = states.get(baseline)
+    if state is not None and state.state in ("READY", "LOADING"):
+        return None
+    return (f"baseline version {baseline} is {_shown(state)} on Triton: the canary cannot be judged without it; "
+            "load it again and resume, or abort")
