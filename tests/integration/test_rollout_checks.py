@@ -18,6 +18,7 @@ from gateway.rollout.checks import Checks
 from gateway.rollout.spec import RolloutSpec
 from tests.conftest import PrometheusServer
 from tests.support import (
+    INFER_BODY,
     TOKEN,
     BackgroundLoad,
     GatewayThread,
@@ -157,20 +158,22 @@ def test_checks_without_prometheus_are_refused_and_bad_checks_are_422(gateway: G
     assert admin_call(gateway.url, "GET", "/admin/models/qc/policy")[1]["weights"] == {"2": 100}
 
 
-def shadowed(url: str) -> None:
-    status, doc = admin_call(url, "PUT", "/admin/models/qc/policy",
+def shadow_gated_rollout(gateway: GatewayThread, body: bytes = INFER_BODY) -> dict[str, Any]:
+    """qc all on 2 with 3 as its shadow, traffic of ``body`` until 40 answers were compared, then
+    a rollout of 3 gated on 90% agreement: the rollout as it ended."""
+    status, doc = admin_call(gateway.url, "PUT", "/admin/models/qc/policy",
                              {"weights": {"2": 100}, "shadow": {"version": "3", "percent": 100}})
     assert status == 200, doc
-
-
-def test_a_shadow_that_disagrees_fails_the_gate(gateway: GatewayThread) -> None:
-    shadowed(gateway.url)
-    with BackgroundLoad(gateway.url, concurrency=4):
+    with BackgroundLoad(gateway.url, concurrency=4, body=body):
         wait_for(lambda: (s := gateway.app.shadow.stats.get(("qc", "3"))) and s.compared >= 40, 15,
                  what="shadow comparisons")
         status, doc = start(gateway.url, steps=[20, 50, 100], min_shadow_agreement=0.9)
         assert status == 200, doc
-        done = finished(gateway.url, 20)
+        return finished(gateway.url, 20)
+
+
+def test_a_shadow_that_disagrees_fails_the_gate(gateway: GatewayThread) -> None:
+    done = shadow_gated_rollout(gateway)
     assert done["state"] == "rolled_back", done["reason"]
     assert "shadow agreement too low: 0 of" in done["reason"] and "below the min 90.0%" in done["reason"]
     assert done["verdicts"][-1]["metric"] == "shadow_agreement"
@@ -181,13 +184,7 @@ def test_a_shadow_that_disagrees_fails_the_gate(gateway: GatewayThread) -> None:
 
 
 def test_a_shadow_that_agrees_passes_the_gate(gateway: GatewayThread) -> None:
-    shadowed(gateway.url)
-    with BackgroundLoad(gateway.url, concurrency=4, body=ZEROS):  # 0 x 2 == 0 x 3
-        wait_for(lambda: (s := gateway.app.shadow.stats.get(("qc", "3"))) and s.compared >= 40, 15,
-                 what="shadow comparisons")
-        status, doc = start(gateway.url, steps=[20, 50, 100], min_shadow_agreement=0.9)
-        assert status == 200, doc
-        done = finished(gateway.url, 20)
+    done = shadow_gated_rollout(gateway, body=ZEROS)  # 0 x 2 == 0 x 3
     assert done["state"] == "promoted", done["reason"]
     judged = metrics(done, "shadow_agreement")
     assert judged and all(m["verdict"] == "pass" and m["effect"] == 1.0 for m in judged), judged

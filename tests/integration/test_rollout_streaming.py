@@ -86,6 +86,17 @@ def finished(url: str) -> dict[str, Any] | None:
     return doc if doc["state"] != "progressing" else None
 
 
+def streamed_rollout(gateway: GatewayThread, load: StreamLoad, timeout_s: float) -> dict[str, Any]:
+    """Once 20 streams went through (version 1 warm), a rollout of tok's version 2 (steps 20, 50,
+    100; 2 s intervals and warm-up) under ``load``: the rollout as it ended."""
+    wait_for(lambda: sum(load.versions.values()) >= 20, 30, what="streams to flow")
+    status, doc = admin_call(gateway.url, "POST", "/admin/models/tok/rollout",
+                             {"canary": "2", "steps": [20, 50, 100], "interval_s": 2, "latency_warmup_s": 2})
+    assert status == 200, doc
+    ended: dict[str, Any] = wait_for(lambda: finished(gateway.url), timeout_s, what="the rollout to end")
+    return ended
+
+
 def test_a_canary_whose_first_response_comes_5x_later_is_rolled_back_on_it(gateway: GatewayThread,
                                                                           faults: Faults) -> None:
     """tok 2's first response waits 5 ms more: the stable's comes in 1-2 ms through the gateway
@@ -94,11 +105,7 @@ def test_a_canary_whose_first_response_comes_5x_later_is_rolled_back_on_it(gatew
     judged against that same floor, can catch it."""
     faults.set("tok", "2", first_delay_ms=4)
     with StreamLoad(gateway.url) as load:
-        wait_for(lambda: sum(load.versions.values()) >= 20, 30, what="streams to flow")  # version 1 warm
-        status, doc = admin_call(gateway.url, "POST", "/admin/models/tok/rollout",
-                                 {"canary": "2", "steps": [20, 50, 100], "interval_s": 2, "latency_warmup_s": 2})
-        assert status == 200, doc
-        doc = wait_for(lambda: finished(gateway.url), 90, what="the rollout to end")
+        doc = streamed_rollout(gateway, load, 90)
     assert not load.failures, load.failures[:3]
     assert doc["state"] == "rolled_back", doc["reason"]
     assert "time to first response worse" in doc["reason"], doc["reason"]
@@ -155,11 +162,7 @@ def test_grpc_model_stream_infer_responses_are_timed_per_version(triton: LocalTr
 
 def test_a_streaming_canary_like_the_stable_is_promoted_on_five_metrics(gateway: GatewayThread) -> None:
     with StreamLoad(gateway.url) as load:
-        wait_for(lambda: sum(load.versions.values()) >= 20, 30, what="streams to flow")
-        status, doc = admin_call(gateway.url, "POST", "/admin/models/tok/rollout",
-                                 {"canary": "2", "steps": [20, 50, 100], "interval_s": 2, "latency_warmup_s": 2})
-        assert status == 200, doc
-        doc = wait_for(lambda: finished(gateway.url), 120, what="the rollout to end")
+        doc = streamed_rollout(gateway, load, 120)
     assert not load.failures, load.failures[:3]
     assert doc["state"] == "promoted", doc["reason"]
     metrics = {m["name"]: m["verdict"] for m in doc["verdicts"][-1]["metrics"]}

@@ -85,6 +85,16 @@ class Harness:
     async def state(self) -> dict[str, Any]:
         return await self.controller.status("qc")
 
+    async def stop_after_webhooks(self, count: int) -> None:
+        """Wait (up to 2 s) until ``count`` webhooks of qc were delivered, then a little longer,
+        so that anything sent twice would have arrived too, and stop the controller."""
+        for _ in range(100):
+            if self.controller.hooks.status("qc")["delivered"] >= count:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)
+        await self.controller.stop()
+
     async def interval(self, canary: tuple[int, int, float], stable: tuple[int, int, float] = (1000, 0, 0.004),
                        seconds: float = 10) -> None:
         self.source.windows = {"3": canary, "2": stable}
@@ -339,12 +349,7 @@ async def test_webhooks_get_each_transition_once(h: Harness) -> None:
         for command in ("pause", "resume", "promote", "abort"):
             await h.controller.command("qc", command, "alice")
         await h.interval(canary=(100, 0, 0.004))  # settled: nothing more
-        for _ in range(100):
-            if h.controller.hooks.status("qc")["delivered"] >= 6:
-                break
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(0.1)  # anything sent twice would arrive by now
-        await h.controller.stop()
+        await h.stop_after_webhooks(6)
     events = [(b["event"], b["step"], b["state"]) for b in receiver.bodies("/hook")]
     assert events == [("started", 1, "progressing"), ("step", 2, "progressing"), ("paused", 2, "paused"),
                       ("resumed", 2, "progressing"), ("step", 3, "progressing"), ("aborted", 3, "aborted")]

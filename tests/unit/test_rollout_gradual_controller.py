@@ -3,7 +3,6 @@ in-memory store): the descent's weights, restarts, humans, critical failures, ho
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -59,12 +58,7 @@ async def test_a_gradual_rollback_walks_the_weights_down_one_interval_at_a_time(
         for _ in range(3):
             await h.interval(canary=HEALTHY)
         assert (await h.state())["state"] == "rolled_back" and await h.weights() == {"2": 100}
-        for _ in range(100):
-            if h.controller.hooks.status("qc")["delivered"] >= 5:
-                break
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(0.1)  # anything sent twice would arrive by now
-        await h.controller.stop()
+        await h.stop_after_webhooks(5)
     events = [(b["event"], b["state"], b["weights"]["3"]) for b in receiver.bodies("/hook")]
     assert events == [("started", "progressing", 5), ("step", "progressing", 20), ("step", "progressing", 50),
                       ("step", "progressing", 100), ("rolled_back", "rolling_back", 50)]
