@@ -96,6 +96,7 @@ class Endpoint(asyncio.Protocol):
                  max_header_list: int = _UNLIMITED) -> None:
         self.transport: asyncio.Transport | None = None
         self.closing = False
+        self.write_closed = False  # our FIN is sent (a lingering close): nothing more may be written
         self.reading = True  # False: frames stay in the buffer (paused for backpressure, or closed)
         self.streams: dict[int, StreamState] = {}
         self.peer_max_streams = 1 << 31
@@ -392,7 +393,7 @@ class Endpoint(asyncio.Protocol):
 
     # -- frames out -----------------------------------------------------------------------------
     def write(self, data: bytes) -> None:
-        if self.transport is not None and not self.transport.is_closing():
+        if self.transport is not None and not self.transport.is_closing() and not self.write_closed:
             self.transport.write(data)
 
     def headers_frames(self, stream_id: int, block: bytes, end_stream: bool = False) -> bytes:

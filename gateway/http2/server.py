@@ -51,6 +51,9 @@ _OK_TRAILER = literal(b"grpc-status", b"0")
 _INFLATE_SLICE = 4 << 20  # inflated per loop turn (~10-20 ms)
 _RESET_MEMORY = 64  # streams we reset whose late frames are ignored
 _TICK = 1.0  # seconds between the checks of timeouts and flood counters (one timer per connection)
+# After a connection error the socket stays half-open this long, reading and dropping, so the
+# GOAWAY is read before the close (Go's x/net/http2 server waits 1 s too, see _linger).
+_LINGER_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +254,8 @@ class Http2ServerConnection(Endpoint):
 
     # -- timeouts and flood counters ------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
+        if self.write_closed:
+            return  # lingering after a connection error: what the client still sends is dropped
         self._active = True
         super().data_received(data)
 
@@ -547,11 +552,34 @@ class Http2ServerConnection(Endpoint):
 
     def _connection_error(self, code: int, reason: str) -> None:
         self.reading = False
-        self.goaway(code, reason)
+        self.closing = True
+        self.write(frame(GOAWAY, 0, 0, struct.pack(">II", self._last_stream_id, code) + reason.encode()[:200]))
         for stream in list(self.streams.values()):
             self._drop(stream)  # type: ignore[arg-type]
-        if self.transport is not None:
-            self.transport.close()
+        self._linger()
+
+    def _linger(self) -> None:
+        """Close after a connection error so that the client reads the GOAWAY saying why.
+
+        Closing a socket with the client's bytes unread (a flood always leaves some) makes the
+        kernel answer with a reset, and a reset can destroy our GOAWAY in the client's receive
+        buffer before it is read. So: send our FIN after the GOAWAY, keep reading and dropping
+        what still comes, and close when the client closes or after ``_LINGER_S`` at most (an
+        abort then: a client that neither reads nor closes gets no more of our time)."""
+        transport = self.transport
+        if transport is None or transport.is_closing() or self.write_closed:
+            return
+        self.write_closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        try:
+            transport.write_eof()
+        except (OSError, RuntimeError, NotImplementedError):  # TLS transports cannot half-close
+            transport.close()
+            return
+        self._buffer.clear()
+        transport.resume_reading()
+        self._timer = asyncio.get_running_loop().call_later(_LINGER_S, transport.abort)
 
     def _drop(self, stream: ServerStream) -> None:
         """The stream is reset or the client went away: the handler stops its upstream work."""

@@ -72,10 +72,15 @@ class Frame:
 
 
 class Attacker:
-    """A raw HTTP/2 client over a plain socket: it sends what it likes and reads what comes back."""
+    """A raw HTTP/2 client over a plain socket: it sends what it likes and reads what comes back.
+    Every one still open when its test ends is closed by the package's ``close_attackers`` fixture,
+    so a failed assertion does not leak a socket into the next test's warnings."""
+
+    live: set[Attacker] = set()
 
     def __init__(self, port: int, preface: bool = True, timeout: float = 5.0) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        Attacker.live.add(self)
         self.encoder = hpack.Encoder()
         self.received = bytearray()
         self.closed = False
@@ -132,6 +137,7 @@ class Attacker:
 
     def close(self) -> None:
         self.sock.close()
+        Attacker.live.discard(self)
 
 
 def parse(data: bytes | bytearray) -> list[Frame]:

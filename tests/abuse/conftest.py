@@ -5,7 +5,15 @@ from collections.abc import Iterator
 import pytest
 
 from gateway.devtools.local_triton import LocalTriton
+from tests.abuse.attack import Attacker
 from tests.support import GatewayThread, gateway_settings
+
+
+@pytest.fixture(autouse=True)
+def close_attackers() -> Iterator[None]:
+    yield
+    for attacker in list(Attacker.live):
+        attacker.close()
 
 
 @pytest.fixture(scope="package")

@@ -50,6 +50,39 @@ def test_floods_end_in_enhance_your_calm(gateway: GatewayThread, triton: LocalTr
         attacker.close()
 
 
+def test_a_flooder_that_keeps_sending_still_reads_why_it_was_cut_off(gateway: GatewayThread,
+                                                                     triton: LocalTriton) -> None:
+    """Closing a socket with the client's bytes unread makes the kernel send a reset, which throws
+    away the GOAWAY not yet sent. Here the flooder sends 16 times the limit in one go: without the
+    lingering close the GOAWAY was lost on every try (200 of 200), so this fails at once."""
+    with watch(gateway, triton, rss_bound_mb=32):
+        for _ in range(5):
+            attacker = Attacker(gateway.settings.grpc_port)
+            for _ in range(8):
+                if not attacker.send(flood("ping", attacker)):
+                    break
+            assert attacker.goaway().code == ENHANCE_YOUR_CALM
+            attacker.close()
+
+
+def test_a_cut_off_client_that_neither_reads_nor_closes_is_let_go_within_seconds(gateway: GatewayThread) -> None:
+    """The lingering close is bounded: a flooder that then sits silent on its socket is aborted."""
+    attacker = Attacker(gateway.settings.grpc_port)
+    port = attacker.sock.getsockname()[1]
+    attacker.send(flood("ping", attacker))
+
+    async def still_open() -> bool:
+        connections: set[Http2ServerConnection] = gateway.app.grpc_server.front.connections
+        return any(c.transport is not None and c.transport.get_extra_info("peername")[1] == port
+                   for c in connections)
+
+    deadline = time.monotonic() + 3
+    while gateway.call(still_open()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not gateway.call(still_open()), "the gateway still holds the flooder's connection after 3 s"
+    attacker.close()
+
+
 def test_a_client_that_does_not_read_its_answers_is_not_read(gateway: GatewayThread, triton: LocalTriton) -> None:
     """50,000 tiny requests whose answers (UNIMPLEMENTED with a long path) are ~20x larger, from a
     client that never reads: the gateway stops reading once its unread answers pass the high-water
