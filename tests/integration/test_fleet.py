@@ -10,14 +10,15 @@ import signal
 import time
 import urllib.request
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from gateway.devtools.local_triton import LocalTriton
 from gateway.grpc.status import StatusCode
 from tests.fleet_support import INFER as INFER_PATH
-from tests.fleet_support import drive_grpc, fleet_settings, infer_message, ready_versions, successes
-from tests.support import INFER_BODY, GatewayThread, LoadResult, LoadThread, admin_call, drive, wait_for
+from tests.fleet_support import TOKEN, drive_grpc, fleet_settings, infer_message, ready_versions, successes
+from tests.support import INFER_BODY, GatewayProcess, GatewayThread, LoadResult, LoadThread, admin_call, drive, wait_for
 
 pytestmark = pytest.mark.triton
 
@@ -26,8 +27,20 @@ def shares(before: tuple[int, int], pair: tuple[LocalTriton, LocalTriton]) -> tu
     return successes(pair[0]) - before[0], successes(pair[1]) - before[1]
 
 
-def test_http_and_grpc_requests_split_evenly_between_two_servers(triton_pair: tuple[LocalTriton, LocalTriton]) -> None:
-    with GatewayThread(fleet_settings(*triton_pair, policies={"qc": {"weights": {"2": 100}}})) as gw:
+def test_http_and_grpc_requests_split_evenly_between_two_servers(triton_pair: tuple[LocalTriton, LocalTriton],
+                                                                 tmp_path: Path) -> None:
+    """The gateway runs as its own process here, as it does in production. In a thread of the
+    process that also drives the load, the driver and the gateway share one GIL: gRPC answers from
+    one server then sat unread for ~150 ms at a time (measured: 8 requests stuck on one server while
+    the other served everything), and power-of-two-choices rightly sent the traffic elsewhere,
+    44-60% splits. As a process: 48-52% over 8 runs of each protocol."""
+    env = {"GATEWAY_TRITON_URL": triton_pair[0].http_url, "GATEWAY_TRITON_GRPC_URL": triton_pair[0].grpc_url,
+           "GATEWAY_FLEETS": json.dumps({"default": {"servers": [{"http": s.http_url, "grpc": s.grpc_url}
+                                                                 for s in triton_pair]}}),
+           "GATEWAY_POLICIES": json.dumps({"qc": {"weights": {"2": 100}}}), "GATEWAY_ADMIN_TOKEN": TOKEN,
+           "GATEWAY_STORE_URL": f"sqlite:///{tmp_path / 'state.db'}"}
+    gw = GatewayProcess(env).start()
+    try:
         before = (successes(triton_pair[0]), successes(triton_pair[1]))
         result = asyncio.run(drive(gw.url, 10_000, concurrency=16))
         assert result.statuses == Counter({200: 10_000}), result.failures[:3]
@@ -36,13 +49,16 @@ def test_http_and_grpc_requests_split_evenly_between_two_servers(triton_pair: tu
         assert 0.45 <= first / 10_000 <= 0.55, (first, second)
 
         before = (successes(triton_pair[0]), successes(triton_pair[1]))
-        codes = asyncio.run(drive_grpc(f"127.0.0.1:{gw.settings.grpc_port}", 10_000, concurrency=16))
+        codes = asyncio.run(drive_grpc(f"127.0.0.1:{gw.grpc_port}", 10_000, concurrency=16))
         assert codes == Counter({StatusCode.OK: 10_000}), codes
         first, second = shares(before, triton_pair)
         assert first + second == 10_000
         assert 0.45 <= first / 10_000 <= 0.55, (first, second)
-        servers = gw.app.fleets.default.describe()
-        assert [s["requests"] for s in servers] and all(int(s["requests"]) > 8_000 for s in servers)  # type: ignore
+        status, body = admin_call(gw.url, "GET", "/admin/fleets")
+        servers = body["fleets"]["default"]
+        assert status == 200 and len(servers) == 2 and all(int(s["requests"]) > 8_000 for s in servers), body
+    finally:
+        gw.stop()
 
 
 def test_a_load_answers_200_only_when_ready_on_both_and_fails_on_neither_half(
