@@ -17,8 +17,18 @@ import pytest
 from gateway.devtools.local_triton import LocalTriton
 from gateway.grpc.status import StatusCode
 from tests.fleet_support import INFER as INFER_PATH
-from tests.fleet_support import TOKEN, drive_grpc, fleet_settings, infer_message, ready_versions, successes
-from tests.support import INFER_BODY, GatewayProcess, GatewayThread, LoadResult, LoadThread, admin_call, drive, wait_for
+from tests.fleet_support import drive_grpc, fleet_settings, infer_message, ready_versions, successes
+from tests.support import (
+    INFER_BODY,
+    TOKEN,
+    GatewayProcess,
+    GatewayThread,
+    LoadResult,
+    LoadThread,
+    admin_call,
+    drive,
+    wait_for,
+)
 
 pytestmark = pytest.mark.triton
 
