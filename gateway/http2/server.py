@@ -56,6 +56,10 @@ _TICK = 1.0  # seconds between the checks of timeouts and flood counters (one ti
 _LINGER_S = 1.0
 
 
+def _goaway_frame(last_stream_id: int, code: int, reason: str) -> bytes:
+    return frame(GOAWAY, 0, 0, struct.pack(">II", last_stream_id, code) + reason.encode()[:200])
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """What one client connection may make the server hold or do (the defaults are the settings').
@@ -86,6 +90,7 @@ class Limits:
     preface_timeout: float = 10.0
     header_timeout: float = 10.0
     idle_timeout: float = 300.0
+    max_connections: int = 4096  # client connections of the whole server; the next is refused with GOAWAY
     # per second; past them: GOAWAY ENHANCE_YOUR_CALM
     pings_per_s: int = 100  # counted between answers only, so a busy client's BDP probes never trip it
     settings_per_s: int = 100
@@ -201,16 +206,39 @@ class Http2ServerConnection(Endpoint):
         self._reset_ids: dict[int, None] = {}
         self._write_paused = False
         self._inflations: set[asyncio.Task[None]] = set()
+        self._refused = False  # one connection over max_connections: see _refuse
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.connections.add(self)
         limits = self.limits
         transport.set_write_buffer_limits(high=limits.write_high_water)  # type: ignore[attr-defined]
         self.write(settings_frame(max_concurrent_streams=limits.max_concurrent_streams,
                                   initial_window=limits.stream_window, max_frame=limits.max_frame,
                                   max_header_list=limits.max_header_list) + open_windows(limits.connection_window))
-        self._timer = asyncio.get_running_loop().call_later(_TICK, self._tick)
+        loop = asyncio.get_running_loop()
+        if len(self.connections) >= limits.max_connections:
+            self._refused = True  # not counted; its first call is answered, or GOAWAY comes within 1 s
+            self._timer = loop.call_later(min(limits.preface_timeout, _LINGER_S), self._refuse)
+            return
+        self.connections.add(self)
+        self._timer = loop.call_later(_TICK, self._tick)
+
+    def _refuse(self, stream_id: int = 0) -> None:
+        """One connection too many. Its first call gets UNAVAILABLE with the reason, then GOAWAY
+        and the lingering close. A GOAWAY alone (no call yet) makes gRPC clients such as
+        tritonclient reconnect and retry quietly until their deadline (measured: DEADLINE_EXCEEDED
+        after 5 s, where an answered call says why at once)."""
+        if self.write_closed or self.transport is None or self.transport.is_closing():
+            return
+        reason = (f"the gateway has {self.limits.max_connections} gRPC client connections open "
+                  "(grpc_max_connections): retry shortly")
+        if stream_id:
+            self.write(self.headers_frames(stream_id, _RESPONSE_HEADERS + status_block(StatusCode.UNAVAILABLE, reason),
+                                           end_stream=True))
+        self.reading = False
+        self.closing = True
+        self.write(_goaway_frame(stream_id, NO_ERROR, reason))
+        self._linger()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing, self.reading = True, False
@@ -287,6 +315,9 @@ class Http2ServerConnection(Endpoint):
 
     # -- frames in ------------------------------------------------------------------------------
     def _on_headers(self, stream_id: int, headers: Headers, end_stream: bool) -> None:
+        if self._refused:
+            self._refuse(stream_id)
+            return
         stream: ServerStream | None = self.streams.get(stream_id)  # type: ignore[assignment]
         if stream is not None:
             self._trailers(stream, headers, end_stream)
@@ -553,10 +584,10 @@ class Http2ServerConnection(Endpoint):
     def _connection_error(self, code: int, reason: str) -> None:
         self.reading = False
         self.closing = True
-        self.write(frame(GOAWAY, 0, 0, struct.pack(">II", self._last_stream_id, code) + reason.encode()[:200]))
+        self.write(_goaway_frame(self._last_stream_id, code, reason))
+        self._linger()  # first: what dropping the streams would still write (window credit) stays unsent
         for stream in list(self.streams.values()):
             self._drop(stream)  # type: ignore[arg-type]
-        self._linger()
 
     def _linger(self) -> None:
         """Close after a connection error so that the client reads the GOAWAY saying why.
@@ -572,14 +603,18 @@ class Http2ServerConnection(Endpoint):
         self.write_closed = True
         if self._timer is not None:
             self._timer.cancel()
-        try:
-            transport.write_eof()
-        except (OSError, RuntimeError, NotImplementedError):  # TLS transports cannot half-close
+        # the bound holds on every path: TLS's close waits for the client's close_notify (30 s by default)
+        self._timer = asyncio.get_running_loop().call_later(_LINGER_S, transport.abort)
+        self._buffer.clear()
+        if not transport.can_write_eof():  # TLS: no half-close
             transport.close()
             return
-        self._buffer.clear()
+        try:
+            transport.write_eof()
+        except (OSError, RuntimeError):
+            transport.close()
+            return
         transport.resume_reading()
-        self._timer = asyncio.get_running_loop().call_later(_LINGER_S, transport.abort)
 
     def _drop(self, stream: ServerStream) -> None:
         """The stream is reset or the client went away: the handler stops its upstream work."""
@@ -666,7 +701,7 @@ class Http2ServerConnection(Endpoint):
     def goaway(self, code: int = NO_ERROR, reason: str = "") -> None:
         """No new streams: the ones open finish, then the connection closes."""
         self.closing = True
-        self.write(frame(GOAWAY, 0, 0, struct.pack(">II", self._last_stream_id, code) + reason.encode()[:200]))
+        self.write(_goaway_frame(self._last_stream_id, code, reason))
         if not self.streams and self.transport is not None:
             self.transport.close()
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import socket
 import ssl
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -158,3 +160,19 @@ def test_tls_settings_that_cannot_work_fail_at_start(pki: Pki, tmp_path: Path) -
     with pytest.raises(SettingsError, match="tls_key_file"):
         Settings.load(None, tls_cert_file=pki.server_cert, tls_key_file=tmp_path / "missing.key")
     assert Settings.load(None, triton_url="https://triton:8000", triton_grpc_url="grpcs://triton:8001")
+
+
+def test_a_client_that_never_finishes_the_tls_handshake_is_let_go_after_the_preface_timeout(
+        triton: LocalTriton, pki: Pki) -> None:
+    """A TCP connection to the TLS gRPC port that sends nothing: asyncio's own handshake timeout
+    is 60 s, so 1,000 such sockets would hold the port's file descriptors for a minute each. The
+    handshake now counts against grpc_preface_timeout_s (1 s here)."""
+    with GatewayThread(tls_settings(triton, pki, mtls=False, grpc_preface_timeout_s=1.0)) as gateway:
+        started = time.monotonic()
+        with socket.create_connection(("127.0.0.1", gateway.settings.grpc_port), timeout=10) as silent:
+            try:
+                closed = silent.recv(1) == b""
+            except ConnectionResetError:
+                closed = True
+        waited = time.monotonic() - started
+    assert closed and waited < 5, f"still open after {waited:.1f} s"

@@ -39,9 +39,18 @@ class Transport(asyncio.Transport):
         super().__init__()
         self.written = bytearray()
         self.closed = False
+        self.eof = False  # half-closed by the server (its lingering close after a connection error)
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self.eof:
+            raise RuntimeError("Cannot call write() after write_eof()")  # as asyncio's and uvloop's transports do
         self.written += data
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self.eof = True
 
     def is_closing(self) -> bool:
         return self.closed
@@ -152,7 +161,7 @@ def written_frames(data: bytes | bytearray) -> list[int]:
 
 def check(connection: Connection, transport: Transport) -> None:
     kinds = written_frames(transport.written)
-    if transport.closed:
+    if transport.closed or transport.eof:  # everything the client still sends is then dropped
         assert 7 in kinds or connection.peer_said_goodbye, "closed without a GOAWAY either way"
         assert not connection.streams
         return

@@ -38,6 +38,7 @@ def test_defaults() -> None:
     ("bogus: 1\n", "bogus"),
     ("- a\n- b\n", "mapping"),
     ("port: [\n", "not valid YAML"),
+    ("grpc_max_connections: 0\n", "grpc_max_connections"),
 ])
 def test_bad_settings_name_the_field(tmp_path: Path, text: str, message: str) -> None:
     config = tmp_path / "bad.yaml"
