@@ -225,20 +225,16 @@ class Http2ServerConnection(Endpoint):
 
     def _refuse(self, stream_id: int = 0) -> None:
         """One connection too many. Its first call gets UNAVAILABLE with the reason, then GOAWAY
-        and the lingering close. A GOAWAY alone (no call yet) makes gRPC clients such as
-        tritonclient reconnect and retry quietly until their deadline (measured: DEADLINE_EXCEEDED
-        after 5 s, where an answered call says why at once)."""
-        if self.write_closed or self.transport is None or self.transport.is_closing():
-            return
+        and the lingering close, as after a connection error. A GOAWAY alone (no call yet) makes
+        gRPC clients such as tritonclient reconnect and retry quietly until their deadline
+        (measured: DEADLINE_EXCEEDED after 5 s, where an answered call says why at once)."""
         reason = (f"the gateway has {self.limits.max_connections} gRPC client connections open "
                   "(grpc_max_connections): retry shortly")
         if stream_id:
+            self._new_stream_id(stream_id)  # a bad id is a connection error like any other
             self.write(self.headers_frames(stream_id, _RESPONSE_HEADERS + status_block(StatusCode.UNAVAILABLE, reason),
                                            end_stream=True))
-        self.reading = False
-        self.closing = True
-        self.write(_goaway_frame(stream_id, NO_ERROR, reason))
-        self._linger()
+        self._connection_error(NO_ERROR, reason)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing, self.reading = True, False

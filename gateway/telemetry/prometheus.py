@@ -91,8 +91,8 @@ class GatewayCollector:
         yield self._outcomes(routed)
         errors = CounterMetricFamily("gateway_upstream_errors", "Upstream failures by kind",
                                      labels=["model", "version", "kind"])
-        for kind, count in list(self.recorder.upstream_errors.items()):
-            errors.add_metric(list(kind), count)
+        for model_version_kind, count in list(self.recorder.upstream_errors.items()):
+            errors.add_metric(list(model_version_kind), count)
         yield errors
         inflight = GaugeMetricFamily("gateway_inflight_requests", "Requests waiting on Triton now",
                                      labels=["model", "version"])

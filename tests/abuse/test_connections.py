@@ -14,8 +14,7 @@ from tritonclient.utils import InferenceServerException
 
 from gateway.devtools.local_triton import LocalTriton
 from gateway.grpc.status import StatusCode
-from gateway.http2.server import Http2ServerConnection
-from tests.abuse.attack import GOAWAY, NO_ERROR, Attacker
+from tests.abuse.attack import GOAWAY, NO_ERROR, Attacker, open_connections
 from tests.fleet_support import drive_grpc
 from tests.support import GatewayThread, gateway_settings, wait_for
 
@@ -29,15 +28,8 @@ def test_a_connection_over_the_cap_is_told_why_and_a_freed_slot_serves_again(tri
     with GatewayThread(settings) as gateway:
         port = gateway.settings.grpc_port
 
-        def counted() -> int:
-            async def count() -> int:
-                connections: set[Http2ServerConnection] = gateway.app.grpc_server.front.connections
-                return len(connections)
-            counts: int = gateway.call(count())
-            return counts
-
         held = [Attacker(port) for _ in range(CAP)]
-        wait_for(lambda: counted() == CAP, 5, what=f"{CAP} connections accepted")
+        wait_for(lambda: open_connections(gateway) == CAP, 5, what=f"{CAP} connections accepted")
 
         refused = Attacker(port)
         frames = refused.frames(until=3.0, stop=None)  # to the close
@@ -46,7 +38,7 @@ def test_a_connection_over_the_cap_is_told_why_and_a_freed_slot_serves_again(tri
         assert goaway.code == NO_ERROR and last_stream_id == 0, goaway
         assert b"grpc_max_connections" in goaway.payload[8:], goaway.payload
         assert refused.closed, "the refused connection was not closed"
-        assert counted() == CAP  # refused connections are not counted against the cap
+        assert open_connections(gateway) == CAP  # refused connections are not counted against the cap
 
         # Real clients while the port is full: a clear failure at once, no hang.
         started = time.monotonic()
@@ -61,7 +53,7 @@ def test_a_connection_over_the_cap_is_told_why_and_a_freed_slot_serves_again(tri
         assert time.monotonic() - started < 5
 
         held[0].close()
-        wait_for(lambda: counted() == CAP - 1, 5, what="a closed connection to free its slot")
+        wait_for(lambda: open_connections(gateway) == CAP - 1, 5, what="a closed connection to free its slot")
         codes = asyncio.run(drive_grpc(f"127.0.0.1:{port}", 20, concurrency=1))
         assert codes == Counter({StatusCode.OK: 20}), codes
         for attacker in held[1:]:

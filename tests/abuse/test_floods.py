@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import time
 
 import pytest
 
 from gateway.devtools.local_triton import LocalTriton
-from gateway.http2.server import Http2ServerConnection
 from tests.abuse.attack import (
     CONTINUATION,
     DATA,
@@ -21,9 +19,10 @@ from tests.abuse.attack import (
     Attacker,
     frame,
     request_headers,
+    server_side,
     watch,
 )
-from tests.support import GatewayThread
+from tests.support import GatewayThread, wait_for
 
 pytestmark = pytest.mark.triton
 
@@ -68,18 +67,9 @@ def test_a_flooder_that_keeps_sending_still_reads_why_it_was_cut_off(gateway: Ga
 def test_a_cut_off_client_that_neither_reads_nor_closes_is_let_go_within_seconds(gateway: GatewayThread) -> None:
     """The lingering close is bounded: a flooder that then sits silent on its socket is aborted."""
     attacker = Attacker(gateway.settings.grpc_port)
-    port = attacker.sock.getsockname()[1]
     attacker.send(flood("ping", attacker))
-
-    async def still_open() -> bool:
-        connections: set[Http2ServerConnection] = gateway.app.grpc_server.front.connections
-        return any(c.transport is not None and c.transport.get_extra_info("peername")[1] == port
-                   for c in connections)
-
-    deadline = time.monotonic() + 3
-    while gateway.call(still_open()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not gateway.call(still_open()), "the gateway still holds the flooder's connection after 3 s"
+    wait_for(lambda: server_side(gateway, attacker) is None, 3, interval=0.05,
+             what="the gateway to let go of the flooder's connection")
     attacker.close()
 
 
@@ -92,17 +82,13 @@ def test_a_client_that_does_not_read_its_answers_is_not_read(gateway: GatewayThr
         attacker = Attacker(gateway.settings.grpc_port)
         attacker.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         attacker.frames(until=1, stop=SETTINGS, done=lambda frames: len(frames) >= 2)  # the gateway has it now
-        port = attacker.sock.getsockname()[1]
-
-        async def transport() -> asyncio.Transport:
-            connections: set[Http2ServerConnection] = gateway.app.grpc_server.front.connections
-            found = [c.transport for c in connections if c.transport is not None]
-            return next(t for t in found if t.get_extra_info("peername")[1] == port)
+        attacked = server_side(gateway, attacker)
+        assert attacked is not None and attacked.transport is not None
+        transport = attacked.transport
 
         async def shrink() -> None:
-            attacked = await transport()
-            attacked.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
-            attacked.set_write_buffer_limits(high=64 << 10)
+            transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
+            transport.set_write_buffer_limits(high=64 << 10)
 
         gateway.call(shrink())
         attacker.received.clear()
@@ -122,10 +108,7 @@ def test_a_client_that_does_not_read_its_answers_is_not_read(gateway: GatewayThr
 
         async def state() -> tuple[int, int]:
             """Unread answers, and requests read, on the attacker's connection (not the bystander's)."""
-            connections: set[Http2ServerConnection] = gateway.app.grpc_server.front.connections
-            attacked_transport = await transport()
-            attacked = next(c for c in connections if c.transport is attacked_transport)
-            return attacked_transport.get_write_buffer_size(), attacked._last_stream_id // 2
+            return transport.get_write_buffer_size(), attacked._last_stream_id // 2
 
         buffered, read = gateway.call(state())
         assert buffered < 128 << 10, f"{buffered} bytes of answers piled up for a client that does not read"
