@@ -55,7 +55,68 @@ def triton(faults_path: Path) -> Iterator[LocalTriton]:
     """One real tritonserver for the whole session, on free ports."""
     server = LocalTriton.on_free_ports(faults_file=faults_path)
     with server:
+        _session_triton.append((server, _ready_versions(server)))
         yield server
+        _session_triton.clear()
+
+
+# The session Triton, and the versions READY on it at the start (every model). Many modules
+# assume qc's 1, 2 and 3: one CI run lost version 1 before test_grpc_proxy.py (which module
+# unloaded it is unknown; it did not recur in isolation) and 15 tests in 6 later modules failed.
+_session_triton: list[tuple[LocalTriton, dict[str, set[str]]]] = []
+_left_changed: list[str] = []
+
+
+def _ready_versions(server: LocalTriton) -> dict[str, set[str]]:
+    import urllib.request
+
+    request = urllib.request.Request(f"{server.http_url}/v2/repository/index", data=b"{}", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        index = json.loads(response.read())
+    ready: dict[str, set[str]] = {}
+    for entry in index:
+        if entry.get("state") == "READY" and "version" in entry:
+            ready.setdefault(entry["name"], set()).add(entry["version"])
+    return ready
+
+
+@pytest.fixture(autouse=True, scope="module")
+def session_triton_left_as_found(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each module: a session Triton serving other versions than at the start is put back
+    (each changed model loaded again with the versions it had) and the module is named in the
+    summary, so one module's leftover fails no other module and the culprit shows in the log."""
+    yield
+    for server, wanted in list(_session_triton):
+        try:
+            found = _ready_versions(server)
+        except OSError:
+            return  # stopped or restarting: the module that did it restarts it
+        changed = sorted(model for model in wanted.keys() | found.keys() if wanted.get(model) != found.get(model))
+        if not changed:
+            return
+        _left_changed.append(f"{request.node.nodeid}: " + "; ".join(
+            f"{model} READY {sorted(found.get(model, ()))}, was {sorted(wanted.get(model, ()))}" for model in changed))
+        import urllib.request
+
+        for model in changed:  # Triton keeps a config given with a load: the versions are given back the same way
+            with urllib.request.urlopen(f"{server.http_url}/v2/models/{model}/config", timeout=10) as response:
+                config = json.loads(response.read())
+            config["version_policy"] = {"specific": {"versions": sorted(int(v) for v in wanted.get(model, ()))}}
+            body = json.dumps({"parameters": {"config": json.dumps(config)}}).encode()
+            load = urllib.request.Request(f"{server.http_url}/v2/repository/models/{model}/load", data=body,
+                                          method="POST")
+            urllib.request.urlopen(load, timeout=120).close()
+        deadline = time.monotonic() + 60
+        while _ready_versions(server) != wanted:
+            assert time.monotonic() < deadline, f"the session Triton could not be put back: {_left_changed[-1]}"
+            time.sleep(0.2)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _left_changed:
+        terminalreporter.section("modules that left the session Triton changed (put back)")
+        for line in _left_changed:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture
