@@ -199,7 +199,8 @@ class HttpProxy:
         cached = self._reason_headers.get(key)
         if cached is None:
             version = decision.version or _version_from(response)
-            cached = [(name.encode(), value.encode()) for name, value in self.pipeline.announce(version, decision.reason)]
+            announced = self.pipeline.announce(version, decision.reason)
+            cached = [(name.encode(), value.encode()) for name, value in announced]
             if decision.version is not None and len(self._reason_headers) < 1024:
                 self._reason_headers[key] = cached
         return cached
