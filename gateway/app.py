@@ -22,6 +22,7 @@ from gateway.admin.fleets import fleets_router
 from gateway.admin.rollouts import rollout_router
 from gateway.admin.versions import versions_router
 from gateway.asgi import Dispatch
+from gateway.client_address import ClientAddresses
 from gateway.control_surface import ControlCall, ControlGate, ControlMode
 from gateway.endpoints import Probes, install_error_handlers
 from gateway.fleet.forward import FleetGrpc, FleetHttp
@@ -78,7 +79,7 @@ class Gateway(Dispatch):
         self.pins = SequencePins()
         self.shadow = ShadowMirror(self.upstream, self.recorder)
         self.pipeline = Pipeline(self.book, self.recorder, self.pins, self.shadow, self.access_log,
-                                 settings.expose_version_headers)
+                                 settings.expose_version_headers, ClientAddresses(settings.trusted_proxies))
         self.grpc: GrpcProxy | None = None
         self.grpc_router: GrpcRouter | None = None
         self.grpc_server: Any = None

@@ -5,16 +5,20 @@ client's own deadline as a censored latency (item 1): on the judge's own functio
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.client_address import ClientAddresses, grpcio_peer
 from gateway.rollout import stats
 from gateway.rollout.analysis import Outcome
 from gateway.rollout.judge import CEILING, Evidence, VersionSample, assess, client_weighted, uncensored
 from gateway.rollout.rollback import critical_verdict
 from gateway.rollout.spec import RolloutSpec
+from gateway.settings import Settings, SettingsError
 from gateway.telemetry.recorder import Window
 
 SPEC = RolloutSpec(canary="3", stable="2", steps=[1, 5, 20, 50, 100], interval_s=30, latency_warmup_s=0)
@@ -190,3 +194,27 @@ def test_a_1ms_client_deadline_moves_nothing_and_a_hanging_canary_still_fails() 
     hanging = [-2.0] * 500  # every canary request ran out of its client's 2 s deadline
     verdict, _ = assess(SPEC, Evidence(), VersionSample(0, 0, 0, 0, hanging), VersionSample(1000, 0, 0, 0, stable))
     assert verdict.outcome is Outcome.UNHEALTHY and verdict.metric == "latency", verdict.reason
+
+
+def test_the_client_is_the_peer_unless_a_trusted_proxy_forwarded_it() -> None:
+    forwarded = [(b"x-forwarded-for", b"198.51.100.4, 10.0.0.7")]
+    assert ClientAddresses().of("10.0.0.9", forwarded) == "10.0.0.9"  # no trusted proxies: the header is ignored
+    addresses = ClientAddresses(["10.0.0.0/8"])
+    assert addresses.of("10.0.0.9", forwarded) == "198.51.100.4"  # rightmost address not itself trusted
+    assert addresses.of("203.0.113.5", forwarded) == "203.0.113.5"  # an untrusted peer's header is not believed
+    assert addresses.of("10.0.0.9", [(b"x-forwarded-for", b"not-an-address")]) == "10.0.0.9"
+    assert addresses.of("10.0.0.9", [(b"x-forwarded-for", b"10.1.1.1")]) == "10.0.0.9"  # only proxies: the peer
+    assert addresses.of("10.0.0.9", [(b"x-forwarded-for", b"192.0.2.1"), (b"x-forwarded-for", b"10.0.0.3")]) \
+        == "192.0.2.1"  # several header lines read as one list
+    assert addresses.of(None) == ""
+    assert grpcio_peer("ipv4:127.0.0.5:51234") == "127.0.0.5" and grpcio_peer("ipv6:[::1]:5555") == "::1"
+    assert grpcio_peer("unix:/tmp/socket") == "unix:/tmp/socket" and grpcio_peer(None) == ""
+
+
+def test_trusted_proxies_must_be_networks(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text("trusted_proxies: [10.0.0.0/8, proxy.internal]\n")
+    with pytest.raises(SettingsError, match="trusted_proxies"):
+        Settings.load(config)
+    config.write_text("trusted_proxies: [10.0.0.0/8, 192.0.2.1]\n")
+    assert Settings.load(config).trusted_proxies == ["10.0.0.0/8", "192.0.2.1"]
