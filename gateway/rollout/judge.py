@@ -150,7 +150,7 @@ def uncensored(canary: Sequence[float], stable: Sequence[float]) -> tuple[list[f
     return placed(canary), placed(stable)
 
 
-ClientHistory = dict[str, tuple[int, int]]  # client -> (requests seen, requests counted) over the rollout
+ClientHistory = stats.History  # client -> requests seen, counted; errors and 4xx counted, over the rollout
 
 
 @dataclass(frozen=True)
@@ -193,6 +193,10 @@ class Evidence:
     def document(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def worst(self, column: int) -> Worst:
+        """Each side's client with the most counted errors (column 2) or 4xx (3)."""
+        return stats.worst_client(self.canary_clients, column), stats.worst_client(self.stable_clients, column)
+
     @classmethod
     def from_document(cls, doc: dict[str, Any] | None) -> Evidence:
         if not doc:
@@ -208,7 +212,8 @@ class Evidence:
 
 
 def _history(doc: dict[str, Any] | None) -> ClientHistory:
-    return {client: (int(seen), int(kept)) for client, (seen, kept) in (doc or {}).items()}
+    return {client: (int(seen), int(kept), int(errors), int(client_errors))
+            for client, (seen, kept, errors, client_errors) in (doc or {}).items()}
 
 
 def counted(sample: VersionSample, history: ClientHistory,
@@ -276,9 +281,10 @@ def assess(spec: RolloutSpec, evidence: Evidence, canary: VersionSample,
     warmup_s = spec.latency_warmup_s if warming else 0
     versus = "stable" if spec.baseline is None else "baseline"  # the words for what the canary is judged against
     metrics = (
-        _judge_rate("error_rate", "error rate", evidence.errors, spec.max_error_rate_increase, alpha, versus),
+        _judge_rate("error_rate", "error rate", evidence.errors, spec.max_error_rate_increase, alpha, versus,
+                    evidence.worst(2)),
         _judge_rate("client_error_rate", "4xx rate", evidence.client_errors, spec.client_error_floor(),
-                    alpha, versus),
+                    alpha, versus, evidence.worst(3)),
         _judge_latency(evidence.latency, spec.max_latency_increase, alpha, warmup_s, versus=versus),
         *(_judge_latency(judged, spec.max_latency_increase, alpha, warmup_s, name, label, versus)
           for name, label, judged in streams),
@@ -315,11 +321,11 @@ def _client_numbers(history: ClientHistory) -> dict[str, Any] | None:
     counted (capped at the median client's): None when the source knows no clients."""
     if not history:
         return None
-    seen = sum(s for s, _ in history.values())
-    kept = sum(k for _, k in history.values())
+    seen = sum(entry[0] for entry in history.values())
+    kept = sum(entry[1] for entry in history.values())
     return {"clients": len(history), "requests": seen, "counted": kept,
             "down_weighted": 1 - kept / seen if seen else 0.0,
-            "capped_clients": sum(1 for s, k in history.values() if k < s)}
+            "capped_clients": sum(1 for entry in history.values() if entry[1] < entry[0])}
 
 
 def _judge_ceiling(rates: RateEvidence, ceiling: float, alpha: float) -> MetricVerdict:
@@ -338,8 +344,14 @@ def _judge_ceiling(rates: RateEvidence, ceiling: float, alpha: float) -> MetricV
                          f"error rate not shown past the ceiling: {seen}, max_error_rate {ceiling:.2%}")
 
 
+Worst = tuple[tuple[int, int], tuple[int, int]]  # (counted requests, events) of the canary's and the reference's
+
+
 def _judge_rate(name: str, label: str, rates: RateEvidence, floor: float, alpha: float,
-                versus: str = "stable") -> MetricVerdict:
+                versus: str = "stable", worst: Worst = ((0, 0), (0, 0))) -> MetricVerdict:
+    """``worst``: the client with the most counted events on each side. No single client can
+    flip the verdict: FAIL needs the effect past the floor without the canary's worst client
+    too, PASS the bound below it without the reference's worst client."""
     n_c, x_c, n_s, x_s = rates.canary_n, rates.canary_events, rates.stable_n, rates.stable_events
     e_value = math.exp(min(stats.log_mixture(np.asarray(rates.log_lr)), 700.0))
     if n_c == 0 or n_s == 0:
@@ -351,11 +363,14 @@ def _judge_rate(name: str, label: str, rates: RateEvidence, floor: float, alpha:
     low = stats.rate_lower(x_c, n_c, 0.5 + INTERVAL_CONFIDENCE / 2) - rate_s
     high = stats.rate_upper(x_c, n_c, 0.5 + INTERVAL_CONFIDENCE / 2) - rate_s
     seen = f"canary {rate_c:.2%} of {n_c} vs {versus} {rate_s:.2%} of {n_s}"
-    if e_value >= 1 / alpha and effect > floor:
+    (worst_cn, worst_cx), (worst_sn, worst_sx) = worst
+    robust = (x_c - worst_cx) / (n_c - worst_cn) - rate_s if 0 < worst_cn < n_c else effect
+    if e_value >= 1 / alpha and effect > floor and robust > floor:
         return MetricVerdict(name, "fail", effect, low, high, floor, e_value, 1 / alpha, None, None,
                              f"{label} worse: {seen} (+{effect:.2%}, beyond the +{floor:.2%} floor; "
                              f"evidence {_times(e_value)}, needed {_times(1 / alpha)})")
-    bound = stats.difference_upper(x_c, n_c, x_s, n_s, PASS_CONFIDENCE)  # the reference's uncertainty too
+    without = (x_s - worst_sx, n_s - worst_sn) if 0 < worst_sn < n_s else (x_s, n_s)
+    bound = stats.difference_upper(x_c, n_c, *without, PASS_CONFIDENCE)  # the reference's uncertainty too
     if bound < floor:
         return MetricVerdict(name, "pass", effect, low, high, floor, e_value, 1 / alpha, None, None,
                              f"{label} fine: {seen} (at most +{max(bound, 0):.2%}, floor +{floor:.2%})")

@@ -243,15 +243,27 @@ def lower_median(values: Sequence[int]) -> int:
     return ordered[(len(ordered) - 1) // 2] if ordered else 0
 
 
-def cap_clients(interval: Mapping[str, Counts], history: Mapping[str, tuple[int, int]],
-                rng: np.random.Generator) -> tuple[Counts, dict[str, tuple[int, int]]]:
+OUTLIER_TAIL = 1e-4  # a client's errors past this binomial tail of the other clients' rate are clipped to it
+OUTLIER_CLIENTS = 10  # with fewer clients on a version, none is anyone's outlier
+History = dict[str, tuple[int, int, int, int]]  # client -> requests seen, counted; errors, 4xx counted
+
+
+def cap_clients(interval: Mapping[str, Counts], history: Mapping[str, tuple[int, int, int, int]],
+                rng: np.random.Generator) -> tuple[Counts, History]:
     """This interval's counted (answered, errors, 4xx) of one version, and the new history.
 
     ``interval`` holds each client's raw counts this interval; ``history`` each client's
-    (requests seen, requests counted) over the rollout so far. A client is counted up to the
-    cap, the lower median of every known client's requests seen (this interval's included),
-    minus what it already had counted; which of its requests count is a uniform draw. Past
-    MAX_CLIENTS known clients, new ones share the OTHER_CLIENTS entry (counted as one)."""
+    (requests seen, requests counted, errors counted, 4xx counted) over the rollout so far. A
+    client is counted up to the cap, the lower median of every known client's requests seen
+    (this interval's included), minus what it already had counted; which of its requests count
+    is a uniform draw. Then its counted errors (and 4xx) over the rollout are clipped at the
+    1 - OUTLIER_TAIL quantile of a binomial of its counted requests at the other clients' rate
+    over the rollout: a client failing far beyond everyone else (its own bad input, or an
+    attacker) counts as the worst an ordinary client would plausibly be; an honest client is
+    clipped at a look with probability ~1e-4, and a version failing for everyone is never
+    clipped (the others fail too). Past MAX_CLIENTS known
+    clients, new ones share the OTHER_CLIENTS entry (counted as one). (Clipping needs OUTLIER_CLIENTS
+    clients known on the version: among fewer, nobody is an outlier.)"""
     merged = dict(history)
     raw: dict[str, Counts] = {}
     known = len(merged)
@@ -264,19 +276,51 @@ def cap_clients(interval: Mapping[str, Counts], history: Mapping[str, tuple[int,
         before = raw.get(client, (0, 0, 0))
         raw[client] = (before[0] + counts[0], before[1] + counts[1], before[2] + counts[2])
     for client, counts in raw.items():
-        seen, counted = merged.get(client, (0, 0))
-        merged[client] = (seen + counts[0], counted)
-    cap = lower_median([seen for seen, _ in merged.values()])
-    answered = errors = client_errors = 0
+        seen, counted, x_sum, y_sum = merged.get(client, (0, 0, 0, 0))
+        merged[client] = (seen + counts[0], counted, x_sum, y_sum)
+    cap = lower_median([entry[0] for entry in merged.values()])
+    kept: dict[str, Counts] = {}
     for client, (n, x, y) in raw.items():
-        seen, counted = merged[client]
-        keep = max(0, min(n, cap - counted))
+        keep = max(0, min(n, cap - merged[client][1]))
         if keep == n:
-            kept_x, kept_y = x, y
+            kept[client] = (n, x, y)
         elif keep == 0:
-            kept_x = kept_y = 0
+            kept[client] = (0, 0, 0)
         else:
             kept_x, kept_y, _ = (int(v) for v in rng.multivariate_hypergeometric([x, y, n - x - y], keep))
-        answered, errors, client_errors = answered + keep, errors + kept_x, client_errors + kept_y
-        merged[client] = (seen, counted + keep)
-    return (answered, errors, client_errors), merged
+            kept[client] = (keep, kept_x, kept_y)
+    kept = _clip_outliers(kept, merged)
+    for client, (n, x, y) in kept.items():
+        seen, counted, x_sum, y_sum = merged[client]
+        merged[client] = (seen, counted + n, x_sum + x, y_sum + y)
+    totals = np.asarray(list(kept.values()), dtype=np.int64).reshape(-1, 3).sum(axis=0)
+    return (int(totals[0]), int(totals[1]), int(totals[2])), merged
+
+
+def _clip_outliers(kept: dict[str, Counts], history: Mapping[str, tuple[int, int, int, int]]) -> dict[str, Counts]:
+    """This interval's counted errors and 4xx of each client, clipped so that its counted events
+    over the rollout stay within the 1 - OUTLIER_TAIL binomial quantile of its counted requests
+    at the other clients' rate over the rollout (half an event of prior): see :func:`cap_clients`."""
+    if len(history) < OUTLIER_CLIENTS or not kept:
+        return kept
+    names = list(kept)
+    now = np.asarray([kept[name] for name in names], dtype=np.int64)
+    before = np.asarray([history[name][1:] for name in names], dtype=np.int64)  # counted, errors, 4xx so far
+    totals = np.asarray([entry[1:] for entry in history.values()], dtype=np.int64).sum(axis=0) + now.sum(axis=0)
+    n = before[:, 0] + now[:, 0]
+    clipped = now.copy()
+    for column in (1, 2):
+        events = before[:, column] + now[:, column]
+        others = (totals[column] - events + 0.5) / (totals[0] - n + 1)
+        allowed = stats.binom.ppf(1 - OUTLIER_TAIL, n, np.clip(others, 0.0, 1.0)).astype(np.int64)
+        clipped[:, column] = np.clip(allowed - before[:, column], 0, now[:, column])
+    return {name: (int(a), int(b), int(c)) for name, (a, b, c) in zip(names, clipped)}
+
+
+def worst_client(history: Mapping[str, tuple[int, int, int, int]], column: int) -> tuple[int, int]:
+    """(counted requests, counted events) of the client with the most counted events (column 2:
+    errors, 3: 4xx) over the rollout; (0, 0) without clients."""
+    if not history:
+        return 0, 0
+    entry = max(history.values(), key=lambda e: (e[column], e[1]))
+    return entry[1], entry[column]

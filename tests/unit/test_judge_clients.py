@@ -54,15 +54,15 @@ def test_one_client_moves_a_versions_rate_by_at_most_its_share(sizes: list[int],
 def test_over_a_rollout_a_clients_counted_requests_grow_only_up_to_the_median_client(intervals: list[list[int]],
                                                                                        flood: int) -> None:
     """(The median can fall when new clients come: what was counted stays counted.)"""
-    history: dict[str, tuple[int, int]] = {}
+    history: stats.History = {}
     for sizes in intervals:
         clients = {f"c{i}": (size, 0, 0) for i, size in enumerate(sizes)}
         clients["attacker"] = (flood, flood, 0)
         before = dict(history)
         _, history = stats.cap_clients(clients, history, RNG)
-        median = stats.lower_median([seen for seen, _ in history.values()])
-        for client, (seen, kept) in history.items():
-            assert kept <= seen and kept <= max(before.get(client, (0, 0))[1], median)
+        median = stats.lower_median([entry[0] for entry in history.values()])
+        for client, (seen, kept, errors, _) in history.items():
+            assert errors <= kept <= seen and kept <= max(before.get(client, (0, 0, 0, 0))[1], median)
 
 
 def test_the_client_table_is_bounded_and_the_overflow_is_one_client() -> None:
