@@ -128,7 +128,7 @@ def test_a_check_fails_only_past_its_limit_and_says_which() -> None:
 
 
 def test_prometheus_unreachable_is_no_value_never_a_failure() -> None:
-    checks = Checks(f"http://127.0.0.1:{free_port()}", 1.0)  # nothing listens there
+    checks = Checks(f"http://127.0.0.1:{free_port()}", 10.0)  # nothing listens: refused at once (10 s: load)
     results = asyncio.run(checks.evaluate("qc", spec(checks=[CHECK]), "2"))
     assert [(m.name, m.verdict) for m in results] == [("check:orders", "error")]
     assert "did not answer" in results[0].summary and "ConnectError" in results[0].summary
