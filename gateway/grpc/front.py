@@ -321,12 +321,15 @@ class FrontServer:
 
 
 async def start_server(router: GrpcRouter, host: str, port: int, gate: ControlGate | None = None,
-                       tls: ssl.SSLContext | None = None, limits: Limits | None = None) -> FrontServer:
-    """``tls``: gRPC over TLS on the same port (the context offers ALPN h2), else plaintext h2c."""
+                       tls: ssl.SSLContext | None = None, limits: Limits | None = None,
+                       reuse_port: bool = False) -> FrontServer:
+    """``tls``: gRPC over TLS on the same port (the context offers ALPN h2), else plaintext h2c.
+    ``reuse_port``: one of several processes' listeners on the port (gateway.workers)."""
     front = GrpcFront(router, gate)
     limits = limits or Limits()
     # a TLS handshake is part of getting to the preface: the same bound (asyncio's default is 60 s)
     server = await asyncio.get_running_loop().create_server(
         lambda: Http2ServerConnection(front.on_stream, front.connections, limits), host, port, reuse_address=True,
-        ssl=tls, ssl_handshake_timeout=limits.preface_timeout if tls is not None else None)
+        reuse_port=reuse_port or None, ssl=tls,
+        ssl_handshake_timeout=limits.preface_timeout if tls is not None else None)
     return FrontServer(server, front)
