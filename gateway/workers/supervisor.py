@@ -79,6 +79,7 @@ class WorkerSlot:
     push: int = 0  # the policy push it acknowledged
     restarts: int = 0
     reports: int = 0
+    requests: int = 0  # requests it reported, over its processes' lives
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -147,7 +148,7 @@ class Supervisor:
         return {"policy_push": self.push, "all_current": self.current() == self.count, "workers": [
             {"index": slot.index, "pid": slot.process.pid if slot.process else None,
              "up": slot.channel is not None, "policy_push": slot.push, "current": slot.push == self.push,
-             "restarts": slot.restarts, "loop_lag_s": round(slot.lag_s, 4),
+             "restarts": slot.restarts, "requests": slot.requests, "loop_lag_s": round(slot.lag_s, 4),
              "last_report_s": round(now - slot.last_report, 3) if slot.last_report else None}
             for slot in self.slots]}
 
@@ -194,6 +195,8 @@ class Supervisor:
                     slot.push = message[1]
         except ChannelClosed:
             pass
+        except Exception:  # a bug here must not cut a worker off: it would exit, and its replacement too
+            log.exception("worker %s: its channel failed", slot.index if slot else "?")
         finally:
             if slot is not None and slot.channel is channel:
                 slot.channel = None
@@ -210,6 +213,7 @@ class Supervisor:
         slot.lag_s = lag_s
         slot.push = push
         slot.reports += 1
+        slot.requests += delta.requests()
         slot.ready.set()
 
     # -- processes ------------------------------------------------------------------------------
