@@ -288,3 +288,16 @@ def test_a_version_the_server_cannot_echo_is_still_answered(bounded: GatewayThre
     connection.request("GET", "/healthz")
     assert connection.getresponse().status == 200
     connection.close()
+
+
+def test_the_control_gate_decides_on_the_normalised_path(bounded: GatewayThread) -> None:
+    """``/v2/x/../repository/models/m/unload`` was classified as not-control and forwarded raw;
+    it is refused in JSON, as are an encoded ``/`` and a read-only path spelled with ``..``."""
+    port = bounded.settings.port
+    for target, normalised in ((b"/v2/x/../repository/models/qc/unload", "/v2/repository/models/qc/unload"),
+                               (b"/v2/repository%2Fmodels%2Fqc/unload", "/v2/repository/models/qc/unload"),
+                               (b"/v2/x/%2E%2E/health/ready", "/v2/health/ready")):
+        status, headers, body = asyncio.run(exchange(port, b"POST " + target + b" HTTP/1.1\r\nhost: gateway\r\n"
+                                                     b"content-length: 2\r\n\r\n{}"))
+        assert (status, headers["content-type"]) == (400, "application/json"), (target, body)
+        assert f"resolved: {normalised}); send the normalised path" in body["error"], body
