@@ -77,7 +77,8 @@ class Gateway(Dispatch):
         self.access_log = AccessLog() if settings.access_log else None
         self.pins = SequencePins()
         self.shadow = ShadowMirror(self.upstream, self.recorder)
-        self.pipeline = Pipeline(self.book, self.recorder, self.pins, self.shadow, self.access_log)
+        self.pipeline = Pipeline(self.book, self.recorder, self.pins, self.shadow, self.access_log,
+                                 settings.expose_version_headers)
         self.grpc: GrpcProxy | None = None
         self.grpc_router: GrpcRouter | None = None
         self.grpc_server: Any = None

@@ -112,6 +112,9 @@ class Settings(BaseSettings):
     controller_call_timeout_s: float = Field(1.5, gt=0, le=60, description="timeout of each metrics query and "
                                              "Triton call in a controller tick (well inside the lease)")
     access_log: bool = Field(False, description="one JSON line per request on stdout, written off the hot path")
+    expose_version_headers: bool = Field(True, description="answers name the version that served them and how it "
+                                         "was picked (x-gateway-model-version, x-gateway-route); off: a client "
+                                         "cannot tell which version answered, so cannot aim at one")
     log_level: str = Field("info", pattern="^(critical|error|warning|info|debug)$", description="log level")
     # -- the lean gRPC server's limits for each client connection (issue 12) --
     grpc_max_message_bytes: int = Field(64 << 20, ge=1 << 10, le=1 << 30,
