@@ -70,7 +70,8 @@ class Settings(BaseSettings):
                                   "(431 JSON above)")
     linger_s: float = Field(2.0, ge=0, le=60, description="HTTP port: after an answer that ends a request early "
                             "(413, 408, 400, ...), read and drop what the client still sends for up to this long "
-                            "(at most 64 MiB, or max_body_bytes if larger) before closing, so it reads the answer instead of a reset")
+                            "(at most 64 MiB, or max_body_bytes if larger) before closing, so it reads the answer "
+                            "instead of a reset")
     max_connections_per_client: int = Field(256, ge=1, le=1_000_000, description="both ports: connections one "
                                             "client address may hold; past it a connection is answered as past "
                                             "max_client_connections / grpc_max_connections")
