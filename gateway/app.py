@@ -216,4 +216,5 @@ def grpc_limits(settings: Settings) -> Limits:
                   connection_window=settings.grpc_connection_window_bytes,
                   max_header_list=settings.grpc_max_header_list_bytes, max_message=settings.grpc_max_message_bytes,
                   preface_timeout=settings.grpc_preface_timeout_s, header_timeout=settings.grpc_header_timeout_s,
-                  idle_timeout=settings.grpc_idle_timeout_s, max_connections=settings.grpc_max_connections)
+                  idle_timeout=settings.grpc_idle_timeout_s, max_connections=settings.grpc_max_connections,
+                  max_connections_per_client=settings.max_connections_per_client)

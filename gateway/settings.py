@@ -62,6 +62,19 @@ class Settings(BaseSettings):
                                 "decompresses (413 above); Triton's own default --http-max-input-size")
     max_buffered_body_bytes: int = Field(256 << 20, ge=1024, description="request bodies held in memory at once, "
                                          "all clients together (503 with Retry-After above)")
+    max_url_bytes: int = Field(8 << 10, ge=256, le=1 << 20, description="HTTP port: longest request line (method, "
+                               "URL, version); 414 JSON above, before more of it is read")
+    max_header_bytes: int = Field(64 << 10, ge=1 << 10, le=16 << 20, description="HTTP port: one request's header "
+                                  "lines together (so any one of them too); 431 JSON above, before more is read")
+    max_header_count: int = Field(100, ge=8, le=10_000, description="HTTP port: header lines in one request "
+                                  "(431 JSON above)")
+    linger_s: float = Field(2.0, ge=0, le=60, description="HTTP port: after an answer that ends a request early "
+                            "(413, 408, 400, ...), read and drop what the client still sends for up to this long "
+                            "(at most 64 MiB, or max_body_bytes if larger) before closing, so it reads the answer "
+                            "instead of a reset")
+    max_connections_per_client: int = Field(256, ge=1, le=1_000_000, description="both ports: connections one "
+                                            "client address may hold; past it a connection is answered as past "
+                                            "max_client_connections / grpc_max_connections")
     sticky_header: HeaderName = Field("x-user-id", description="default header carrying the sticky user key")
     policies: dict[str, PolicySpec] = Field(
         default_factory=dict, description="routing policies by model, as declared intent: an entry changed since "

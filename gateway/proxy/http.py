@@ -86,7 +86,7 @@ class HttpProxy:
 
     async def _control(self, scope: Scope, path: str) -> GatewayError | None:
         """Triton model control on the data port: refused, or admitted with its token taken out."""
-        call = http_control_call(scope["method"], path)
+        call = http_control_call(scope["method"], path, scope.get("raw_path"))
         if call is None or self.gate is None:
             return None
         authorization = None
