@@ -4,6 +4,7 @@ The fallback to our own HTTP/2 server (``grpc.front``): a generic handler with n
 (de)serializers, so requests and responses stay raw bytes. ``ModelInfer`` goes through the
 shared ``GrpcRouter``; ``ModelStreamInfer`` through a grpc.aio channel, each message routed;
 every other unary method passes through unchanged. Deadlines and cancellation propagate.
+``grpc.health.v1.Health`` is answered here from the gateway's readiness (``grpc.health``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import grpc
 import grpc.aio
 
 from gateway.control_surface import ControlGate
+from gateway.grpc.health import HEALTH, Health, grpcio_handlers
 from gateway.grpc.router import SERVICE, GrpcRouter
 from gateway.grpc.wire import WireError
 
@@ -25,8 +27,9 @@ _STATUS = {code.value[0]: code for code in grpc.StatusCode}
 
 class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
     def __init__(self, router: GrpcRouter, gate: ControlGate | None = None,
-                 upstream_credentials: grpc.ChannelCredentials | None = None) -> None:
+                 upstream_credentials: grpc.ChannelCredentials | None = None, health: Health | None = None) -> None:
         self.router = router
+        self.health = grpcio_handlers(health) if health is not None else {}
         self.gate = gate  # None: Triton control calls pass through (triton_control=allow)
         address = router.upstream.address
         self.channel = (grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) if upstream_credentials is None
@@ -41,6 +44,8 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
         return handler
 
     def _build(self, method: str) -> grpc.RpcMethodHandler | None:
+        if method.startswith(HEALTH):
+            return self.health.get(method)  # None: UNIMPLEMENTED
         if not method.startswith(SERVICE):
             return None  # UNIMPLEMENTED, as Triton would answer
         if method.endswith("/ModelStreamInfer"):
