@@ -20,6 +20,7 @@ from gateway.control_surface import ControlGate
 from gateway.grpc.health import HEALTH, Health, grpcio_handlers
 from gateway.grpc.router import SERVICE, GrpcRouter
 from gateway.grpc.wire import WireError
+from gateway.http2.client import NOT_CONNECTED
 
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 _STATUS = {code.value[0]: code for code in grpc.StatusCode}
@@ -118,10 +119,17 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
         except grpc.aio.AioRpcError as exc:
             code = exc.code().value[0]
             self.router.record(last["model"], last["decision"], code, last["sent"])
-            await context.abort(exc.code(), self.router.details(code, exc.details()))
+            await context.abort(exc.code(), self.router.details(code, _own_words(exc.details() or "")))
 
     async def aclose(self) -> None:
         await self.channel.close()
+
+
+def _own_words(details: str) -> str:
+    """grpcio's channel names the address it could not reach: said in the gateway's words instead."""
+    if "ipv4:" in details or "ipv6:" in details or details.startswith("failed to connect"):
+        return f"{NOT_CONNECTED}: the stream could not be opened"
+    return details
 
 
 def _wire(metadata: tuple[Any, ...]) -> list[tuple[bytes, bytes]]:
