@@ -60,8 +60,9 @@ class Settings(BaseSettings):
                                         "one more is answered 503 with Retry-After and closed")
     max_body_bytes: int = Field(64 << 20, ge=1024, description="largest request body, and largest body the gateway "
                                 "decompresses (413 above); Triton's own default --http-max-input-size")
-    max_buffered_body_bytes: int = Field(256 << 20, ge=1024, description="request bodies held in memory at once, "
-                                         "all clients together (503 with Retry-After above)")
+    max_buffered_body_bytes: int = Field(256 << 20, ge=1024, description="bytes held for requests at once, all "
+                                         "clients and both ports together: bodies, gRPC messages, what they inflate "
+                                         "to, shadow copies (503 with Retry-After, gRPC UNAVAILABLE, above)")
     sticky_header: HeaderName = Field("x-user-id", description="default header carrying the sticky user key")
     policies: dict[str, PolicySpec] = Field(
         default_factory=dict, description="routing policies by model, as declared intent: an entry changed since "
@@ -136,9 +137,11 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _one_body_fits(self) -> Settings:
-        if self.max_buffered_body_bytes < self.max_body_bytes:
-            raise ValueError(f"max_buffered_body_bytes ({self.max_buffered_body_bytes}) must be at least "
-                             f"max_body_bytes ({self.max_body_bytes}): a body of the largest size must fit")
+        largest = max(self.max_body_bytes, self.grpc_max_message_bytes)
+        if self.max_buffered_body_bytes < 2 * largest:
+            raise ValueError(f"max_buffered_body_bytes ({self.max_buffered_body_bytes}) must be at least twice "
+                             f"max_body_bytes and grpc_max_message_bytes ({largest}): a body or message of the "
+                             "largest size, and what it inflates to, must fit")
         return self
 
     @model_validator(mode="after")
