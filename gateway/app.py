@@ -78,7 +78,8 @@ class Gateway(Dispatch):
         self.pins = SequencePins()
         self.budget = ByteBudget(settings.max_buffered_body_bytes)  # bytes held for requests, both ports and shadow
         self.shadow = ShadowMirror(self.upstream, self.recorder, budget=self.budget)
-        self.pipeline = Pipeline(self.book, self.recorder, self.pins, self.shadow, self.access_log)
+        self.pipeline = Pipeline(self.book, self.recorder, self.pins, self.shadow, self.access_log,
+                                 settings.expose_version_headers)
         self.grpc: GrpcProxy | None = None
         self.grpc_router: GrpcRouter | None = None
         self.grpc_server: Any = None
@@ -207,4 +208,5 @@ def grpc_limits(settings: Settings) -> Limits:
                   connection_window=settings.grpc_connection_window_bytes,
                   max_header_list=settings.grpc_max_header_list_bytes, max_message=settings.grpc_max_message_bytes,
                   preface_timeout=settings.grpc_preface_timeout_s, header_timeout=settings.grpc_header_timeout_s,
-                  idle_timeout=settings.grpc_idle_timeout_s, max_connections=settings.grpc_max_connections)
+                  idle_timeout=settings.grpc_idle_timeout_s, max_connections=settings.grpc_max_connections,
+                  max_connections_per_client=settings.max_connections_per_client)

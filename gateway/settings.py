@@ -63,6 +63,19 @@ class Settings(BaseSettings):
     max_buffered_body_bytes: int = Field(256 << 20, ge=1024, description="bytes held for requests at once, all "
                                          "clients and both ports together: bodies, gRPC messages, what they inflate "
                                          "to, shadow copies (503 with Retry-After, gRPC UNAVAILABLE, above)")
+    max_url_bytes: int = Field(8 << 10, ge=256, le=1 << 20, description="HTTP port: longest request line (method, "
+                               "URL, version); 414 JSON above, before more of it is read")
+    max_header_bytes: int = Field(64 << 10, ge=1 << 10, le=16 << 20, description="HTTP port: one request's header "
+                                  "lines together (so any one of them too); 431 JSON above, before more is read")
+    max_header_count: int = Field(100, ge=8, le=10_000, description="HTTP port: header lines in one request "
+                                  "(431 JSON above)")
+    linger_s: float = Field(2.0, ge=0, le=60, description="HTTP port: after an answer that ends a request early "
+                            "(413, 408, 400, ...), read and drop what the client still sends for up to this long "
+                            "(at most 64 MiB, or max_body_bytes if larger) before closing, so it reads the answer "
+                            "instead of a reset")
+    max_connections_per_client: int = Field(256, ge=1, le=1_000_000, description="both ports: connections one "
+                                            "client address may hold; past it a connection is answered as past "
+                                            "max_client_connections / grpc_max_connections")
     sticky_header: HeaderName = Field("x-user-id", description="default header carrying the sticky user key")
     policies: dict[str, PolicySpec] = Field(
         default_factory=dict, description="routing policies by model, as declared intent: an entry changed since "
@@ -101,6 +114,9 @@ class Settings(BaseSettings):
     controller_call_timeout_s: float = Field(1.5, gt=0, le=60, description="timeout of each metrics query and "
                                              "Triton call in a controller tick (well inside the lease)")
     access_log: bool = Field(False, description="one JSON line per request on stdout, written off the hot path")
+    expose_version_headers: bool = Field(True, description="answers name the version that served them and how it "
+                                         "was picked (x-gateway-model-version, x-gateway-route); off: a client "
+                                         "cannot tell which version answered, so cannot aim at one")
     log_level: str = Field("info", pattern="^(critical|error|warning|info|debug)$", description="log level")
     # -- the lean gRPC server's limits for each client connection (issue 12) --
     grpc_max_message_bytes: int = Field(64 << 20, ge=1 << 10, le=1 << 30,
