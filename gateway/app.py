@@ -22,6 +22,9 @@ from gateway.admin.fleets import fleets_router
 from gateway.admin.rollouts import rollout_router
 from gateway.admin.versions import versions_router
 from gateway.asgi import Dispatch
+from gateway.console.routes import console_app
+from gateway.console.timeline import Timeline
+from gateway.console.views import Views
 from gateway.control_surface import ControlCall, ControlGate, ControlMode
 from gateway.endpoints import Probes, install_error_handlers
 from gateway.fleet.forward import FleetGrpc, FleetHttp
@@ -104,12 +107,17 @@ class Gateway(Dispatch):
         self.registry = make_registry(GatewayCollector(self.recorder, self.book))
         self.registry.register(FleetCollector(self.fleets))
         self.probes = Probes(self.upstream, self.book, self.registry, settings.connect_timeout_s, self.sync.problem)
-        self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin)
+        self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin,
+                                  {name: token.get_secret_value() for name, token in settings.viewer_tokens.items()})
         self.gate = control_gate(ControlMode(settings.triton_control), self.auth, self.policies)
         self.proxy = HttpProxy(self.pipeline, self.upstream, self.gate,
                                BodyReader(settings.max_body_bytes, budget=self.budget),
                                {fleet.name: FleetHttp(fleet) for fleet in named})
         self.control = self._control_app()
+        self.timeline = Timeline(self.store, self.source)  # the console's rollout history (bounded)
+        self.console = console_app(Views(self.policies, self.rollouts, self.fleets, self.sync, self.source,
+                                         self.recorder, self.timeline, settings.metrics_source),
+                                   self.lifecycle, self.auth, settings.console_session_ttl_s)
 
     @property
     def started(self) -> bool:
@@ -156,6 +164,7 @@ class Gateway(Dispatch):
             await self._start_grpc()
         if self.settings.controller_enabled:
             self.rollouts.start()
+        self.timeline.start()
 
     async def _start_grpc(self) -> None:
         settings = self.settings
@@ -172,6 +181,7 @@ class Gateway(Dispatch):
                                                  self.budget)
 
     async def _stop(self) -> None:
+        await self.timeline.stop()
         await self.rollouts.stop()
         await self.sync.stop()
         await self.replicas.stop()

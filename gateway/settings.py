@@ -99,6 +99,11 @@ class Settings(BaseSettings):
         default_factory=dict, description="more named tokens, {actor: token}: one per SRE or automation"
     )
     insecure_admin: bool = Field(False, description="serve /admin without a token (logs a warning; never in prod)")
+    viewer_tokens: dict[str, SecretStr] = Field(
+        default_factory=dict, description="read-only tokens, {name: token}: the console's pages and GET /admin/*, "
+        "never a change (403)")
+    console_session_ttl_s: float = Field(8 * 3600.0, gt=0, le=30 * 86400, description="a console login (session "
+                                         "cookie) ends this many seconds after it began")
     triton_control: Literal["deny", "admin", "allow"] = Field(
         "deny", description="Triton model control (load/unload, shared memory, trace/log setting updates) on the "
         "data ports: deny (403 / PERMISSION_DENIED), admin (admin bearer token, audited) or allow")
@@ -180,14 +185,14 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _tokens_are_distinct(self) -> Settings:
-        secrets = [t.get_secret_value() for t in self.admin_tokens.values()]
+        secrets = [t.get_secret_value() for t in (*self.admin_tokens.values(), *self.viewer_tokens.values())]
         if self.admin_token is not None:
             secrets.append(self.admin_token.get_secret_value())
         if any(len(secret) < 8 for secret in secrets):
             raise ValueError("admin tokens must be at least 8 characters")
         if len(set(secrets)) != len(secrets):
             raise ValueError("two admin tokens are the same: each actor needs its own")
-        if self.triton_control == "admin" and not secrets and not self.insecure_admin:
+        if self.triton_control == "admin" and not self.actor_tokens() and not self.insecure_admin:
             raise ValueError("triton_control=admin needs an admin token to check: set GATEWAY_ADMIN_TOKEN "
                              "(or admin_tokens), or choose triton_control=deny")
         return self
