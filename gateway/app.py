@@ -32,12 +32,13 @@ from gateway.fleet.registry import Fleets
 from gateway.grpc.front import start_server as start_front
 from gateway.grpc.grpcio_front import GrpcProxy
 from gateway.grpc.grpcio_front import start_server as start_grpc
+from gateway.grpc.health import Health
 from gateway.grpc.router import GrpcRouter
 from gateway.http2.server import Limits
 from gateway.pipeline import Pipeline
 from gateway.policy_book import PolicyBook
 from gateway.proxy.http import HttpProxy
-from gateway.proxy.limits import BodyReader
+from gateway.proxy.limits import BodyReader, ByteBudget
 from gateway.proxy.shadow import ShadowMirror
 from gateway.rollout.controller import RolloutController
 from gateway.sequences import SequencePins
@@ -75,11 +76,13 @@ class Gateway(Dispatch):
                              queue_timeout_s=settings.queue_timeout_ms / 1000, eject_after=settings.fleet_eject_after,
                              health_interval_s=settings.fleet_health_interval_s,
                              dns_refresh_s=settings.fleet_dns_refresh_s,
-                             http_tls=tls.upstream_http(settings), grpc_tls=tls.upstream_grpc(settings))
+                             http_tls=tls.upstream_http(settings), grpc_tls=tls.upstream_grpc(settings),
+                             keepalive=(settings.upstream_keepalive_s, settings.upstream_keepalive_timeout_s))
         self.upstream: HttpUpstream = FleetHttp(self.fleets.default)
         self.access_log = AccessLog() if settings.access_log else None
         self.pins = SequencePins()
-        self.shadow = ShadowMirror(self.upstream, self.recorder)
+        self.budget = ByteBudget(settings.max_buffered_body_bytes)  # bytes held for requests, both ports and shadow
+        self.shadow = ShadowMirror(self.upstream, self.recorder, budget=self.budget)
         self.pipeline = Pipeline(self.book, self.recorder, self.pins, self.shadow, self.access_log,
                                  settings.expose_version_headers)
         self.grpc: GrpcProxy | None = None
@@ -105,12 +108,13 @@ class Gateway(Dispatch):
                                           prometheus_url=settings.prometheus_url)
         self.registry = make_registry(GatewayCollector(self.recorder, self.book))
         self.registry.register(FleetCollector(self.fleets))
-        self.probes = Probes(self.upstream, self.book, self.registry, settings.connect_timeout_s, self.sync.problem)
+        self.probes = Probes(self.fleets.default.live, self.book, self.registry, settings.connect_timeout_s,
+                             self.sync.problem)
         self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin,
                                   {name: token.get_secret_value() for name, token in settings.viewer_tokens.items()})
         self.gate = control_gate(ControlMode(settings.triton_control), self.auth, self.policies)
         self.proxy = HttpProxy(self.pipeline, self.upstream, self.gate,
-                               BodyReader(settings.max_body_bytes, settings.max_buffered_body_bytes),
+                               BodyReader(settings.max_body_bytes, budget=self.budget),
                                {fleet.name: FleetHttp(fleet) for fleet in named})
         self.control = self._control_app()
         self.timeline = Timeline(self.store, self.source)  # the console's rollout history (bounded)
@@ -171,12 +175,14 @@ class Gateway(Dispatch):
         named = {fleet.name: FleetGrpc(fleet) for fleet in self.fleets if fleet is not self.fleets.default}
         self.grpc_router = GrpcRouter(self.pipeline, upstream, named)
         if settings.grpc_server == "grpcio":
-            self.grpc = GrpcProxy(self.grpc_router, self.gate, tls.grpcio_channel_credentials(settings))
+            self.grpc = GrpcProxy(self.grpc_router, self.gate, tls.grpcio_channel_credentials(settings),
+                                  Health(self.probes.problem))
             self.grpc_server = await start_grpc(self.grpc, settings.host, settings.grpc_port,
                                                 tls.grpcio_server_credentials(settings))
         else:
             self.grpc_server = await start_front(self.grpc_router, settings.host, settings.grpc_port, self.gate,
-                                                 tls.serving(settings, tls.H2), grpc_limits(settings))
+                                                 tls.serving(settings, tls.H2), grpc_limits(settings),
+                                                 self.budget, Health(self.probes.problem))
 
     async def _stop(self) -> None:
         await self.timeline.stop()
