@@ -10,7 +10,8 @@ responses stay raw bytes end to end:
   ``x-gateway-model-version`` / ``x-gateway-route``, the message, the status);
 - ``ModelStreamInfer``: relayed message by message over one upstream stream, each request
   routed (sequence pins hold), each response recorded;
-- every other method: forwarded unchanged.
+- every other method: forwarded unchanged;
+- ``grpc.health.v1.Health``: answered here from the gateway's readiness (``grpc.health``).
 
 The client's ``grpc-timeout`` goes upstream and is enforced here too; a client that resets
 its stream (or disconnects) resets the upstream stream.
@@ -28,12 +29,14 @@ from typing import Any
 
 from gateway.control_surface import ControlGate
 from gateway.errors import GatewayError
+from gateway.grpc.health import CHECK, WATCH, Health, HealthCall
 from gateway.grpc.router import INFER, SERVICE, STREAM_INFER, GrpcRouter
 from gateway.grpc.status import StatusCode, status_for
 from gateway.grpc.upstream import UpstreamStream
 from gateway.grpc.wire import WireError, metadata_block, split_messages
 from gateway.http2.endpoint import Headers
 from gateway.http2.server import Http2ServerConnection, Limits, ServerStream, StreamHandler
+from gateway.proxy.limits import ByteBudget
 from gateway.routing import Decision
 
 log = logging.getLogger("gateway.grpc")
@@ -279,9 +282,10 @@ class StreamCall(_Call):
 
 
 class GrpcFront:
-    def __init__(self, router: GrpcRouter, gate: ControlGate | None = None) -> None:
+    def __init__(self, router: GrpcRouter, gate: ControlGate | None = None, health: Health | None = None) -> None:
         self.router = router
         self.gate = gate  # None: Triton control calls pass through (triton_control=allow)
+        self.health = health
         self.connections: set[Http2ServerConnection] = set()
 
     def on_stream(self, connection: Http2ServerConnection, stream: ServerStream) -> StreamHandler | None:
@@ -293,6 +297,8 @@ class GrpcFront:
                 return StreamCall(self, connection, stream)
             if path.startswith(SERVICE):
                 return UnaryCall(self, connection, stream, routed=False)
+            if (path == CHECK or path == WATCH) and self.health is not None:
+                return HealthCall(self.health, connection, stream)
         except ValueError as exc:  # a malformed grpc-timeout: answered, never raised into the connection
             connection.finish(stream, StatusCode.INVALID_ARGUMENT, str(exc))
             return None
@@ -322,14 +328,16 @@ class FrontServer:
 
 async def start_server(router: GrpcRouter, host: str, port: int, gate: ControlGate | None = None,
                        tls: ssl.SSLContext | None = None, limits: Limits | None = None,
+                       budget: ByteBudget | None = None, health: Health | None = None,
                        reuse_port: bool = False) -> FrontServer:
     """``tls``: gRPC over TLS on the same port (the context offers ALPN h2), else plaintext h2c.
     ``reuse_port``: one of several processes' listeners on the port (gateway.workers)."""
-    front = GrpcFront(router, gate)
+    front = GrpcFront(router, gate, health)
     limits = limits or Limits()
+    per_client: dict[str, int] = {}  # the connections of each client address, for max_connections_per_client
     # a TLS handshake is part of getting to the preface: the same bound (asyncio's default is 60 s)
     server = await asyncio.get_running_loop().create_server(
-        lambda: Http2ServerConnection(front.on_stream, front.connections, limits), host, port, reuse_address=True,
-        reuse_port=reuse_port or None, ssl=tls,
+        lambda: Http2ServerConnection(front.on_stream, front.connections, limits, per_client, budget), host,
+        port, reuse_address=True, reuse_port=reuse_port or None, ssl=tls,
         ssl_handshake_timeout=limits.preface_timeout if tls is not None else None)
     return FrontServer(server, front)

@@ -12,11 +12,12 @@ import asyncio
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
+from gateway.errors import BadRequest
 from gateway.grpc.status import FAULTS, StatusCode, classify, status_name
 from gateway.grpc.upstream import GrpcUpstream
 from gateway.grpc.upstream import Metadata as Forwarded
 from gateway.grpc.wire import RouteFields, WireError, route_fields, with_version
-from gateway.pipeline import Pipeline, Target, route_metadata
+from gateway.pipeline import Pipeline, Target, checked_model
 from gateway.proxy.shadow import GrpcMirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
 from gateway.telemetry.recorder import QUEUE_FULL, STEERED_ROUTES, Outcome
@@ -60,7 +61,7 @@ class GrpcInfer:
             named = self.fleets.get(target.fleet) if self.fleets is not None else None
             if named is None:
                 self.code, self.details, self.response = (StatusCode.UNAVAILABLE.value,
-                                                          f"fleet '{target.fleet}' is not configured", b"")
+                                                          f"gateway: fleet '{target.fleet}' is not configured", b"")
                 self.status = status_name(self.code)
                 return
             upstream = named
@@ -104,13 +105,17 @@ class GrpcRouter:
         self.fleets = dict(fleets or {})  # named fleets (ModelInfer only: a stream stays on the default fleet)
 
     def route(self, raw: bytes, headers: Iterable[tuple[bytes, bytes]]) -> tuple[RouteFields, Policy | None, Decision]:
-        """Raises ``WireError`` for bytes that are not a ModelInferRequest."""
+        """Raises ``WireError`` for bytes that are not a ModelInferRequest, or whose model name,
+        version or sequence id Triton could not hold (checked before they reach any table)."""
         fields = route_fields(raw)
-        policy = self.book.get(fields.model_name)
-        if fields.model_version:
-            return fields, policy, Decision(fields.model_version, _PINNED)
-        return fields, policy, self.pipeline.route(policy, headers, fields.sequence_id, fields.sequence_start,
-                                                   fields.sequence_end)
+        try:
+            policy = self.book.get(checked_model(fields.model_name))
+            if fields.model_version:
+                return fields, policy, self.pipeline.pinned(fields.model_version)
+            return fields, policy, self.pipeline.route(policy, headers, fields.sequence_id, fields.sequence_start,
+                                                       fields.sequence_end)
+        except BadRequest as exc:
+            raise WireError(exc.message) from None
 
     def routed_message(self, raw: bytes, decision: Decision) -> bytes:
         """A streamed request, addressed to the decision's target."""
@@ -132,11 +137,11 @@ class GrpcRouter:
 
     def announced(self, decision: Decision, response: bytes = b"") -> tuple[tuple[str, str], ...]:
         """The routing metadata of an answer: for Triton's default version, the one its reply names."""
-        return route_metadata(decision.version or _answered_version(response), decision.reason)
+        return self.pipeline.announce(decision.version or _answered_version(response), decision.reason)
 
     def details(self, code: int, details: str | None) -> str:
-        if code == StatusCode.UNAVAILABLE:
-            return f"upstream triton at {self.upstream.address} is unavailable: {details}"
+        """What the client is told: Triton's details as Triton sent them; the gateway's own say
+        so themselves (``gateway: ...``) and name no address."""
         return details or ""
 
     def record_stream_reply(self, model: str | None, decision: Decision | None, response: bytes,
