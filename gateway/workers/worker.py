@@ -14,7 +14,8 @@ Shared budgets, so that N workers admit what one process would:
 - ``max_inflight_per_server`` is per server per node: each worker gets its share of the
   slots (the total split, the remainder to the first workers, at least one each), and so
   does the queue behind them;
-- the shadow queue (1000 mirrors) and its senders are split the same way.
+- the shadow queue (1000 mirrors) and its senders are split the same way, and so are the
+  bytes held for request bodies (``max_buffered_body_bytes``; never below one largest body).
 
 The listeners are this process's own ``SO_REUSEPORT`` sockets (Linux), bound before the
 application starts and listening only once it is ready, so the kernel never hands a
@@ -150,9 +151,11 @@ class WorkerGateway(Gateway):
         self.index = index
         for fleet in self.fleets:
             fleet.max_inflight = share(fleet.max_inflight, index, self.count)
+        # the bytes held for request bodies: a share, but a body of the largest size still fits
+        self.budget.limit = max(self.settings.max_body_bytes, share(self.budget.limit, index, self.count))
         self.shadow = self.pipeline.shadow = ShadowMirror(
             self.upstream, self.recorder, max_queue=share(SHADOW_QUEUE, index, self.count),
-            workers=share(SHADOW_SENDERS, index, self.count))
+            workers=share(SHADOW_SENDERS, index, self.count), budget=self.budget)
 
     def _control_app(self) -> Asgi:  # type: ignore[override]
         return self._serve_control

@@ -191,20 +191,33 @@ def test_kill_9_of_a_worker_under_load_is_replaced_within_a_second_and_costs_onl
             os.kill(victim["pid"], signal.SIGKILL)
             killed_at = time.monotonic()
 
+            def worker_0() -> dict[str, Any]:
+                try:
+                    return dict(workers(gw.url)["workers"][0])
+                except OSError:  # this admin call landed on the worker being killed: one of its requests
+                    return victim
+
             def replaced() -> float | None:
-                slot = workers(gw.url)["workers"][0]
-                return time.monotonic() if slot["pid"] != victim["pid"] else None
+                return time.monotonic() if worker_0()["pid"] != victim["pid"] else None
 
             replaced_at = wait_for(replaced, 5, interval=0.02, what="a new worker 0")
-            serving = wait_for(lambda: workers(gw.url)["workers"][0]["up"] and time.monotonic(), 10, interval=0.02,
+            serving = wait_for(lambda: worker_0()["up"] and time.monotonic(), 10, interval=0.02,
                                what="the new worker serving")
-            time.sleep(1.0)
+            time.sleep(0.5)  # requests that failed before the replacement served have been counted
+            failed_by_then, answered_by_then = load.result.statuses[0], load.result.statuses[200]
+            time.sleep(1.5)
         assert replaced_at - killed_at <= 1.0
-        print(f"replaced after {replaced_at - killed_at:.2f} s, serving after {serving - killed_at:.2f} s")
-        # at most the requests the dead worker had in flight: one per connection it held
-        assert load.result.statuses[0] <= 8, load.result.failures
+        print(f"replaced after {replaced_at - killed_at:.2f} s, serving after {serving - killed_at:.2f} s, "
+              f"{failed_by_then} requests failed")
+        # Only the dead worker's requests fail: the one in flight on each connection it held, or a
+        # connection the kernel had queued on its listener. Nothing else: no status but 200, and
+        # no failure once the replacement serves (while the load goes on).
+        assert 0 < failed_by_then <= 2 * 8, load.result.failures
         assert set(load.result.statuses) <= {0, 200}, load.result.statuses
-        assert load.result.statuses[200] > 100
+        assert all("closed the connection" in f or "reset" in f.lower() or "refused" in f.lower()
+                   for f in load.result.failures), load.result.failures
+        assert load.result.statuses[0] == failed_by_then, load.result.failures
+        assert load.result.statuses[200] > answered_by_then
         assert workers(gw.url)["workers"][0]["restarts"] == 1
 
 
@@ -249,4 +262,4 @@ def test_sigterm_under_load_fails_no_request(triton: LocalTriton, tmp_path: Path
             thread.join(15)
         gw.kill()
     assert not failures, failures[:5]
-    assert results["200"] > 20 and results["refused"] > 0, results
+    assert results["200"] >= 8 and results["refused"] > 0, results  # 8 were in flight at the signal
