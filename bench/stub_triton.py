@@ -91,9 +91,9 @@ def _grpc_server(port: int) -> object:
 
     methods = {"ModelInfer": infer, "ServerReady": ready, "ServerLive": empty, "ModelReady": ready}
 
-    class Handler(grpc.GenericRpcHandler):
+    class Handler(grpc.GenericRpcHandler):  # type: ignore[misc]
         def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-            method = details.method.rsplit("/", 1)[-1]  # type: ignore[attr-defined]
+            method = str(details.method).rsplit("/", 1)[-1]
             handler = methods.get(method, empty)
             return grpc.unary_unary_rpc_method_handler(handler)
 

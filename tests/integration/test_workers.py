@@ -195,7 +195,7 @@ def test_kill_9_of_a_worker_under_load_is_replaced_within_a_second_and_costs_onl
                 try:
                     return dict(workers(gw.url)["workers"][0])
                 except OSError:  # this admin call landed on the worker being killed: one of its requests
-                    return victim
+                    return dict(victim)
 
             def replaced() -> float | None:
                 return time.monotonic() if worker_0()["pid"] != victim["pid"] else None
@@ -263,3 +263,52 @@ def test_sigterm_under_load_fails_no_request(triton: LocalTriton, tmp_path: Path
         gw.kill()
     assert not failures, failures[:5]
     assert results["200"] >= 8 and results["refused"] > 0, results  # 8 were in flight at the signal
+
+
+def refused_in_bursts(url: str, bursts: int, size: int) -> int:
+    """``bursts`` times, ``size`` requests at once, each on a new connection (so the kernel
+    spreads them over the workers); how many were answered 429."""
+    refused = 0
+    for _ in range(bursts):
+        barrier = threading.Barrier(size)
+        statuses: list[int] = []
+
+        def one(barrier: threading.Barrier, statuses: list[int]) -> None:
+            barrier.wait()
+            request = urllib.request.Request(f"{url}/v2/models/qc/infer", data=INFER_BODY)
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    statuses.append(response.status)
+            except urllib.error.HTTPError as exc:
+                statuses.append(exc.code)
+
+        threads = [threading.Thread(target=one, args=(barrier, statuses)) for _ in range(size)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(statuses) == size and set(statuses) <= {200, 429}, statuses
+        refused += statuses.count(429)
+    return refused
+
+
+def test_admission_at_three_times_the_limit_refuses_the_share_one_process_would(
+        triton: LocalTriton, tmp_path: Path, faults: Faults) -> None:
+    """max_inflight_per_server is per node: 4 slots, no queue wait, bursts of 12 requests that
+    all arrive while the first ones run (300 ms each). One process admits 4 and refuses 8 of
+    each burst; two workers with 2 slots each refuse as many, unless the kernel gives one
+    worker fewer than 2 of the 12 connections (p ~ 0.3% a burst: one refusal more)."""
+    faults.set("qc", "2", delay_ms=300)
+    limits = {"max_inflight_per_server": "4", "queue_timeout_ms": "0"}
+    (tmp_path / "one").mkdir()
+    single = GatewayProcess(workers_env(triton, tmp_path / "one", 1, **limits)).start()
+    try:
+        alone = refused_in_bursts(single.url, 3, 12)
+    finally:
+        single.stop()
+    (tmp_path / "two").mkdir()
+    with supervised(workers_env(triton, tmp_path / "two", 2, **limits)) as gw:
+        assert [w["up"] for w in workers(gw.url)["workers"]] == [True, True]
+        together = refused_in_bursts(gw.url, 3, 12)
+    assert alone == 3 * 8, alone
+    assert abs(together - alone) <= 3, (together, alone)
