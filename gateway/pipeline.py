@@ -33,6 +33,7 @@ from gateway.routing import (
     WeylDraw,
     choose,
     choose_in_sequence,
+    choose_unpinned,
     fallback_for,
     inflight_key,
 )
@@ -40,6 +41,9 @@ from gateway.sequences import SequencePins
 from gateway.telemetry.recorder import UNKNOWN_MODEL, Outcome, Recorder
 
 DEFAULT = Decision(None, Reason.DEFAULT)  # no policy, not pinned: Triton picks its default version
+# Marker for a front: this request belongs to a sequence on a model with affinity; decide with
+# ``await Pipeline.route_sequence`` (the pin may have to be read from, or written to, the store).
+SEQUENCED = Decision(None, Reason.SEQUENCE)
 ROUTE_HEADER = "x-gateway-route"
 VERSION_HEADER = "x-gateway-model-version"
 # Answers that mean Triton does not know the model or version (HTTP, gRPC): recorded under one
@@ -112,16 +116,28 @@ class Pipeline:
         self._targets: dict[str | None, Target] = {}
 
     # -- route ---------------------------------------------------------------------------------
-    def route(self, policy: Policy | None, headers: Iterable[tuple[bytes, bytes]], sequence_id: object | None = None,
-              start: bool = False, end: bool = False) -> Decision:
-        """The decision for one unpinned request (lower-case header names, as on the wire)."""
+    def route(self, policy: Policy | None, headers: Iterable[tuple[bytes, bytes]]) -> Decision:
+        """The decision for one request outside any sequence (lower-case header names, as on the wire)."""
         if policy is None:
             return DEFAULT
         names = policy.header_names
+        return choose(policy, {name: value for name, value in headers if name in names}, self._draw())
+
+    async def route_sequence(self, policy: Policy, headers: Iterable[tuple[bytes, bytes]], sequence_id: object,
+                             start: bool, end: bool) -> Decision:
+        """The decision for a request of a sequence on a model with affinity: its pin (from
+        this replica's table, or the store's when this one has none or an old one); a start is
+        routed as usual and its pin written through to the store before it is forwarded."""
+        names = policy.header_names
         found = {name: value for name, value in headers if name in names}
-        if sequence_id is None:
-            return choose(policy, found, self._draw())
-        return choose_in_sequence(policy, found, self._draw(), self.pins, sequence_id, start, end)
+        draw = self._draw()
+        decision = choose_in_sequence(policy, found, draw, self.pins, sequence_id, start, end)
+        if decision is None:
+            version = await self.pins.resolve(policy.model, sequence_id, end)
+            return choose_unpinned(policy, found, draw) if version is None else Decision(version, Reason.SEQUENCE)
+        if start and not end and decision.reason != Reason.RULE:
+            await self.pins.share(policy.model, sequence_id)
+        return decision
 
     def target(self, decision: Decision) -> Target:
         """The one place a decision becomes where the request goes."""
