@@ -127,15 +127,18 @@ class Pipeline:
                              start: bool, end: bool) -> Decision:
         """The decision for a request of a sequence on a model with affinity: its pin (from
         this replica's table, or the store's when this one has none or an old one); a start is
-        routed as usual and its pin written through to the store before it is forwarded."""
+        routed as usual and its pin written through to the store before it is forwarded (an
+        end's release too)."""
         names = policy.header_names
         found = {name: value for name, value in headers if name in names}
         draw = self._draw()
         decision = choose_in_sequence(policy, found, draw, self.pins, sequence_id, start, end)
         if decision is None:
             version = await self.pins.resolve(policy.model, sequence_id, end)
-            return choose_unpinned(policy, found, draw) if version is None else Decision(version, Reason.SEQUENCE)
-        if start and not end and decision.reason != Reason.RULE:
+            decision = choose_unpinned(policy, found, draw) if version is None else Decision(version, Reason.SEQUENCE)
+        elif decision.reason == Reason.RULE:
+            return decision
+        if start != end:  # a start pins, an end unpins: on every replica from the sequence's next request on
             await self.pins.share(policy.model, sequence_id)
         return decision
 

@@ -10,7 +10,8 @@ write the changed pins to the store in the background (:meth:`take_changes`) and
 restarted replica can :meth:`restore` them: sequences survive a restart.
 
 Shared live between replicas (a :class:`PinDirectory`, the store): a sequence's start writes
-its pin through to the store before the start is forwarded, and a replica that has no pin
+its pin through to the store before the start is forwarded (its end deletes it the same
+way), and a replica that has no pin
 for a continuing sequence, or one not used for ``revalidate_s``, reads the store before
 routing it. So a sequence whose client reconnects to another replica (after a keep-alive
 timeout, say) stays on its version from its next request on, and a replica that saw a
@@ -20,7 +21,7 @@ Why the store and not a deterministic function of the sequence id (each replica 
 id onto the weights): the weights move during a rollout, and a hash onto moved weights sends
 a live sequence to another version, which is the failure pins exist to prevent; and a hash
 of the id would let a client choose ids that land on the version it wants to hit. The cost
-is one store write per sequence start and one read when a sequence comes back after a pause;
+is one store write per sequence start and end, and one read when a sequence comes back after a pause;
 requests of a busy sequence are routed from the local table, with no I/O.
 """
 
@@ -42,8 +43,9 @@ class PinDirectory(Protocol):
         """(answered, version): the shared pin, None if there is none; answered False when
         the store could not be asked (then the local pin, if any, is used)."""
 
-    async def publish(self, model: str, sequence_id: object, version: str) -> None:
-        """Save one pin now (errors are the directory's: it logs them; the background save retries)."""
+    async def publish(self, model: str, sequence_id: object, version: str | None) -> None:
+        """Save one pin now, or forget it (None); errors are the directory's: it logs them,
+        and the background save tries again."""
 
 
 class SequencePins:
@@ -112,11 +114,12 @@ class SequencePins:
         return version
 
     async def share(self, model: str, sequence_id: object) -> None:
-        """A sequence started here: its pin goes to the directory now, before the start is
-        forwarded, so the next request of the sequence finds it on any replica."""
-        entry = self._pins.get((model, sequence_id))
-        if self.directory is not None and entry is not None:
-            await self.directory.publish(model, sequence_id, entry[0])
+        """A sequence started (or ended) here: its pin (or its absence) goes to the directory
+        now, before the request is forwarded, so the sequence's next request (or the next use
+        of its id) is routed by it on any replica."""
+        if self.directory is not None:
+            entry = self._pins.get((model, sequence_id))
+            await self.directory.publish(model, sequence_id, None if entry is None else entry[0])
 
     def pin(self, model: str, sequence_id: object, version: str) -> None:
         key = (model, sequence_id)

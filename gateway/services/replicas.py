@@ -86,14 +86,15 @@ class Replicas:
             return False, None
         return True, None if entry is None else entry[0]
 
-    async def publish(self, model: str, sequence_id: object, version: str) -> None:
-        """The pin directory's write-through of a sequence's start (the background save retries a failure)."""
+    async def publish(self, model: str, sequence_id: object, version: str | None) -> None:
+        """The pin directory's write-through of a sequence's start or end (the background save
+        retries a failure)."""
         if not isinstance(sequence_id, (int, str)):
             return
         try:
             async with asyncio.timeout(PIN_CALL_S):
-                await self.store.save_pins({json.dumps([model, sequence_id]): (version, time.time())},
-                                           self.pins.idle_s)
+                entry = None if version is None else (version, time.time())
+                await self.store.save_pins({json.dumps([model, sequence_id]): entry}, self.pins.idle_s)
         except (StoreError, TimeoutError) as exc:
             log.debug("saving the pin of sequence %r of '%s' failed: %s", sequence_id, model, exc)
 
