@@ -106,14 +106,24 @@ class Pipeline:
     """Shared by both fronts: one policy book, one draw sequence, one recorder."""
 
     def __init__(self, book: PolicyBook, recorder: Recorder, pins: SequencePins | None = None,
-                 shadow: ShadowMirror | None = None, access_log: Callable[..., None] | None = None) -> None:
+                 shadow: ShadowMirror | None = None, access_log: Callable[..., None] | None = None,
+                 expose_version_headers: bool = True) -> None:
         self.book = book
         self.recorder = recorder
         self.pins = pins if pins is not None else SequencePins()  # not `or`: an empty pin table is falsy
         self.shadow = shadow
         self.access_log = access_log
-        self._draw = WeylDraw(seed=time.monotonic_ns())
+        self.expose_version_headers = expose_version_headers
+        self._draw = WeylDraw()  # routing: each process starts at its own random offset
+        # The shadow gate's own sequence: a draw taken from the routing sequence for some requests
+        # only (not the shadow's own answers) would shift every later routing draw and skew the split.
+        self._shadow_draw = WeylDraw()
         self._targets: dict[str | None, Target] = {}
+
+    def announce(self, version: str | None, reason: str) -> tuple[tuple[str, str], ...]:
+        """The routing metadata an answer carries: :func:`route_metadata`, or nothing when
+        ``expose_version_headers`` is off (a client that sees which version answered can aim at it)."""
+        return route_metadata(version, reason) if self.expose_version_headers else ()
 
     # -- route ---------------------------------------------------------------------------------
     def route(self, policy: Policy | None, headers: Iterable[tuple[bytes, bytes]]) -> Decision:
@@ -191,7 +201,7 @@ class Pipeline:
         if shadow is None or version is None or decision.reason not in MAY_SHADOW or not exchange.mirrorable() \
                 or decision.version == version:
             return
-        if self._draw() >= policy.shadow_bp or shadow.full(model, version):
+        if self._shadow_draw() >= policy.shadow_bp or shadow.full(model, version):
             return
         shadow.offer(exchange.mirror(model, decision, self._target(version)))
 

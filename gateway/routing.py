@@ -12,6 +12,7 @@ use the same layout with a caller-supplied draw in [0, 10000).
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -177,14 +178,17 @@ class WeylDraw:
     Consecutive draws are spread evenly over [0, BUCKETS), so over N requests each version's
     share is within a few requests of its weight, where a pseudo-random pick drifts by
     sqrt(N) (a 0.5 % canary would see 0.3-0.7 % only most of the time).
+
+    Without a seed the sequence starts at a random offset (per process): a client that knows
+    where it starts could send its requests when the next draw lands on the version it wants.
     """
 
     __slots__ = ("_state",)
     _STEP = 6_180_339_887  # golden ratio conjugate * 10**10
     _MOD = 10_000_000_000
 
-    def __init__(self, seed: int = 0) -> None:
-        self._state = seed % self._MOD
+    def __init__(self, seed: int | None = None) -> None:
+        self._state = (secrets.randbelow(self._MOD) if seed is None else seed) % self._MOD
 
     def __call__(self) -> int:
         self._state = (self._state + self._STEP) % self._MOD

@@ -62,6 +62,19 @@ class Settings(BaseSettings):
                                 "decompresses (413 above); Triton's own default --http-max-input-size")
     max_buffered_body_bytes: int = Field(256 << 20, ge=1024, description="request bodies held in memory at once, "
                                          "all clients together (503 with Retry-After above)")
+    max_url_bytes: int = Field(8 << 10, ge=256, le=1 << 20, description="HTTP port: longest request line (method, "
+                               "URL, version); 414 JSON above, before more of it is read")
+    max_header_bytes: int = Field(64 << 10, ge=1 << 10, le=16 << 20, description="HTTP port: one request's header "
+                                  "lines together (so any one of them too); 431 JSON above, before more is read")
+    max_header_count: int = Field(100, ge=8, le=10_000, description="HTTP port: header lines in one request "
+                                  "(431 JSON above)")
+    linger_s: float = Field(2.0, ge=0, le=60, description="HTTP port: after an answer that ends a request early "
+                            "(413, 408, 400, ...), read and drop what the client still sends for up to this long "
+                            "(at most 64 MiB, or max_body_bytes if larger) before closing, so it reads the answer "
+                            "instead of a reset")
+    max_connections_per_client: int = Field(256, ge=1, le=1_000_000, description="both ports: connections one "
+                                            "client address may hold; past it a connection is answered as past "
+                                            "max_client_connections / grpc_max_connections")
     sticky_header: HeaderName = Field("x-user-id", description="default header carrying the sticky user key")
     policies: dict[str, PolicySpec] = Field(
         default_factory=dict, description="routing policies by model, as declared intent: an entry changed since "
@@ -85,6 +98,11 @@ class Settings(BaseSettings):
         default_factory=dict, description="more named tokens, {actor: token}: one per SRE or automation"
     )
     insecure_admin: bool = Field(False, description="serve /admin without a token (logs a warning; never in prod)")
+    viewer_tokens: dict[str, SecretStr] = Field(
+        default_factory=dict, description="read-only tokens, {name: token}: the console's pages and GET /admin/*, "
+        "never a change (403)")
+    console_session_ttl_s: float = Field(8 * 3600.0, gt=0, le=30 * 86400, description="a console login (session "
+                                         "cookie) ends this many seconds after it began")
     triton_control: Literal["deny", "admin", "allow"] = Field(
         "deny", description="Triton model control (load/unload, shared memory, trace/log setting updates) on the "
         "data ports: deny (403 / PERMISSION_DENIED), admin (admin bearer token, audited) or allow")
@@ -100,6 +118,9 @@ class Settings(BaseSettings):
     controller_call_timeout_s: float = Field(1.5, gt=0, le=60, description="timeout of each metrics query and "
                                              "Triton call in a controller tick (well inside the lease)")
     access_log: bool = Field(False, description="one JSON line per request on stdout, written off the hot path")
+    expose_version_headers: bool = Field(True, description="answers name the version that served them and how it "
+                                         "was picked (x-gateway-model-version, x-gateway-route); off: a client "
+                                         "cannot tell which version answered, so cannot aim at one")
     log_level: str = Field("info", pattern="^(critical|error|warning|info|debug)$", description="log level")
     # -- the lean gRPC server's limits for each client connection (issue 12) --
     grpc_max_message_bytes: int = Field(64 << 20, ge=1 << 10, le=1 << 30,
@@ -161,14 +182,14 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _tokens_are_distinct(self) -> Settings:
-        secrets = [t.get_secret_value() for t in self.admin_tokens.values()]
+        secrets = [t.get_secret_value() for t in (*self.admin_tokens.values(), *self.viewer_tokens.values())]
         if self.admin_token is not None:
             secrets.append(self.admin_token.get_secret_value())
         if any(len(secret) < 8 for secret in secrets):
             raise ValueError("admin tokens must be at least 8 characters")
         if len(set(secrets)) != len(secrets):
             raise ValueError("two admin tokens are the same: each actor needs its own")
-        if self.triton_control == "admin" and not secrets and not self.insecure_admin:
+        if self.triton_control == "admin" and not self.actor_tokens() and not self.insecure_admin:
             raise ValueError("triton_control=admin needs an admin token to check: set GATEWAY_ADMIN_TOKEN "
                              "(or admin_tokens), or choose triton_control=deny")
         return self

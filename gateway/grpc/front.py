@@ -367,8 +367,9 @@ async def start_server(router: GrpcRouter, host: str, port: int, gate: ControlGa
     """``tls``: gRPC over TLS on the same port (the context offers ALPN h2), else plaintext h2c."""
     front = GrpcFront(router, gate)
     limits = limits or Limits()
+    per_client: dict[str, int] = {}  # the connections of each client address, for max_connections_per_client
     # a TLS handshake is part of getting to the preface: the same bound (asyncio's default is 60 s)
     server = await asyncio.get_running_loop().create_server(
-        lambda: Http2ServerConnection(front.on_stream, front.connections, limits), host, port, reuse_address=True,
-        ssl=tls, ssl_handshake_timeout=limits.preface_timeout if tls is not None else None)
+        lambda: Http2ServerConnection(front.on_stream, front.connections, limits, per_client), host, port,
+        reuse_address=True, ssl=tls, ssl_handshake_timeout=limits.preface_timeout if tls is not None else None)
     return FrontServer(server, front)

@@ -16,7 +16,7 @@ from gateway.grpc.status import FAULTS, StatusCode, classify, status_name
 from gateway.grpc.upstream import GrpcUpstream
 from gateway.grpc.upstream import Metadata as Forwarded
 from gateway.grpc.wire import RouteFields, WireError, route_fields, with_version
-from gateway.pipeline import SEQUENCED, Pipeline, Target, route_metadata
+from gateway.pipeline import SEQUENCED, Pipeline, Target
 from gateway.proxy.shadow import GrpcMirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
 from gateway.telemetry.recorder import QUEUE_FULL, STEERED_ROUTES, Outcome
@@ -140,7 +140,7 @@ class GrpcRouter:
 
     def announced(self, decision: Decision, response: bytes = b"") -> tuple[tuple[str, str], ...]:
         """The routing metadata of an answer: for Triton's default version, the one its reply names."""
-        return route_metadata(decision.version or _answered_version(response), decision.reason)
+        return self.pipeline.announce(decision.version or _answered_version(response), decision.reason)
 
     def details(self, code: int, details: str | None) -> str:
         if code == StatusCode.UNAVAILABLE:

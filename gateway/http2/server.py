@@ -91,6 +91,7 @@ class Limits:
     header_timeout: float = 10.0
     idle_timeout: float = 300.0
     max_connections: int = 4096  # client connections of the whole server; the next is refused with GOAWAY
+    max_connections_per_client: int = 256  # from one client address; the next is refused the same way
     # per second; past them: GOAWAY ENHANCE_YOUR_CALM
     pings_per_s: int = 100  # counted between answers only, so a busy client's BDP probes never trip it
     settings_per_s: int = 100
@@ -181,12 +182,15 @@ class Http2ServerConnection(Endpoint):
     frames_per_slice = 500  # ~10-20 ms of work at most before other clients get the loop
 
     def __init__(self, on_stream: Callable[[Http2ServerConnection, ServerStream], StreamHandler | None],
-                 connections: set[Http2ServerConnection], limits: Limits | None = None) -> None:
+                 connections: set[Http2ServerConnection], limits: Limits | None = None,
+                 per_client: dict[str, int] | None = None) -> None:
         limits = limits or Limits()
         # a raw block can only be smaller than its header list by the few bytes of table size updates
         super().__init__(limits.max_frame, limits.max_header_list + 64, limits.max_header_list)
         self.on_stream = on_stream
         self.connections = connections
+        self.per_client = {} if per_client is None else per_client  # open connections per client address
+        self._address: str | None = None  # counted in per_client under this address
         self.limits = limits
         self.closed = asyncio.get_running_loop().create_future()
         self._last_stream_id = 0
@@ -206,7 +210,7 @@ class Http2ServerConnection(Endpoint):
         self._reset_ids: dict[int, None] = {}
         self._write_paused = False
         self._inflations: set[asyncio.Task[None]] = set()
-        self._refused = False  # one connection over max_connections: see _refuse
+        self._refused = ""  # why this connection is one too many (a cap's reason): see _refuse
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -216,10 +220,20 @@ class Http2ServerConnection(Endpoint):
                                   initial_window=limits.stream_window, max_frame=limits.max_frame,
                                   max_header_list=limits.max_header_list) + open_windows(limits.connection_window))
         loop = asyncio.get_running_loop()
+        peer = transport.get_extra_info("peername")
+        address = peer[0] if isinstance(peer, tuple) else ""
+        held = self.per_client.get(address, 0)
         if len(self.connections) >= limits.max_connections:
-            self._refused = True  # not counted; its first call is answered, or GOAWAY comes within 1 s
+            self._refused = (f"the gateway has {limits.max_connections} gRPC client connections open "
+                             "(grpc_max_connections): retry shortly")
+        elif held >= limits.max_connections_per_client:
+            self._refused = (f"this client address has {limits.max_connections_per_client} gRPC connections open "
+                             "(max_connections_per_client): retry shortly")
+        if self._refused:  # not counted; its first call is answered, or GOAWAY comes within 1 s
             self._timer = loop.call_later(min(limits.preface_timeout, _LINGER_S), self._refuse)
             return
+        self.per_client[address] = held + 1
+        self._address = address
         self.connections.add(self)
         self._timer = loop.call_later(_TICK, self._tick)
 
@@ -228,8 +242,7 @@ class Http2ServerConnection(Endpoint):
         and the lingering close, as after a connection error. A GOAWAY alone (no call yet) makes
         gRPC clients such as tritonclient reconnect and retry quietly until their deadline
         (measured: DEADLINE_EXCEEDED after 5 s, where an answered call says why at once)."""
-        reason = (f"the gateway has {self.limits.max_connections} gRPC client connections open "
-                  "(grpc_max_connections): retry shortly")
+        reason = self._refused
         if stream_id:
             self._new_stream_id(stream_id)  # a bad id is a connection error like any other
             self.write(self.headers_frames(stream_id, _RESPONSE_HEADERS + status_block(StatusCode.UNAVAILABLE, reason),
@@ -242,6 +255,13 @@ class Http2ServerConnection(Endpoint):
             self._timer.cancel()
             self._timer = None
         self.connections.discard(self)
+        address, self._address = self._address, None
+        if address is not None:
+            left = self.per_client[address] - 1
+            if left:
+                self.per_client[address] = left
+            else:
+                del self.per_client[address]
         for stream in list(self.streams.values()):
             self._drop(stream)  # type: ignore[arg-type]
         if not self.closed.done():

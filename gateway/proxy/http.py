@@ -18,7 +18,7 @@ from typing import Any
 
 from gateway.control_surface import ControlGate, http_control_call
 from gateway.errors import ClientGone, GatewayError, Overloaded, UpstreamError, UpstreamUnavailable
-from gateway.pipeline import Pipeline, Target, route_metadata
+from gateway.pipeline import Pipeline, Target
 from gateway.proxy.limits import BodyReader, end_to_end
 from gateway.proxy.shadow import Mirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
@@ -86,7 +86,7 @@ class HttpProxy:
 
     async def _control(self, scope: Scope, path: str) -> GatewayError | None:
         """Triton model control on the data port: refused, or admitted with its token taken out."""
-        call = http_control_call(scope["method"], path)
+        call = http_control_call(scope["method"], path, scope.get("raw_path"))
         if call is None or self.gate is None:
             return None
         authorization = None
@@ -201,7 +201,8 @@ class HttpProxy:
         cached = self._reason_headers.get(key)
         if cached is None:
             version = decision.version or _version_from(response)
-            cached = [(name.encode(), value.encode()) for name, value in route_metadata(version, decision.reason)]
+            announced = self.pipeline.announce(version, decision.reason)
+            cached = [(name.encode(), value.encode()) for name, value in announced]
             if decision.version is not None and len(self._reason_headers) < 1024:
                 self._reason_headers[key] = cached
         return cached

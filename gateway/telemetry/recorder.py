@@ -57,6 +57,9 @@ class Outcome(str, Enum):
     CLIENT_ERROR = "client_error"  # 4xx: judged apart, relative to the stable's rate
     CANCELLED = "cancelled"  # the client went away first
     OVERLOAD = "overload"  # 429, Triton's queue-full 503, RESOURCE_EXHAUSTED: shown, never held against a version
+    # the deadline the client set (gRPC grpc-timeout) ran out: not the version's error; its latency
+    # (the elapsed time) is at least the deadline, a censored sample for the latency metric
+    CLIENT_DEADLINE = "client_deadline"
 
 
 OUTCOMES = tuple(Outcome)

@@ -169,7 +169,7 @@ def test_overload_and_client_errors_are_counted_apart_from_judged_requests() -> 
     assert totals.count == 7 and sum(totals.hist) == 3, "exported latency covers the same requests as the window"
     assert recorder.outcome_totals()[("qc", "3")] == {Outcome.SUCCESS: 2, Outcome.UPSTREAM_ERROR: 1,
                                                       Outcome.CLIENT_ERROR: 1, Outcome.OVERLOAD: 2,
-                                                      Outcome.CANCELLED: 1}
+                                                      Outcome.CANCELLED: 1, Outcome.CLIENT_DEADLINE: 0}
 
 
 def test_a_routed_version_exports_every_outcome_from_zero() -> None:

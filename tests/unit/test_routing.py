@@ -145,6 +145,13 @@ def test_weyl_draw_stays_in_range() -> None:
     assert len(set(values)) > 9000
 
 
+def test_an_unseeded_weyl_draw_starts_at_a_random_offset() -> None:
+    """Anonymous traffic must not be aimable: a process's sequence does not start where another's
+    (or a known one's) does. Ten fresh sequences, ten different starts (1e10 possible offsets)."""
+    starts = {tuple(WeylDraw()() for _ in range(3)) for _ in range(10)}
+    assert len(starts) == 10
+
+
 def test_every_named_version_has_a_fallback_to_the_heaviest_other() -> None:
     compiled = policy({"1": 0, "2": 70, "3": 30}, rules=[{"header": "x", "equals": "y", "version": "4"}])
     assert {v: d.version for v, d in compiled.fallbacks.items()} == {"1": "2", "2": "3", "3": "2", "4": "2"}
