@@ -37,7 +37,7 @@ from gateway.http2.server import Limits
 from gateway.pipeline import Pipeline
 from gateway.policy_book import PolicyBook
 from gateway.proxy.http import HttpProxy
-from gateway.proxy.limits import BodyReader
+from gateway.proxy.limits import BodyReader, ByteBudget
 from gateway.proxy.shadow import ShadowMirror
 from gateway.rollout.controller import RolloutController
 from gateway.sequences import SequencePins
@@ -80,7 +80,8 @@ class Gateway(Dispatch):
         self.upstream: HttpUpstream = FleetHttp(self.fleets.default)
         self.access_log = AccessLog() if settings.access_log else None
         self.pins = SequencePins()
-        self.shadow = ShadowMirror(self.upstream, self.recorder)
+        self.budget = ByteBudget(settings.max_buffered_body_bytes)  # bytes held for requests, both ports and shadow
+        self.shadow = ShadowMirror(self.upstream, self.recorder, budget=self.budget)
         self.pipeline = Pipeline(self.book, self.recorder, self.pins, self.shadow, self.access_log,
                                  settings.expose_version_headers)
         self.grpc: GrpcProxy | None = None
@@ -114,7 +115,7 @@ class Gateway(Dispatch):
                                   {name: token.get_secret_value() for name, token in settings.viewer_tokens.items()})
         self.gate = control_gate(ControlMode(settings.triton_control), self.auth, self.policies)
         self.proxy = HttpProxy(self.pipeline, self.upstream, self.gate,
-                               BodyReader(settings.max_body_bytes, settings.max_buffered_body_bytes),
+                               BodyReader(settings.max_body_bytes, budget=self.budget),
                                {fleet.name: FleetHttp(fleet) for fleet in named})
         self.control = self._control_app()
         self.timeline = Timeline(self.store, self.source)  # the console's rollout history (bounded)
@@ -182,7 +183,8 @@ class Gateway(Dispatch):
                                                 tls.grpcio_server_credentials(settings))
         else:
             self.grpc_server = await start_front(self.grpc_router, settings.host, settings.grpc_port, self.gate,
-                                                 tls.serving(settings, tls.H2), grpc_limits(settings))
+                                                 tls.serving(settings, tls.H2), grpc_limits(settings),
+                                                 self.budget)
 
     async def _stop(self) -> None:
         await self.timeline.stop()

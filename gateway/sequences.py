@@ -32,7 +32,31 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+from gateway.errors import BadRequest
+
 Key = tuple[str, object]
+# What Triton takes as a sequence id: an unsigned 64-bit integer or a string. A string id is
+# kept in the pin table, the store and the fleet's pins, so its length is bounded too (Triton
+# sets none; 128 characters hold any UUID, hash or session key a client would use).
+MAX_SEQUENCE_ID_CHARS = 128
+_UINT64 = 1 << 64
+
+
+def checked_sequence_id(value: object) -> int | str | None:
+    """A request's ``sequence_id`` as Triton takes it, or BadRequest; None: not in a sequence (0, "", absent)."""
+    if value is None or value == "" or (type(value) is int and value == 0):
+        return None
+    if type(value) is int:
+        if 0 < value < _UINT64:
+            return value
+        raise BadRequest(f"sequence_id {value} is not an unsigned 64-bit integer")
+    if type(value) is str:
+        if len(value) <= MAX_SEQUENCE_ID_CHARS:
+            return value
+        raise BadRequest(f"sequence_id is {len(value)} characters long; at most {MAX_SEQUENCE_ID_CHARS} are taken")
+    raise BadRequest(f"sequence_id must be an unsigned integer or a string, not {type(value).__name__}")
+
+
 REVALIDATE_S = 1.0  # a local pin unused this long is checked against the shared one before use
 
 

@@ -60,8 +60,9 @@ class Settings(BaseSettings):
                                         "one more is answered 503 with Retry-After and closed")
     max_body_bytes: int = Field(64 << 20, ge=1024, description="largest request body, and largest body the gateway "
                                 "decompresses (413 above); Triton's own default --http-max-input-size")
-    max_buffered_body_bytes: int = Field(256 << 20, ge=1024, description="request bodies held in memory at once, "
-                                         "all clients together (503 with Retry-After above)")
+    max_buffered_body_bytes: int = Field(256 << 20, ge=1024, description="bytes held for requests at once, all "
+                                         "clients and both ports together: bodies, gRPC messages, what they inflate "
+                                         "to, shadow copies (503 with Retry-After, gRPC UNAVAILABLE, above)")
     max_url_bytes: int = Field(8 << 10, ge=256, le=1 << 20, description="HTTP port: longest request line (method, "
                                "URL, version); 414 JSON above, before more of it is read")
     max_header_bytes: int = Field(64 << 10, ge=1 << 10, le=16 << 20, description="HTTP port: one request's header "
@@ -157,9 +158,11 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _one_body_fits(self) -> Settings:
-        if self.max_buffered_body_bytes < self.max_body_bytes:
-            raise ValueError(f"max_buffered_body_bytes ({self.max_buffered_body_bytes}) must be at least "
-                             f"max_body_bytes ({self.max_body_bytes}): a body of the largest size must fit")
+        largest = max(self.max_body_bytes, self.grpc_max_message_bytes)
+        if self.max_buffered_body_bytes < 2 * largest:
+            raise ValueError(f"max_buffered_body_bytes ({self.max_buffered_body_bytes}) must be at least twice "
+                             f"max_body_bytes and grpc_max_message_bytes ({largest}): a body or message of the "
+                             "largest size, and what it inflates to, must fit")
         return self
 
     @model_validator(mode="after")

@@ -35,6 +35,7 @@ from gateway.grpc.wire import RouteFields, WireError, metadata_block, split_mess
 from gateway.http2.endpoint import Headers
 from gateway.http2.server import Http2ServerConnection, Limits, ServerStream, StreamHandler
 from gateway.pipeline import SEQUENCED
+from gateway.proxy.limits import ByteBudget
 from gateway.routing import Decision, Policy
 
 log = logging.getLogger("gateway.grpc")
@@ -363,13 +364,14 @@ class FrontServer:
 
 
 async def start_server(router: GrpcRouter, host: str, port: int, gate: ControlGate | None = None,
-                       tls: ssl.SSLContext | None = None, limits: Limits | None = None) -> FrontServer:
+                       tls: ssl.SSLContext | None = None, limits: Limits | None = None,
+                       budget: ByteBudget | None = None) -> FrontServer:
     """``tls``: gRPC over TLS on the same port (the context offers ALPN h2), else plaintext h2c."""
     front = GrpcFront(router, gate)
     limits = limits or Limits()
     per_client: dict[str, int] = {}  # the connections of each client address, for max_connections_per_client
     # a TLS handshake is part of getting to the preface: the same bound (asyncio's default is 60 s)
     server = await asyncio.get_running_loop().create_server(
-        lambda: Http2ServerConnection(front.on_stream, front.connections, limits, per_client), host, port,
-        reuse_address=True, ssl=tls, ssl_handshake_timeout=limits.preface_timeout if tls is not None else None)
+        lambda: Http2ServerConnection(front.on_stream, front.connections, limits, per_client, budget), host,
+        port, reuse_address=True, ssl=tls, ssl_handshake_timeout=limits.preface_timeout if tls is not None else None)
     return FrontServer(server, front)

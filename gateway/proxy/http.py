@@ -17,8 +17,8 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 from gateway.control_surface import ControlGate, http_control_call
-from gateway.errors import ClientGone, GatewayError, Overloaded, UpstreamError, UpstreamUnavailable
-from gateway.pipeline import Pipeline, Target
+from gateway.errors import BadRequest, ClientGone, GatewayError, Overloaded, UpstreamError, UpstreamUnavailable
+from gateway.pipeline import Pipeline, Target, checked_model
 from gateway.proxy.limits import BodyReader, end_to_end
 from gateway.proxy.shadow import Mirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
@@ -68,15 +68,19 @@ class HttpProxy:
         versioned = True  # the target names its version already (or none is needed)
         if path.startswith("/v2/models/"):
             parts = path[11:].split("/")
-            if len(parts) == 2 and parts[1] in ROUTED_ACTIONS:
-                model = parts[0]
-                policy = self.book.get(model)  # the one policy lookup of this request
-                decision = self._route(policy, scope)
-                versioned = False
-            elif len(parts) == 4 and parts[1] == "versions" and parts[3] in ROUTED_ACTIONS:
-                model = parts[0]
-                policy = self.book.get(model)
-                decision = Decision(parts[2], Reason.PINNED)
+            try:
+                if len(parts) == 2 and parts[1] in ROUTED_ACTIONS:
+                    model = checked_model(parts[0])
+                    policy = self.book.get(model)  # the one policy lookup of this request
+                    decision = self._route(policy, scope)
+                    versioned = False
+                elif len(parts) == 4 and parts[1] == "versions" and parts[3] in ROUTED_ACTIONS:
+                    model = checked_model(parts[0])
+                    policy = self.book.get(model)
+                    decision = self.pipeline.pinned(parts[2])
+            except BadRequest as exc:  # a name no Triton serves: it reaches no table, header or log
+                await _send_error(send, exc)
+                return
         if model is None and self.gate is not None:  # never an inference: those were routed above
             refused = await self._control(scope, path)
             if refused is not None:
@@ -109,24 +113,34 @@ class HttpProxy:
         message = await receive()
         body: bytes = message.get("body", b"")
         held = 0
-        try:
-            if message.get("more_body"):  # all of it before an upstream connection is taken (gateway.proxy.limits)
-                body = await self.bodies.read(body, receive, scope["headers"])
+        try:  # the body's bytes are released on every way out: answers, exceptions, cancellation
+            try:
+                if message.get("more_body"):  # all of it before an upstream connection is taken (proxy.limits)
+                    body = await self.bodies.read(body, receive, scope["headers"])
+                else:
+                    self.bodies.take(len(body))
                 held = len(body)
-            if decision is _NEEDS_BODY:
-                decision = await self._route_sequence(policy, scope, body)  # type: ignore[arg-type]
-        except GatewayError as exc:  # refused before anything went upstream: not a sample of any version
-            self.bodies.release(held)
-            if not isinstance(exc, ClientGone):
-                await _send_error(send, exc)
-            return
+                if decision is _NEEDS_BODY:
+                    decision = await self._route_sequence(policy, scope, body)  # type: ignore[arg-type]
+            except GatewayError as exc:  # refused before anything went upstream: not a sample of any version
+                if not isinstance(exc, ClientGone):
+                    await _send_error(send, exc)
+                return
+            await self._exchange(scope, receive, send, target, versioned, model, policy, decision, body, started)
+        finally:
+            if held:
+                self.bodies.release(held)
+
+    async def _exchange(self, scope: Scope, receive: Receive, send: Send, target: bytes, versioned: bool,
+                        model: str | None, policy: Policy | None, decision: Decision | None, body: bytes,
+                        started: float) -> None:
         exchange = HttpExchange(self, scope, send, target, versioned, body)
         if model is not None and scope["path"].endswith("/generate_stream"):  # its responses are timed as they go out
             exchange.stream_of, exchange.started = model, started
         task = exchange.task = asyncio.current_task()
         watcher = None
         connection = scope.get(CONNECTION_KEY)
-        if decision is not None and isinstance(body, bytes):
+        if decision is not None:
             if connection is not None:  # our server protocol tells us when the client leaves
                 connection.on_lost = exchange.client_lost
             else:  # any other ASGI server: watch receive() for http.disconnect
@@ -153,8 +167,6 @@ class HttpProxy:
                 return
             raise
         finally:
-            if held:
-                self.bodies.release(held)
             if watcher is not None and not watcher.done():
                 exchange.handed = True
                 watcher.cancel()
@@ -350,14 +362,21 @@ async def _send_error(send: Send, error: GatewayError) -> None:
 
 
 def sequence_fields(header: bytes | None) -> tuple[object | None, bool, bool]:
-    """(sequence_id, start, end) from a request's JSON header (see ``HttpProxy._json_header``)."""
+    """(sequence_id, start, end) from a request's JSON header (see ``HttpProxy._json_header``).
+    The id is as the client wrote it (``Pipeline.route`` checks it); BadRequest for a header
+    nested deeper than the parser goes."""
     if header is None:
         return None, False, False
     try:
-        parameters = json.loads(header).get("parameters") or {}
-    except (ValueError, AttributeError):
+        parsed = json.loads(header)
+    except ValueError:
         return None, False, False  # Triton will answer the malformed request itself
+    except RecursionError:
+        raise BadRequest("the request's JSON header is nested too deeply to be read") from None
+    parameters = parsed.get("parameters") if isinstance(parsed, dict) else None
+    if not isinstance(parameters, dict):
+        return None, False, False  # no parameters (or not an object: Triton answers that itself)
     sequence_id = parameters.get("sequence_id")
-    if sequence_id in (None, 0, ""):
+    if sequence_id is None:
         return None, False, False
     return sequence_id, parameters.get("sequence_start") is True, parameters.get("sequence_end") is True

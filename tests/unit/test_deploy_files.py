@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from gateway.devtools.config_reference import embedded, markdown
+from gateway.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -123,3 +124,21 @@ def panel_metric_names() -> set[str]:
 @pytest.mark.parametrize("name", sorted(panel_metric_names()))
 def test_dashboard_names_only_series_that_exist(name: str, exported_metric_names: set[str]) -> None:
     assert name in exported_metric_names
+
+
+def _mebibytes(quantity: str) -> float:
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024}
+    return float(quantity[:-2]) * units[quantity[-2:]]
+
+
+def test_the_gateway_memory_limit_follows_from_its_budget() -> None:
+    """The process at rest, plus every byte of the request budget twice (held while copied), plus
+    room for answers: the shipped limit must hold what the shipped settings let clients make it hold."""
+    docs = k8s_documents()
+    config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "triton-gateway")
+    declared = yaml.safe_load(config["data"]["gateway.yaml"])
+    budget = declared.get("max_buffered_body_bytes", Settings.model_fields["max_buffered_body_bytes"].default)
+    deployment = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "triton-gateway")
+    limit = _mebibytes(deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"])
+    at_rest, room_for_answers = 160, 256
+    assert limit >= at_rest + 2 * budget / (1 << 20) + room_for_answers
