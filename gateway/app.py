@@ -32,6 +32,7 @@ from gateway.fleet.registry import Fleets
 from gateway.grpc.front import start_server as start_front
 from gateway.grpc.grpcio_front import GrpcProxy
 from gateway.grpc.grpcio_front import start_server as start_grpc
+from gateway.grpc.health import Health
 from gateway.grpc.router import GrpcRouter
 from gateway.http2.server import Limits
 from gateway.pipeline import Pipeline
@@ -75,7 +76,8 @@ class Gateway(Dispatch):
                              queue_timeout_s=settings.queue_timeout_ms / 1000, eject_after=settings.fleet_eject_after,
                              health_interval_s=settings.fleet_health_interval_s,
                              dns_refresh_s=settings.fleet_dns_refresh_s,
-                             http_tls=tls.upstream_http(settings), grpc_tls=tls.upstream_grpc(settings))
+                             http_tls=tls.upstream_http(settings), grpc_tls=tls.upstream_grpc(settings),
+                             keepalive=(settings.upstream_keepalive_s, settings.upstream_keepalive_timeout_s))
         self.upstream: HttpUpstream = FleetHttp(self.fleets.default)
         self.access_log = AccessLog() if settings.access_log else None
         self.pins = SequencePins()
@@ -106,7 +108,8 @@ class Gateway(Dispatch):
                                           prometheus_url=settings.prometheus_url)
         self.registry = make_registry(GatewayCollector(self.recorder, self.book))
         self.registry.register(FleetCollector(self.fleets))
-        self.probes = Probes(self.upstream, self.book, self.registry, settings.connect_timeout_s, self.sync.problem)
+        self.probes = Probes(self.fleets.default.live, self.book, self.registry, settings.connect_timeout_s,
+                             self.sync.problem)
         self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin,
                                   {name: token.get_secret_value() for name, token in settings.viewer_tokens.items()})
         self.gate = control_gate(ControlMode(settings.triton_control), self.auth, self.policies)
@@ -172,13 +175,14 @@ class Gateway(Dispatch):
         named = {fleet.name: FleetGrpc(fleet) for fleet in self.fleets if fleet is not self.fleets.default}
         self.grpc_router = GrpcRouter(self.pipeline, upstream, named)
         if settings.grpc_server == "grpcio":
-            self.grpc = GrpcProxy(self.grpc_router, self.gate, tls.grpcio_channel_credentials(settings))
+            self.grpc = GrpcProxy(self.grpc_router, self.gate, tls.grpcio_channel_credentials(settings),
+                                  Health(self.probes.problem))
             self.grpc_server = await start_grpc(self.grpc, settings.host, settings.grpc_port,
                                                 tls.grpcio_server_credentials(settings))
         else:
             self.grpc_server = await start_front(self.grpc_router, settings.host, settings.grpc_port, self.gate,
                                                  tls.serving(settings, tls.H2), grpc_limits(settings),
-                                                 self.budget)
+                                                 self.budget, Health(self.probes.problem))
 
     async def _stop(self) -> None:
         await self.timeline.stop()

@@ -48,7 +48,13 @@ class Settings(BaseSettings):
         None, description="PEM client certificate chain presented to a Triton that requires mTLS")
     triton_client_key_file: FilePath | None = Field(None, description="PEM private key for triton_client_cert_file")
     connect_timeout_s: float = Field(2.0, gt=0, le=60, description="upstream connect timeout")
-    request_timeout_s: float = Field(60.0, gt=0, le=3600, description="deadline for one upstream request")
+    request_timeout_s: float = Field(60.0, gt=0, le=3600, description="deadline for one upstream request (HTTP, "
+                                     "and gRPC calls whose client set no deadline; streams excepted)")
+    upstream_keepalive_s: float = Field(10.0, ge=0, le=3600, description="ping each gRPC connection to Triton this "
+                                        "often, idle or busy, to find a hung server (0: never)")
+    upstream_keepalive_timeout_s: float = Field(
+        5.0, gt=0, le=600, description="a ping unanswered this long drops the connection: its calls fail "
+        "UNAVAILABLE and count toward the server's ejection")
     pool_size: int = Field(128, ge=1, le=4096, description="max upstream HTTP connections to Triton")
     header_timeout_s: float = Field(10.0, gt=0, le=600, description="HTTP port: a request's headers must arrive "
                                     "within this, counted from its first byte or the connection's start (408 after)")

@@ -10,7 +10,8 @@ responses stay raw bytes end to end:
   ``x-gateway-model-version`` / ``x-gateway-route``, the message, the status);
 - ``ModelStreamInfer``: relayed message by message over one upstream stream, each request
   routed (sequence pins hold), each response recorded;
-- every other method: forwarded unchanged.
+- every other method: forwarded unchanged;
+- ``grpc.health.v1.Health``: answered here from the gateway's readiness (``grpc.health``).
 
 The client's ``grpc-timeout`` goes upstream and is enforced here too; a client that resets
 its stream (or disconnects) resets the upstream stream.
@@ -28,6 +29,7 @@ from typing import Any
 
 from gateway.control_surface import ControlGate
 from gateway.errors import GatewayError
+from gateway.grpc.health import CHECK, WATCH, Health, HealthCall
 from gateway.grpc.router import INFER, SERVICE, STREAM_INFER, GrpcRouter
 from gateway.grpc.status import StatusCode, status_for
 from gateway.grpc.upstream import UpstreamStream
@@ -280,9 +282,10 @@ class StreamCall(_Call):
 
 
 class GrpcFront:
-    def __init__(self, router: GrpcRouter, gate: ControlGate | None = None) -> None:
+    def __init__(self, router: GrpcRouter, gate: ControlGate | None = None, health: Health | None = None) -> None:
         self.router = router
         self.gate = gate  # None: Triton control calls pass through (triton_control=allow)
+        self.health = health
         self.connections: set[Http2ServerConnection] = set()
 
     def on_stream(self, connection: Http2ServerConnection, stream: ServerStream) -> StreamHandler | None:
@@ -294,6 +297,8 @@ class GrpcFront:
                 return StreamCall(self, connection, stream)
             if path.startswith(SERVICE):
                 return UnaryCall(self, connection, stream, routed=False)
+            if (path == CHECK or path == WATCH) and self.health is not None:
+                return HealthCall(self.health, connection, stream)
         except ValueError as exc:  # a malformed grpc-timeout: answered, never raised into the connection
             connection.finish(stream, StatusCode.INVALID_ARGUMENT, str(exc))
             return None
@@ -323,9 +328,9 @@ class FrontServer:
 
 async def start_server(router: GrpcRouter, host: str, port: int, gate: ControlGate | None = None,
                        tls: ssl.SSLContext | None = None, limits: Limits | None = None,
-                       budget: ByteBudget | None = None) -> FrontServer:
+                       budget: ByteBudget | None = None, health: Health | None = None) -> FrontServer:
     """``tls``: gRPC over TLS on the same port (the context offers ALPN h2), else plaintext h2c."""
-    front = GrpcFront(router, gate)
+    front = GrpcFront(router, gate, health)
     limits = limits or Limits()
     per_client: dict[str, int] = {}  # the connections of each client address, for max_connections_per_client
     # a TLS handshake is part of getting to the preface: the same bound (asyncio's default is 60 s)

@@ -61,7 +61,7 @@ class GrpcInfer:
             named = self.fleets.get(target.fleet) if self.fleets is not None else None
             if named is None:
                 self.code, self.details, self.response = (StatusCode.UNAVAILABLE.value,
-                                                          f"fleet '{target.fleet}' is not configured", b"")
+                                                          f"gateway: fleet '{target.fleet}' is not configured", b"")
                 self.status = status_name(self.code)
                 return
             upstream = named
@@ -140,8 +140,8 @@ class GrpcRouter:
         return self.pipeline.announce(decision.version or _answered_version(response), decision.reason)
 
     def details(self, code: int, details: str | None) -> str:
-        if code == StatusCode.UNAVAILABLE:
-            return f"upstream triton at {self.upstream.address} is unavailable: {details}"
+        """What the client is told: Triton's details as Triton sent them; the gateway's own say
+        so themselves (``gateway: ...``) and name no address."""
         return details or ""
 
     def record_stream_reply(self, model: str | None, decision: Decision | None, response: bytes,
