@@ -125,7 +125,7 @@ class HttpProxy:
                 if decision is _NEEDS_BODY or decision is not None and self._pins_sequences():
                     sequence = await self._sequence(scope["headers"], body)  # read once, for routing and the fleet
                     if decision is _NEEDS_BODY:
-                        decision = self._route_sequence(policy, scope, sequence)  # type: ignore[arg-type]
+                        decision = await self._route_sequence(policy, scope, sequence)  # type: ignore[arg-type]
             except GatewayError as exc:  # refused before anything went upstream: not a sample of any version
                 if not isinstance(exc, ClientGone):
                     await _send_error(send, exc)
@@ -188,11 +188,12 @@ class HttpProxy:
             else Outcome.UPSTREAM_ERROR
         self.pipeline.record(model, decision, outcome, error.status, "http", started, fault)
 
-    def _route_sequence(self, policy: Policy, scope: Scope, sequence: SequenceFields | None) -> Decision:
+    async def _route_sequence(self, policy: Policy, scope: Scope, sequence: SequenceFields | None) -> Decision:
         """Routing for models with sequence affinity: the sequence fields live in the body."""
         if sequence is None:
             return self.pipeline.route(policy, scope["headers"])
-        return self.pipeline.route(policy, scope["headers"], sequence.id, sequence.start, sequence.end)
+        return await self.pipeline.route_sequence(policy, scope["headers"], sequence.id, sequence.start,
+                                                  sequence.end)
 
     def _pins_sequences(self) -> bool:
         """A fleet of several servers keeps each sequence on one: it needs the requests' sequence fields."""

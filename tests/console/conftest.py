@@ -35,8 +35,10 @@ document.addEventListener("securitypolicyviolation",
 """
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def playwright() -> Iterator[Playwright]:
+    """Module-scoped: Playwright's sync API keeps an event loop running in the main thread while it
+    is open, which would break every asyncio test collected after this package."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} missing: `make test` installs Debian's chromium (apt-get install chromium)")
     with sync_playwright() as running:

@@ -293,3 +293,56 @@ def test_every_page_reads_at_1280_and_at_phone_width(watched: Watched, console_g
         overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
         assert overflow <= 1, f"{route} is {overflow}px wider than a phone's screen"
         screenshot(page, "phone-" + re.sub(r"\W", "", route))
+
+
+def test_the_watch_catches_inline_script_and_style_refused_by_the_csp(watched: Watched) -> None:
+    """The check every test ends with can fail: markup slipped into the page is refused and reported."""
+    page = watched.page
+    log_in(page, watched.origin, OPERATOR_TOKEN)
+    page.evaluate("""() => { const s = document.createElement('script'); s.textContent = 'window.__inline = 1';
+        document.body.append(s); document.body.setAttribute('style', 'color: red'); }""")
+    wait_for(lambda: len(watched.problems()) >= 2, 5, what="both violations reported")
+    problems = watched.problems()
+    assert any("script-src" in p for p in problems) and any("style-src" in p for p in problems), problems
+    assert page.evaluate("window.__inline === undefined")
+    page.evaluate("window.__csp.length = 0")  # seen: the fixture's own check must not fail on them
+    watched.errors.clear()
+
+
+def test_a_refused_rollout_shows_the_apis_422_next_to_the_field(watched: Watched) -> None:
+    page, url = watched.page, watched.origin
+    log_in(page, url, OPERATOR_TOKEN)
+    page.goto(url + "/console#/model/qc")
+    form = page.locator("#rollout-form")
+    form.get_by_label("Canary version").select_option("3")
+    form.get_by_label("Steps (% of traffic, comma separated)").fill("50, 20")
+    form.locator("button[type=submit]").click()
+    page.click("#confirm-ok")
+    expect(page.locator("#ro-steps-error")).to_contain_text("steps must be strictly ascending")
+    expect(page.locator("#ro-steps")).to_have_attribute("aria-describedby", "ro-steps-error")
+    form.get_by_label("Steps (% of traffic, comma separated)").fill("10, 100")
+    page.locator("#ro-json").fill('{"bogus": 1}')
+    form.locator("button[type=submit]").click()
+    page.click("#confirm-ok")
+    expect(page.locator("#ro-json-error")).to_contain_text("bogus")
+    expect(page.locator("#ro-steps-error")).to_have_count(0)
+    status, doc = admin_call(url, "GET", "/admin/models/qc/rollout", token=OPERATOR_TOKEN)
+    assert status == 404, doc  # nothing started
+
+
+def test_an_operator_unloads_and_loads_a_version(watched: Watched) -> None:
+    page, url = watched.page, watched.origin
+    log_in(page, url, OPERATOR_TOKEN)
+    page.goto(url + "/console#/model/qc")
+    page.locator("[data-unload='1']").click()
+    expect(page.locator("#confirm-text")).to_have_text("Drain and unload version 1 of qc.")
+    page.click("#confirm-ok")
+    expect(page.locator("[data-unload='1']")).to_have_count(0, timeout=60_000)
+    page.get_by_label("Load version").fill("1")
+    page.locator("#action-load").click()
+    expect(page.locator("#confirm-text")).to_have_text("Load version 1 of qc beside the serving versions.")
+    page.click("#confirm-ok")
+    expect(page.locator("[data-unload='1']")).to_have_count(1, timeout=60_000)
+    status, events = admin_call(url, "GET", "/admin/events?model=qc&limit=10", token=OPERATOR_TOKEN)
+    mine = [(e["action"], e["actor"]) for e in events["events"] if e["actor"] == "alice (via: console)"]
+    assert ("version_unloaded", "alice (via: console)") in mine and ("version_loaded", "alice (via: console)") in mine

@@ -303,19 +303,25 @@ function drawModel(data) {
 
 function rolloutPanel(data, r) {
   const actual = data.policy ? data.policy.weights[r.canary] || 0 : 0;
+  // when each step began: the history's moves into a step (a start, an advance, a resume)
   const entered = {};
-  for (const move of r.history || []) if (!(move.step in entered) || move.to === "progressing") entered[move.step] = entered[move.step] || move.at;
+  for (const move of r.history || []) if (move.to === "progressing" && !(move.step in entered)) entered[move.step] = move.at;
+  const active = ["progressing", "paused"].includes(r.state);
+  const ended = active ? Date.now() / 1000 : r.last_transition_at;
   const track = h("ol", { class: "steps", "aria-label": "rollout steps" }, r.steps.map((percent, i) => {
-    const current = i === r.step && ["progressing", "paused"].includes(r.state);
+    const current = i === r.step && active;
     const done = i < r.step || r.state === "promoted";
-    const until = i < r.step ? entered[i + 1] : (i === r.step ? Date.now() / 1000 : null);
+    const until = entered[i + 1] || (i <= r.step ? ended : null);
     return h("li", { class: current ? "current" : done ? "done" : "", "aria-current": current ? "step" : null },
       "step " + (i + 1) + ": " + percent + "%",
       current ? h("div", { text: "set " + percent + "%, actual " + actual + "%" }) : null,
-      entered[i] && until ? h("div", { class: "muted", text: Math.round(until - entered[i]) + " s" }) : null);
+      entered[i] !== undefined && until ? h("div", { class: "muted", text: Math.max(0, Math.round(until - entered[i])) + " s at this step" }) : null);
   }));
   const hooks = r.hooks || {};
-  const deliveries = (hooks.deliveries || hooks.webhooks || []);
+  const gates = (r.spec.gates || []).map((g) => h("div", {}, "gate " + g.at + ": " + g.url + " (on failure: " + g.on_failure + ")"));
+  const webhooks = (r.spec.webhooks || []).length ? h("div", {}, "webhooks: " + r.spec.webhooks.length + ", delivered " +
+    (hooks.delivered || 0) + ", failed " + (hooks.failures || 0) + ", queued " + (hooks.queued || 0) +
+    (hooks.last_error ? "; last error at " + time(hooks.last_error_at) + ": " + hooks.last_error : "")) : null;
   const verdicts = historyVerdicts(data);
   return h("section", { class: "panel", id: "rollout" },
     h("h2", { text: "Rollout" }),
@@ -326,8 +332,7 @@ function rolloutPanel(data, r) {
     h("p", {}, "weights set by the rollout: " + Object.entries(r.weights).map(([v, w]) => v + " " + w + "%").join(", ") +
       "; the policy shows " + (data.policy ? Object.entries(data.policy.weights).map(([v, w]) => v + " " + w + "%").join(", ") : "nothing") +
       (r.applied ? "" : " (" + r.apply_reason + ")")),
-    (r.spec.gates || []).length || deliveries.length ? h("div", {}, h("h3", { text: "Gates and webhooks" }),
-      h("pre", { text: JSON.stringify(hooks, null, 1) })) : null,
+    gates.length || webhooks ? h("div", {}, h("h3", { text: "Gates and webhooks" }), gates, webhooks) : null,
     h("h3", { text: "Verdict history" }),
     table(["When", "Step", "Outcome", "Metrics", "Reason"], verdicts.slice().reverse().map((v) => h("tr", {},
       h("td", { text: time(v.at) }), h("td", { class: "num", text: (v.step ?? 0) + 1 }), h("td", { text: v.outcome }),
@@ -522,7 +527,7 @@ function describeWeights(model, weights) {
 function drawActions(data) {
   const r = data.rollout;
   const versions = data.versions.map((v) => v.version);
-  const key = JSON.stringify([data.model, versions, r ? [r.state, r.step, r.started_at] : null, state.session.role]);
+  const key = JSON.stringify([data.model, data.versions.map((v) => v.version + " " + v.state), r ? [r.state, r.step, r.started_at] : null, state.session.role]);
   if (state.actionsFor === key) return;
   const slot = $("actions-slot");
   if (slot.contains(document.activeElement) && document.activeElement.tagName !== "BUTTON" && state.actionsFor) return;  // never under the user's typing
