@@ -44,6 +44,7 @@ from gateway.rollout.controller import RolloutController
 from gateway.sequences import SequencePins
 from gateway.services.config_intent import apply_declared
 from gateway.services.lifecycle import ModelLifecycle
+from gateway.services.model_configs import SequenceModels
 from gateway.services.policies import PolicyService
 from gateway.services.replicas import Replicas
 from gateway.services.state_sync import StateSync
@@ -99,6 +100,9 @@ class Gateway(Dispatch):
         self.source = make_source(settings.metrics_source, settings.prometheus_url, self.recorder,
                                   timeout_s=settings.controller_call_timeout_s)
         self.replicas = Replicas(self.store, self.recorder, self.pins)
+        self.pins.directory = self.replicas  # sequence pins shared live between replicas, through the store
+        self.sequence_models = SequenceModels(self.triton, self.book)  # what sequence_affinity auto follows
+        self.triton.on_reload.append(self.sequence_models.wake)
         self.lifecycle = ModelLifecycle(self.store, self.triton, self.policies, self.replicas,
                                         drain_timeout_s=settings.drain_timeout_s)
         self.rollouts = RolloutController(self.store, self.triton, self.policies, self.source, self.recorder,
@@ -158,6 +162,8 @@ class Gateway(Dispatch):
         await apply_declared(self.store, self.settings.policies)  # one log line per model
         await self.sync.resync()
         await self.replicas.restore_pins()  # sequences pinned before a restart stay on their version
+        await self.sequence_models.first_look(self.settings.connect_timeout_s + 5)
+        self.sequence_models.start()
         self.sync.start()
         self.replicas.start()
         if self.access_log is not None:
@@ -189,6 +195,7 @@ class Gateway(Dispatch):
         await self.rollouts.stop()
         await self.sync.stop()
         await self.replicas.stop()
+        await self.sequence_models.stop()
         if self.access_log is not None:
             await self.access_log.stop()
         await self.shadow.stop()

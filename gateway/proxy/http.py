@@ -185,7 +185,9 @@ class HttpProxy:
     async def _route_sequence(self, policy: Policy, scope: Scope, body: bytes) -> Decision:
         """Routing for models with sequence affinity: the sequence fields live in the body."""
         sequence_id, start, end = sequence_fields(await self._json_header(scope["headers"], body))
-        return self.pipeline.route(policy, scope["headers"], sequence_id, start, end)
+        if sequence_id is None:
+            return self.pipeline.route(policy, scope["headers"])
+        return await self.pipeline.route_sequence(policy, scope["headers"], sequence_id, start, end)
 
     async def _json_header(self, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes | None:
         """The request's JSON header: the first Inference-Header-Content-Length bytes of a binary
