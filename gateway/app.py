@@ -22,7 +22,7 @@ from gateway.admin.fleets import fleets_router
 from gateway.admin.rollouts import rollout_router
 from gateway.admin.versions import versions_router
 from gateway.asgi import Dispatch
-from gateway.console.routes import console_app
+from gateway.console.routes import install_console
 from gateway.console.timeline import Timeline
 from gateway.console.views import Views
 from gateway.control_surface import ControlCall, ControlGate, ControlMode
@@ -44,6 +44,7 @@ from gateway.rollout.controller import RolloutController
 from gateway.sequences import SequencePins
 from gateway.services.config_intent import apply_declared
 from gateway.services.lifecycle import ModelLifecycle
+from gateway.services.model_configs import SequenceModels
 from gateway.services.policies import PolicyService
 from gateway.services.replicas import Replicas
 from gateway.services.state_sync import StateSync
@@ -101,6 +102,9 @@ class Gateway(Dispatch):
         self.source = make_source(settings.metrics_source, settings.prometheus_url, self.recorder,
                                   timeout_s=settings.controller_call_timeout_s)
         self.replicas = Replicas(self.store, self.recorder, self.pins)
+        self.pins.directory = self.replicas  # sequence pins shared live between replicas, through the store
+        self.sequence_models = SequenceModels(self.triton, self.book)  # what sequence_affinity auto follows
+        self.triton.on_reload.append(self.sequence_models.wake)
         self.lifecycle = ModelLifecycle(self.store, self.triton, self.policies, self.replicas,
                                         drain_timeout_s=settings.drain_timeout_s)
         self.rollouts = RolloutController(self.store, self.triton, self.policies, self.source, self.recorder,
@@ -118,11 +122,8 @@ class Gateway(Dispatch):
         self.proxy = HttpProxy(self.pipeline, self.upstream, self.gate,
                                BodyReader(settings.max_body_bytes, budget=self.budget),
                                {fleet.name: FleetHttp(fleet) for fleet in named})
-        self.control = self._control_app()
         self.timeline = Timeline(self.store, self.source)  # the console's rollout history (bounded)
-        self.console = console_app(Views(self.policies, self.rollouts, self.fleets, self.sync, self.source,
-                                         self.recorder, self.timeline, settings.metrics_source),
-                                   self.lifecycle, self.auth, settings.console_session_ttl_s)
+        self.control = self._control_app()
 
     @property
     def started(self) -> bool:
@@ -138,6 +139,9 @@ class Gateway(Dispatch):
         app.include_router(versions_router(self.lifecycle), prefix="/admin", tags=["versions"])
         app.include_router(fleets_router(self.fleets), prefix="/admin", tags=["fleets"])
         install_error_handlers(app)
+        install_console(app, Views(self.policies, self.rollouts, self.fleets, self.sync, self.source, self.recorder,
+                                   self.timeline, self.settings.metrics_source),
+                        self.lifecycle, self.auth, self.settings.console_session_ttl_s)
         return app
 
     @contextlib.asynccontextmanager
@@ -160,6 +164,8 @@ class Gateway(Dispatch):
         await apply_declared(self.store, self.settings.policies)  # one log line per model
         await self.sync.resync()
         await self.replicas.restore_pins()  # sequences pinned before a restart stay on their version
+        await self.sequence_models.first_look(self.settings.connect_timeout_s + 5)
+        self.sequence_models.start()
         self.sync.start()
         self.replicas.start()
         if self.access_log is not None:
@@ -191,6 +197,7 @@ class Gateway(Dispatch):
         await self.rollouts.stop()
         await self.sync.stop()
         await self.replicas.stop()
+        await self.sequence_models.stop()
         if self.access_log is not None:
             await self.access_log.stop()
         await self.shadow.stop()

@@ -33,11 +33,12 @@ from gateway.grpc.health import CHECK, WATCH, Health, HealthCall
 from gateway.grpc.router import INFER, SERVICE, STREAM_INFER, GrpcRouter
 from gateway.grpc.status import StatusCode, status_for
 from gateway.grpc.upstream import UpstreamStream
-from gateway.grpc.wire import WireError, metadata_block, split_messages
+from gateway.grpc.wire import RouteFields, WireError, metadata_block, split_messages
 from gateway.http2.endpoint import Headers
 from gateway.http2.server import Http2ServerConnection, Limits, ServerStream, StreamHandler
+from gateway.pipeline import SEQUENCED
 from gateway.proxy.limits import ByteBudget
-from gateway.routing import Decision
+from gateway.routing import Decision, Policy
 
 log = logging.getLogger("gateway.grpc")
 _NOT_FORWARDED = frozenset([b"te", b"content-type", b"user-agent"])
@@ -156,6 +157,8 @@ class UnaryCall(_Call):
         except WireError as exc:
             self.finish(StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}")
             return
+        if decision is SEQUENCED:
+            decision = await router.settle(fields, policy, headers)
         exchange = router.new_infer(INFER, raw, fields, client_metadata(headers), self.remaining())
         decision = await router.infer(exchange, fields.model_name, policy, decision)
         metadata = decision_block(router.announced(decision, exchange.response))  # after any fallback: who answered
@@ -184,7 +187,8 @@ class UnaryCall(_Call):
 class StreamCall(_Call):
     """ModelStreamInfer: client messages routed and sent up one stream, answers relayed back."""
 
-    __slots__ = ("upstream", "waiting", "ended", "model", "decision", "sent", "replies", "replied")
+    __slots__ = ("upstream", "waiting", "ended", "model", "decision", "sent", "replies", "replied", "settling",
+                 "settler")
     streaming = True
 
     def __init__(self, front: GrpcFront, connection: Http2ServerConnection, stream: ServerStream) -> None:
@@ -197,6 +201,10 @@ class StreamCall(_Call):
         self.sent = time.perf_counter()
         self.replied = 0.0  # when the last reply since the last request went out; 0.0: none yet
         self.replies = bytearray()
+        # Messages behind one whose sequence pin is being read or written (store I/O): sent in
+        # their order by the settler task; None when nothing waits.
+        self.settling: list[tuple[bytes, RouteFields, Policy | None, Decision]] | None = None
+        self.settler: asyncio.Task[None] | None = None
         self.run(self._open)
 
     async def _open(self) -> None:
@@ -212,7 +220,7 @@ class StreamCall(_Call):
         for message in self.waiting:
             opened.send(message)
         self.waiting.clear()
-        if self.ended:
+        if self.ended and self.settling is None:
             opened.end()
         self.on_drained()
 
@@ -220,13 +228,45 @@ class StreamCall(_Call):
     def on_message(self, message: bytes) -> None:
         router = self.front.router
         try:
-            fields, _, decision = router.route(message, self.stream.headers)
+            fields, policy, decision = router.route(message, self.stream.headers)
         except WireError as exc:
             self.stop_upstream()
             if self.upstream is not None:
                 self.upstream.cancel()
             self.finish(StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}")
             return
+        if decision is SEQUENCED or self.settling is not None:  # keep the stream's order
+            if self.settling is None:
+                self.settling = []
+                self.settler = asyncio.get_running_loop().create_task(self._settle())
+            self.settling.append((message, fields, policy, decision))
+            if len(self.settling) > 1:
+                self.connection.hold(self.stream)  # the client waits while a pin is read from the store
+            return
+        self._send(message, fields, decision)
+
+    async def _settle(self) -> None:
+        router = self.front.router
+        try:
+            while self.settling:
+                message, fields, policy, decision = self.settling.pop(0)
+                if decision is SEQUENCED:
+                    decision = await router.settle(fields, policy, self.stream.headers)
+                self._send(message, fields, decision)
+        except Exception as exc:  # a bug must not leave the client waiting
+            log.exception("gRPC stream routing failed")
+            self.finish(StatusCode.INTERNAL, f"gateway error: {type(exc).__name__}: {exc}")
+            return
+        finally:
+            self.settling = None
+        window = self.connection.limits.stream_window
+        if self.stream.held and (self.upstream is None or self.upstream.backlog <= window):
+            self.connection.release(self.stream)
+        if self.ended and self.upstream is not None:
+            self.upstream.end()
+
+    def _send(self, message: bytes, fields: RouteFields, decision: Decision) -> None:
+        router = self.front.router
         self.model, self.decision, self.sent, self.replied = fields.model_name, decision, time.perf_counter(), 0.0
         routed = router.routed_message(message, decision)
         if self.upstream is not None:
@@ -245,16 +285,18 @@ class StreamCall(_Call):
             return
         if self.upstream.backlog > self.connection.limits.stream_window:
             self.connection.hold(self.stream)
-        elif self.stream.held:
+        elif self.stream.held and self.settling is None:
             self.connection.release(self.stream)
 
     def on_end(self) -> None:
         self.ended = True
-        if self.upstream is not None:
+        if self.upstream is not None and self.settling is None:  # else the settler ends it after the last message
             self.upstream.end()
 
     def on_reset(self) -> None:
         super().on_reset()
+        if self.settler is not None and not self.settler.done():
+            self.settler.cancel()
         if self.upstream is not None:
             self.upstream.cancel()
 

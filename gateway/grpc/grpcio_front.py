@@ -21,6 +21,7 @@ from gateway.grpc.health import HEALTH, Health, grpcio_handlers
 from gateway.grpc.router import SERVICE, GrpcRouter
 from gateway.grpc.wire import WireError
 from gateway.http2.client import NOT_CONNECTED
+from gateway.pipeline import SEQUENCED
 
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 _STATUS = {code.value[0]: code for code in grpc.StatusCode}
@@ -84,6 +85,8 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
         except WireError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}")
             raise
+        if decision is SEQUENCED:
+            decision = await self.router.settle(fields, policy, _wire(metadata))
         exchange = self.router.new_infer(method, raw, fields, _forwarded(context, metadata), context.time_remaining())
         decision = await self.router.infer(exchange, fields.model_name, policy, decision)
         # after any fallback: the version that answered
@@ -101,7 +104,9 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
 
         async def routed() -> AsyncIterator[bytes]:
             async for raw in requests:
-                fields, _, decision = self.router.route(raw, wire)
+                fields, policy, decision = self.router.route(raw, wire)
+                if decision is SEQUENCED:
+                    decision = await self.router.settle(fields, policy, wire)
                 last.update(model=fields.model_name, decision=decision, sent=time.perf_counter(), replied=0.0)
                 yield self.router.routed_message(raw, decision)
 

@@ -17,9 +17,10 @@ from gateway.grpc.status import FAULTS, StatusCode, classify, status_name
 from gateway.grpc.upstream import GrpcUpstream
 from gateway.grpc.upstream import Metadata as Forwarded
 from gateway.grpc.wire import RouteFields, WireError, route_fields, with_version
-from gateway.pipeline import Pipeline, Target, checked_model
+from gateway.pipeline import SEQUENCED, Pipeline, Target, checked_model
 from gateway.proxy.shadow import GrpcMirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
+from gateway.sequences import checked_sequence_id
 from gateway.telemetry.recorder import QUEUE_FULL, STEERED_ROUTES, Outcome
 
 _QUEUE_FULL = QUEUE_FULL.encode()
@@ -112,10 +113,19 @@ class GrpcRouter:
             policy = self.book.get(checked_model(fields.model_name))
             if fields.model_version:
                 return fields, policy, self.pipeline.pinned(fields.model_version)
-            return fields, policy, self.pipeline.route(policy, headers, fields.sequence_id, fields.sequence_start,
-                                                       fields.sequence_end)
+            if fields.sequence_id is not None and policy is not None and policy.sequence_affinity \
+                    and checked_sequence_id(fields.sequence_id) is not None:
+                return fields, policy, SEQUENCED  # the caller awaits settle()
+            return fields, policy, self.pipeline.route(policy, headers)
         except BadRequest as exc:
             raise WireError(exc.message) from None
+
+    async def settle(self, fields: RouteFields, policy: Policy | None, headers: Iterable[tuple[bytes, bytes]]) \
+            -> Decision:
+        """The decision for a message ``route`` answered SEQUENCED: its sequence's pin."""
+        assert policy is not None and fields.sequence_id is not None
+        return await self.pipeline.route_sequence(policy, headers, fields.sequence_id, fields.sequence_start,
+                                                  fields.sequence_end)
 
     def routed_message(self, raw: bytes, decision: Decision) -> bytes:
         """A streamed request, addressed to the decision's target."""
