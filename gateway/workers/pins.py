@@ -12,7 +12,8 @@ answer to the client comes after it: whatever worker the next request lands on f
 The cost is one local round trip (tens of µs) per request *that carries a sequence id*,
 on a policy with sequence affinity or a fleet of several servers; other requests never
 touch it. The control plane's tables are the ones a single gateway has (persisted by
-``Replicas``, read by the drain), so restarts and drains behave as with one process.
+``Replicas``, shared with other replicas through the store, read by the drain), so restarts,
+drains and replicas on other nodes behave as with one process per node.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ class PinService:
         self._tables = tables
         self.calls = 0
 
-    def answer(self, verb: str, table: str, model: Any, sequence_id: object, version: str | None = None) -> Any:
+    async def answer(self, verb: str, table: str, model: Any, sequence_id: object,
+                     version: str | None = None) -> Any:
         pins = self._tables(table)
         if pins is None:
             return None
@@ -62,11 +64,15 @@ class PinService:
         if isinstance(model, bytes):
             model = model.decode("utf-8", "replace")
         if verb == "lookup":
-            return pins.lookup(model, sequence_id)
+            # the node's table, and past it the pins other replicas share (the store), as one
+            # gateway process does (gateway.sequences: recent, then resolve)
+            found = pins.recent(model, sequence_id)
+            return found if found is not None else await pins.resolve(model, sequence_id, False)
         if verb == "pin" and version is not None:
             pins.pin(model, sequence_id, version)
         elif verb == "release":
             pins.release(model, sequence_id)
+        await pins.share(model, sequence_id)  # written through to the store before the worker forwards
         return None
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -74,7 +80,7 @@ class PinService:
             while True:
                 header = await reader.readexactly(_HEADER.size)
                 message = pickle.loads(await reader.readexactly(_HEADER.unpack(header)[0]))
-                writer.write(_reply(self.answer(*message)))
+                writer.write(_reply(await self.answer(*message)))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:

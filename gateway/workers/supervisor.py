@@ -164,7 +164,8 @@ class Supervisor:
 
     def _policies(self) -> tuple[Any, ...]:
         specs = {model: (policy.spec, policy.revision) for model, policy in self.control.book.snapshot().items()}
-        return "policies", self.push, specs, set(self.recorder.watched())
+        book = self.control.book
+        return "policies", self.push, specs, set(self.recorder.watched()), book.sequence_models()
 
     def _push_all(self) -> None:
         self._push_scheduled = False

@@ -238,9 +238,11 @@ class WorkerGateway(Gateway):
                 log.error("worker %d lost its control plane: exiting", self.index)
                 os._exit(3)  # the supervisor is gone; a worker without it must not go on alone
             if message[0] == "policies":
-                self._apply(message[1], message[2], message[3])
+                self._apply(*message[1:])
 
-    def _apply(self, push: int, specs: dict[str, tuple[PolicySpec, int]], watched: set[tuple[str, str]]) -> None:
+    def _apply(self, push: int, specs: dict[str, tuple[PolicySpec, int]], watched: set[tuple[str, str]],
+               sequence_models: frozenset[str]) -> None:
+        self.book.set_sequence_models(sequence_models)  # what `sequence_affinity: auto` compiles to
         self.book.rebuild(f"push-{push}", specs, {})
         self.recorder.watch_only(watched)
         self.push = push
