@@ -73,6 +73,7 @@ class WorkerSlot:
     index: int
     process: BaseProcess | None = None
     started: float = 0.0
+    started_at: float = 0.0  # wall clock, for people and tests
     channel: Channel | None = None
     last_report: float = 0.0
     lag_s: float = 0.0
@@ -146,7 +147,7 @@ class Supervisor:
     def describe(self) -> dict[str, Any]:
         now = time.monotonic()
         return {"policy_push": self.push, "all_current": self.current() == self.count, "workers": [
-            {"index": slot.index, "pid": slot.process.pid if slot.process else None,
+            {"index": slot.index, "pid": slot.process.pid if slot.process else None, "started_at": slot.started_at,
              "up": slot.channel is not None, "policy_push": slot.push, "current": slot.push == self.push,
              "restarts": slot.restarts, "requests": slot.requests, "loop_lag_s": round(slot.lag_s, 4),
              "last_report_s": round(now - slot.last_report, 3) if slot.last_report else None}
@@ -239,7 +240,7 @@ class Supervisor:
             process, orders = self._process(settings or self.settings)
         orders.send(slot.index)
         orders.close()
-        slot.process, slot.started, slot.last_report = process, time.monotonic(), 0.0
+        slot.process, slot.started, slot.started_at, slot.last_report = process, time.monotonic(), time.time(), 0.0
         slot.ready.clear()
         asyncio.get_running_loop().add_reader(process.sentinel, self._exited, slot, process)
         log.info("worker %d started (pid %s)", slot.index, process.pid)
@@ -251,7 +252,7 @@ class Supervisor:
 
     def _exited(self, slot: WorkerSlot, process: BaseProcess) -> None:
         asyncio.get_running_loop().remove_reader(process.sentinel)
-        process.join(0)
+        process.join(0.05)  # it has exited (its sentinel says so): reap it, for its exit code
         if slot.process is not process:
             return  # an old process of a slot that already has its replacement (SIGHUP)
         self.recorder.forget_worker(slot.index)
