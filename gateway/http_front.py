@@ -200,7 +200,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if self._ending:
             if self._ending == _REFUSED:
                 self._refuse()
-            elif self._ending == _LINGERING:  # what the client still sends is read and dropped
+            else:  # lingering, or no more requests read: what the client still sends is dropped
                 self._lingered += len(data)
                 if self._lingered > self.linger_bytes:
                     self._raw.close()
@@ -221,8 +221,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()  # otherwise the Upgrade header is simply not honoured
+            pass  # no protocol to upgrade to here (uvicorn runs with ws="none"): Upgrade is not honoured
         except httptools.HttpParserError as exc:
             refusal, self._refusal = self._refusal, None
             if refusal is not None:
@@ -292,7 +291,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         parser = self.parser
         upgrade = parser.should_upgrade()
-        if upgrade and not self._should_upgrade() and _has_body(self.headers):
+        if upgrade and _has_body(self.headers):
             # httptools hands whatever follows an Upgrade request's headers to the new protocol,
             # so the application would see an empty body: say so instead of forwarding nothing.
             self._answer_and_close(error_response(b"400 Bad Request", (
@@ -304,8 +303,6 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         scope["method"] = parser.get_method().decode("ascii")
         if http_version != "1.1":
             scope["http_version"] = http_version
-        if upgrade and self._should_upgrade():
-            return
         parsed_url = httptools.parse_url(self.url)
         raw_path = parsed_url.path
         path = raw_path.decode("ascii")
