@@ -56,7 +56,7 @@ class _CoalescingTransport:
     """The client transport, but writes of one loop iteration are joined into one send(), and a
     close while the client is still sending its request becomes a lingering close."""
 
-    __slots__ = ("_transport", "_loop", "_pending", "_protocol")
+    __slots__ = ("_transport", "_loop", "_pending", "_protocol", "shut")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
                  protocol: GatewayHttpProtocol) -> None:
@@ -64,8 +64,11 @@ class _CoalescingTransport:
         self._loop = loop
         self._pending: list[bytes] | None = None
         self._protocol = protocol
+        self.shut = False  # the connection is lingering: nothing more is written
 
     def write(self, data: bytes) -> None:
+        if self.shut:
+            return
         if self._pending is None:
             self._pending = [data]
             self._loop.call_soon(self._flush)
@@ -173,7 +176,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._raw = transport
-        super().connection_made(_CoalescingTransport(transport, self.loop, self))  # type: ignore[arg-type]
+        self._out = _CoalescingTransport(transport, self.loop, self)
+        super().connection_made(self._out)  # type: ignore[arg-type]
         if len(self.connections) > self.max_connections:
             self._refuse_later(f"the gateway has {self.max_connections} client connections open "
                                "(max_client_connections): retry shortly")
@@ -398,7 +402,6 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if self._raw.is_closing():
             return
         self.transport.write(answer)
-        self.transport._flush()  # type: ignore[attr-defined]
         self._linger()
 
     def _linger(self) -> None:
@@ -408,6 +411,12 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         without the FIN."""
         raw = self._raw
         self._ending = _LINGERING
+        self._out._flush()  # what was written before goes out; nothing after
+        self._out.shut = True
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:  # its handler stops: no client to answer now
+            cycle.disconnected = True
+            cycle.message_event.set()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
