@@ -6,8 +6,8 @@ sizes (past each bound and just under it), ``Content-Length`` / ``Transfer-Encod
 combinations (both, twice, negative, bad digits, chunked framing that lies), a body that is
 another request (smuggling), how the bytes are cut into writes, and a second request pipelined
 behind the first. Each example runs on its own connection from 127.0.0.1 against the real
-gateway in front of the real Triton; a bystander on 127.0.0.2 asks ``/healthz`` every 50 ms
-throughout. After every example:
+gateway (in a process of its own: ``gateway_process``) in front of the real Triton; a
+bystander on 127.0.0.2 asks ``/healthz`` every 50 ms throughout. After every example:
 
 - the gateway answered each request or closed the connection, within its timeouts; every
   answer it wrote for a refused request is JSON with an ``error`` (``detail`` from FastAPI's
@@ -15,7 +15,7 @@ throughout. After every example:
 - the bystander was served, each time within 1 s;
 - once the example's connection closes, the gateway's connections from 127.0.0.1, its running
   request tasks and its held body bytes are back where they started;
-- the process RSS stays under a bound derived from the configured limits;
+- the gateway's RSS stays under a bound derived from the configured limits;
 - Triton's request count rose by no more than the requests the example sent (a body that is a
   request must never reach Triton as one).
 
@@ -42,8 +42,9 @@ from hypothesis import strategies as st
 
 from gateway.devtools.local_triton import LocalTriton
 from tests.abuse import worst
-from tests.abuse.attack import rss_mb, triton_requests
-from tests.support import INFER_BODY, GatewayThread, gateway_settings
+from tests.abuse.attack import triton_requests
+from tests.abuse.gateway_process import GatewayProcess, GatewayState
+from tests.support import INFER_BODY
 
 pytestmark = [pytest.mark.triton, pytest.mark.property]
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "40"))
@@ -53,11 +54,10 @@ MAX_BODY, MAX_BUFFERED = 1 * MB, 4 * MB
 # every request is answered or its connection closed within the head and body bounds, plus
 # Triton's answer and the load of a 2-core machine
 ANSWER_BOUND_S = HEADER_TIMEOUT_S + BODY_IDLE_S + 4.0
-# what the gateway may hold for the example (all bodies at once, twice while copied) and for the
-# bystander, plus the allocator's, the interpreter's and hypothesis's own slack over thousands of
-# examples (the gateway runs in this process). HEAD is not generated: the client's parser could
-# not tell where its answer ends.
-RSS_BOUND_MB = 2 * MAX_BUFFERED / MB + 64
+# what the gateway (in its own process) may hold for the example (all bodies at once, twice while
+# copied), plus the allocator's slack and the bounded tables client-chosen strings may fill
+# (HEAD is not generated: the client's parser could not tell where its answer ends)
+RSS_BOUND_MB = 2 * MAX_BUFFERED / MB + 32
 
 
 @dataclass
@@ -102,13 +102,12 @@ class HealthzBystander:
 
 
 @pytest.fixture(scope="module")
-def port_under_test(triton: LocalTriton) -> Iterator[tuple[GatewayThread, HealthzBystander]]:
-    settings_ = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url, header_timeout_s=HEADER_TIMEOUT_S,
-                                 body_idle_timeout_s=BODY_IDLE_S, keep_alive_timeout_s=1, max_body_bytes=MAX_BODY,
-                                 max_buffered_body_bytes=MAX_BUFFERED, linger_s=0.5,
-                                 policies={"qc": {"weights": {"2": 100}}})
-    with GatewayThread(settings_) as gateway:
-        bystander = HealthzBystander(gateway.settings.port)
+def port_under_test(triton: LocalTriton) -> Iterator[tuple[GatewayProcess, HealthzBystander]]:
+    with GatewayProcess(triton.http_url, triton_grpc_url=triton.grpc_url, header_timeout_s=HEADER_TIMEOUT_S,
+                        body_idle_timeout_s=BODY_IDLE_S, keep_alive_timeout_s=1, max_body_bytes=MAX_BODY,
+                        max_buffered_body_bytes=MAX_BUFFERED, linger_s=0.5,
+                        policies={"qc": {"weights": {"2": 100}}}) as gateway:
+        bystander = HealthzBystander(gateway.port)
         thread = threading.Thread(target=bystander.run, daemon=True)
         thread.start()
         yield gateway, bystander
@@ -134,6 +133,8 @@ PATHS = st.one_of(
                      "http://gateway/v2/models/qc/infer"]),
     st.integers(8150, 8250).map(lambda n: "/v2/models/qc/infer?" + "p" * n),  # around max_url_bytes
 )
+INFERENCES = st.sampled_from(["/v2/models/qc/infer", "/v2/models/qc/versions/2/infer", "/v2/models/qc/versions/1/infer",
+                              "/v2/models/qc/infer?x=1"])
 KNOWN_HEADERS = ["host", "content-type", "content-length", "transfer-encoding", "content-encoding",
                  "inference-header-content-length", "connection", "expect", "upgrade", "x-user-id", "authorization",
                  "te", "keep-alive", "trailer"]
@@ -152,10 +153,12 @@ SIZES = st.sampled_from([0, 10, 99, 100, 101, 150])  # header line counts around
 
 @st.composite
 def requests(draw: st.DrawFn, smuggled: bytes = b"") -> bytes:
-    method = draw(METHODS)
-    path = draw(PATHS)
-    version = draw(st.sampled_from(["HTTP/1.1", "HTTP/1.1", "HTTP/1.0", "HTTP/2.0", "HTTP/1.1x", ""]))
-    headers = [("host", "gateway")] + draw(st.lists(st.tuples(HEADER_NAMES, HEADER_VALUES), max_size=6))
+    if draw(st.booleans()):  # an inference Triton would serve, but for what is drawn below
+        method, path, version, headers = "POST", draw(INFERENCES), "HTTP/1.1", [("host", "gateway")]
+    else:
+        method, path = draw(METHODS), draw(PATHS)
+        version = draw(st.sampled_from(["HTTP/1.1", "HTTP/1.1", "HTTP/1.0", "HTTP/2.0", "HTTP/1.1x", ""]))
+        headers = [("host", "gateway")] + draw(st.lists(st.tuples(HEADER_NAMES, HEADER_VALUES), max_size=6))
     padding = draw(SIZES)
     headers += [(f"x-pad-{i}", "v") for i in range(padding)]
     big = draw(st.sampled_from([0, 0, 0, 1000, 60_000, 65_500, 70_000]))  # around max_header_bytes
@@ -253,17 +256,10 @@ def send(port: int, data: bytes, cuts: list[int], requests_sent: int) -> Outcome
     return Outcome(responses.answers, closed, time.monotonic() - started)
 
 
-def _snapshot(gateway: GatewayThread, bystander: HealthzBystander) -> tuple[int, int, int]:
-    """(connections from 127.0.0.1, request tasks running, body bytes held), read on the loop
-    between two requests of the bystander (whose own tasks would count otherwise)."""
-    async def read() -> tuple[int, int, int]:
-        per_client: dict[str, int] = gateway.server.config.http.per_client  # type: ignore[union-attr]
-        return (per_client.get("127.0.0.1", 0), len(gateway.server.server_state.tasks),
-                gateway.app.proxy.bodies.held)
-
+def _snapshot(gateway: GatewayProcess, bystander: HealthzBystander) -> GatewayState:
+    """The gateway's state between two requests of the bystander (whose own tasks would count)."""
     with bystander.asking:
-        found: tuple[int, int, int] = gateway.call(read())
-    return found
+        return gateway.state()
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize="FUZZ_EXAMPLES" not in os.environ, database=None,
@@ -272,7 +268,7 @@ def _snapshot(gateway: GatewayThread, bystander: HealthzBystander) -> tuple[int,
 @given(first=requests(), second=st.one_of(st.none(), requests()), smuggle=st.booleans(),
        cuts=st.lists(st.integers(1, 80_000), max_size=4, unique=True).map(sorted))
 def test_the_http_port_answers_every_head_and_holds_nothing_after(
-        port_under_test: tuple[GatewayThread, HealthzBystander], triton: LocalTriton,
+        port_under_test: tuple[GatewayProcess, HealthzBystander], triton: LocalTriton,
         first: bytes, second: bytes | None, smuggle: bool, cuts: list[int]) -> None:
     gateway, bystander = port_under_test
     if smuggle:  # a whole request as the first one's body: it must never reach Triton as a request
@@ -283,7 +279,7 @@ def test_the_http_port_answers_every_head_and_holds_nothing_after(
     start_state = _snapshot(gateway, bystander)
     before_triton = triton_requests(triton)
 
-    outcome = send(gateway.settings.port, data, [c for c in cuts if c < len(data)], requests_sent)
+    outcome = send(gateway.port, data, [c for c in cuts if c < len(data)], requests_sent)
 
     worst.note("http head: seconds to an answer or a close", outcome.took, ANSWER_BOUND_S, "s")
     assert outcome.closed or len(outcome.answers) >= requests_sent, (
@@ -295,21 +291,21 @@ def test_the_http_port_answers_every_head_and_holds_nothing_after(
             assert content_type == b"application/json" and (b'"error"' in body or b'"detail"' in body), (
                 status, content_type, body[:200])
 
-    closed_at, settled = time.monotonic(), (0, *start_state[1:])
-    while (state := _snapshot(gateway, bystander)) != settled and time.monotonic() - closed_at < 5:
+    closed_at, settled = time.monotonic(), (0, start_state.tasks, start_state.held)
+    while (state := _snapshot(gateway, bystander))[:3] != settled and time.monotonic() - closed_at < 5:
         time.sleep(0.02)
     released = time.monotonic() - closed_at
     worst.note("http head: seconds until the example's connection and work are released", released, 5, "s")
     if os.environ.get("FUZZ_DEBUG") and released > 1:
         print(f"\nslow release {released:.2f}s of {data[:300]!r}... ({len(data)} bytes), cuts {cuts}, "
               f"answers {[a[0] for a in outcome.answers]}, closed {outcome.closed}")
-    assert state[0] == 0, f"{state[0]} connections from the example still open after it closed"
-    assert state[1:] == start_state[1:], f"(tasks, held bytes) {state[1:]} != {start_state[1:]} at the start"
+    assert state.connections == 0, f"{state.connections} connections from the example still open after it closed"
+    assert state[1:3] == settled[1:], f"(tasks, held bytes) {state[1:3]} != {settled[1:]} at the start"
 
     if bystander.rss_start == 0:  # after the first example: the gateway's pools and caches are warm
-        bystander.rss_start = rss_mb()
-    grown = rss_mb() - bystander.rss_start
-    worst.note("http head: RSS growth since the first example", grown, RSS_BOUND_MB, " MB")
+        bystander.rss_start = state.rss_mb
+    grown = state.rss_mb - bystander.rss_start
+    worst.note("http head: the gateway's RSS growth since the first example", grown, RSS_BOUND_MB, " MB")
     assert grown <= RSS_BOUND_MB
     slowest = bystander.take_slowest()
     worst.note("http head: bystander's slowest /healthz", slowest, 1.0, "s")
