@@ -24,6 +24,7 @@ class ErrorBody(BaseModel):
 ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": text} for status, text in {
         401: "missing or invalid bearer token",
+        403: "a viewer (read-only) token on a request that changes something",
         404: "the model has no routing policy",
         409: "a version is not READY on Triton (the message names it and its state)",
         412: "If-Match names a stale revision",
@@ -36,8 +37,11 @@ ERRORS[400] = {"model": ErrorBody, "description": "malformed header (e.g. If-Mat
 
 
 def actor(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
-    """The actor (audit-trail name) behind the request's bearer token; 401/503 otherwise."""
+    """The actor (audit-trail name) behind the request's bearer token; 401/503 otherwise. A viewer
+    token may read (GET) and is refused anything else with 403."""
     auth: Authenticator = request.app.state.auth
+    if request.method in ("GET", "HEAD"):
+        return auth.identify(authorization).name
     return auth.actor(authorization)
 
 
