@@ -105,7 +105,7 @@ class HealthzBystander:
 def port_under_test(triton: LocalTriton) -> Iterator[tuple[GatewayProcess, HealthzBystander]]:
     with GatewayProcess(triton.http_url, triton_grpc_url=triton.grpc_url, header_timeout_s=HEADER_TIMEOUT_S,
                         body_idle_timeout_s=BODY_IDLE_S, keep_alive_timeout_s=1, max_body_bytes=MAX_BODY,
-                        max_buffered_body_bytes=MAX_BUFFERED, linger_s=0.5,
+                        max_buffered_body_bytes=MAX_BUFFERED, grpc_max_message_bytes=MAX_BODY, linger_s=0.5,
                         policies={"qc": {"weights": {"2": 100}}}) as gateway:
         bystander = HealthzBystander(gateway.port)
         thread = threading.Thread(target=bystander.run, daemon=True)
