@@ -30,6 +30,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.errors import BadRequest
@@ -40,6 +41,17 @@ Key = tuple[str, object]
 # sets none; 128 characters hold any UUID, hash or session key a client would use).
 MAX_SEQUENCE_ID_CHARS = 128
 _UINT64 = 1 << 64
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceFields:
+    """A request's place in a Triton sequence, read once by the front that parsed the request
+    (``checked_sequence_id``), and carried with it to whatever needs it (a fleet pins the
+    sequence to the server that holds its state)."""
+
+    id: int | str
+    start: bool = False
+    end: bool = False
 
 
 def checked_sequence_id(value: object) -> int | str | None:

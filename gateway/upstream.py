@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Iterable
 import httptools
 
 from gateway.errors import ClientGone, UpstreamError, UpstreamTimeout, UpstreamUnavailable, os_reason
+from gateway.sequences import SequenceFields
 
 Headers = list[tuple[bytes, bytes]]
 # Not forwarded: hop-by-hop (RFC 9110 §7.6.1) and what this client sets itself (Host, framing, Expect).
@@ -253,13 +254,16 @@ class HttpUpstream:
         self._waiters: deque[asyncio.Future[_Connection | None]] = deque()
         self._closing = False
 
+    reads_sequences = False  # one server: a request's sequence fields choose nothing (see FleetHttp)
+
     async def request(self, method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]],
                       body: bytes | AsyncIterator[bytes] = b"", *, content_length: int | None = None,
-                      timeout_s: float | None = None) -> UpstreamResponse:
+                      timeout_s: float | None = None, sequence: SequenceFields | None = None) -> UpstreamResponse:
         """Send one request; return once the status line and headers are in.
 
         ``headers`` are the client's; hop-by-hop ones and ``Host`` are replaced. A streamed
-        ``body`` keeps ``content_length`` when given, else goes chunked.
+        ``body`` keeps ``content_length`` when given, else goes chunked. ``sequence``: the
+        request's sequence fields as the front read them (a fleet of several servers pins on them).
         """
         head = self._head(method, target, headers, body, content_length)
         timeout = self.request_timeout_s if timeout_s is None else timeout_s

@@ -11,8 +11,7 @@ there is no second code path; the actor in the audit trail is the login's name w
 from enum import Enum
 from typing import Annotated, Any
 
-from fastapi import Body, FastAPI, Path, Query, Request, Response
-from fastapi.exceptions import RequestValidationError
+from fastapi import APIRouter, Body, FastAPI, Path, Query, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -23,7 +22,6 @@ from gateway.console import guard
 from gateway.console.assets import IMMUTABLE, Assets
 from gateway.console.sessions import Sessions
 from gateway.console.views import Views, console_actor
-from gateway.endpoints import install_error_handlers
 from gateway.errors import Forbidden, NotFound
 from gateway.policy import Version
 from gateway.rollout.spec import RolloutSpec
@@ -51,27 +49,26 @@ class VersionAction(str, Enum):
     unload = "unload"
 
 
-def console_app(views: Views, lifecycle: ModelLifecycle, auth: Authenticator, session_ttl_s: float) -> FastAPI:
-    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
-    assets = Assets()
-    sessions = Sessions(session_ttl_s)
-    app.state.sessions = sessions
-    install_error_handlers(app)
-    app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
-    app.add_exception_handler(ValidationError, _invalid)  # type: ignore[arg-type]
+def install_console(app: FastAPI, views: Views, lifecycle: ModelLifecycle, auth: Authenticator,
+                    session_ttl_s: float) -> None:
+    """The console's routes on the control app (so whatever serves /admin serves /console too: the
+    HTTP port, or the control plane behind ``--workers``), and its security headers."""
+    app.include_router(console_router(views, lifecycle, auth, Sessions(session_ttl_s), session_ttl_s))
+    app.add_middleware(guard.SecureHeaders)
 
-    @app.middleware("http")
-    async def headers(request: Request, call_next: Any) -> Response:
-        response: Response = await call_next(request)
-        return guard.secure_headers(response)
+
+def console_router(views: Views, lifecycle: ModelLifecycle, auth: Authenticator, sessions: Sessions,
+                   session_ttl_s: float) -> APIRouter:
+    app = APIRouter(include_in_schema=False)  # not part of the admin API's OpenAPI document
+    assets = Assets()
 
     # -- the page and its files ---------------------------------------------------------------
-    @app.get("/console", include_in_schema=False)
-    @app.get("/console/", include_in_schema=False)
+    @app.get("/console")
+    @app.get("/console/")
     async def page() -> HTMLResponse:
         return HTMLResponse(assets.page, headers={"Cache-Control": "no-store"})
 
-    @app.get("/console/static/{name:path}", include_in_schema=False)
+    @app.get("/console/static/{name:path}")
     async def static(name: str) -> Response:
         asset = assets.files.get(name)
         if asset is None:
@@ -142,7 +139,10 @@ def console_app(views: Views, lifecycle: ModelLifecycle, auth: Authenticator, se
     async def start_rollout(request: Request, model: ModelName,
                             body: Annotated[dict[str, Any], Body()]) -> JSONResponse:
         who = console_actor(guard.change_allowed(request, sessions).who.name)
-        spec = RolloutSpec.model_validate(body)  # ValidationError: the API's 422, with the fields named
+        try:
+            spec = RolloutSpec.model_validate(body)
+        except ValidationError as exc:
+            return invalid(exc)  # the API's 422 message, with the fields named for the form
         await views.rollouts.begin(model, spec, who)
         return _no_store(JSONResponse(await views.rollouts.status(model)))
 
@@ -179,7 +179,7 @@ def _no_store(response: JSONResponse) -> JSONResponse:
     return response
 
 
-async def _invalid(_: Request, exc: RequestValidationError | ValidationError) -> JSONResponse:
+def invalid(exc: ValidationError) -> JSONResponse:
     """The admin API's 422 message, and each problem by field so the page can show it beside its input."""
     problems: list[str] = []
     fields: dict[str, Any] = {}
