@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from gateway import tls
 from gateway.admin.api import admin_router
 from gateway.admin.auth import Authenticator
+from gateway.admin.deps import JsonBodies
 from gateway.admin.fleets import fleets_router
 from gateway.admin.rollouts import rollout_router
 from gateway.admin.versions import versions_router
@@ -133,6 +134,7 @@ class Gateway(Dispatch):
         app = FastAPI(title="triton-gateway admin API", version="1", lifespan=self._lifespan,
                       docs_url="/admin/docs", redoc_url=None, openapi_url="/admin/openapi.json")
         app.state.auth = self.auth  # read by the shared Actor dependency (gateway.admin.deps)
+        app.add_middleware(JsonBodies)  # curl -d's bodies are JSON; other media types 415
         app.include_router(self.probes.router())
         app.include_router(admin_router(self.policies), prefix="/admin", tags=["admin"])
         app.include_router(rollout_router(self.rollouts), prefix="/admin", tags=["rollout"])
