@@ -6,15 +6,16 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # command:package pairs
-SYSTEM_TOOLS := redis-server:redis-server wrk:wrk prometheus:prometheus promtool:prometheus h2load:nghttp2-client
+SYSTEM_TOOLS := redis-server:redis-server wrk:wrk prometheus:prometheus promtool:prometheus h2load:nghttp2-client chromium:chromium
 # the benchmark also needs nginx, its yardstick (it starts its own on loopback ports)
 BENCH_TOOLS := $(SYSTEM_TOOLS) nginx:nginx
 
-.PHONY: demo test bench lint system-deps clean help
+.PHONY: demo test fuzz bench lint system-deps clean help
 
 help:
 	@echo "make demo   - create .venv, install, start a local Triton + the gateway, drive a canary"
 	@echo "make test   - create .venv, install, run the whole test suite (starts its own Triton/Redis)"
+	@echo "make fuzz   - the property tests (pytest -m property) with FUZZ_EXAMPLES examples each (default 5000)"
 	@echo "make bench  - gateway overhead vs direct-to-Triton and vs nginx (HTTP and gRPC), one run"
 	@echo "make lint   - ruff and mypy --strict"
 
@@ -39,6 +40,13 @@ demo: $(STAMP)
 
 test: $(STAMP) system-deps
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest
+
+# The same properties as in `make test`, for longer; the worst value each invariant reached is
+# printed at the end ("worst values of the abuse invariants", tests/abuse/worst.py).
+FUZZ_EXAMPLES ?= 5000
+fuzz: $(STAMP) system-deps
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -m property -o timeout=0 \
+		-p no:cacheprovider tests
 
 bench: $(STAMP)
 	@$(MAKE) --no-print-directory system-deps TOOLS='$(BENCH_TOOLS)'

@@ -18,11 +18,15 @@ from fastapi import FastAPI
 from gateway import tls
 from gateway.admin.api import admin_router
 from gateway.admin.auth import Authenticator
+from gateway.admin.deps import JsonBodies
 from gateway.admin.fleets import fleets_router
 from gateway.admin.rollouts import rollout_router
 from gateway.admin.versions import versions_router
 from gateway.asgi import Dispatch
 from gateway.client_address import ClientAddresses
+from gateway.console.routes import install_console
+from gateway.console.timeline import Timeline
+from gateway.console.views import Views
 from gateway.control_surface import ControlCall, ControlGate, ControlMode
 from gateway.endpoints import Probes, install_error_handlers
 from gateway.fleet.forward import FleetGrpc, FleetHttp
@@ -30,17 +34,19 @@ from gateway.fleet.registry import Fleets
 from gateway.grpc.front import start_server as start_front
 from gateway.grpc.grpcio_front import GrpcProxy
 from gateway.grpc.grpcio_front import start_server as start_grpc
+from gateway.grpc.health import Health
 from gateway.grpc.router import GrpcRouter
 from gateway.http2.server import Limits
 from gateway.pipeline import Pipeline
 from gateway.policy_book import PolicyBook
 from gateway.proxy.http import HttpProxy
-from gateway.proxy.limits import BodyReader
+from gateway.proxy.limits import BodyReader, ByteBudget
 from gateway.proxy.shadow import ShadowMirror
 from gateway.rollout.controller import RolloutController
 from gateway.sequences import SequencePins
 from gateway.services.config_intent import apply_declared
 from gateway.services.lifecycle import ModelLifecycle
+from gateway.services.model_configs import SequenceModels
 from gateway.services.policies import PolicyService
 from gateway.services.replicas import Replicas
 from gateway.services.state_sync import StateSync
@@ -62,22 +68,26 @@ class Gateway(Dispatch):
 
     proxy: HttpProxy
     control: FastAPI
+    recorder_class: type[Recorder] = Recorder  # gateway.workers: a worker's reports deltas, the control plane's merges
+    reuse_port = False  # gateway.workers: each worker listens on its own SO_REUSEPORT socket
 
     def __init__(self, settings: Settings, store: StateStore | None = None) -> None:
         self.settings = settings
         self.book = PolicyBook(settings.sticky_header)
-        self.recorder = Recorder()
+        self.recorder = self.recorder_class()
         self.fleets = Fleets(settings.fleet_specs(), pool_size=settings.pool_size,
                              connect_timeout_s=settings.connect_timeout_s, request_timeout_s=settings.request_timeout_s,
                              max_inflight=settings.max_inflight_per_server,
                              queue_timeout_s=settings.queue_timeout_ms / 1000, eject_after=settings.fleet_eject_after,
                              health_interval_s=settings.fleet_health_interval_s,
                              dns_refresh_s=settings.fleet_dns_refresh_s,
-                             http_tls=tls.upstream_http(settings), grpc_tls=tls.upstream_grpc(settings))
+                             http_tls=tls.upstream_http(settings), grpc_tls=tls.upstream_grpc(settings),
+                             keepalive=(settings.upstream_keepalive_s, settings.upstream_keepalive_timeout_s))
         self.upstream: HttpUpstream = FleetHttp(self.fleets.default)
         self.access_log = AccessLog() if settings.access_log else None
         self.pins = SequencePins()
-        self.shadow = ShadowMirror(self.upstream, self.recorder)
+        self.budget = ByteBudget(settings.max_buffered_body_bytes)  # bytes held for requests, both ports and shadow
+        self.shadow = ShadowMirror(self.upstream, self.recorder, budget=self.budget)
         self.pipeline = Pipeline(self.book, self.recorder, self.pins, self.shadow, self.access_log,
                                  settings.expose_version_headers, ClientAddresses(settings.trusted_proxies))
         self.grpc: GrpcProxy | None = None
@@ -94,6 +104,9 @@ class Gateway(Dispatch):
         self.source = make_source(settings.metrics_source, settings.prometheus_url, self.recorder,
                                   timeout_s=settings.controller_call_timeout_s)
         self.replicas = Replicas(self.store, self.recorder, self.pins)
+        self.pins.directory = self.replicas  # sequence pins shared live between replicas, through the store
+        self.sequence_models = SequenceModels(self.triton, self.book)  # what sequence_affinity auto follows
+        self.triton.on_reload.append(self.sequence_models.wake)
         self.lifecycle = ModelLifecycle(self.store, self.triton, self.policies, self.replicas,
                                         drain_timeout_s=settings.drain_timeout_s)
         self.rollouts = RolloutController(self.store, self.triton, self.policies, self.source, self.recorder,
@@ -103,12 +116,15 @@ class Gateway(Dispatch):
                                           prometheus_url=settings.prometheus_url)
         self.registry = make_registry(GatewayCollector(self.recorder, self.book))
         self.registry.register(FleetCollector(self.fleets))
-        self.probes = Probes(self.upstream, self.book, self.registry, settings.connect_timeout_s, self.sync.problem)
-        self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin)
+        self.probes = Probes(self.fleets.default.live, self.book, self.registry, settings.connect_timeout_s,
+                             self.sync.problem)
+        self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin,
+                                  {name: token.get_secret_value() for name, token in settings.viewer_tokens.items()})
         self.gate = control_gate(ControlMode(settings.triton_control), self.auth, self.policies)
         self.proxy = HttpProxy(self.pipeline, self.upstream, self.gate,
-                               BodyReader(settings.max_body_bytes, settings.max_buffered_body_bytes),
+                               BodyReader(settings.max_body_bytes, budget=self.budget),
                                {fleet.name: FleetHttp(fleet) for fleet in named})
+        self.timeline = Timeline(self.store, self.source)  # the console's rollout history (bounded)
         self.control = self._control_app()
 
     @property
@@ -119,12 +135,16 @@ class Gateway(Dispatch):
         app = FastAPI(title="triton-gateway admin API", version="1", lifespan=self._lifespan,
                       docs_url="/admin/docs", redoc_url=None, openapi_url="/admin/openapi.json")
         app.state.auth = self.auth  # read by the shared Actor dependency (gateway.admin.deps)
+        app.add_middleware(JsonBodies)  # curl -d's bodies are JSON; other media types 415
         app.include_router(self.probes.router())
         app.include_router(admin_router(self.policies), prefix="/admin", tags=["admin"])
         app.include_router(rollout_router(self.rollouts), prefix="/admin", tags=["rollout"])
         app.include_router(versions_router(self.lifecycle), prefix="/admin", tags=["versions"])
         app.include_router(fleets_router(self.fleets), prefix="/admin", tags=["fleets"])
         install_error_handlers(app)
+        install_console(app, Views(self.policies, self.rollouts, self.fleets, self.sync, self.source, self.recorder,
+                                   self.timeline, self.settings.metrics_source),
+                        self.lifecycle, self.auth, self.settings.console_session_ttl_s)
         return app
 
     @contextlib.asynccontextmanager
@@ -147,6 +167,8 @@ class Gateway(Dispatch):
         await apply_declared(self.store, self.settings.policies)  # one log line per model
         await self.sync.resync()
         await self.replicas.restore_pins()  # sequences pinned before a restart stay on their version
+        await self.sequence_models.first_look(self.settings.connect_timeout_s + 5)
+        self.sequence_models.start()
         self.sync.start()
         self.replicas.start()
         if self.access_log is not None:
@@ -156,6 +178,7 @@ class Gateway(Dispatch):
             await self._start_grpc()
         if self.settings.controller_enabled:
             self.rollouts.start()
+        self.timeline.start()
 
     async def _start_grpc(self) -> None:
         settings = self.settings
@@ -163,17 +186,21 @@ class Gateway(Dispatch):
         named = {fleet.name: FleetGrpc(fleet) for fleet in self.fleets if fleet is not self.fleets.default}
         self.grpc_router = GrpcRouter(self.pipeline, upstream, named)
         if settings.grpc_server == "grpcio":
-            self.grpc = GrpcProxy(self.grpc_router, self.gate, tls.grpcio_channel_credentials(settings))
+            self.grpc = GrpcProxy(self.grpc_router, self.gate, tls.grpcio_channel_credentials(settings),
+                                  Health(self.probes.problem))
             self.grpc_server = await start_grpc(self.grpc, settings.host, settings.grpc_port,
                                                 tls.grpcio_server_credentials(settings))
         else:
             self.grpc_server = await start_front(self.grpc_router, settings.host, settings.grpc_port, self.gate,
-                                                 tls.serving(settings, tls.H2), grpc_limits(settings))
+                                                 tls.serving(settings, tls.H2), grpc_limits(settings),
+                                                 self.budget, Health(self.probes.problem), reuse_port=self.reuse_port)
 
     async def _stop(self) -> None:
+        await self.timeline.stop()
         await self.rollouts.stop()
         await self.sync.stop()
         await self.replicas.stop()
+        await self.sequence_models.stop()
         if self.access_log is not None:
             await self.access_log.stop()
         await self.shadow.stop()
@@ -207,4 +234,5 @@ def grpc_limits(settings: Settings) -> Limits:
                   connection_window=settings.grpc_connection_window_bytes,
                   max_header_list=settings.grpc_max_header_list_bytes, max_message=settings.grpc_max_message_bytes,
                   preface_timeout=settings.grpc_preface_timeout_s, header_timeout=settings.grpc_header_timeout_s,
-                  idle_timeout=settings.grpc_idle_timeout_s, max_connections=settings.grpc_max_connections)
+                  idle_timeout=settings.grpc_idle_timeout_s, max_connections=settings.grpc_max_connections,
+                  max_connections_per_client=settings.max_connections_per_client)

@@ -1,5 +1,6 @@
 """The gateway's ASGI entry: ``/v2/...`` to the lean data-plane handler, everything else to the
-control app (admin API, probes, ``/metrics``), with a size guard in front of ``/admin``.
+control app (admin API, SRE console, probes, ``/metrics``), with a size guard in front of ``/admin``
+and ``/console``.
 
 The dispatch is two string checks per request; FastAPI's routing never sees inference traffic.
 """
@@ -26,7 +27,7 @@ class Dispatch:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/v2"):
             await self.proxy(scope, receive, send)
-        elif scope["type"] == "http" and scope["path"].startswith("/admin") and _too_large(scope):
+        elif scope["type"] == "http" and scope["path"].startswith(("/admin", "/console")) and _too_large(scope):
             await JSONResponse({"error": f"request body over {MAX_ADMIN_BODY} bytes"}, 413,
                                headers={"connection": "close"})(scope, receive, send)  # the body stays unread
         else:

@@ -18,7 +18,11 @@ status, and reading the trace and log settings.
 Classification is by namespace, then by the few read-only calls inside it: anything else under
 ``/v2/repository``, ``/v2/systemsharedmemory`` or ``/v2/cudasharedmemory`` counts as control,
 so an unusual spelling of a path (``//``, a trailing ``/``, an upper-case segment, a path
-Triton would not know) is refused rather than let through. This module is pure; the data
+Triton would not know) is refused rather than let through. The decision is made on the path
+with its percent-encoding and dot segments resolved (``/v2/x/../repository/...`` is the
+repository's), and a path that reads differently once so normalised (a ``.`` or ``..``
+segment, an encoded ``/``) is refused with 400 in ``deny`` and ``admin`` modes: Triton does not
+normalise paths, but a normalising hop in front of it would. This module is pure; the data
 plane calls it only for requests it does not route (never for an inference).
 """
 
@@ -28,7 +32,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from gateway.errors import Forbidden, GatewayError, Unauthorized
+from gateway.errors import BadRequest, Forbidden, GatewayError, Unauthorized
 from gateway.grpc.router import SERVICE as GRPC_SERVICE
 from gateway.grpc.status import status_for
 from gateway.grpc.wire import WireError, top_level_field
@@ -54,6 +58,7 @@ class ControlAction(StrEnum):
     SHARED_MEMORY = "triton_shared_memory"
     TRACE_SETTING = "triton_trace_setting"
     LOG_SETTING = "triton_log_setting"
+    UNNORMALISED_PATH = "unnormalised_path"  # never forwarded, never audited: refused as a bad request
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +77,9 @@ class ControlCall:
         return _ON_TRITON
 
     def refusal(self) -> str:
+        if self.action is ControlAction.UNNORMALISED_PATH:
+            return (f"{self.described[:300]} reads differently once normalised (dot segments and encoded '/' "
+                    f"resolved: {self.model[:300]}); send the normalised path")
         return (f"{self.described} changes Triton and is refused on the gateway's data port "
                 f"(GATEWAY_TRITON_CONTROL=deny): use {self.instead}")
 
@@ -80,9 +88,14 @@ _REPOSITORY, _SYSTEM_SHM, _CUDA_SHM = "repository", "systemsharedmemory", "cudas
 _READ_METHODS = frozenset(["GET", "HEAD"])
 
 
-def http_control_call(method: str, path: str) -> ControlCall | None:
-    """The control call an HTTP request on ``/v2/...`` makes, or None for everything else."""
-    parts = [part.lower() for part in path.split("/") if part and part != "."]
+def http_control_call(method: str, path: str, raw_path: bytes | None = None) -> ControlCall | None:
+    """The control call an HTTP request on ``/v2/...`` makes, or None for everything else.
+    ``path`` is percent-decoded; ``raw_path`` as sent (an encoded ``/`` shows only there)."""
+    segments = path.split("/")
+    if "." in segments or ".." in segments or raw_path is not None and b"%2f" in raw_path.lower():
+        # the normalised path rides in ``model``: the refusal names it
+        return ControlCall(ControlAction.UNNORMALISED_PATH, f"{method} {path}", normalised(path))
+    parts = [part.lower() for part in segments if part]
     if len(parts) < 2 or parts[0] != "v2":
         return None
     described = f"{method} {path}"
@@ -108,6 +121,20 @@ def http_control_call(method: str, path: str) -> ControlCall | None:
         model = parts[2] if len(parts) > 4 and namespace == "models" else ""
         return ControlCall(ControlAction.TRACE_SETTING, described, _original(path, model))
     return None
+
+
+def normalised(path: str) -> str:
+    """``path`` with its dot segments resolved (RFC 3986 5.2.4)."""
+    kept: list[str] = []
+    for segment in path.split("/")[1:]:
+        if segment == "..":
+            if kept:
+                kept.pop()
+        elif segment != ".":
+            kept.append(segment)
+    if path.endswith(("/.", "/..")):
+        kept.append("")
+    return "/" + "/".join(kept)
 
 
 def _original(path: str, lowered: str) -> str:
@@ -182,6 +209,8 @@ class ControlGate:
         """None: forward the call. Otherwise the refusal to answer with (nothing was forwarded)."""
         if self.mode is ControlMode.ALLOW:
             return None
+        if call.action is ControlAction.UNNORMALISED_PATH:
+            return BadRequest(call.refusal())
         if self.mode is ControlMode.DENY:
             return Forbidden(call.refusal())
         try:

@@ -23,6 +23,7 @@ from functools import lru_cache
 from typing import Protocol
 
 from gateway.client_address import ClientAddresses
+from gateway.errors import BadRequest
 from gateway.policy import split_target
 from gateway.policy_book import PolicyBook
 from gateway.proxy.shadow import GrpcMirror, Mirror, ShadowMirror
@@ -34,19 +35,49 @@ from gateway.routing import (
     WeylDraw,
     choose,
     choose_in_sequence,
+    choose_unpinned,
     fallback_for,
     inflight_key,
 )
-from gateway.sequences import SequencePins
+from gateway.sequences import SequencePins, checked_sequence_id
 from gateway.telemetry.recorder import UNKNOWN_MODEL, Outcome, Recorder
 
 DEFAULT = Decision(None, Reason.DEFAULT)  # no policy, not pinned: Triton picks its default version
+# Marker for a front: this request belongs to a sequence on a model with affinity; decide with
+# ``await Pipeline.route_sequence`` (the pin may have to be read from, or written to, the store).
+SEQUENCED = Decision(None, Reason.SEQUENCE)
 ROUTE_HEADER = "x-gateway-route"
 VERSION_HEADER = "x-gateway-model-version"
 # Answers that mean Triton does not know the model or version (HTTP, gRPC): recorded under one
 # label whatever name the client sent, so client-chosen names cannot grow the series.
 _NOT_FOUND = frozenset([404, "NOT_FOUND"])
 _MAX_TARGETS = 4096  # pinned versions come from clients: the cache of targets stays bounded
+# Client-chosen names are checked before they reach a table, a cache, a metric label, a header or
+# a log line. Triton's versions are positive int64s (at most 19 digits); a model is a directory of
+# the model repository, so its name is a file name (NAME_MAX: 255 bytes) without control characters.
+MAX_VERSION_DIGITS = 19
+MAX_MODEL_NAME_BYTES = 255
+# A pinned version that failed and that no policy names: one label, whatever clients send.
+UNSERVED_VERSION = "_unserved"
+_CONTROL_CHARACTERS = frozenset(chr(code) for code in [*range(32), 127])
+
+
+def checked_version(version: str) -> str:
+    """A version a client pinned, as Triton reads it ("007" is 7), or BadRequest."""
+    if 0 < len(version) <= MAX_VERSION_DIGITS and version.isascii() and version.isdigit():
+        return str(int(version))
+    shown = version[:40].encode("unicode_escape").decode("ascii")
+    raise BadRequest(f"model version '{shown}' is not a version: at most {MAX_VERSION_DIGITS} digits")
+
+
+def checked_model(model: str) -> str:
+    """A model name a client sent, or BadRequest when no model repository can hold it."""
+    if len(model.encode("utf-8", "surrogatepass")) > MAX_MODEL_NAME_BYTES:
+        raise BadRequest(f"model name of {len(model.encode('utf-8', 'surrogatepass'))} bytes: "
+                         f"at most {MAX_MODEL_NAME_BYTES} are taken")
+    if not _CONTROL_CHARACTERS.isdisjoint(model):
+        raise BadRequest("a model name has no control characters")
+    return model
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,16 +155,39 @@ class Pipeline:
         return route_metadata(version, reason) if self.expose_version_headers else ()
 
     # -- route ---------------------------------------------------------------------------------
-    def route(self, policy: Policy | None, headers: Iterable[tuple[bytes, bytes]], sequence_id: object | None = None,
-              start: bool = False, end: bool = False) -> Decision:
-        """The decision for one unpinned request (lower-case header names, as on the wire)."""
+    def route(self, policy: Policy | None, headers: Iterable[tuple[bytes, bytes]]) -> Decision:
+        """The decision for one request outside any sequence (lower-case header names, as on the wire)."""
         if policy is None:
             return DEFAULT
         names = policy.header_names
+        return choose(policy, {name: value for name, value in headers if name in names}, self._draw())
+
+    async def route_sequence(self, policy: Policy, headers: Iterable[tuple[bytes, bytes]], sequence_id: object,
+                             start: bool, end: bool) -> Decision:
+        """The decision for a request of a sequence on a model with affinity: its pin (from
+        this replica's table, or the store's when this one has none or an old one); a start is
+        routed as usual and its pin written through to the store before it is forwarded (an
+        end's release too)."""
+        names = policy.header_names
         found = {name: value for name, value in headers if name in names}
-        if sequence_id is None:
-            return choose(policy, found, self._draw())
-        return choose_in_sequence(policy, found, self._draw(), self.pins, sequence_id, start, end)
+        checked = checked_sequence_id(sequence_id)  # BadRequest before the id reaches the pin table
+        draw = self._draw()
+        if checked is None:
+            return choose(policy, found, draw)
+        decision = choose_in_sequence(policy, found, draw, self.pins, checked, start, end)
+        if decision is None:
+            version = await self.pins.resolve(policy.model, checked, end)
+            decision = choose_unpinned(policy, found, draw) if version is None else Decision(version, Reason.SEQUENCE)
+        elif decision.reason == Reason.RULE:
+            return decision
+        if start != end:  # a start pins, an end unpins: on every replica from the sequence's next request on
+            await self.pins.share(policy.model, checked)
+        return decision
+
+    @staticmethod
+    def pinned(version: str) -> Decision:
+        """The decision for a request whose client named the version (BadRequest if it is not one)."""
+        return Decision(checked_version(version), Reason.PINNED)
 
     def target(self, decision: Decision) -> Target:
         """The one place a decision becomes where the request goes."""
@@ -147,6 +201,15 @@ class Pipeline:
             if len(self._targets) < _MAX_TARGETS:
                 self._targets[version] = target
         return target
+
+    def _named(self, model: str, version: str) -> bool:
+        """A policy of the model names the version (in its split or as its shadow)."""
+        policy = self.book.get(model)
+        if policy is None:
+            return False
+        spec = policy.spec
+        return version in spec.weights or version == policy.shadow_version or any(
+            rule.version == version for rule in spec.rules)
 
     # -- forward, shadow, record ---------------------------------------------------------------
     async def forward(self, exchange: Exchange, model: str, policy: Policy | None, decision: Decision,
@@ -199,6 +262,8 @@ class Pipeline:
             model, version, reason = UNKNOWN_MODEL, "", Reason.DEFAULT
         else:
             version, reason = decision.version or "", decision.reason
+            if reason == Reason.PINNED and outcome is not Outcome.SUCCESS and not self._named(model, version):
+                version = UNSERVED_VERSION  # a version only the client named, and it failed: Triton may not have it
         latency = time.perf_counter() - started
         if fault is not None:
             self.recorder.upstream_error(model, version, fault)

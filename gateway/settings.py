@@ -8,8 +8,9 @@ with that one line.
 from __future__ import annotations
 
 import ipaddress
+import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, FilePath, SecretStr, ValidationError, field_validator, model_validator
@@ -49,7 +50,13 @@ class Settings(BaseSettings):
         None, description="PEM client certificate chain presented to a Triton that requires mTLS")
     triton_client_key_file: FilePath | None = Field(None, description="PEM private key for triton_client_cert_file")
     connect_timeout_s: float = Field(2.0, gt=0, le=60, description="upstream connect timeout")
-    request_timeout_s: float = Field(60.0, gt=0, le=3600, description="deadline for one upstream request")
+    request_timeout_s: float = Field(60.0, gt=0, le=3600, description="deadline for one upstream request (HTTP, "
+                                     "and gRPC calls whose client set no deadline; streams excepted)")
+    upstream_keepalive_s: float = Field(10.0, ge=0, le=3600, description="ping each gRPC connection to Triton this "
+                                        "often, idle or busy, to find a hung server (0: never)")
+    upstream_keepalive_timeout_s: float = Field(
+        5.0, gt=0, le=600, description="a ping unanswered this long drops the connection: its calls fail "
+        "UNAVAILABLE and count toward the server's ejection")
     pool_size: int = Field(128, ge=1, le=4096, description="max upstream HTTP connections to Triton")
     header_timeout_s: float = Field(10.0, gt=0, le=600, description="HTTP port: a request's headers must arrive "
                                     "within this, counted from its first byte or the connection's start (408 after)")
@@ -61,8 +68,22 @@ class Settings(BaseSettings):
                                         "one more is answered 503 with Retry-After and closed")
     max_body_bytes: int = Field(64 << 20, ge=1024, description="largest request body, and largest body the gateway "
                                 "decompresses (413 above); Triton's own default --http-max-input-size")
-    max_buffered_body_bytes: int = Field(256 << 20, ge=1024, description="request bodies held in memory at once, "
-                                         "all clients together (503 with Retry-After above)")
+    max_buffered_body_bytes: int = Field(256 << 20, ge=1024, description="bytes held for requests at once, all "
+                                         "clients and both ports together: bodies, gRPC messages, what they inflate "
+                                         "to, shadow copies (503 with Retry-After, gRPC UNAVAILABLE, above)")
+    max_url_bytes: int = Field(8 << 10, ge=256, le=1 << 20, description="HTTP port: longest request line (method, "
+                               "URL, version); 414 JSON above, before more of it is read")
+    max_header_bytes: int = Field(64 << 10, ge=1 << 10, le=16 << 20, description="HTTP port: one request's header "
+                                  "lines together (so any one of them too); 431 JSON above, before more is read")
+    max_header_count: int = Field(100, ge=8, le=10_000, description="HTTP port: header lines in one request "
+                                  "(431 JSON above)")
+    linger_s: float = Field(2.0, ge=0, le=60, description="HTTP port: after an answer that ends a request early "
+                            "(413, 408, 400, ...), read and drop what the client still sends for up to this long "
+                            "(at most 64 MiB, or max_body_bytes if larger) before closing, so it reads the answer "
+                            "instead of a reset")
+    max_connections_per_client: int = Field(256, ge=1, le=1_000_000, description="both ports: connections one "
+                                            "client address may hold; past it a connection is answered as past "
+                                            "max_client_connections / grpc_max_connections")
     sticky_header: HeaderName = Field("x-user-id", description="default header carrying the sticky user key")
     policies: dict[str, PolicySpec] = Field(
         default_factory=dict, description="routing policies by model, as declared intent: an entry changed since "
@@ -86,6 +107,11 @@ class Settings(BaseSettings):
         default_factory=dict, description="more named tokens, {actor: token}: one per SRE or automation"
     )
     insecure_admin: bool = Field(False, description="serve /admin without a token (logs a warning; never in prod)")
+    viewer_tokens: dict[str, SecretStr] = Field(
+        default_factory=dict, description="read-only tokens, {name: token}: the console's pages and GET /admin/*, "
+        "never a change (403)")
+    console_session_ttl_s: float = Field(8 * 3600.0, gt=0, le=30 * 86400, description="a console login (session "
+                                         "cookie) ends this many seconds after it began")
     triton_control: Literal["deny", "admin", "allow"] = Field(
         "deny", description="Triton model control (load/unload, shared memory, trace/log setting updates) on the "
         "data ports: deny (403 / PERMISSION_DENIED), admin (admin bearer token, audited) or allow")
@@ -154,9 +180,11 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _one_body_fits(self) -> Settings:
-        if self.max_buffered_body_bytes < self.max_body_bytes:
-            raise ValueError(f"max_buffered_body_bytes ({self.max_buffered_body_bytes}) must be at least "
-                             f"max_body_bytes ({self.max_body_bytes}): a body of the largest size must fit")
+        largest = max(self.max_body_bytes, self.grpc_max_message_bytes)
+        if self.max_buffered_body_bytes < 2 * largest:
+            raise ValueError(f"max_buffered_body_bytes ({self.max_buffered_body_bytes}) must be at least twice "
+                             f"max_body_bytes and grpc_max_message_bytes ({largest}): a body or message of the "
+                             "largest size, and what it inflates to, must fit")
         return self
 
     @model_validator(mode="after")
@@ -179,14 +207,14 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _tokens_are_distinct(self) -> Settings:
-        secrets = [t.get_secret_value() for t in self.admin_tokens.values()]
+        secrets = [t.get_secret_value() for t in (*self.admin_tokens.values(), *self.viewer_tokens.values())]
         if self.admin_token is not None:
             secrets.append(self.admin_token.get_secret_value())
         if any(len(secret) < 8 for secret in secrets):
             raise ValueError("admin tokens must be at least 8 characters")
         if len(set(secrets)) != len(secrets):
             raise ValueError("two admin tokens are the same: each actor needs its own")
-        if self.triton_control == "admin" and not secrets and not self.insecure_admin:
+        if self.triton_control == "admin" and not self.actor_tokens() and not self.insecure_admin:
             raise ValueError("triton_control=admin needs an admin token to check: set GATEWAY_ADMIN_TOKEN "
                              "(or admin_tokens), or choose triton_control=deny")
         return self
@@ -245,6 +273,21 @@ class Settings(BaseSettings):
         "requests queue up to queue_timeout_ms, then get 429 / RESOURCE_EXHAUSTED")
     queue_timeout_ms: int = Field(1000, ge=0, le=600_000, description="longest wait for a free slot on a full server "
                                   "(0: refuse at once)")
+    # -- processes on one node (issue 26): gateway.workers --
+    workers: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = Field(
+        1, description="data-plane worker processes (auto: the cores this process may use); above 1, each has its "
+        "own SO_REUSEPORT listeners and one control plane (admin, controller, /metrics) runs in the supervisor")
+    worker_stall_s: float = Field(5.0, gt=0, le=600, description="a worker whose event loop has not reported for "
+                                  "this long is killed and replaced (workers above 1)")
+
+    def worker_count(self) -> int:
+        """``workers`` as a number: ``auto`` is the cores the process may use (its CPU affinity)."""
+        if self.workers == "auto":
+            try:
+                return max(1, len(os.sched_getaffinity(0)))
+            except AttributeError:  # not Linux
+                return max(1, os.cpu_count() or 1)
+        return self.workers
 
     def fleet_specs(self) -> dict[str, FleetSpec]:
         """Every fleet, ``default`` always among them."""

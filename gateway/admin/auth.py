@@ -1,35 +1,68 @@
-"""Bearer-token authentication for /admin: every token has an actor name for the audit trail."""
+"""Bearer-token authentication for /admin and the console: every token has an actor name for
+the audit trail and a role. Admin tokens are operators; viewer tokens (``viewer_tokens``) may
+only read (``GET /admin/*`` and the console's pages), and the server refuses their writes."""
 
 from __future__ import annotations
 
 import hmac
+from dataclasses import dataclass
+from typing import Literal
 
-from gateway.errors import AdminDisabled, Unauthorized
+from gateway.errors import AdminDisabled, Forbidden, Unauthorized
+
+Role = Literal["operator", "viewer"]
+
+
+@dataclass(frozen=True)
+class Identity:
+    name: str
+    role: Role
+
+    @property
+    def operator(self) -> bool:
+        return self.role == "operator"
 
 
 class Authenticator:
-    def __init__(self, tokens: dict[str, str], insecure: bool = False) -> None:
-        self._tokens = [(name, token.encode()) for name, token in tokens.items()]
+    def __init__(self, tokens: dict[str, str], insecure: bool = False, viewers: dict[str, str] | None = None) -> None:
+        self._tokens: list[tuple[str, bytes, Role]] = [(name, token.encode(), "operator")
+                                                       for name, token in tokens.items()]
+        self._tokens += [(name, token.encode(), "viewer") for name, token in (viewers or {}).items()]
         self.insecure = insecure
 
     @property
     def enabled(self) -> bool:
-        return bool(self._tokens) or self.insecure
+        return any(role == "operator" for _, _, role in self._tokens) or self.insecure
 
     def actor(self, authorization: str | None) -> str:
-        """The actor behind an ``Authorization`` header, or Unauthorized."""
-        if not self._tokens:
-            if self.insecure:
-                return "anonymous"
+        """The operator behind an ``Authorization`` header: Unauthorized, or Forbidden for a viewer."""
+        who = self.identify(authorization)
+        if not who.operator:
+            raise Forbidden(f"'{who.name}' holds a read-only (viewer) token: this needs an operator's admin token")
+        return who.name
+
+    def identify(self, authorization: str | None) -> Identity:
+        """Who sends an ``Authorization: Bearer`` header, and their role; Unauthorized otherwise."""
+        if not self.enabled:
             raise AdminDisabled("the admin API is disabled: set GATEWAY_ADMIN_TOKEN (or run with --insecure-admin)")
+        if not self._tokens:
+            return Identity("anonymous", "operator")  # --insecure-admin
         scheme, _, presented = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not presented:
             raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
-        candidate = presented.strip().encode()
-        found = None
-        for name, token in self._tokens:  # compare with every token: timing says nothing about which matched
+        return self.token_identity(presented.strip())
+
+    def token_identity(self, presented: str) -> Identity:
+        """Who holds the token (the console's login form sends it bare); Unauthorized otherwise."""
+        if not self.enabled:
+            raise AdminDisabled("the admin API is disabled: set GATEWAY_ADMIN_TOKEN (or run with --insecure-admin)")
+        if not self._tokens:
+            return Identity("anonymous", "operator")
+        candidate = presented.encode()
+        found: Identity | None = None
+        for name, token, role in self._tokens:  # compare with every token: timing says nothing about which matched
             if hmac.compare_digest(candidate, token):
-                found = name
+                found = Identity(name, role)
         if found is None:
             raise Unauthorized("invalid bearer token")
         return found

@@ -12,13 +12,15 @@ import asyncio
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
+from gateway.errors import BadRequest
 from gateway.grpc.status import FAULTS, StatusCode, classify, status_name
 from gateway.grpc.upstream import GrpcUpstream
 from gateway.grpc.upstream import Metadata as Forwarded
 from gateway.grpc.wire import RouteFields, WireError, route_fields, with_version
-from gateway.pipeline import Pipeline, Target
+from gateway.pipeline import SEQUENCED, Pipeline, Target, checked_model
 from gateway.proxy.shadow import GrpcMirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
+from gateway.sequences import checked_sequence_id
 from gateway.telemetry.recorder import QUEUE_FULL, STEERED_ROUTES, Outcome
 
 _QUEUE_FULL = QUEUE_FULL.encode()
@@ -60,7 +62,7 @@ class GrpcInfer:
             named = self.fleets.get(target.fleet) if self.fleets is not None else None
             if named is None:
                 self.code, self.details, self.response = (StatusCode.UNAVAILABLE.value,
-                                                          f"fleet '{target.fleet}' is not configured", b"")
+                                                          f"gateway: fleet '{target.fleet}' is not configured", b"")
                 self.status = status_name(self.code)
                 return
             upstream = named
@@ -104,13 +106,26 @@ class GrpcRouter:
         self.fleets = dict(fleets or {})  # named fleets (ModelInfer only: a stream stays on the default fleet)
 
     def route(self, raw: bytes, headers: Iterable[tuple[bytes, bytes]]) -> tuple[RouteFields, Policy | None, Decision]:
-        """Raises ``WireError`` for bytes that are not a ModelInferRequest."""
+        """Raises ``WireError`` for bytes that are not a ModelInferRequest, or whose model name,
+        version or sequence id Triton could not hold (checked before they reach any table)."""
         fields = route_fields(raw)
-        policy = self.book.get(fields.model_name)
-        if fields.model_version:
-            return fields, policy, Decision(fields.model_version, _PINNED)
-        return fields, policy, self.pipeline.route(policy, headers, fields.sequence_id, fields.sequence_start,
-                                                   fields.sequence_end)
+        try:
+            policy = self.book.get(checked_model(fields.model_name))
+            if fields.model_version:
+                return fields, policy, self.pipeline.pinned(fields.model_version)
+            if fields.sequence_id is not None and policy is not None and policy.sequence_affinity \
+                    and checked_sequence_id(fields.sequence_id) is not None:
+                return fields, policy, SEQUENCED  # the caller awaits settle()
+            return fields, policy, self.pipeline.route(policy, headers)
+        except BadRequest as exc:
+            raise WireError(exc.message) from None
+
+    async def settle(self, fields: RouteFields, policy: Policy | None, headers: Iterable[tuple[bytes, bytes]]) \
+            -> Decision:
+        """The decision for a message ``route`` answered SEQUENCED: its sequence's pin."""
+        assert policy is not None and fields.sequence_id is not None
+        return await self.pipeline.route_sequence(policy, headers, fields.sequence_id, fields.sequence_start,
+                                                  fields.sequence_end)
 
     def routed_message(self, raw: bytes, decision: Decision) -> bytes:
         """A streamed request, addressed to the decision's target."""
@@ -137,8 +152,8 @@ class GrpcRouter:
         return self.pipeline.announce(decision.version or _answered_version(response), decision.reason)
 
     def details(self, code: int, details: str | None) -> str:
-        if code == StatusCode.UNAVAILABLE:
-            return f"upstream triton at {self.upstream.address} is unavailable: {details}"
+        """What the client is told: Triton's details as Triton sent them; the gateway's own say
+        so themselves (``gateway: ...``) and name no address."""
         return details or ""
 
     def record_stream_reply(self, model: str | None, decision: Decision | None, response: bytes,

@@ -45,6 +45,7 @@ from gateway.http2.endpoint import (
     unpad,
 )
 from gateway.http2.hpack_codec import HeaderListTooLarge, literal, literal_indexed_name
+from gateway.proxy.limits import ByteBudget
 
 _RESPONSE_HEADERS = b"\x88" + literal_indexed_name(31, b"application/grpc")  # :status 200, content-type
 _OK_TRAILER = literal(b"grpc-status", b"0")
@@ -91,6 +92,7 @@ class Limits:
     header_timeout: float = 10.0
     idle_timeout: float = 300.0
     max_connections: int = 4096  # client connections of the whole server; the next is refused with GOAWAY
+    max_connections_per_client: int = 256  # from one client address; the next is refused the same way
     # per second; past them: GOAWAY ENHANCE_YOUR_CALM
     pings_per_s: int = 100  # counted between answers only, so a busy client's BDP probes never trip it
     settings_per_s: int = 100
@@ -108,7 +110,7 @@ class StreamHandler(Protocol):
 
 class ServerStream(StreamState):
     __slots__ = ("path", "headers", "buffer", "handler", "responded", "finished", "compression", "recv_window",
-                 "reserved", "admitted", "remote_closed", "inflating", "end_pending", "held", "handed")
+                 "reserved", "admitted", "remote_closed", "inflating", "end_pending", "held", "handed", "charged")
 
     def __init__(self, stream_id: int, window: int, headers: Headers, path: str, compression: bytes,
                  recv_window: int) -> None:
@@ -128,6 +130,7 @@ class ServerStream(StreamState):
         self.end_pending = False  # END_STREAM arrived while inflating
         self.held = False  # the upstream has not taken what was handed over: no stream credit (see hold)
         self.handed = False  # the reservation is for a message handed over while held: kept until release
+        self.charged = 0  # bytes of the gateway's budget this stream holds besides its reservation (see _charge)
 
 
 _PSEUDO = frozenset([b":method", b":scheme", b":path", b":authority"])
@@ -181,13 +184,19 @@ class Http2ServerConnection(Endpoint):
     frames_per_slice = 500  # ~10-20 ms of work at most before other clients get the loop
 
     def __init__(self, on_stream: Callable[[Http2ServerConnection, ServerStream], StreamHandler | None],
-                 connections: set[Http2ServerConnection], limits: Limits | None = None) -> None:
+                 connections: set[Http2ServerConnection], limits: Limits | None = None,
+                 per_client: dict[str, int] | None = None, budget: ByteBudget | None = None) -> None:
         limits = limits or Limits()
         # a raw block can only be smaller than its header list by the few bytes of table size updates
         super().__init__(limits.max_frame, limits.max_header_list + 64, limits.max_header_list)
         self.on_stream = on_stream
         self.connections = connections
+        self.per_client = {} if per_client is None else per_client  # open connections per client address
+        self._address: str | None = None  # counted in per_client under this address
         self.limits = limits
+        # The gateway's one budget of bytes held for requests (proxy.limits), shared with the HTTP
+        # port: a message being assembled (its reservation), inflated, or held for its unary call.
+        self.budget = budget if budget is not None else ByteBudget(1 << 62)
         self.closed = asyncio.get_running_loop().create_future()
         self._last_stream_id = 0
         self._recv_window = limits.connection_window  # what the client may still send on the connection
@@ -206,7 +215,7 @@ class Http2ServerConnection(Endpoint):
         self._reset_ids: dict[int, None] = {}
         self._write_paused = False
         self._inflations: set[asyncio.Task[None]] = set()
-        self._refused = False  # one connection over max_connections: see _refuse
+        self._refused = ""  # why this connection is one too many (a cap's reason): see _refuse
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -216,10 +225,20 @@ class Http2ServerConnection(Endpoint):
                                   initial_window=limits.stream_window, max_frame=limits.max_frame,
                                   max_header_list=limits.max_header_list) + open_windows(limits.connection_window))
         loop = asyncio.get_running_loop()
+        peer = transport.get_extra_info("peername")
+        address = peer[0] if isinstance(peer, tuple) else ""
+        held = self.per_client.get(address, 0)
         if len(self.connections) >= limits.max_connections:
-            self._refused = True  # not counted; its first call is answered, or GOAWAY comes within 1 s
+            self._refused = (f"the gateway has {limits.max_connections} gRPC client connections open "
+                             "(grpc_max_connections): retry shortly")
+        elif held >= limits.max_connections_per_client:
+            self._refused = (f"this client address has {limits.max_connections_per_client} gRPC connections open "
+                             "(max_connections_per_client): retry shortly")
+        if self._refused:  # not counted; its first call is answered, or GOAWAY comes within 1 s
             self._timer = loop.call_later(min(limits.preface_timeout, _LINGER_S), self._refuse)
             return
+        self.per_client[address] = held + 1
+        self._address = address
         self.connections.add(self)
         self._timer = loop.call_later(_TICK, self._tick)
 
@@ -228,8 +247,7 @@ class Http2ServerConnection(Endpoint):
         and the lingering close, as after a connection error. A GOAWAY alone (no call yet) makes
         gRPC clients such as tritonclient reconnect and retry quietly until their deadline
         (measured: DEADLINE_EXCEEDED after 5 s, where an answered call says why at once)."""
-        reason = (f"the gateway has {self.limits.max_connections} gRPC client connections open "
-                  "(grpc_max_connections): retry shortly")
+        reason = self._refused
         if stream_id:
             self._new_stream_id(stream_id)  # a bad id is a connection error like any other
             self.write(self.headers_frames(stream_id, _RESPONSE_HEADERS + status_block(StatusCode.UNAVAILABLE, reason),
@@ -242,6 +260,13 @@ class Http2ServerConnection(Endpoint):
             self._timer.cancel()
             self._timer = None
         self.connections.discard(self)
+        address, self._address = self._address, None
+        if address is not None:
+            left = self.per_client[address] - 1
+            if left:
+                self.per_client[address] = left
+            else:
+                del self.per_client[address]
         for stream in list(self.streams.values()):
             self._drop(stream)  # type: ignore[arg-type]
         if not self.closed.done():
@@ -406,6 +431,9 @@ class Http2ServerConnection(Endpoint):
             self.write(frame(WINDOW_UPDATE, 0, stream.id, struct.pack(">I", unacked)))
 
     def _reserve(self, stream: ServerStream, size: int) -> None:
+        if not self.budget.try_take(size):
+            self._over_budget(stream)
+            return
         stream.reserved = size
         if not self._reserved or self._reserved + size <= self._reserve_limit:
             stream.admitted = True
@@ -415,6 +443,7 @@ class Http2ServerConnection(Endpoint):
 
     def _unreserve(self, stream: ServerStream) -> None:
         stream.handed = False
+        self.budget.release(stream.reserved)
         if stream.admitted:
             self._reserved -= stream.reserved
             stream.admitted = False
@@ -448,6 +477,27 @@ class Http2ServerConnection(Endpoint):
                 self._reserve(stream, int.from_bytes(buffer[1:5], "big") + 5)
         if not stream.remote_closed and not stream.inflating and (stream.admitted or not stream.reserved):
             self._stream_credit(stream, 1)
+
+    def _over_budget(self, stream: ServerStream) -> None:
+        self.finish(stream, StatusCode.UNAVAILABLE,
+                    f"the gateway holds {self.budget.limit} bytes of requests already: retry shortly")
+
+    def _charge(self, stream: ServerStream, size: int) -> bool:
+        """Charge ``size`` held bytes to the stream until it ends; False (and the call answered) if they do not fit."""
+        if not self.budget.try_take(size):
+            self._over_budget(stream)
+            return False
+        stream.charged += size
+        return True
+
+    def _discharge(self, stream: ServerStream) -> None:
+        self.budget.release(stream.charged)
+        stream.charged = 0
+
+    def _hand(self, call: ServerStream, handler: StreamHandler, message: bytes) -> None:
+        """A whole message to the handler. A unary handler holds it until the call ends: charged till then."""
+        if handler.streaming or self._charge(call, len(message)):
+            handler.on_message(message)
 
     def _on_data(self, stream: StreamState, payload: bytes, end_stream: bool) -> None:
         call: ServerStream = stream  # type: ignore[assignment]
@@ -483,7 +533,7 @@ class Http2ServerConnection(Endpoint):
                         call.remote_closed = call.end_pending = end_stream
                     return
                 message = inflated
-            handler.on_message(message)
+            self._hand(call, handler, message)
             if call.finished:
                 return
         if buffer:
@@ -538,9 +588,16 @@ class Http2ServerConnection(Endpoint):
         return None
 
     async def _inflate(self, call: ServerStream, inflater: Any, inflated: bytearray) -> None:
-        limit = self.limits.max_message
+        """The rest of a large message, a slice per loop turn; what it inflates to is charged to the
+        budget as it grows (RSS follows the budget, not the number of streams inflating at once)."""
+        limit, budget = self.limits.max_message, self.budget
+        charged = 0
         try:
             while len(inflated) <= limit:
+                if not budget.try_take(len(inflated) + _INFLATE_SLICE - charged):
+                    self._over_budget(call)
+                    return
+                charged = len(inflated) + _INFLATE_SLICE  # what the next slice may grow it to
                 await asyncio.sleep(0)
                 if call.finished:
                     return
@@ -548,17 +605,20 @@ class Http2ServerConnection(Endpoint):
                 inflated += piece
                 if inflater.eof or not piece and not inflater.unconsumed_tail:
                     break
+            if call.finished:
+                return
+            if len(inflated) > limit:
+                self.finish(call, StatusCode.RESOURCE_EXHAUSTED, f"the request message inflates above {limit} bytes")
+                return
+            call.inflating = False
+            assert call.handler is not None
+            self._hand(call, call.handler, bytes(inflated))
         except zlib.error as exc:
             self.finish(call, StatusCode.INTERNAL, f"cannot decompress the request message: {exc}")
             return
-        if call.finished:
-            return
-        if len(inflated) > limit:
-            self.finish(call, StatusCode.RESOURCE_EXHAUSTED, f"the request message inflates above {limit} bytes")
-            return
-        call.inflating = False
-        assert call.handler is not None
-        call.handler.on_message(bytes(inflated))
+        finally:
+            del inflated[:]  # the handler has its own copy
+            budget.release(charged)
         if not call.finished:
             call.remote_closed = False  # set again, now in order, by what waited
             self._on_data(call, b"", call.end_pending)
@@ -616,6 +676,7 @@ class Http2ServerConnection(Endpoint):
         """The stream is reset or the client went away: the handler stops its upstream work."""
         self.streams.pop(stream.id, None)
         self.drop_pending(stream)
+        self._discharge(stream)
         if stream.reserved:
             self._unreserve(stream)
         if not stream.finished:
@@ -673,6 +734,7 @@ class Http2ServerConnection(Endpoint):
         """Our half is closed; the client's too, or it is told it need not send more (RFC 9113 8.1)."""
         if self.streams.pop(stream.id, None) is not None and not stream.remote_closed:
             self.reset_id(stream.id, NO_ERROR)
+        self._discharge(stream)
         if stream.reserved:
             self._unreserve(stream)
         if self.closing and not self.streams and self.transport is not None:

@@ -17,11 +17,12 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 from gateway.control_surface import ControlGate, http_control_call
-from gateway.errors import ClientGone, GatewayError, Overloaded, UpstreamError, UpstreamUnavailable
-from gateway.pipeline import Pipeline, Target
+from gateway.errors import BadRequest, ClientGone, GatewayError, Overloaded, UpstreamError, UpstreamUnavailable
+from gateway.pipeline import Pipeline, Target, checked_model
 from gateway.proxy.limits import BodyReader, end_to_end
 from gateway.proxy.shadow import Mirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
+from gateway.sequences import SequenceFields, checked_sequence_id
 from gateway.telemetry.recorder import STEERED_ROUTES, Outcome, http_outcome
 from gateway.upstream import HttpUpstream, UpstreamResponse
 
@@ -68,15 +69,19 @@ class HttpProxy:
         versioned = True  # the target names its version already (or none is needed)
         if path.startswith("/v2/models/"):
             parts = path[11:].split("/")
-            if len(parts) == 2 and parts[1] in ROUTED_ACTIONS:
-                model = parts[0]
-                policy = self.book.get(model)  # the one policy lookup of this request
-                decision = self._route(policy, scope)
-                versioned = False
-            elif len(parts) == 4 and parts[1] == "versions" and parts[3] in ROUTED_ACTIONS:
-                model = parts[0]
-                policy = self.book.get(model)
-                decision = Decision(parts[2], Reason.PINNED)
+            try:
+                if len(parts) == 2 and parts[1] in ROUTED_ACTIONS:
+                    model = checked_model(parts[0])
+                    policy = self.book.get(model)  # the one policy lookup of this request
+                    decision = self._route(policy, scope)
+                    versioned = False
+                elif len(parts) == 4 and parts[1] == "versions" and parts[3] in ROUTED_ACTIONS:
+                    model = checked_model(parts[0])
+                    policy = self.book.get(model)
+                    decision = self.pipeline.pinned(parts[2])
+            except BadRequest as exc:  # a name no Triton serves: it reaches no table, header or log
+                await _send_error(send, exc)
+                return
         if model is None and self.gate is not None:  # never an inference: those were routed above
             refused = await self._control(scope, path)
             if refused is not None:
@@ -86,7 +91,7 @@ class HttpProxy:
 
     async def _control(self, scope: Scope, path: str) -> GatewayError | None:
         """Triton model control on the data port: refused, or admitted with its token taken out."""
-        call = http_control_call(scope["method"], path)
+        call = http_control_call(scope["method"], path, scope.get("raw_path"))
         if call is None or self.gate is None:
             return None
         authorization = None
@@ -109,24 +114,39 @@ class HttpProxy:
         message = await receive()
         body: bytes = message.get("body", b"")
         held = 0
-        try:
-            if message.get("more_body"):  # all of it before an upstream connection is taken (gateway.proxy.limits)
-                body = await self.bodies.read(body, receive, scope["headers"])
+        try:  # the body's bytes are released on every way out: answers, exceptions, cancellation
+            try:
+                if message.get("more_body"):  # all of it before an upstream connection is taken (proxy.limits)
+                    body = await self.bodies.read(body, receive, scope["headers"])
+                else:
+                    self.bodies.take(len(body))
                 held = len(body)
-            if decision is _NEEDS_BODY:
-                decision = await self._route_sequence(policy, scope, body)  # type: ignore[arg-type]
-        except GatewayError as exc:  # refused before anything went upstream: not a sample of any version
-            self.bodies.release(held)
-            if not isinstance(exc, ClientGone):
-                await _send_error(send, exc)
-            return
+                sequence = None
+                if decision is _NEEDS_BODY or decision is not None and self._pins_sequences():
+                    sequence = await self._sequence(scope["headers"], body)  # read once, for routing and the fleet
+                    if decision is _NEEDS_BODY:
+                        decision = await self._route_sequence(policy, scope, sequence)  # type: ignore[arg-type]
+            except GatewayError as exc:  # refused before anything went upstream: not a sample of any version
+                if not isinstance(exc, ClientGone):
+                    await _send_error(send, exc)
+                return
+            await self._exchange(scope, receive, send, target, versioned, model, policy, decision, body, started,
+                                 sequence)
+        finally:
+            if held:
+                self.bodies.release(held)
+
+    async def _exchange(self, scope: Scope, receive: Receive, send: Send, target: bytes, versioned: bool,
+                        model: str | None, policy: Policy | None, decision: Decision | None, body: bytes,
+                        started: float, sequence: SequenceFields | None) -> None:
         exchange = HttpExchange(self, scope, send, target, versioned, body)
+        exchange.sequence = sequence
         if model is not None and scope["path"].endswith("/generate_stream"):  # its responses are timed as they go out
             exchange.stream_of, exchange.started = model, started
         task = exchange.task = asyncio.current_task()
         watcher = None
         connection = scope.get(CONNECTION_KEY)
-        if decision is not None and isinstance(body, bytes):
+        if decision is not None:
             if connection is not None:  # our server protocol tells us when the client leaves
                 connection.on_lost = exchange.client_lost
             else:  # any other ASGI server: watch receive() for http.disconnect
@@ -153,8 +173,6 @@ class HttpProxy:
                 return
             raise
         finally:
-            if held:
-                self.bodies.release(held)
             if watcher is not None and not watcher.done():
                 exchange.handed = True
                 watcher.cancel()
@@ -171,10 +189,25 @@ class HttpProxy:
             else Outcome.UPSTREAM_ERROR
         self.pipeline.record(model, decision, outcome, error.status, "http", started, fault, client)
 
-    async def _route_sequence(self, policy: Policy, scope: Scope, body: bytes) -> Decision:
+    async def _route_sequence(self, policy: Policy, scope: Scope, sequence: SequenceFields | None) -> Decision:
         """Routing for models with sequence affinity: the sequence fields live in the body."""
-        sequence_id, start, end = sequence_fields(await self._json_header(scope["headers"], body))
-        return self.pipeline.route(policy, scope["headers"], sequence_id, start, end)
+        if sequence is None:
+            return self.pipeline.route(policy, scope["headers"])
+        return await self.pipeline.route_sequence(policy, scope["headers"], sequence.id, sequence.start,
+                                                  sequence.end)
+
+    def _pins_sequences(self) -> bool:
+        """A fleet of several servers keeps each sequence on one: it needs the requests' sequence fields."""
+        return self.upstream.reads_sequences or any(fleet.reads_sequences for fleet in self.fleets.values())
+
+    async def _sequence(self, headers: list[tuple[bytes, bytes]], body: bytes) -> SequenceFields | None:
+        """The request's sequence fields, read once (BadRequest for an id Triton would not take).
+        An uncompressed body without the word ``sequence_id`` is not parsed at all."""
+        if body.find(b"sequence_id") < 0 and not any(name == b"content-encoding" for name, _ in headers):
+            return None
+        sequence_id, start, end = sequence_fields(await self._json_header(headers, body))
+        checked = checked_sequence_id(sequence_id)
+        return None if checked is None else SequenceFields(checked, start, end)
 
     async def _json_header(self, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes | None:
         """The request's JSON header: the first Inference-Header-Content-Length bytes of a binary
@@ -211,7 +244,7 @@ class HttpExchange:
     """One HTTP request and its answer, as the pipeline drives it (see ``pipeline.Exchange``)."""
 
     __slots__ = ("proxy", "scope", "send_to_client", "target", "versioned", "body", "response", "status",
-                 "handed", "client_left", "task", "stream_of", "started", "delivered", "judged")
+                 "handed", "client_left", "task", "stream_of", "started", "delivered", "judged", "sequence")
 
     def __init__(self, proxy: HttpProxy, scope: Scope, send: Send, target: bytes, versioned: bool,
                  body: bytes) -> None:
@@ -230,6 +263,7 @@ class HttpExchange:
         self.started = 0.0  # when the request arrived (perf_counter)
         self.delivered = 0.0  # when the previous response went to the client; 0.0: none yet
         self.judged = True  # False when the client chose the version: its stream timings are not judged
+        self.sequence: SequenceFields | None = None  # read by the front; a fleet of several servers pins on it
 
     def _path(self, target: Target) -> bytes:
         if self.versioned or target.version is None:
@@ -240,7 +274,7 @@ class HttpExchange:
         scope = self.scope
         upstream = self.proxy.upstream if target.fleet is None else self.proxy.upstream_for(target)
         self.response = await upstream.request(scope["method"].encode(), self._path(target), scope["headers"],
-                                               self.body)
+                                               self.body, sequence=self.sequence)
         self.status = self.response.status
 
     def unavailable(self) -> bool:
@@ -349,15 +383,22 @@ async def _send_error(send: Send, error: GatewayError) -> None:
 
 
 def sequence_fields(header: bytes | None) -> tuple[object | None, bool, bool]:
-    """(sequence_id, start, end) from a request's JSON header (see ``HttpProxy._json_header``)."""
+    """(sequence_id, start, end) from a request's JSON header (see ``HttpProxy._json_header``).
+    The id is as the client wrote it (``Pipeline.route`` checks it); BadRequest for a header
+    nested deeper than the parser goes."""
     if header is None:
         return None, False, False
     try:
-        parameters = json.loads(header).get("parameters") or {}
-    except (ValueError, AttributeError):
+        parsed = json.loads(header)
+    except ValueError:
         return None, False, False  # Triton will answer the malformed request itself
+    except RecursionError:
+        raise BadRequest("the request's JSON header is nested too deeply to be read") from None
+    parameters = parsed.get("parameters") if isinstance(parsed, dict) else None
+    if not isinstance(parameters, dict):
+        return None, False, False  # no parameters (or not an object: Triton answers that itself)
     sequence_id = parameters.get("sequence_id")
-    if sequence_id in (None, 0, ""):
+    if sequence_id is None:
         return None, False, False
     return sequence_id, parameters.get("sequence_start") is True, parameters.get("sequence_end") is True
 

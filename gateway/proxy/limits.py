@@ -7,11 +7,17 @@
   body is bounded by ``body_idle_timeout_s`` in the server protocol (``gateway.server``).
 - **Two byte bounds.** One body: ``max_body_bytes`` (64 MiB, Triton's own default
   ``--http-max-input-size``), refused from ``Content-Length`` before a byte is read, or as soon
-  as a chunked body passes it: 413. All bodies held at once: ``max_buffered_body_bytes``;
-  past it a request is answered 503 with ``Retry-After`` (overload, not the client's fault).
+  as a chunked body passes it: 413. Everything held for requests at once: one
+  :class:`ByteBudget` of ``max_buffered_body_bytes``, shared by both ports: HTTP bodies, gRPC
+  messages while they are assembled, inflated and held for their call, shadow copies, and
+  what the gateway inflates itself. Past it a request is answered 503 with ``Retry-After``
+  (gRPC: UNAVAILABLE; a shadow copy is dropped): overload, not the client's fault. Every
+  charge is released by a ``finally`` (or the owner's end of life), never only on the errors
+  somebody thought of.
 - **Bounded decompression.** Wherever the gateway itself decompresses a body (sequence
   affinity reads the JSON header; shadow comparison reads outputs), it inflates at most
-  ``max_body_bytes``, or only the prefix it needs, so a gzip bomb costs bounded memory and CPU.
+  ``max_body_bytes``, or only the prefix it needs, always with an explicit bound (zlib reads a
+  bound of 0 as "no bound"), and charges it, so a gzip bomb costs bounded memory and CPU.
 - **Hop-by-hop headers** (RFC 9110 §7.6.1) are not forwarded either way: the fixed set, and
   whatever a ``Connection`` header names.
 """
@@ -20,7 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, MutableMapping
+from contextlib import contextmanager
 from typing import Any
 
 from gateway.errors import ClientGone, GatewayBusy, PayloadTooLarge
@@ -36,30 +43,82 @@ HOP_BY_HOP_RESPONSE = frozenset([b"connection", b"keep-alive", b"proxy-connectio
                                  b"content-length"])
 
 
-class BodyReader:
-    """Reads request bodies whole, within ``max_body`` each and ``max_buffered`` for all at once.
+class ByteBudget:
+    """The bytes the gateway holds for requests, on both ports, against one ``limit``.
 
-    ``held`` counts the bytes of bodies read this way and not yet released: the caller
-    releases a body's size when its request is over (the body stays in memory until then, for
-    the fallback and the shadow).
+    Whoever takes bytes releases exactly as many when it lets them go, on every path: with
+    :meth:`charged` (a context manager), a ``finally``, or the end of the object that holds
+    them. ``held`` is 0 when no request is in the gateway."""
+
+    __slots__ = ("limit", "held")
+
+    def __init__(self, limit: int = 256 * MIB) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int) -> None:
+        """Charge ``size`` bytes, or raise GatewayBusy (503 + Retry-After) when they do not fit."""
+        if self.held + size > self.limit:
+            raise GatewayBusy(f"the gateway holds {self.limit} bytes of requests already: retry shortly")
+        self.held += size
+
+    def try_take(self, size: int) -> bool:
+        """Charge ``size`` bytes if they fit; False (nothing charged) if not."""
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        return True
+
+    def release(self, size: int) -> None:
+        self.held -= size
+
+    @contextmanager
+    def charged(self, size: int) -> Iterator[None]:
+        self.take(size)
+        try:
+            yield
+        finally:
+            self.held -= size
+
+
+class BodyReader:
+    """Reads request bodies whole, within ``max_body`` each and the shared ``budget`` for all at once.
+
+    The caller releases a body's size (``release``) when its request is over, in a ``finally``
+    (the body stays in memory until then, for the fallback and the shadow).
     """
 
-    __slots__ = ("max_body", "max_buffered", "held", "_inflating")
+    __slots__ = ("max_body", "budget", "_inflating")
 
-    def __init__(self, max_body: int = 64 * MIB, max_buffered: int = 256 * MIB) -> None:
+    def __init__(self, max_body: int = 64 * MIB, max_buffered: int = 256 * MIB, budget: ByteBudget | None = None
+                 ) -> None:
         self.max_body = max_body
-        self.max_buffered = max_buffered
-        self.held = 0
+        self.budget = budget if budget is not None else ByteBudget(max_buffered)
         self._inflating = asyncio.Semaphore(1)
+
+    @property
+    def held(self) -> int:
+        return self.budget.held
+
+    @property
+    def max_buffered(self) -> int:
+        return self.budget.limit
 
     async def decoded(self, body: bytes, encoding: bytes | None, prefix: int | None = None) -> bytes:
         """:func:`inflate` within ``max_body``, off the event loop: inflating 64 MiB takes 0.1-0.8 s
         of CPU here, which would stall every other client. One at a time, so a queue of bombs
-        takes one core at most (zlib releases the GIL while it works)."""
+        takes one core at most (zlib releases the GIL while it works). What it may inflate to is
+        charged to the budget while it works; the caller is done with the result when it returns
+        to the loop, before the next inflation."""
         if encoding not in _COMPRESSED:
             return body
         async with self._inflating:
-            return await asyncio.to_thread(inflate, body, encoding, self.max_body, prefix)
+            with self.budget.charged(inflate_bound(self.max_body, prefix)):
+                return await asyncio.to_thread(inflate, body, encoding, self.max_body, prefix)
+
+    def take(self, size: int) -> None:
+        """A body that came whole with its headers is held as well (GatewayBusy if it does not fit)."""
+        self.budget.take(size)
 
     async def read(self, first: bytes, receive: Receive, headers: Headers) -> bytes:
         """The whole body, ``first`` being what arrived with the headers. Raises PayloadTooLarge,
@@ -83,16 +142,14 @@ class BodyReader:
                 if not message.get("more_body"):
                     return b"".join(chunks)
         except BaseException:
-            self.held -= size
+            self.budget.release(size)
             raise
 
     def release(self, size: int) -> None:
-        self.held -= size
+        self.budget.release(size)
 
     def _take(self, size: int) -> None:
-        if self.held + size > self.max_buffered:
-            raise GatewayBusy(f"the gateway holds {self.max_buffered} bytes of request bodies already: retry shortly")
-        self.held += size
+        self.budget.take(size)
 
 
 def content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
@@ -105,16 +162,22 @@ def content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
 def inflate(body: bytes, encoding: bytes | None, limit: int, prefix: int | None = None) -> bytes:
     """``body`` decoded from its Content-Encoding (gzip, deflate; anything else as is), at most
     ``limit`` bytes of it, else PayloadTooLarge; only the first ``prefix`` bytes when given.
-    A corrupt stream raises zlib.error."""
+    A corrupt stream raises zlib.error. A ``prefix`` of 0 (or less) means the whole body, as
+    Inference-Header-Content-Length 0 does: never zlib's ``max_length=0``, which is no bound."""
     if encoding not in _COMPRESSED:
         return body
     inflater = zlib.decompressobj(47 if encoding == b"gzip" else 15)  # 47: gzip or zlib header, detected
-    if prefix is not None and prefix <= limit:
+    if prefix is not None and 0 < prefix <= limit:
         return inflater.decompress(body, prefix)
     data = inflater.decompress(body, limit + 1)
     if len(data) > limit:
         raise PayloadTooLarge(f"request body decompresses to more than the limit of {limit} bytes")
     return data
+
+
+def inflate_bound(limit: int, prefix: int | None) -> int:
+    """The most :func:`inflate` can return (plus the byte that tells it passed the limit)."""
+    return prefix if prefix is not None and 0 < prefix <= limit else limit + 1
 
 
 def end_to_end(headers: Headers) -> Headers:

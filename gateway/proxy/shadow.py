@@ -25,7 +25,7 @@ from gateway.background import Background
 from gateway.errors import GatewayError, PayloadTooLarge
 from gateway.grpc.status import FAULTS, StatusCode
 from gateway.grpc.upstream import GrpcUpstream, Metadata
-from gateway.proxy.limits import MIB, inflate
+from gateway.proxy.limits import MIB, ByteBudget, inflate
 from gateway.telemetry.recorder import LATENCY_BOUNDS, Recorder, ShadowStats
 from gateway.upstream import HttpUpstream
 
@@ -62,11 +62,24 @@ class GrpcMirror:
     primary: bytes  # the primary's ModelInferResponse
 
 
+def held_bytes(mirror: Mirror | GrpcMirror) -> int:
+    """What a queued mirror keeps in memory: the request and the primary's answer."""
+    if isinstance(mirror, GrpcMirror):
+        return len(mirror.message) + len(mirror.primary)
+    return len(mirror.body) + len(mirror.primary_body)
+
+
 class ShadowMirror:
-    def __init__(self, upstream: HttpUpstream, recorder: Recorder, max_queue: int = 1000, workers: int = 2) -> None:
+    """``budget``: the gateway's one budget of bytes held for requests (``proxy.limits``). A
+    mirror is charged from the offer until its worker is done with it, and dropped (counted)
+    when it does not fit, so the queue's copies never hold more than the requests may."""
+
+    def __init__(self, upstream: HttpUpstream, recorder: Recorder, max_queue: int = 1000, workers: int = 2,
+                 budget: ByteBudget | None = None) -> None:
         self.upstream = upstream
         self.recorder = recorder
         self.stats = recorder.shadow  # read-only: the counters live in the recorder, like every metric
+        self.budget = budget if budget is not None else ByteBudget(256 * MIB)
         self._queue: asyncio.Queue[Mirror | GrpcMirror] = asyncio.Queue(max_queue)
         self._workers = workers
         self._background = Background()
@@ -79,11 +92,12 @@ class ShadowMirror:
         return False
 
     def offer(self, mirror: Mirror | GrpcMirror) -> None:
-        """Never blocks: a full queue drops the mirror and counts it."""
-        try:
-            self._queue.put_nowait(mirror)
-        except asyncio.QueueFull:
+        """Never blocks: a full queue, or a budget without room for the copy, drops the mirror and counts it."""
+        size = held_bytes(mirror)
+        if self._queue.full() or not self.budget.try_take(size):
             self._stats(mirror.model, mirror.version).dropped += 1
+            return
+        self._queue.put_nowait(mirror)  # not full: checked above, and nothing ran in between
 
     def _stats(self, model: str, version: str) -> ShadowStats:
         return self.recorder.shadow_stats(model, version)
@@ -94,11 +108,16 @@ class ShadowMirror:
 
     async def stop(self) -> None:
         await self._background.cancel_all()
+        while not self._queue.empty():  # never sent: their bytes go back to the budget
+            self.budget.release(held_bytes(self._queue.get_nowait()))
 
     async def _work(self) -> None:
         while True:
             mirror = await self._queue.get()
-            await self._send(mirror)
+            try:
+                await self._send(mirror)
+            finally:
+                self.budget.release(held_bytes(mirror))
 
     async def _send(self, mirror: Mirror | GrpcMirror) -> None:
         if isinstance(mirror, GrpcMirror):
@@ -121,11 +140,17 @@ class ShadowMirror:
             stats.errors += 1
             return
         if response.status == 200 and mirror.primary_status == 200:
-            stats.compared += 1
-            primary, shadow = await _decoded(mirror.primary_body, mirror.primary_headers), await _decoded(
-                body, response.headers)
-            if primary is not None and shadow is not None:  # each with its own framing (IHCL, encoding)
-                stats.agreed += agree(primary, shadow, _ihcl(mirror.primary_headers), _ihcl(response.headers))
+            inflating = _inflated_bound(mirror.primary_headers) + _inflated_bound(response.headers)
+            if not self.budget.try_take(inflating):
+                return  # no room to inflate them now: not compared
+            try:
+                stats.compared += 1
+                primary, shadow = await _decoded(mirror.primary_body, mirror.primary_headers), await _decoded(
+                    body, response.headers)
+                if primary is not None and shadow is not None:  # each with its own framing (IHCL, encoding)
+                    stats.agreed += agree(primary, shadow, _ihcl(mirror.primary_headers), _ihcl(response.headers))
+            finally:
+                self.budget.release(inflating)
 
 
     async def _send_grpc(self, mirror: GrpcMirror) -> None:
@@ -147,6 +172,14 @@ def _bucket(latency: float) -> int:
     from bisect import bisect_left
 
     return bisect_left(LATENCY_BOUNDS, latency)
+
+
+def _inflated_bound(headers: list[tuple[bytes, bytes]]) -> int:
+    """The most :func:`_decoded` may inflate this body to (charged while the comparison runs)."""
+    for name, value in headers:
+        if name.lower() == b"content-encoding" and value.strip().lower() in (b"gzip", b"deflate"):
+            return SHADOW_MAX_BODY + 1
+    return 0
 
 
 async def _decoded(body: bytes, headers: list[tuple[bytes, bytes]]) -> bytes | None:

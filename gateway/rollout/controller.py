@@ -48,6 +48,7 @@ from gateway.rollout.steps import Rollout
 from gateway.services.policies import PolicyService
 from gateway.services.triton_control import TritonControl
 from gateway.store.base import Fence, StateStore, StoredPolicy, StoredRollout
+from gateway.store.budget import Budget, bounded, call_budget
 from gateway.telemetry.recorder import Recorder, Window
 from gateway.telemetry.sources import MetricsSource, RecorderSource
 
@@ -55,6 +56,7 @@ log = logging.getLogger("gateway.rollout")
 ACTOR = "rollout-controller"
 LEASE = "rollout-controller"
 PHASES = tuple(phase.value for phase in Phase)
+LEASE_PROBE_S = 0.25  # a renewal's budget while the store is away (an answering store takes milliseconds)
 
 
 class RolloutController:
@@ -64,7 +66,7 @@ class RolloutController:
                  call_timeout_s: float = 1.5, prometheus_url: str | None = None) -> None:
         self.lifecycle = lifecycle  # gateway.services.lifecycle.ModelLifecycle: unload_previous after promotion
         self.shadow = shadow  # gateway.proxy.shadow.ShadowMirror: shadow numbers in the status
-        self.store = store
+        self.store = bounded(store)  # within a tick each call gets call_timeout_s (see lead())
         self.triton = triton
         self.policies = policies
         self.source = source
@@ -75,9 +77,10 @@ class RolloutController:
         self.call_timeout_s = call_timeout_s  # every metrics query and Triton call of a tick, well inside the TTL
         self.holder = uuid.uuid4().hex
         self.fast = FastPath(recorder, triton, call_timeout_s)
-        self.driver = PolicyDriver(store, triton, policies, self.fast)
+        self.driver = PolicyDriver(self.store, triton, policies, self.fast)
         self._listed = self.driver.known  # the newest records seen: the tick's memory while the store is down
         self.fence: Fence | None = None  # set while this replica holds the lease
+        self._store_away = False  # the last lease renewal failed (store locked, down or silent)
         # model -> (base revision, state the store has not taken, the metric that decided it)
         self._unsaved: dict[str, tuple[int, Rollout, str | None]] = {}
         self._background = Background()  # the loop, and unload tasks after promotions
@@ -503,14 +506,30 @@ class RolloutController:
 
     async def lead(self) -> None:
         """Renew (or take) the fenced lease, then tick with its epoch. With the store down, the
-        replica that held the lease last goes on ticking from memory (no one else can take it)."""
+        replica that held the lease last goes on ticking from memory (no one else can take it).
+
+        Every store call of the tick (the lease's included) gets ``call_timeout_s``, and once
+        one has failed the tick asks the store nothing more: a store that is locked or silent
+        costs a tick one call timeout, so a rollback decided meanwhile reaches this replica's
+        policy book within a tick or two, however long the store stays away."""
+        with call_budget(self.call_timeout_s) as budget:
+            await self._lead(budget)
+
+    async def _lead(self, budget: Budget) -> None:
+        # Once the store has failed a renewal, it is only probed (briefly) until it answers
+        # again: a last holder ticking from memory does not wait a call timeout every tick.
+        probe = self.call_timeout_s if not self._store_away else min(self.call_timeout_s, LEASE_PROBE_S)
         try:
-            epoch = await self.store.acquire_fenced_lease(LEASE, self.holder, self.lease_ttl_s)
+            with call_budget(probe):
+                epoch = await self.store.acquire_fenced_lease(LEASE, self.holder, self.lease_ttl_s)
         except StoreError as exc:
+            self._store_away = True
+            budget.failure = f"the lease was not renewed: {exc}"  # the tick asks the store nothing more
             if self.fence is None:
                 return
             log.warning("rollout controller: lease not renewed (%s): last holder, ticking from memory", exc)
         else:
+            self._store_away = False
             if epoch is None and self.fence is not None:
                 await self._deposed()
             self.fence = Fence(LEASE, self.holder, epoch) if epoch is not None else None

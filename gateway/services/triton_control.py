@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,7 @@ class TritonControl:
         self.named = named or {}
         self.timeout_s = timeout_s
         self._lock = asyncio.Lock()  # one reload or join sync at a time per fleet
+        self.on_reload: list[Callable[[str], None]] = []  # told the model after every reload (done or not)
 
     def _for(self, key: str) -> tuple[TritonControl, str]:
         """The control of the fleet a target key names, and the plain version."""
@@ -166,6 +168,13 @@ class TritonControl:
     # -- model control across the fleet -----------------------------------------------------------
     async def reload(self, model: str, versions: set[str], timeout_s: float) -> None:
         """Serve exactly ``versions`` of ``model`` on every server, or on none of them anew."""
+        try:
+            await self._reload(model, versions, timeout_s)
+        finally:
+            for listener in self.on_reload:
+                listener(model)
+
+    async def _reload(self, model: str, versions: set[str], timeout_s: float) -> None:
         async with self._lock:
             servers = self.servers()
             config = await self._config(servers[0], model)

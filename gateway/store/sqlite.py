@@ -17,6 +17,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,8 +36,9 @@ from gateway.store.base import (
     StoredRollout,
     new_generation,
 )
+from gateway.store.budget import CALL_BUDGET_S
 from gateway.store.memory import check_revision, fence_message
-from gateway.store.records import load_json, spec_from_document
+from gateway.store.records import load_json, spec_from_document, stored_spec
 
 T = TypeVar("T")
 log = logging.getLogger("gateway.store")
@@ -53,6 +55,7 @@ CREATE TABLE IF NOT EXISTS applied (model TEXT PRIMARY KEY, digest TEXT NOT NULL
                                     at REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS events_by_time ON events (at);
 CREATE TABLE IF NOT EXISTS pins (key TEXT PRIMARY KEY, version TEXT NOT NULL, used_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS pins_used_at ON pins (used_at);
 CREATE TABLE IF NOT EXISTS replicas (id TEXT PRIMARY KEY, report TEXT NOT NULL, expires REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS draining (model TEXT NOT NULL, version TEXT NOT NULL, drain_id TEXT NOT NULL,
                                      expires REAL NOT NULL, PRIMARY KEY (model, version));
@@ -63,6 +66,9 @@ CREATE TABLE IF NOT EXISTS loaded_versions (model TEXT PRIMARY KEY, versions TEX
 POLICY_COLUMNS = "model, spec, revision, updated_at, actor"
 
 
+BUSY_TIMEOUT_S = 5.0  # how long a call waits for another process's lock, unless its caller's budget is shorter
+
+
 class SQLiteStore:
     def __init__(self, path: str | Path, poll_s: float = 0.5, audit: AuditBounds | None = None) -> None:
         self.path = Path(path)
@@ -70,11 +76,15 @@ class SQLiteStore:
         self.audit = audit or AuditBounds()
         self._db: sqlite3.Connection | None = None
         self._lock = threading.Lock()
+        # One thread of its own: calls run one at a time anyway, a call its caller gave up on
+        # before it started is dropped from the queue, and calls stuck on a locked file never
+        # take the threads the rest of the process shares (DNS lookups, to_thread).
+        self._worker = _worker()
         self._generation = ""
 
     async def open(self) -> None:
         def connect() -> tuple[sqlite3.Connection, str]:
-            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_S)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")  # durable before the API answers
             db.executescript(SCHEMA)
@@ -86,7 +96,7 @@ class SQLiteStore:
             return db, str(generation)
 
         try:
-            self._db, self._generation = await asyncio.to_thread(connect)
+            self._db, self._generation = await asyncio.get_running_loop().run_in_executor(self._worker, connect)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the state database {self.path}: {exc}") from exc
 
@@ -96,16 +106,31 @@ class SQLiteStore:
     async def close(self) -> None:
         if self._db is not None:
             db, self._db = self._db, None
-            await asyncio.to_thread(db.close)
+            await asyncio.get_running_loop().run_in_executor(self._worker, db.close)
+        self._worker.shutdown(wait=False, cancel_futures=True)
+        self._worker = _worker()  # its thread starts only if the store is opened again
 
     async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        budget = CALL_BUDGET_S.get()  # the caller's (a controller tick's): SQLite's own wait included
+
         def locked() -> T:
-            assert self._db is not None, "store used before open()"
-            with self._lock:
-                return work(self._db)
+            db = self._db
+            assert db is not None, "store used before open()"
+            if not self._lock.acquire(timeout=-1 if budget is None else budget):
+                raise sqlite3.OperationalError(f"the store's connection stayed busy for {budget:g}s")
+            try:
+                if budget is None:
+                    return work(db)
+                db.execute(f"PRAGMA busy_timeout = {int(min(budget, BUSY_TIMEOUT_S) * 1000)}")
+                try:
+                    return work(db)
+                finally:
+                    db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            finally:
+                self._lock.release()
 
         try:
-            return await asyncio.to_thread(locked)
+            return await asyncio.get_running_loop().run_in_executor(self._worker, locked)
         except sqlite3.Error as exc:
             raise StoreError(f"state database {self.path}: {exc}") from exc
 
@@ -154,7 +179,7 @@ class SQLiteStore:
             current = None
         stored = StoredPolicy(model, spec, revision + 1, time.time(), self._generation, event.actor)
         db.execute(f"INSERT OR REPLACE INTO policies ({POLICY_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
-                   (model, json.dumps(spec.document()) if spec else None, stored.revision, stored.updated_at,
+                   (model, json.dumps(stored_spec(spec)) if spec else None, stored.revision, stored.updated_at,
                     event.actor))
         before = current.document() if current and current.spec else None
         self._insert_event(db, event.finish(model, before, stored.document() if spec else None))
@@ -361,6 +386,16 @@ class SQLiteStore:
         rows = await self._run(lambda db: db.execute("SELECT key, version, used_at FROM pins WHERE used_at >= ?",
                                                      (time.time() - idle_s,)).fetchall())
         return {r[0]: (r[1], r[2]) for r in rows}
+
+    async def load_pin(self, key: str, idle_s: float) -> tuple[str, float] | None:
+        row = await self._run(lambda db: db.execute("SELECT version, used_at FROM pins WHERE key = ? AND used_at >= ?",
+                                                    (key, time.time() - idle_s)).fetchone())
+        return None if row is None else (row[0], row[1])
+
+
+def _worker() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
+
 
 def _live_reports(rows: list[tuple[Any, ...]]) -> list[ReplicaReport]:
     reports = []

@@ -1,9 +1,11 @@
 """Structured access log, written off the hot path.
 
-The proxy appends one small tuple per request to a list (no formatting, no I/O); a
-background task turns the batch into JSON lines and writes them in one call every
-``flush_s``. Bounded: past ``max_pending`` lines the oldest are dropped and counted, so a
-stalled stdout can slow nothing but the log.
+The proxy appends one small tuple per request to a list (no formatting, no I/O); every
+``flush_s`` a background task hands the batch to a worker thread, which turns it into JSON
+lines and writes them in one call, so a slow stdout never blocks the event loop. Bounded:
+past ``max_pending`` lines the newest are dropped and counted, so a stalled stdout can slow
+nothing but the log. Every client-chosen string (model, version) is JSON-escaped: a version
+sent as ``1%22%0A{...}`` cannot forge a line.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from typing import IO, Any
 
 from gateway.background import Background
 
-_LINE = ('{"ts":%.6f,"type":"access","model":%s,"version":"%s","route":"%s","protocol":"%s","status":%s,'
+_LINE = ('{"ts":%.6f,"type":"access","model":%s,"version":%s,"route":"%s","protocol":"%s","status":%s,'
          '"latency_ms":%.3f}')
+_QUOTED_MAX = 10_000  # escaped strings remembered (client-chosen: bounded)
 
 
 class AccessLog:
@@ -47,21 +50,34 @@ class AccessLog:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.flush_s)
-            self.flush()
+            batch, self._pending = self._pending, []
+            if batch:
+                await asyncio.to_thread(self._write, batch)  # one batch at a time: lines stay in order
 
     def flush(self) -> None:
+        """Write what is pending now, in the caller's thread (at shutdown)."""
         batch, self._pending = self._pending, []
-        if not batch:
-            return
+        if batch:
+            self._write(batch)
+
+    def _write(self, batch: list[tuple[Any, ...]]) -> None:
         quoted = self._quoted
         lines = []
         for ts, model, version, route, protocol, status, latency in batch:
             name = quoted.get(model)
-            if name is None:  # client-chosen text: escape once per distinct name
-                name = json.dumps(model)
-                if len(quoted) < 10_000:
-                    quoted[model] = name
-            # version, route, protocol and status are digits or fixed words: no escaping needed
-            lines.append(_LINE % (ts, name, version or "", route, protocol, json.dumps(status), latency * 1000))
+            if name is None:  # client-chosen text: escaped once per distinct string
+                name = _quote(quoted, model)
+            chosen = quoted.get(version) if version else '""'
+            if chosen is None:
+                chosen = _quote(quoted, version)
+            # route, protocol and status are fixed words or numbers of our own
+            lines.append(_LINE % (ts, name, chosen, route, protocol, json.dumps(status), latency * 1000))
         self.stream.write("\n".join(lines) + "\n")
         self.stream.flush()
+
+
+def _quote(quoted: dict[str, str], text: str) -> str:
+    escaped = json.dumps(text)
+    if len(quoted) < _QUOTED_MAX:
+        quoted[text] = escaped
+    return escaped

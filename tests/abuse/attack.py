@@ -79,8 +79,10 @@ class Attacker:
 
     live: set[Attacker] = set()
 
-    def __init__(self, port: int, preface: bool = True, timeout: float = 5.0) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(self, port: int, preface: bool = True, timeout: float = 5.0, source: str | None = None) -> None:
+        """``source``: another loopback address to connect from (another client, to the gateway)."""
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout,
+                                             source_address=None if source is None else (source, 0))
         Attacker.live.add(self)
         self.encoder = hpack.Encoder()
         self.received = bytearray()

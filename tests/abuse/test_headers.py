@@ -1,6 +1,11 @@
-"""Header attacks: the HPACK bomb, and header lists past SETTINGS_MAX_HEADER_LIST_SIZE."""
+"""Header attacks: the HPACK bomb, header lists past SETTINGS_MAX_HEADER_LIST_SIZE, and the HTTP
+port's request heads past max_url_bytes, max_header_bytes and max_header_count."""
 
 from __future__ import annotations
+
+import json
+import select
+import socket
 
 import pytest
 
@@ -17,7 +22,7 @@ from tests.abuse.attack import (
     request_headers,
     watch,
 )
-from tests.support import GatewayThread
+from tests.support import INFER_BODY, GatewayThread
 
 pytestmark = pytest.mark.triton
 RESOURCE_EXHAUSTED = 8
@@ -58,3 +63,81 @@ def test_a_header_list_past_the_limit_is_never_built(gateway: GatewayThread, tri
         attacker.send(attacker.headers(3, request_headers()) + frame(0, END_STREAM, 3, infer_message()))
         assert attacker.statuses(1, 3) == {1: RESOURCE_EXHAUSTED, 3: 0}, "and the connection still serves requests"
         attacker.close()
+
+
+# -- the HTTP port's head: URL, header bytes and count, bounded while parsing (issue 22) --------
+
+def http_answer(port: int, head: bytes, chunk: int = 64 << 10, until_bytes: int = 0) -> tuple[int, dict[str, str],
+                                                                                              dict[str, str], int]:
+    """Send ``head`` (then filler head bytes up to ``until_bytes``, as one endless header line
+    would) until the gateway answers; (status, headers, JSON body, bytes sent before the answer)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sent, received = 0, b""
+    try:
+        sock.setblocking(False)
+        pieces = [head[i:i + chunk] for i in range(0, len(head), chunk)]
+        filler = b"a" * chunk
+        while b"\r\n\r\n" not in received:
+            piece = pieces.pop(0) if pieces else filler if sent < until_bytes else b""
+            if piece:
+                try:
+                    sent += sock.send(piece)
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    piece = b""  # closed: read what came
+            ready, _, _ = select.select([sock], [], [], 0.01 if piece else 5)
+            if ready:
+                data = sock.recv(1 << 16)
+                if not data:
+                    break
+                received += data
+        sock.setblocking(True)
+        head_part, _, body = received.partition(b"\r\n\r\n")
+        lines = head_part.decode("latin-1").split("\r\n")
+        headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+        while len(body) < int(headers["content-length"]):
+            body += sock.recv(1 << 16)
+        return int(lines[0].split()[1]), headers, json.loads(body), sent
+    finally:
+        sock.close()
+
+
+def test_http_head_bounds_answer_414_and_431_in_json(gateway: GatewayThread, triton: LocalTriton) -> None:
+    """Each bound of the head, just over it: a clear JSON answer, nothing forwarded. Just under
+    them, the request is served."""
+    port = gateway.settings.port
+    infer = b"POST /v2/models/qc/infer HTTP/1.1\r\nhost: gateway\r\n"
+    body = b"content-length: %d\r\n\r\n%s" % (len(INFER_BODY), INFER_BODY)
+    with watch(gateway, triton, rss_bound_mb=32, completed=[2]):
+        status, headers, answer, _ = http_answer(port, b"GET /v2/" + b"a" * (8 << 10) + b" HTTP/1.1\r\n\r\n")
+        assert (status, answer) == (414, {"error": "request URL over 8192 bytes (max_url_bytes)"})
+        assert headers["content-type"] == "application/json" and headers["connection"] == "close"
+        many = b"".join(b"x-%d: 1\r\n" % i for i in range(100))  # with host: 101
+        assert http_answer(port, infer + many + body)[:3:2] == (
+            431, {"error": "more than 100 request header lines (max_header_count)"})
+        big = b"x-big: " + b"b" * (64 << 10) + b"\r\n"
+        assert http_answer(port, infer + big + body)[:3:2] == (
+            431, {"error": "request header lines over 65536 bytes together (max_header_bytes)"})
+        spread = b"".join(b"x-%d: %s\r\n" % (i, b"s" * 1000) for i in range(66))
+        assert http_answer(port, infer + spread + body)[0] == 431
+        # just under every bound: served by Triton
+        fits = b"".join(b"x-%d: %s\r\n" % (i, b"s" * 600) for i in range(98))  # ~60 KB, 99 lines with host
+        assert http_answer(port, infer + fits + body)[0] == 200
+        long_url = b"/v2/models/qc/infer?pad=" + b"p" * 8000
+        assert http_answer(port, b"POST " + long_url + b" HTTP/1.1\r\nhost: gateway\r\n" + body)[0] == 200
+
+
+def test_endless_url_or_header_line_is_cut_at_the_bound(gateway: GatewayThread, triton: LocalTriton) -> None:
+    """The issue's cases: a 20 MB URL and a 60 MB header line. The gateway answers once the bound
+    is crossed (it used to read them whole), and holds none of it."""
+    port = gateway.settings.port
+    with watch(gateway, triton, rss_bound_mb=32):
+        status, _, answer, sent = http_answer(port, b"GET /v2/", until_bytes=20 << 20)
+        assert (status, answer["error"]) == (414, "request URL over 8192 bytes (max_url_bytes)")
+        assert sent < 8 << 20, f"{sent} bytes of URL went in before the answer"
+        status, _, answer, sent = http_answer(port, b"GET /v2/health/ready HTTP/1.1\r\nx-endless: ",
+                                              until_bytes=60 << 20)
+        assert (status, answer["error"]) == (431, "request header lines over 65536 bytes together "
+                                                  "(max_header_bytes)")
+        assert sent < 8 << 20, f"{sent} bytes of header went in before the answer"

@@ -224,3 +224,80 @@ def test_gzip_bomb_with_sequence_affinity(triton: LocalTriton) -> None:
             (413, "request body decompresses to more than the limit of 67108864 bytes")}
         assert max(size for _, _, size in answers) < 200_000
         assert triton_inferences(triton) - before <= bystander.inferences
+
+
+def test_every_parse_error_is_answered_in_json(bounded: GatewayThread, triton: LocalTriton) -> None:
+    """The smuggling shape (Transfer-Encoding with Content-Length) and other malformed requests
+    get Triton's error shape, not uvicorn's text/plain "Invalid HTTP request received."."""
+    port = bounded.settings.port
+    cases = {
+        HEAD + b"transfer-encoding: chunked\r\ncontent-length: 4\r\n\r\n0\r\n\r\n":
+            "malformed HTTP request: Content-Length can't be present with Transfer-Encoding",
+        b"BREW /v2/models/qc/infer HTTP/1.1\r\nhost: gateway\r\n\r\n": "malformed HTTP request: Invalid method "
+                                                                       "encountered",
+        HEAD + b"content-length: x1\r\n\r\n": "malformed HTTP request: Invalid character in Content-Length",
+        HEAD + b"bad header line\r\n\r\n": "malformed HTTP request: Invalid header token",
+        HEAD + b"transfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n": "malformed HTTP request: Invalid character "
+                                                                          "in chunk size",
+    }
+    before = triton_inferences(triton)
+    with Bystander(bounded) as bystander:
+        answers = {request: asyncio.run(exchange(port, request)) for request in cases}
+    bystander.check(rss_bound=32 * MB)
+    for request, error in cases.items():
+        status, headers, body = answers[request]
+        assert (status, headers["content-type"], body) == (400, "application/json", {"error": error}), request
+    assert triton_inferences(triton) - before <= bystander.inferences
+
+
+@pytest.fixture
+def small_bodies(triton: LocalTriton) -> Iterator[GatewayThread]:
+    settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url, max_body_bytes=1 * MB,
+                                policies={"qc": {"weights": {"2": 100}}})
+    with GatewayThread(settings) as running:
+        yield running
+
+
+def test_python_clients_read_the_413_of_a_body_over_the_limit(small_bodies: GatewayThread) -> None:
+    """http.client sends the whole body, then reads. The gateway answers 413 at the headers and
+    keeps reading and dropping what still comes (lingering close): the client reads the 413
+    instead of a connection reset. Announced (Content-Length) and chunked bodies alike."""
+    body = b"[" + b"0, " * (3 * MB) + b"0]"  # 9 MB, past max_body_bytes (1 MiB)
+    for chunked in (False, True):
+        connection = http.client.HTTPConnection("127.0.0.1", small_bodies.settings.port, timeout=10)
+        try:
+            connection.request("POST", "/v2/models/qc/infer", body=iter([body]) if chunked else body,
+                               headers={"content-type": "application/json"}, encode_chunked=chunked)
+            response = connection.getresponse()
+            assert response.status == 413
+            error = json.loads(response.read())["error"]
+        finally:
+            connection.close()
+        assert "over the limit of 1048576 bytes" in error, error
+
+
+def test_a_version_the_server_cannot_echo_is_still_answered(bounded: GatewayThread) -> None:
+    """``1%0A2`` decodes to a version with a line break, which became a response header value
+    uvicorn refuses to write: the connection dropped unanswered (100 of 100). Whatever a handler
+    sets, the client gets a JSON answer."""
+    for _ in range(3):
+        request = HEAD.replace(b"/infer", b"/versions/1%0A2/infer") + b"content-length: %d\r\n\r\n" % len(INFER_BODY)
+        status, headers, body = asyncio.run(exchange(bounded.settings.port, request + INFER_BODY))
+        assert 400 <= status < 600 and headers["content-type"] == "application/json" and body["error"], body
+    connection = http.client.HTTPConnection("127.0.0.1", bounded.settings.port, timeout=5)
+    connection.request("GET", "/healthz")
+    assert connection.getresponse().status == 200
+    connection.close()
+
+
+def test_the_control_gate_decides_on_the_normalised_path(bounded: GatewayThread) -> None:
+    """``/v2/x/../repository/models/m/unload`` was classified as not-control and forwarded raw;
+    it is refused in JSON, as are an encoded ``/`` and a read-only path spelled with ``..``."""
+    port = bounded.settings.port
+    for target, normalised in ((b"/v2/x/../repository/models/qc/unload", "/v2/repository/models/qc/unload"),
+                               (b"/v2/repository%2Fmodels%2Fqc/unload", "/v2/repository/models/qc/unload"),
+                               (b"/v2/x/%2E%2E/health/ready", "/v2/health/ready")):
+        status, headers, body = asyncio.run(exchange(port, b"POST " + target + b" HTTP/1.1\r\nhost: gateway\r\n"
+                                                     b"content-length: 2\r\n\r\n{}"))
+        assert (status, headers["content-type"]) == (400, "application/json"), (target, body)
+        assert f"resolved: {normalised}); send the normalised path" in body["error"], body

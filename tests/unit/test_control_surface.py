@@ -26,7 +26,6 @@ CONTROL = [
     ("POST", "//v2//repository/models/tok/unload/", ControlAction.MODEL_UNLOAD, "tok"),
     ("POST", "/v2/Repository/models/tok/UNLOAD", ControlAction.MODEL_UNLOAD, "tok"),
     ("GET", "/v2/repository/models/tok/unload", ControlAction.MODEL_UNLOAD, "tok"),
-    ("POST", "/v2/repository/./models/tok/unload", ControlAction.MODEL_UNLOAD, "tok"),
     ("POST", "/v2/repository/something/else", ControlAction.REPOSITORY, ""),
     ("POST", "/v2/systemsharedmemory/region/r/register", ControlAction.SHARED_MEMORY, ""),
     ("POST", "/v2/systemsharedmemory/region/r/unregister", ControlAction.SHARED_MEMORY, ""),
@@ -152,3 +151,33 @@ def test_admin_mode_needs_a_token_to_check() -> None:
         Settings.load(None, triton_control="admin")
     assert Settings.load(None, triton_control="admin", admin_token="long-enough").triton_control == "admin"
     assert Settings.load(None).triton_control == "deny"
+
+
+@pytest.mark.parametrize(("path", "raw_path", "normalised"), [
+    ("/v2/x/../repository/models/m/unload", None, "/v2/repository/models/m/unload"),  # the case
+    ("/v2/repository/./models/tok/unload", None, "/v2/repository/models/tok/unload"),
+    ("/v2/models/qc/../../repository/models/m/load", None, "/v2/repository/models/m/load"),
+    ("/v2/../../../v2/logging", None, "/v2/logging"),
+    ("/v2/health/ready/..", None, "/v2/health/"),
+    ("/v2/x/../health/ready", None, "/v2/health/ready"),  # read-only once normalised: refused all the same
+    # %2F decoded by the server: the decoded path is what a normalising hop would route
+    ("/v2/repository/models/m/unload", b"/v2/repository%2Fmodels%2fm/unload", "/v2/repository/models/m/unload"),
+    ("/v2/models/a/../../repository/models/m/unload", b"/v2/models/a%2F..%2F..%2Frepository/models/m/unload",
+     "/v2/repository/models/m/unload"),
+])
+def test_paths_that_normalise_differently_are_refused(path: str, raw_path: bytes | None, normalised: str) -> None:
+    call = http_control_call("POST", path, raw_path)
+    assert call is not None and call.action is ControlAction.UNNORMALISED_PATH and call.model == normalised
+    assert f"resolved: {normalised}" in call.refusal()
+    audit = _Audit()
+    for mode in (ControlMode.DENY, ControlMode.ADMIN):  # an admin token does not make it readable
+        refused = asyncio.run(ControlGate(mode, _actor, audit).admit(call, "Bearer right-token", "http"))
+        assert refused is not None and refused.status == 400 and "send the normalised path" in refused.message
+    assert not audit.lines
+    assert asyncio.run(ControlGate(ControlMode.ALLOW, _actor, audit).admit(call, None, "http")) is None
+
+
+@pytest.mark.parametrize("path", ["/v2/models/qc/config", "/v2/repository/index", "/v2/models/.hidden/config",
+                                  "/v2/models/a..b/ready"])
+def test_paths_that_read_the_same_normalised_are_classified_as_before(path: str) -> None:
+    assert http_control_call("GET", path, path.encode()) is None

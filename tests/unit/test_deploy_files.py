@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from gateway.devtools.config_reference import embedded, markdown
+from gateway.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,7 +76,8 @@ def test_k8s_manifests_are_well_formed() -> None:
     gateway = deployments["triton-gateway"]["spec"]
     assert gateway["replicas"] == 3
     container = gateway["template"]["spec"]["containers"][0]
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    grpc_port = next(port["containerPort"] for port in container["ports"] if port["name"] == "grpc")
+    assert container["readinessProbe"]["grpc"] == {"port": grpc_port}, "grpc.health.v1 on the gateway's gRPC port"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     secrets = {s["metadata"]["name"] for s in by_kind["Secret"]}
     assert container["env"][0]["valueFrom"]["secretKeyRef"]["name"] in secrets
@@ -123,3 +125,21 @@ def panel_metric_names() -> set[str]:
 @pytest.mark.parametrize("name", sorted(panel_metric_names()))
 def test_dashboard_names_only_series_that_exist(name: str, exported_metric_names: set[str]) -> None:
     assert name in exported_metric_names
+
+
+def _mebibytes(quantity: str) -> float:
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024}
+    return float(quantity[:-2]) * units[quantity[-2:]]
+
+
+def test_the_gateway_memory_limit_follows_from_its_budget() -> None:
+    """The process at rest, plus every byte of the request budget twice (held while copied), plus
+    room for answers: the shipped limit must hold what the shipped settings let clients make it hold."""
+    docs = k8s_documents()
+    config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "triton-gateway")
+    declared = yaml.safe_load(config["data"]["gateway.yaml"])
+    budget = declared.get("max_buffered_body_bytes", Settings.model_fields["max_buffered_body_bytes"].default)
+    deployment = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "triton-gateway")
+    limit = _mebibytes(deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"])
+    at_rest, room_for_answers = 160, 256
+    assert limit >= at_rest + 2 * budget / (1 << 20) + room_for_answers

@@ -11,10 +11,13 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import ClientGone, GatewayBusy, PayloadTooLarge
-from gateway.proxy.limits import BodyReader, end_to_end, inflate
-from gateway.proxy.shadow import _decoded, agree
+from gateway.errors import BadRequest, ClientGone, GatewayBusy, PayloadTooLarge
+from gateway.pipeline import checked_model, checked_version
+from gateway.proxy.limits import BodyReader, ByteBudget, end_to_end, inflate
+from gateway.proxy.shadow import GrpcMirror, Mirror, ShadowMirror, _decoded, agree
+from gateway.sequences import checked_sequence_id
 from gateway.settings import Settings, SettingsError
+from gateway.telemetry.recorder import Recorder
 from gateway.upstream import HttpUpstream
 
 
@@ -70,6 +73,9 @@ def test_inflation_is_bounded() -> None:
     with pytest.raises(PayloadTooLarge, match="decompresses to more than the limit of 1000 bytes"):
         inflate(bomb, b"gzip", 1000)
     assert inflate(bomb, b"gzip", 1000, prefix=10) == b" " * 10  # only the prefix is inflated
+    for prefix in (0, -1, 1001):  # 0 used to reach zlib as max_length=0: no bound at all (1 MB back)
+        with pytest.raises(PayloadTooLarge):
+            inflate(bomb, b"gzip", 1000, prefix=prefix)
     assert inflate(zlib.compress(b"{}"), b"deflate", 1000) == b"{}"
     assert inflate(b"plain", None, 3) == b"plain"  # not compressed: nothing to inflate
     with pytest.raises(zlib.error):
@@ -112,5 +118,72 @@ def test_shadow_compares_compressed_answers_by_their_content() -> None:
 
 
 def test_the_buffer_budget_holds_one_largest_body() -> None:
-    with pytest.raises(SettingsError, match="max_buffered_body_bytes .* must be at least max_body_bytes"):
+    with pytest.raises(SettingsError, match="max_buffered_body_bytes .* must be at least twice max_body_bytes"):
         Settings.load(None, max_body_bytes=2048, max_buffered_body_bytes=1024)
+    with pytest.raises(SettingsError, match="what it inflates to, must fit"):  # a gRPC message and its inflation too
+        Settings.load(None, max_body_bytes=1 << 20, grpc_max_message_bytes=64 << 20, max_buffered_body_bytes=96 << 20)
+
+
+def test_the_budget_is_released_on_every_way_out() -> None:
+    budget = ByteBudget(100)
+    with budget.charged(60):
+        assert budget.held == 60 and not budget.try_take(41) and budget.try_take(40)
+        budget.release(40)
+        with pytest.raises(GatewayBusy):
+            budget.take(41)
+    assert budget.held == 0
+    with pytest.raises(RecursionError), budget.charged(100):  # any exception, not only the gateway's own
+        raise RecursionError
+    assert budget.held == 0
+
+
+def test_inflating_charges_the_budget_while_it_works() -> None:
+    budget = ByteBudget(2 << 20)
+    reader = BodyReader(max_body=1 << 20, budget=budget)
+    with pytest.raises(GatewayBusy):  # room for the body is not room for what it may inflate to
+        budget.take(1 << 20)
+        asyncio.run(reader.decoded(gzip.compress(b"{}"), b"gzip"))
+    budget.release(1 << 20)
+    assert asyncio.run(reader.decoded(gzip.compress(b"{}"), b"gzip")) == b"{}" and budget.held == 0
+
+
+def test_shadow_copies_are_charged_until_their_worker_is_done() -> None:
+    """The shadow queue holds up to 1,000 copies with their bodies: they count against the budget too."""
+    recorder = Recorder()
+    budget = ByteBudget(1000)
+    shadow = ShadowMirror(HttpUpstream("http://127.0.0.1:9"), recorder, budget=budget)
+    first = Mirror("qc", "3", b"POST", b"/v2/models/qc/versions/3/infer", [], b"x" * 400, 200, b"y" * 200)
+    shadow.offer(first)
+    assert budget.held == 600
+    shadow.offer(GrpcMirror("qc", "3", None, "/x", b"x" * 300, (), b"y" * 200))  # type: ignore[arg-type]
+    assert budget.held == 600 and shadow.stats["qc", "3"].dropped == 1  # no room: dropped and counted
+    asyncio.run(shadow.stop())  # never sent: released
+    assert budget.held == 0
+
+
+@pytest.mark.parametrize("value", [[1], {"a": 1}, True, 1.5, -3, 1 << 64, "s" * 129])
+def test_a_sequence_id_is_what_triton_takes(value: object) -> None:
+    with pytest.raises(BadRequest, match="sequence_id"):
+        checked_sequence_id(value)
+
+
+def test_sequence_ids_triton_takes_are_kept_as_sent() -> None:
+    assert [checked_sequence_id(v) for v in (None, 0, "", 7, (1 << 64) - 1, "s" * 128)] == [
+        None, None, None, 7, (1 << 64) - 1, "s" * 128]
+
+
+@pytest.mark.parametrize("version", ["", "abc", "1\n2", "1\"2", "1 ", "-1", "+1", "1" * 20, "\u0661"])
+def test_a_pinned_version_is_digits(version: str) -> None:
+    with pytest.raises(BadRequest, match="is not a version"):
+        checked_version(version)
+
+
+def test_a_pinned_version_reads_as_triton_reads_it() -> None:
+    assert [checked_version(v) for v in ("2", "0002", "9" * 19)] == ["2", "2", "9" * 19]
+
+
+def test_a_model_name_fits_a_model_repository() -> None:
+    assert checked_model("m" * 255) == "m" * 255
+    for name in ("m" * 256, "\u00e9" * 128, "q\nc", "q\x7fc"):
+        with pytest.raises(BadRequest):
+            checked_model(name)

@@ -22,28 +22,39 @@ from tests.unit.test_rollout_gradual_controller import BROKEN, FAILING, GRADUAL,
 
 class FlakyStore(InMemoryStore):
     """The in-memory store with switches: writes fail (SQLite locked), everything fails (Redis
-    stopped), or the process 'dies' right after the next policy write."""
+    stopped), nothing answers (silent: a call waits until the switch is off), or the process
+    'dies' right after the next policy write."""
 
     def __init__(self) -> None:
         super().__init__()
         self.writes_fail = False
         self.down = False
+        self.silent = False
         self.crash_after_policy_write = False
+
+    async def _answer(self, write: bool) -> None:
+        while self.silent:
+            await asyncio.sleep(0.01)
+        self._check(write)
 
     def _check(self, write: bool) -> None:
         if self.down or (write and self.writes_fail):
             raise StoreError("state store unavailable (test switch)")
 
+    async def acquire_fenced_lease(self, *args: Any, **kwargs: Any) -> Any:
+        await self._answer(True)
+        return await super().acquire_fenced_lease(*args, **kwargs)
+
     async def get_policy(self, model: str) -> Any:
-        self._check(False)
+        await self._answer(False)
         return await super().get_policy(model)
 
     async def list_rollouts(self) -> Any:
-        self._check(False)
+        await self._answer(False)
         return await super().list_rollouts()
 
     async def put_policy(self, *args: Any, **kwargs: Any) -> Any:
-        self._check(True)
+        await self._answer(True)
         stored = await super().put_policy(*args, **kwargs)
         if self.crash_after_policy_write:
             self.crash_after_policy_write = False
@@ -51,19 +62,19 @@ class FlakyStore(InMemoryStore):
         return stored
 
     async def put_policy_fenced(self, *args: Any, **kwargs: Any) -> Any:
-        self._check(True)
+        await self._answer(True)
         return await super().put_policy_fenced(*args, **kwargs)
 
     async def put_rollout(self, *args: Any, **kwargs: Any) -> Any:
-        self._check(True)
+        await self._answer(True)
         return await super().put_rollout(*args, **kwargs)
 
     async def put_rollout_fenced(self, *args: Any, **kwargs: Any) -> Any:
-        self._check(True)
+        await self._answer(True)
         return await super().put_rollout_fenced(*args, **kwargs)
 
     async def append_event(self, *args: Any, **kwargs: Any) -> None:
-        self._check(True)
+        await self._answer(True)
         await super().append_event(*args, **kwargs)
 
 
@@ -178,6 +189,38 @@ async def test_store_down_the_holder_rolls_back_locally_then_persists(h: Harness
     assert (state["state"], state["applied"]) == ("rolled_back", True), state["apply_reason"]
     assert await h.weights() == {"2": 100} and "error rate" in state["reason"]
     assert h.recorder.rollbacks == {("qc", "error_rate"): 1}, "counted once, with the metric that decided it"
+
+
+async def test_a_silent_store_holds_no_tick_and_the_rollback_reaches_the_book_within_two_ticks(h: Harness) -> None:
+    """Issue 23: a store that never answers (SQLite locked by another process, a hung Redis).
+    Each store call of a tick gets the call timeout, and after the first one fails the tick
+    asks nothing more: the lease holder's decided rollback reaches its own book within two
+    ticks, and the store gets it when it answers again (fenced, as ever). Before, the lease
+    renewal waited on the store for as long as it was silent."""
+    h.controller = RolloutController(h.store, h.triton, h.policies, h.source, h.recorder,  # type: ignore[arg-type]
+                                     clock=h.clock, call_timeout_s=0.2, lease_ttl_s=2.0)
+    spec = RolloutSpec.model_validate({**SPEC.model_dump(), "failure_limit": 1})
+    await h.controller.begin("qc", spec, "alice")
+    await h.controller.lead()
+    assert h.controller.fence is not None
+    store_of(h).silent = True
+    h.source.windows = {"3": (100, 50, 0.004), "2": (1000, 0, 0.004)}
+    h.clock.now += 10
+    loop = asyncio.get_running_loop()
+    for tick in range(2):
+        started = loop.time()
+        await asyncio.wait_for(h.controller.lead(), 5)
+        assert loop.time() - started < 1.5, f"tick {tick} waited on the silent store"
+        if book_weights(h) == {"2": 100}:
+            break
+    assert book_weights(h) == {"2": 100}, "the canary at 0% on the lease holder while the store is silent"
+    stored = await h.store.get_rollout("qc")
+    assert stored is not None and stored.document["state"] == "progressing", "the store has not heard yet"
+    store_of(h).silent = False
+    await h.controller.lead()
+    state = await h.state()
+    assert (state["state"], state["applied"]) == ("rolled_back", True), state["apply_reason"]
+    assert await h.weights() == {"2": 100}
 
 
 async def test_a_deposed_holders_writes_are_refused(h: Harness) -> None:

@@ -357,3 +357,44 @@ async def test_loaded_versions_are_kept_per_model(store: StateStore) -> None:
     await store.put_loaded_versions("tok", ["1"])
     await store.put_loaded_versions("qc", ["2", "3"])
     assert await store.loaded_versions() == {"qc": ["2", "3"], "tok": ["1"]}
+
+
+async def test_sqlite_calls_on_a_budget_give_up_on_another_processs_lock_within_it(tmp_path: Path) -> None:
+    """Issue 23: a store call made on a budget (a controller tick's) waits for another
+    connection's BEGIN EXCLUSIVE no longer than the budget, SQLite's busy timeout included (it
+    was 5 s for every call), and the connection is free again for the next call once the
+    budget has run out. Calls without a budget keep the 5 s busy timeout."""
+    import sqlite3
+
+    from gateway.errors import StoreError
+    from gateway.store.budget import bounded, call_budget
+    from gateway.store.sqlite import BUSY_TIMEOUT_S
+
+    backend = make_store(f"sqlite:///{tmp_path}/state.db")
+    await backend.open()
+    store = bounded(backend)
+    locker = sqlite3.connect(tmp_path / "state.db", isolation_level=None, check_same_thread=False)
+    locker.execute("BEGIN EXCLUSIVE")
+    loop = asyncio.get_running_loop()
+    try:
+        started = loop.time()
+        with call_budget(0.3) as budget:
+            with pytest.raises(StoreError):
+                await store.put_policy("qc", SPEC_A, 0, EventDraft("alice", "put"))
+            assert loop.time() - started < 1.0 and budget.failure is not None
+            with pytest.raises(StoreError, match="not asked again"):  # the tick's next call is not even tried
+                await store.get_policy("qc")
+        await asyncio.sleep(0.4)  # the worker thread gave up too: the connection is free
+        started = loop.time()
+        with call_budget(0.3):
+            assert await store.get_policy("qc") is None  # a read (WAL) goes through the lock
+        assert loop.time() - started < 0.3
+        started = loop.time()
+        with pytest.raises(StoreError):  # no budget: SQLite's own busy timeout
+            await store.put_policy("qc", SPEC_A, 0, EventDraft("alice", "put"))
+        assert loop.time() - started >= BUSY_TIMEOUT_S * 0.9
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    assert (await store.put_policy("qc", SPEC_A, 0, EventDraft("alice", "put"))).revision == 1
+    await backend.close()

@@ -1,0 +1,447 @@
+"""The HTTP port's front: uvicorn's httptools protocol, bounded against what one client can send.
+
+Two changes that the hot path measured as worth it (loopback send() calls dominate a proxy's
+CPU here):
+
+- writes made in one event-loop iteration go out as one ``send()``: uvicorn writes the
+  status line + headers and the body separately, two syscalls per response;
+- the proxy can register a callback for "client connection lost" instead of running a
+  watcher task per request to notice a client that went away.
+
+What one client can make the port hold or do is bounded, and every refusal is answered in
+Triton's JSON error shape ``{"error": "..."}`` (uvicorn answers text/plain or nothing):
+
+- **the head, while it is parsed**: a URL past ``max_url_bytes`` is answered 414, header lines
+  past ``max_header_bytes`` together or ``max_header_count`` 431, as soon as the bytes that
+  cross the bound arrive. httptools joins a header's pieces in memory until the line ends, so
+  the raw bytes of a head are counted too and the parser is never fed past the bounds (one
+  60 MB header line used to be read whole);
+- **malformed requests** (``Transfer-Encoding`` with ``Content-Length``, a bad method, bad
+  characters): 400 with llhttp's reason;
+- **time**: a request's headers must arrive within ``header_timeout_s``, counted from the
+  connection's start or the request's first byte (slowloris); a body may pause at most
+  ``body_idle_timeout_s`` between two pieces. Either answers 408;
+- **connections**: past ``max_client_connections`` on the port, or past
+  ``max_connections_per_client`` from one address, a connection is answered 503 with
+  ``Retry-After`` and closed before its request reaches the application;
+- **an answer the server cannot write** (a handler set a header value with a control
+  character): the client gets a JSON 500 instead of a dropped connection.
+
+An answer that ends a request early (the body unread) is followed by a lingering close: FIN,
+then what the client still sends is read and dropped for ``linger_s`` (at most
+64 MiB or ``max_body_bytes`` of it), so clients that send the whole body before reading (Python's
+http.client, requests, tritonclient.http) read the answer instead of a connection reset.
+
+The timers cost nothing in the common case: a request that arrives whole in one read never
+arms one (only the first request of a connection finds the timer of its start, and cancels it).
+The head bounds cost a comparison per read and per header line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.parse
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from gateway.proxy.http import CONNECTION_KEY
+from gateway.settings import Settings
+
+
+class _CoalescingTransport:
+    """The client transport, but writes of one loop iteration are joined into one send(), and a
+    close while the client is still sending its request becomes a lingering close."""
+
+    __slots__ = ("_transport", "_loop", "_pending", "_protocol", "shut")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
+                 protocol: GatewayHttpProtocol) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] | None = None
+        self._protocol = protocol
+        self.shut = False  # the connection is lingering: nothing more is written
+
+    def write(self, data: bytes) -> None:
+        if self.shut:
+            return
+        if self._pending is None:
+            self._pending = [data]
+            self._loop.call_soon(self._flush)
+        else:
+            self._pending.append(data)
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending and not self._transport.is_closing():
+            self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+
+    def close(self) -> None:
+        self._flush()
+        self._protocol.closing()
+
+    def write_eof(self) -> None:
+        self._flush()
+        self._transport.write_eof()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+_IDLE, _HEADERS, _BODY = 0, 1, 2  # what the connection waits for from the client
+# how a connection ends: normally; refused at a connection cap; no more requests read (a parse
+# error while an answer is in flight); answered and lingering
+_OPEN, _REFUSED, _STOPPED, _LINGERING = 0, 1, 2, 3
+LINGER_BYTES = 64 << 20  # dropped at most while lingering (or max_body_bytes, if larger)
+_HEAD_SLACK = 64  # the request line's method, version and line ends, and the blank line
+
+
+class _HeadRefused(Exception):
+    """Raised inside a parser callback: the head crossed a bound (the parser stops there)."""
+
+    def __init__(self, status: bytes, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    return any(name == b"transfer-encoding" or name == b"content-length" and value != b"0" for name, value in headers)
+
+
+def error_response(status: bytes, message: str, *extra: bytes) -> bytes:
+    """A whole HTTP/1.1 answer in Triton's error shape, closing the connection."""
+    body = json.dumps({"error": message}).encode()
+    return b"".join([b"HTTP/1.1 ", status, b"\r\ncontent-type: application/json\r\ncontent-length: ",
+                     str(len(body)).encode(), b"\r\n", *extra, b"connection: close\r\n\r\n", body])
+
+
+class GatewayCycle(RequestResponseCycle):
+    """uvicorn's request/response cycle, but an answer it cannot write becomes a JSON 500."""
+
+    replaced = False  # the handler's answer could not be written: the JSON 500 went instead
+
+    async def send(self, message: Any) -> None:
+        if self.replaced:
+            return  # the rest of the answer that could not be written
+        try:
+            await RequestResponseCycle.send(self, message)
+        except (RuntimeError, ValueError) as exc:
+            if message["type"] != "http.response.start" or not self.response_started:
+                raise
+            # uvicorn checks every header before it writes any: nothing of this answer went out
+            self.response_started, self.chunked_encoding, self.expected_content_length = False, None, 0
+            self.keep_alive, self.replaced = False, True
+            await self._json_answer(500, f"the gateway could not write the answer ({exc}): nothing was sent")
+
+    async def send_500_response(self) -> None:
+        await self._json_answer(500, "the gateway failed while answering this request")
+
+    async def _json_answer(self, status: int, message: str) -> None:
+        body = json.dumps({"error": message}).encode()
+        await RequestResponseCycle.send(self, {"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close")]})
+        await RequestResponseCycle.send(self, {"type": "http.response.body", "body": body})
+
+
+class GatewayHttpProtocol(HttpToolsProtocol):
+    on_lost: Callable[[], None] | None = None  # set by the proxy while a request is in flight
+    # the bounds: protocol_for(settings) sets them
+    header_timeout_s: ClassVar[float] = 10.0
+    body_idle_timeout_s: ClassVar[float] = 10.0
+    max_connections: ClassVar[int] = 4096
+    max_per_client: ClassVar[int] = 256
+    max_url_bytes: ClassVar[int] = 8 << 10
+    max_header_bytes: ClassVar[int] = 64 << 10
+    max_header_count: ClassVar[int] = 100
+    linger_s: ClassVar[float] = 2.0
+    linger_bytes: ClassVar[int] = 64 << 20
+    per_client: ClassVar[dict[str, int]] = {}  # open connections per client address (one dict per gateway)
+    _phase = _IDLE
+    _timer_phase = _IDLE
+    _timer: asyncio.TimerHandle | None = None
+    _ending = _OPEN
+    _address: str | None = None  # counted in per_client under this address
+    _head_bytes = 0  # raw bytes of the head being read (from the end of the previous one)
+    _header_bytes = 0
+    _header_count = 0
+    _refusal: _HeadRefused | None = None
+    _lingered = 0
+    _reason = ""  # why a connection at a cap is refused
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._raw = transport
+        self._out = _CoalescingTransport(transport, self.loop, self)
+        super().connection_made(self._out)  # type: ignore[arg-type]
+        if len(self.connections) > self.max_connections:
+            self._refuse_later(f"the gateway has {self.max_connections} client connections open "
+                               "(max_client_connections): retry shortly")
+            return
+        address = self.client[0] if self.client else ""
+        held = self.per_client.get(address, 0)
+        if held >= self.max_per_client:
+            self._refuse_later(f"this client address has {self.max_per_client} connections open "
+                               "(max_connections_per_client): retry shortly")
+            return
+        self.per_client[address] = held + 1
+        self._address = address
+        self._phase = _HEADERS
+        self._watch()
+
+    def _refuse_later(self, reason: str) -> None:
+        """Answered once its request arrives (or within a second): a client that gets its answer
+        before it has sent anything may read a reset instead."""
+        self._ending = _REFUSED
+        self._reason = reason
+        self._timer = self.loop.call_later(min(self.header_timeout_s, 1.0), self._refuse)
+
+    def data_received(self, data: bytes) -> None:
+        if self._ending:
+            if self._ending == _REFUSED:
+                self._refuse()
+            else:  # lingering, or no more requests read: what the client still sends is dropped
+                self._lingered += len(data)
+                if self._lingered > self.linger_bytes:
+                    self._raw.close()
+            return
+        if self.timeout_keep_alive_task is not None:
+            self._unset_keepalive_if_required()
+        if self._phase != _BODY:  # a head: never fed to the parser past its bounds
+            room = self.max_url_bytes + self.max_header_bytes + _HEAD_SLACK - self._head_bytes
+            if len(data) > room:
+                self._feed_past_bound(data, max(room, 0))
+                return
+            self._head_bytes += len(data)
+        self._feed(data)
+        if self._phase != self._timer_phase or self._phase == _BODY:
+            self._watch()
+
+    def _feed(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            pass  # no protocol to upgrade to here (uvicorn runs with ws="none"): Upgrade is not honoured
+        except httptools.HttpParserError as exc:
+            refusal, self._refusal = self._refusal, None
+            if refusal is not None:
+                self._answer_and_close(error_response(refusal.status, refusal.message))
+            else:
+                self._malformed(str(exc))
+
+    def _feed_past_bound(self, data: bytes, room: int) -> None:
+        """More head bytes than the bounds allow arrived: parse up to the bound only."""
+        self._head_bytes += room
+        self._feed(data[:room])
+        if self._ending:
+            return
+        if self._phase != _BODY:  # still no end of the head; the URL was checked piece by piece (on_url)
+            self._answer_and_close(error_response(*self._headers_too_large()))
+            return
+        self.data_received(data[room:])  # the head ended within the bound: the rest is its body
+
+    def _url_too_long(self) -> tuple[bytes, str]:
+        return b"414 URI Too Long", f"request URL over {self.max_url_bytes} bytes (max_url_bytes)"
+
+    def _headers_too_large(self) -> tuple[bytes, str]:
+        return (b"431 Request Header Fields Too Large",
+                f"request header lines over {self.max_header_bytes} bytes together (max_header_bytes)")
+
+    def _malformed(self, reason: str) -> None:
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            if self._phase != _BODY or cycle.response_started or self.pipeline:
+                cycle.keep_alive = False  # answering now would cut into an answer on its way: after it, close
+                self._ending = _STOPPED
+                return
+            cycle.disconnected = True  # this request's own body is malformed: its handler stops reading
+            cycle.message_event.set()
+        self._answer_and_close(error_response(b"400 Bad Request", f"malformed HTTP request: {reason}"))
+
+    # -- parser callbacks -----------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self._phase = _HEADERS
+        self._header_bytes = self._header_count = 0
+        super().on_message_begin()
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        if len(self.url) > self.max_url_bytes:
+            self._refusal = _HeadRefused(*self._url_too_long())
+            raise self._refusal
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        self._header_bytes += len(name) + len(value) + 4  # ": " and the line end
+        if self._header_count > self.max_header_count:
+            self._refusal = _HeadRefused(b"431 Request Header Fields Too Large", (
+                f"more than {self.max_header_count} request header lines (max_header_count)"))
+            raise self._refusal
+        if self._header_bytes > self.max_header_bytes:
+            self._refusal = _HeadRefused(*self._headers_too_large())
+            raise self._refusal
+        name = name.lower()
+        value = value.rstrip(b" \t")  # llhttp keeps trailing whitespace, which RFC 9110 5.5 excludes
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self._phase = _BODY
+        self._head_bytes = 0
+        parser = self.parser
+        upgrade = parser.should_upgrade()
+        if upgrade and _has_body(self.headers):
+            # httptools hands whatever follows an Upgrade request's headers to the new protocol,
+            # so the application would see an empty body: say so instead of forwarding nothing.
+            self._answer_and_close(error_response(b"400 Bad Request", (
+                "a request with a body cannot carry Upgrade on this port (no HTTP/2 upgrade, h2c, here): "
+                "send it without the Upgrade and Connection: upgrade headers")))
+            return
+        scope = self.scope
+        http_version = parser.get_http_version()
+        scope["method"] = parser.get_method().decode("ascii")
+        if http_version != "1.1":
+            scope["http_version"] = http_version
+        parsed_url = httptools.parse_url(self.url)
+        raw_path = parsed_url.path
+        path = raw_path.decode("ascii")
+        scope["path"] = urllib.parse.unquote(path) if "%" in path else path
+        scope["raw_path"] = raw_path
+        scope["query_string"] = parsed_url.query or b""
+        scope[CONNECTION_KEY] = self  # type: ignore[literal-required]
+        existing = self.cycle
+        self.cycle = GatewayCycle(
+            scope=scope, transport=self.transport, flow=self.flow, logger=self.logger,
+            access_logger=self.access_logger, access_log=self.access_log,
+            default_headers=self.server_state.default_headers, message_event=asyncio.Event(),
+            expect_100_continue=self.expect_100_continue,
+            keep_alive=http_version != "1.0" and parser.should_keep_alive(), on_response=self.on_response_complete)
+        if existing is None or existing.response_complete:
+            self._start_asgi_task(self.cycle, self.app)
+        else:  # pipelined: queued until the previous answer is out
+            self.flow.pause_reading()
+            self.pipeline.appendleft((self.cycle, self.app))
+
+    def on_message_complete(self) -> None:
+        self._phase = _IDLE
+        if not self._ending:
+            super().on_message_complete()
+
+    def _unsupported_upgrade_warning(self) -> None:
+        """uvicorn logs two warnings per such request, inline: a client could flood the log. The
+        Upgrade header is simply not honoured (nor forwarded)."""
+
+    # -- the end of a connection ----------------------------------------------------------------
+    def connection_lost(self, exc: Exception | None) -> None:
+        callback, self.on_lost = self.on_lost, None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        address, self._address = self._address, None
+        if address is not None:
+            left = self.per_client[address] - 1
+            if left:
+                self.per_client[address] = left
+            else:
+                del self.per_client[address]
+        super().connection_lost(exc)
+        if callback is not None:
+            callback()
+
+    def closing(self) -> None:
+        """The server closes the connection (uvicorn, after an answer with ``connection: close``,
+        or our own bounds). A client still sending its request gets the lingering close."""
+        if self._ending == _LINGERING or self._raw.is_closing():
+            return
+        if self._ending == _STOPPED or self._phase == _BODY or self._phase == _HEADERS and self._head_bytes:
+            self._linger()
+        else:
+            self._raw.close()
+
+    def _watch(self) -> None:
+        """(Re)arm the timer for what we wait for: a deadline for headers, an idle bound for a body."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        phase = self._timer_phase = self._phase
+        if phase == _HEADERS:
+            self._timer = self.loop.call_later(self.header_timeout_s, self._expired)
+        elif phase == _BODY:
+            self._timer = self.loop.call_later(self.body_idle_timeout_s, self._expired)
+
+    def _expired(self) -> None:
+        self._timer = None
+        cycle = self.cycle
+        if self.flow.read_paused:  # we stopped reading (the application is busy, pipelining): not the client
+            self._timer = self.loop.call_later(self.body_idle_timeout_s, self._expired)
+            return
+        if self._phase == _BODY:
+            if cycle is not None and not cycle.response_started:
+                self._answer_and_close(error_response(b"408 Request Timeout", (
+                    f"request body stalled: no data for {self.body_idle_timeout_s:g}s (body_idle_timeout_s)")))
+                return
+        elif self._phase == _HEADERS and (cycle is None or cycle.response_complete):
+            self._answer_and_close(error_response(b"408 Request Timeout", (
+                f"request headers not received within {self.header_timeout_s:g}s (header_timeout_s)")))
+            return
+        self._raw.close()
+
+    def _refuse(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._answer_and_close(error_response(b"503 Service Unavailable", self._reason, b"retry-after: 1\r\n"))
+
+    def _answer_and_close(self, answer: bytes) -> None:
+        """Answer, then close gently (see :meth:`_linger`)."""
+        if self._raw.is_closing():
+            return
+        self.transport.write(answer)
+        self._linger()
+
+    def _linger(self) -> None:
+        """Closing with the client's bytes still unread would send a reset, and the client would
+        lose the answer. So: send FIN, drop what still comes, close after ``linger_s`` or
+        ``linger_bytes`` (nginx's lingering_close). Over TLS there is no half-close: the same
+        without the FIN."""
+        raw = self._raw
+        self._ending = _LINGERING
+        self._out._flush()  # what was written before goes out; nothing after
+        self._out.shut = True
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:  # its handler stops: no client to answer now
+            cycle.disconnected = True
+            cycle.message_event.set()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.linger_s <= 0:
+            raw.close()
+            return
+        if raw.can_write_eof():
+            raw.write_eof()
+        raw.resume_reading()  # flow control may have paused it while a body was buffered
+        self._timer = self.loop.call_later(self.linger_s, raw.close)
+
+
+def protocol_for(settings: Settings) -> type[GatewayHttpProtocol]:
+    """The protocol class with this gateway's bounds (uvicorn instantiates it per connection)."""
+
+    class BoundedHttpProtocol(GatewayHttpProtocol):
+        header_timeout_s = settings.header_timeout_s
+        body_idle_timeout_s = settings.body_idle_timeout_s
+        max_connections = settings.max_client_connections
+        max_per_client = settings.max_connections_per_client
+        max_url_bytes = settings.max_url_bytes
+        max_header_bytes = settings.max_header_bytes
+        max_header_count = settings.max_header_count
+        linger_s = settings.linger_s
+        linger_bytes = max(settings.max_body_bytes, LINGER_BYTES)
+        per_client: ClassVar[dict[str, int]] = {}
+
+    return BoundedHttpProtocol
