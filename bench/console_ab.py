@@ -29,7 +29,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
-from overhead import LUA, POLICY, Result, bodies, run_wrk, wait_http  # noqa: E402
+from overhead import LUA, POLICY, Result, bodies, cpu_seconds, run_wrk, wait_http  # noqa: E402
 
 from gateway.devtools.local_triton import LocalTriton, free_port  # noqa: E402
 
@@ -53,9 +53,12 @@ class Console:
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_S):
-            with self._opener.open(self.base + self.path, timeout=10) as response:
-                response.read()
-            self.polls += 1
+            self.poll()
+
+    def poll(self) -> None:
+        with self._opener.open(self.base + self.path, timeout=10) as response:
+            response.read()
+        self.polls += 1
 
     def __enter__(self) -> Console:
         self._thread.start()
@@ -117,13 +120,33 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
                     table[side].append(result)
                     print(f"  round {round_no + 1} {side:<10}: {result.cpu_us or 0:7.1f} us/req {result.rps:8.0f} rps "
                           f"p99 {result.p99_us / 1000:6.2f} ms errors {result.errors}", flush=True)
+            poll_cpu = poll_cost(base, args.page, gateway.pid)
         finally:
             gateway.terminate()
             gateway.wait(10)
     on, off = (sum(r.cpu_us or 0.0 for r in table[s]) / len(table[s]) for s in ("console", "no console"))
+    rps = sum(r.rps for r in table["no console"]) / len(table["no console"])
     print(f"\nmean gateway CPU per request, HTTP JSON c=32: console open ({args.page}, {polls} polls) {on:.1f} us, "
-          f"none {off:.1f} us: {on / off - 1:+.2%}")
+          f"none {off:.1f} us: {on / off - 1:+.2%} (as measured; on a shared machine the rounds' spread is larger)")
+    implied = poll_cpu / POLL_S / (rps * off * 1e-6)
+    print(f"one poll of the {args.page} page costs the gateway {poll_cpu * 1e3:.2f} ms of CPU (mean of {POLLS} polls, "
+          f"idle): one open console adds {poll_cpu / POLL_S * 1e3:.2f} ms of CPU per second, {implied:+.2%} of the "
+          f"CPU the gateway spends at {rps:.0f} req/s")
     return 0
+
+
+POLLS = 50
+
+
+def poll_cost(base: str, page: str, pid: int) -> float:
+    """The gateway's CPU seconds per poll of the page, the gateway otherwise idle (the stable measure:
+    the A/B rounds' noise on a busy 2-core machine is far larger than the console's share)."""
+    console = Console(base, page)
+    console.poll()  # warm
+    before = cpu_seconds(pid)
+    for _ in range(POLLS):
+        console.poll()
+    return (cpu_seconds(pid) - before) / POLLS
 
 
 if __name__ == "__main__":

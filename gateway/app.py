@@ -18,11 +18,12 @@ from fastapi import FastAPI
 from gateway import tls
 from gateway.admin.api import admin_router
 from gateway.admin.auth import Authenticator
+from gateway.admin.deps import JsonBodies
 from gateway.admin.fleets import fleets_router
 from gateway.admin.rollouts import rollout_router
 from gateway.admin.versions import versions_router
 from gateway.asgi import Dispatch
-from gateway.console.routes import console_app
+from gateway.console.routes import install_console
 from gateway.console.timeline import Timeline
 from gateway.console.views import Views
 from gateway.control_surface import ControlCall, ControlGate, ControlMode
@@ -120,11 +121,8 @@ class Gateway(Dispatch):
         self.proxy = HttpProxy(self.pipeline, self.upstream, self.gate,
                                BodyReader(settings.max_body_bytes, budget=self.budget),
                                {fleet.name: FleetHttp(fleet) for fleet in named})
-        self.control = self._control_app()
         self.timeline = Timeline(self.store, self.source)  # the console's rollout history (bounded)
-        self.console = console_app(Views(self.policies, self.rollouts, self.fleets, self.sync, self.source,
-                                         self.recorder, self.timeline, settings.metrics_source),
-                                   self.lifecycle, self.auth, settings.console_session_ttl_s)
+        self.control = self._control_app()
 
     @property
     def started(self) -> bool:
@@ -134,12 +132,16 @@ class Gateway(Dispatch):
         app = FastAPI(title="triton-gateway admin API", version="1", lifespan=self._lifespan,
                       docs_url="/admin/docs", redoc_url=None, openapi_url="/admin/openapi.json")
         app.state.auth = self.auth  # read by the shared Actor dependency (gateway.admin.deps)
+        app.add_middleware(JsonBodies)  # curl -d's bodies are JSON; other media types 415
         app.include_router(self.probes.router())
         app.include_router(admin_router(self.policies), prefix="/admin", tags=["admin"])
         app.include_router(rollout_router(self.rollouts), prefix="/admin", tags=["rollout"])
         app.include_router(versions_router(self.lifecycle), prefix="/admin", tags=["versions"])
         app.include_router(fleets_router(self.fleets), prefix="/admin", tags=["fleets"])
         install_error_handlers(app)
+        install_console(app, Views(self.policies, self.rollouts, self.fleets, self.sync, self.source, self.recorder,
+                                   self.timeline, self.settings.metrics_source),
+                        self.lifecycle, self.auth, self.settings.console_session_ttl_s)
         return app
 
     @contextlib.asynccontextmanager

@@ -14,12 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import BrowserContext, Page, Playwright, sync_playwright
 
 from gateway.devtools.local_triton import LocalTriton
 from tests.support import GatewayThread, gateway_settings
-
-pytest.importorskip("playwright")
-from playwright.sync_api import BrowserContext, Page, Playwright, sync_playwright  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 OPERATOR_TOKEN = "operator-token-alice"

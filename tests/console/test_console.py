@@ -47,6 +47,13 @@ def submit_rollout(page: Page, steps: str, interval_s: str = "30") -> None:
     form.locator("button[type=submit]").click()
 
 
+def act(page: Page, button: str, says: str) -> None:
+    """Press an action button and confirm the dialog, which must say exactly what will happen."""
+    page.click(button)
+    expect(page.locator("#confirm-text")).to_have_text(says)
+    page.click("#confirm-ok")
+
+
 def post(url: str, path: str, body: Any, headers: dict[str, str]) -> tuple[int, Any]:
     request = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json", **headers})
@@ -240,6 +247,12 @@ def test_a_failing_canary_is_shown_rolled_back_with_its_reason_and_error_chart(w
     keep_as_docs(path)
     page.locator("#charts").scroll_into_view_if_needed()
     screenshot(page, "model-charts")
+    faults.clear()
+    act(page, "#action-retry", "Start the rollout of version 3 of qc again with the same spec (retry).")
+    expect(page.locator("#rollout-state")).to_have_text("progressing")
+    assert rollout_status(url)["spec"]["retry"] is True
+    act(page, "#action-abort", "Abort the rollout of qc: send 100% of qc to version 2.")
+    expect(page.locator("#rollout-state")).to_have_text("aborted")
 
 
 def test_an_identical_canary_is_promoted_from_the_promote_button(watched: Watched,
@@ -249,6 +262,12 @@ def test_an_identical_canary_is_promoted_from_the_promote_button(watched: Watche
                              token=OPERATOR_TOKEN)
     assert status == 200, doc
     page = model_page(watched)
+    expect(page.locator("#rollout-state")).to_have_text("progressing")
+    act(page, "#action-pause", "Pause the rollout of qc at its current weights.")
+    expect(page.locator("#rollout-state")).to_have_text("paused")
+    expect(page.locator("#why")).to_contain_text("paused by alice (via: console)")
+    act(page, "#action-resume",
+        "Resume the rollout of qc: its weights (90% to version 2, 10% to version 3) apply again.")
     expect(page.locator("#rollout-state")).to_have_text("progressing")
     page.locator("#action-promote").focus()
     page.keyboard.press("Enter")

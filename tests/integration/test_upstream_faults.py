@@ -15,8 +15,6 @@ import signal
 import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,7 +26,8 @@ import pytest
 from gateway.devtools.local_triton import SAMPLE_REPOSITORY, LocalTriton
 from tests.conftest import Faults
 from tests.fleet_support import INFER, fleet_settings, infer_message
-from tests.support import INFER_BODY, GatewayThread, gateway_settings, get_json, wait_for
+from tests.integration.test_http_failures import post
+from tests.support import GatewayThread, gateway_settings, get_json, wait_for
 
 pytestmark = pytest.mark.triton
 T = TypeVar("T")
@@ -49,15 +48,6 @@ def own_triton(faults_path: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     (repository / "qcq" / "config.pbtxt").write_text(config + QUEUE_OF_ONE)
     with LocalTriton.on_free_ports(repository=repository, models=("qc", "qcq"), faults_file=faults_path) as server:
         yield server
-
-
-def post(url: str, body: bytes = INFER_BODY, timeout: float = 20) -> tuple[int, dict[str, str], bytes]:
-    request = urllib.request.Request(url, data=body)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, dict(response.headers), response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers), exc.read()
 
 
 def at_once(calls: int, call: Callable[[], T]) -> list[T]:

@@ -72,11 +72,15 @@ def client(scheme: str = "https") -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway()), base_url=f"{scheme}://gw.example")
 
 
-@pytest.mark.parametrize(("scheme", "secure"), [("https", True), ("http", False)])
-async def test_the_session_cookie_is_secure_over_tls(scheme: str, secure: bool) -> None:
+@pytest.mark.parametrize(("scheme", "forwarded", "secure"), [("https", None, True), ("http", None, False),
+                                                             ("http", "https", True)])
+async def test_the_session_cookie_is_secure_over_tls(scheme: str, forwarded: str | None, secure: bool) -> None:
+    """TLS directly, or behind the --workers forwarder that says so in X-Forwarded-Proto."""
+    headers = {"Origin": f"{forwarded or scheme}://gw.example"}
+    if forwarded:
+        headers["X-Forwarded-Proto"] = forwarded
     async with client(scheme) as http:
-        answer = await http.post("/console/login", json={"token": OPERATOR},
-                                 headers={"Origin": f"{scheme}://gw.example"})
+        answer = await http.post("/console/login", json={"token": OPERATOR}, headers=headers)
     assert answer.status_code == 200, answer.text
     cookie = answer.headers["set-cookie"]
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Max-Age=600" in cookie
@@ -85,7 +89,8 @@ async def test_the_session_cookie_is_secure_over_tls(scheme: str, secure: bool) 
 
 
 @pytest.mark.parametrize("headers", [{"Origin": "https://evil.example"}, {"Sec-Fetch-Site": "cross-site"},
-                                     {"Sec-Fetch-Site": "same-site"}, {"Origin": "http://gw.example"}])
+                                     {"Sec-Fetch-Site": "same-site"}, {"Origin": "https://gw.example:8443"},
+                                     {"Origin": "null"}])
 async def test_a_login_from_elsewhere_is_refused(headers: dict[str, str]) -> None:
     async with client() as http:
         answer = await http.post("/console/login", json={"token": OPERATOR}, headers=headers)
