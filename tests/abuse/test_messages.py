@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from gateway.devtools.local_triton import LocalTriton
-from tests.abuse.attack import DATA, END_STREAM, MB, Attacker, frame, request_headers, rss_mb, watch
+from tests.abuse.attack import DATA, END_STREAM, MB, Attacker, frame, request_headers, rss_mb, varint, watch
 from tests.abuse.http_attacks import gzip_bomb
 from tests.support import INFER_BODY, GatewayThread, gateway_settings
 
@@ -66,22 +66,13 @@ def test_a_large_compressed_message_is_inflated_in_slices_and_answered(gateway: 
                                                                        compression: grpc.Compression) -> None:
     """Not an attack: 20 MiB that compress to ~20 KB are inflated a slice per loop turn, then
     forwarded, with the messages that came after them in order."""
-    unknown_field = b"\x7a" + _varint(20 * MB) + bytes(20 * MB)  # field 15, skipped by Triton's parser
+    unknown_field = b"\x7a" + varint(20 * MB) + bytes(20 * MB)  # field 15, skipped by Triton's parser
     channel = grpc.insecure_channel(f"127.0.0.1:{gateway.settings.grpc_port}",
                                     options=[("grpc.max_send_message_length", 32 * MB)])
     call = channel.unary_unary("/inference.GRPCInferenceService/ServerMetadata")
     answers = [call(unknown_field, timeout=20, compression=compression) for _ in range(2)]
     channel.close()
     assert all(b"triton" in answer for answer in answers)
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 # -- the one budget, on both ports ---------------------------------------------------------------

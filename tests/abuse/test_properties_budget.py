@@ -43,12 +43,10 @@ import os
 import threading
 import time
 import urllib.parse
-import urllib.request
 import zlib
 from collections.abc import Iterator
 from typing import Any
 
-import grpc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -58,7 +56,17 @@ from gateway.devtools.local_triton import LocalTriton
 from gateway.pipeline import _MAX_TARGETS, route_metadata
 from gateway.telemetry.recorder import UNKNOWN_MODEL
 from tests.abuse import worst
-from tests.abuse.attack import DATA, END_STREAM, Attacker, Bystander, frame, request_headers, rss_mb, triton_requests
+from tests.abuse.attack import (
+    DATA,
+    END_STREAM,
+    Attacker,
+    Bystander,
+    frame,
+    request_headers,
+    rss_mb,
+    triton_requests,
+    varint,
+)
 from tests.support import GatewayThread, gateway_settings
 
 pytestmark = [pytest.mark.triton, pytest.mark.property]
@@ -76,33 +84,6 @@ LABELS = SERVED | {"_unserved", ""}
 _SETTLE_S = 5.0
 
 
-class MetadataBystander(Bystander):
-    """``attack.Bystander`` asking for ModelMetadata instead of an inference: Triton's inference
-    count then moves only with what the example sent (an inference in flight while the count is
-    read made it off by two, with the shadow)."""
-
-    def run(self) -> None:
-        channel = grpc.insecure_channel(f"127.0.0.1:{self.gateway.settings.grpc_port}")
-        metadata = channel.unary_unary("/inference.GRPCInferenceService/ModelMetadata")
-        request = service_pb2.ModelMetadataRequest(name="qc").SerializeToString()
-        while not self._stop.is_set():
-            for probe in ("healthz", "metadata"):
-                started = time.monotonic()
-                try:
-                    if probe == "healthz":
-                        with urllib.request.urlopen(f"{self.gateway.url}/healthz", timeout=2) as response:
-                            response.read()
-                    else:
-                        metadata(request, timeout=2)
-                    self.served += 1
-                except Exception as exc:  # recorded: the test asserts there were none
-                    self.failures.append(f"{probe}: {exc!r}"[:300])
-                self.slowest = max(self.slowest, time.monotonic() - started)
-                self.peak_rss = max(self.peak_rss, rss_mb())
-            self._stop.wait(0.05)
-        channel.close()
-
-
 @pytest.fixture(scope="module")
 def held_gateway(triton: LocalTriton) -> Iterator[tuple[GatewayThread, Bystander]]:
     policy = {"weights": {"2": 100}, "sequence_affinity": True, "shadow": {"version": "3", "percent": 100}}
@@ -110,7 +91,7 @@ def held_gateway(triton: LocalTriton) -> Iterator[tuple[GatewayThread, Bystander
                                  max_body_bytes=MAX_BODY, grpc_max_message_bytes=MAX_MESSAGE,
                                  max_buffered_body_bytes=BUDGET)
     with GatewayThread(settings_) as gateway:
-        bystander = MetadataBystander(gateway)
+        bystander = Bystander(gateway, metadata_only=True)  # no inference: Triton's count is ours
         thread = threading.Thread(target=bystander.run, daemon=True)
         thread.start()
         yield gateway, bystander
@@ -310,7 +291,7 @@ def grpc_messages(draw: st.DrawFn) -> tuple[bytes, bytes | None]:
             setattr(message.parameters["sequence_id"], *parameter)
             message.parameters["sequence_start"].bool_param = draw(st.booleans())
         pad = draw(st.sampled_from([0, 0, 1000, MAX_MESSAGE - 200, MAX_MESSAGE + 10]))
-        raw = message.SerializeToString() + (b"\x7a" + _varint(pad) + bytes(pad) if pad else b"")
+        raw = message.SerializeToString() + (b"\x7a" + varint(pad) + bytes(pad) if pad else b"")
     elif kind == "random":
         raw = draw(st.binary(max_size=64))
     else:  # zeros of a size around and far past the limit, sent compressed when the stream says so
@@ -339,15 +320,6 @@ def _bomb(size: int, encoding: bytes) -> bytes:
             bytes(size % MB)) + packer.flush()
         _bombs[size, encoding] = len(packed).to_bytes(4, "big") + packed
     return _bombs[size, encoding]
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 @settings(max_examples=GRPC_EXAMPLES, deadline=None, derandomize="FUZZ_EXAMPLES" not in os.environ,
