@@ -8,6 +8,7 @@ there is no second code path; the actor in the audit trail is the login's name w
 """
 
 # No `from __future__ import annotations`: FastAPI resolves these annotations at runtime.
+import logging
 from enum import Enum
 from typing import Annotated, Any
 
@@ -22,12 +23,13 @@ from gateway.console import guard
 from gateway.console.assets import IMMUTABLE, Assets
 from gateway.console.sessions import Sessions
 from gateway.console.views import Views, console_actor
-from gateway.errors import Forbidden, NotFound
+from gateway.errors import Forbidden, NotFound, Unauthorized
 from gateway.policy import Version
 from gateway.rollout.spec import RolloutSpec
 from gateway.services.lifecycle import ModelLifecycle
 from gateway.store.base import EventDraft
 
+log = logging.getLogger("gateway.console")
 AnyModel = Annotated[str, Path(min_length=1, max_length=512)]  # reading: any name the store or Triton holds
 
 
@@ -79,8 +81,14 @@ def console_router(views: Views, lifecycle: ModelLifecycle, auth: Authenticator,
     @app.post("/console/login")
     async def login(request: Request, body: Login) -> JSONResponse:
         guard.same_origin(request)
-        who = auth.token_identity(body.token.strip())
+        try:
+            who = auth.token_identity(body.token.strip())
+        except Unauthorized:
+            client = request.client.host if request.client else "unknown"
+            log.warning("console login refused: invalid token from %s", client)  # never the token itself
+            raise
         session = sessions.open(who)
+        log.info("console login: %s (%s)", who.name, who.role)
         response = JSONResponse(_session(session.who.name, session.who.role, session.csrf, views))
         guard.set_cookie(response, request, session, session_ttl_s)
         return _no_store(response)
@@ -92,6 +100,7 @@ def console_router(views: Views, lifecycle: ModelLifecycle, auth: Authenticator,
         if not session.csrf_matches(request.headers.get(guard.CSRF_HEADER)):
             raise Forbidden("missing or wrong CSRF token (X-CSRF-Token): reload the console")
         sessions.close(session.id)
+        log.info("console logout: %s", session.who.name)
         response = JSONResponse({"logged_out": True})
         guard.clear_cookie(response, request)
         return _no_store(response)

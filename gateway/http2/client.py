@@ -89,7 +89,7 @@ class Http2Connection(Endpoint):
         self.on_close = on_close
         self._next_id = 1
         self._waiters: list[asyncio.Future[None]] = []
-        self.keepalive_s = keepalive_s  # 0: no keepalive PINGs (deadlines are still enforced)
+        self.keepalive_s = keepalive_s  # 0: no keepalive pings (deadlines are still enforced)
         self.keepalive_timeout_s = keepalive_timeout_s
         self._tick_s = min(1.0, *(t for t in (keepalive_s, keepalive_timeout_s) if t > 0))
         self._timer: asyncio.TimerHandle | None = None
