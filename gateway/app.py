@@ -67,11 +67,13 @@ class Gateway(Dispatch):
 
     proxy: HttpProxy
     control: FastAPI
+    recorder_class: type[Recorder] = Recorder  # gateway.workers: a worker's reports deltas, the control plane's merges
+    reuse_port = False  # gateway.workers: each worker listens on its own SO_REUSEPORT socket
 
     def __init__(self, settings: Settings, store: StateStore | None = None) -> None:
         self.settings = settings
         self.book = PolicyBook(settings.sticky_header)
-        self.recorder = Recorder()
+        self.recorder = self.recorder_class()
         self.fleets = Fleets(settings.fleet_specs(), pool_size=settings.pool_size,
                              connect_timeout_s=settings.connect_timeout_s, request_timeout_s=settings.request_timeout_s,
                              max_inflight=settings.max_inflight_per_server,
@@ -190,7 +192,7 @@ class Gateway(Dispatch):
         else:
             self.grpc_server = await start_front(self.grpc_router, settings.host, settings.grpc_port, self.gate,
                                                  tls.serving(settings, tls.H2), grpc_limits(settings),
-                                                 self.budget, Health(self.probes.problem))
+                                                 self.budget, Health(self.probes.problem), reuse_port=self.reuse_port)
 
     async def _stop(self) -> None:
         await self.timeline.stop()

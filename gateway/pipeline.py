@@ -252,12 +252,15 @@ class Pipeline:
     def record(self, model: str, decision: Decision, outcome: Outcome, status: int | str, protocol: str,
                started: float, fault: str | None = None) -> None:
         """One sample. One rule for a model Triton does not know, on both protocols: a not-found
-        answer, or a failed request for a model without a policy, is recorded as ``_unknown``."""
-        if status in _NOT_FOUND or (decision is DEFAULT and outcome is not Outcome.SUCCESS):
+        answer, or a failed request for a model without a policy (routed by Triton or pinned by the
+        client), is recorded as ``_unknown``; a failed pinned version no policy names as ``_unserved``."""
+        failed = outcome is not Outcome.SUCCESS
+        if status in _NOT_FOUND or failed and (decision is DEFAULT or decision.reason == Reason.PINNED
+                                                 and self.book.get(model) is None):
             model, version, reason = UNKNOWN_MODEL, "", Reason.DEFAULT
         else:
             version, reason = decision.version or "", decision.reason
-            if reason == Reason.PINNED and outcome is not Outcome.SUCCESS and not self._named(model, version):
+            if reason == Reason.PINNED and failed and not self._named(model, version):
                 version = UNSERVED_VERSION  # a version only the client named, and it failed: Triton may not have it
         latency = time.perf_counter() - started
         if fault is not None:

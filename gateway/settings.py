@@ -7,8 +7,9 @@ with that one line.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, FilePath, SecretStr, ValidationError, field_validator, model_validator
@@ -257,6 +258,21 @@ class Settings(BaseSettings):
         "requests queue up to queue_timeout_ms, then get 429 / RESOURCE_EXHAUSTED")
     queue_timeout_ms: int = Field(1000, ge=0, le=600_000, description="longest wait for a free slot on a full server "
                                   "(0: refuse at once)")
+    # -- processes on one node (issue 26): gateway.workers --
+    workers: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = Field(
+        1, description="data-plane worker processes (auto: the cores this process may use); above 1, each has its "
+        "own SO_REUSEPORT listeners and one control plane (admin, controller, /metrics) runs in the supervisor")
+    worker_stall_s: float = Field(5.0, gt=0, le=600, description="a worker whose event loop has not reported for "
+                                  "this long is killed and replaced (workers above 1)")
+
+    def worker_count(self) -> int:
+        """``workers`` as a number: ``auto`` is the cores the process may use (its CPU affinity)."""
+        if self.workers == "auto":
+            try:
+                return max(1, len(os.sched_getaffinity(0)))
+            except AttributeError:  # not Linux
+                return max(1, os.cpu_count() or 1)
+        return self.workers
 
     def fleet_specs(self) -> dict[str, FleetSpec]:
         """Every fleet, ``default`` always among them."""

@@ -370,13 +370,16 @@ class FrontServer:
 
 async def start_server(router: GrpcRouter, host: str, port: int, gate: ControlGate | None = None,
                        tls: ssl.SSLContext | None = None, limits: Limits | None = None,
-                       budget: ByteBudget | None = None, health: Health | None = None) -> FrontServer:
-    """``tls``: gRPC over TLS on the same port (the context offers ALPN h2), else plaintext h2c."""
+                       budget: ByteBudget | None = None, health: Health | None = None,
+                       reuse_port: bool = False) -> FrontServer:
+    """``tls``: gRPC over TLS on the same port (the context offers ALPN h2), else plaintext h2c.
+    ``reuse_port``: one of several processes' listeners on the port (gateway.workers)."""
     front = GrpcFront(router, gate, health)
     limits = limits or Limits()
     per_client: dict[str, int] = {}  # the connections of each client address, for max_connections_per_client
     # a TLS handshake is part of getting to the preface: the same bound (asyncio's default is 60 s)
     server = await asyncio.get_running_loop().create_server(
         lambda: Http2ServerConnection(front.on_stream, front.connections, limits, per_client, budget), host,
-        port, reuse_address=True, ssl=tls, ssl_handshake_timeout=limits.preface_timeout if tls is not None else None)
+        port, reuse_address=True, reuse_port=reuse_port or None, ssl=tls,
+        ssl_handshake_timeout=limits.preface_timeout if tls is not None else None)
     return FrontServer(server, front)
