@@ -192,6 +192,8 @@ class Supervisor:
             while True:
                 message = await channel.receive()
                 if message[0] == "delta":
+                    self.cost.seconds += channel.decode_s  # reading the report is part of its cost
+                    channel.decode_s = 0.0
                     self._merge(slot, message[1], message[2], message[3])
                 elif message[0] == "ack":
                     slot.push = message[1]
@@ -391,8 +393,8 @@ class WorkersCollector:
         cost = self.supervisor.cost
         merged = CounterMetricFamily("gateway_worker_reports", "Worker reports merged by the control plane")
         merged.add_metric([], cost.reports)
-        seconds = CounterMetricFamily("gateway_worker_merge_seconds", "CPU seconds the control plane spent "
-                                      "merging worker reports")
+        seconds = CounterMetricFamily("gateway_worker_merge_seconds", "Seconds the control plane spent "
+                                      "decoding and merging worker reports")
         seconds.add_metric([], cost.seconds)
         yield from (up, restarts, lag, current, merged, seconds)
 
