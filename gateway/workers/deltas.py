@@ -247,7 +247,7 @@ class MergedRecorder(Recorder):
         self.watch_changed()
 
     def forget_worker(self, worker: int) -> None:
-        """A worker is gone: its requests in flight are no longer in flight."""
+        """A worker (by process id) is gone: its requests in flight are no longer in flight."""
         self._worker_inflight.pop(worker, None)
         self._sum_inflight()
 
