@@ -156,20 +156,20 @@ class HttpProxy:
                 await exchange.send(_AS_SENT)
                 await exchange.deliver(None)
             else:
-                await self.pipeline.forward(exchange, model, policy, decision, started, "http")
+                await self.pipeline.forward(exchange, model, policy, decision, started, "http", _client(self, scope))
         except GatewayError as exc:
             if exchange.response is not None:  # broke mid-stream: headers are out, just stop
                 exchange.response.abort()
             elif not isinstance(exc, ClientGone):
                 exchange.handed = True
                 await _send_error(send, exc)
-            self._record_error(model, decision, started, exc)
+            self._record_error(model, decision, started, exc, _client(self, scope))
         except asyncio.CancelledError:
             if exchange.response is not None:
                 exchange.response.abort()
             if exchange.client_left and task is not None:  # our own cancel: the client left, nothing to answer
                 task.uncancel()
-                self._record_error(model, decision, started, ClientGone("client went away"))
+                self._record_error(model, decision, started, ClientGone("client went away"), _client(self, scope))
                 return
             raise
         finally:
@@ -179,14 +179,15 @@ class HttpProxy:
             if connection is not None:
                 connection.on_lost = None
 
-    def _record_error(self, model: str | None, decision: Decision | None, started: float, error: GatewayError) -> None:
+    def _record_error(self, model: str | None, decision: Decision | None, started: float, error: GatewayError,
+                      client: str = "") -> None:
         if model is None or decision is None:
             return
         cancelled = isinstance(error, ClientGone)
         fault = type(error).__name__ if isinstance(error, UpstreamError) and not cancelled else None
         outcome = Outcome.CANCELLED if cancelled else Outcome.OVERLOAD if isinstance(error, Overloaded) \
             else Outcome.UPSTREAM_ERROR
-        self.pipeline.record(model, decision, outcome, error.status, "http", started, fault)
+        self.pipeline.record(model, decision, outcome, error.status, "http", started, fault, client)
 
     async def _route_sequence(self, policy: Policy, scope: Scope, sequence: SequenceFields | None) -> Decision:
         """Routing for models with sequence affinity: the sequence fields live in the body."""
@@ -400,3 +401,9 @@ def sequence_fields(header: bytes | None) -> tuple[object | None, bool, bool]:
     if sequence_id is None:
         return None, False, False
     return sequence_id, parameters.get("sequence_start") is True, parameters.get("sequence_end") is True
+
+
+def _client(proxy: HttpProxy, scope: Scope) -> str:
+    """The request's client for the rollout judge: the peer, or whom a trusted proxy forwarded."""
+    peer = scope.get("client")
+    return proxy.pipeline.clients.of(peer[0] if peer else None, scope["headers"])
