@@ -73,7 +73,7 @@ def deadline_of(headers: Headers) -> float | None:
 class _Call:
     """What every call has: its stream, its deadline, and the task doing its upstream work."""
 
-    __slots__ = ("front", "connection", "stream", "deadline", "task", "timer")
+    __slots__ = ("front", "connection", "stream", "deadline", "task", "timer", "client")
     streaming = False  # a unary request is held until END_STREAM (StreamHandler.streaming)
 
     def __init__(self, front: GrpcFront, connection: Http2ServerConnection, stream: ServerStream) -> None:
@@ -81,6 +81,7 @@ class _Call:
         self.connection = connection
         self.stream = stream
         self.deadline = deadline_of(stream.headers)
+        self.client = client_of(front, connection, stream)  # for the rollout judge's per-client shares
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         if self.deadline is not None:
@@ -160,7 +161,7 @@ class UnaryCall(_Call):
         if decision is SEQUENCED:
             decision = await router.settle(fields, policy, headers)
         exchange = router.new_infer(INFER, raw, fields, client_metadata(headers), self.remaining())
-        decision = await router.infer(exchange, fields.model_name, policy, decision)
+        decision = await router.infer(exchange, fields.model_name, policy, decision, self.client)
         metadata = decision_block(router.announced(decision, exchange.response))  # after any fallback: who answered
         if exchange.code:
             self.finish(exchange.code, router.details(exchange.code, exchange.details), metadata)
@@ -313,14 +314,21 @@ class StreamCall(_Call):
         messages, used = split_messages(replies)  # Triton compresses nothing: we never ask it to
         for _, response in messages:
             self.replied = self.front.router.record_stream_reply(self.model, self.decision, response, self.sent,
-                                                                 self.replied)
+                                                                 self.replied, self.client)
             self.connection.send_message(self.stream, response)
         del replies[:used]
 
     def on_close(self, code: int, details: str) -> None:
         if code:
-            self.front.router.record(self.model, self.decision, code, self.sent)
+            self.front.router.record(self.model, self.decision, code, self.sent, client=self.client)
         self.finish(code, self.front.router.details(code, details) if code else "", self._routing_block())
+
+
+def client_of(front: GrpcFront, connection: Http2ServerConnection, stream: ServerStream) -> str:
+    """The call's client: the connection's peer address, or whom a trusted proxy forwarded."""
+    transport = connection.transport
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    return front.router.pipeline.clients.of(peer[0] if peer else None, stream.headers)
 
 
 class GrpcFront:

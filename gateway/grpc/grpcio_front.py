@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from gateway.client_address import grpcio_peer
 from gateway.control_surface import ControlGate
 from gateway.grpc.health import HEALTH, Health, grpcio_handlers
 from gateway.grpc.router import SERVICE, GrpcRouter
@@ -88,7 +89,8 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
         if decision is SEQUENCED:
             decision = await self.router.settle(fields, policy, _wire(metadata))
         exchange = self.router.new_infer(method, raw, fields, _forwarded(context, metadata), context.time_remaining())
-        decision = await self.router.infer(exchange, fields.model_name, policy, decision)
+        client = self.router.pipeline.clients.of(grpcio_peer(context.peer()), _wire(metadata))
+        decision = await self.router.infer(exchange, fields.model_name, policy, decision, client)
         # after any fallback: the version that answered
         await context.send_initial_metadata(self.router.announced(decision, exchange.response))
         if exchange.code:
@@ -101,6 +103,7 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
         metadata = context.invocation_metadata() or ()
         last: dict[str, Any] = {"model": None, "decision": None, "sent": time.perf_counter(), "replied": 0.0}
         wire = _wire(metadata)
+        client = self.router.pipeline.clients.of(grpcio_peer(context.peer()), wire)
 
         async def routed() -> AsyncIterator[bytes]:
             async for raw in requests:
@@ -119,11 +122,11 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
                     await context.send_initial_metadata(self.router.announced(decision))
                 announced = True
                 last["replied"] = self.router.record_stream_reply(last["model"], decision, response, last["sent"],
-                                                                  last["replied"])
+                                                                  last["replied"], client)
                 yield response
         except grpc.aio.AioRpcError as exc:
             code = exc.code().value[0]
-            self.router.record(last["model"], last["decision"], code, last["sent"])
+            self.router.record(last["model"], last["decision"], code, last["sent"], client=client)
             await context.abort(exc.code(), self.router.details(code, _own_words(exc.details() or "")))
 
     async def aclose(self) -> None:

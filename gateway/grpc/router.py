@@ -136,13 +136,15 @@ class GrpcRouter:
                   timeout: float | None) -> GrpcInfer:
         return GrpcInfer(self.upstream, method, raw, bool(fields.model_version), forwarded, timeout, self.fleets)
 
-    async def infer(self, exchange: GrpcInfer, model: str, policy: Policy | None, decision: Decision) -> Decision:
-        """Forward one routed ModelInfer through the pipeline; the decision that answered."""
+    async def infer(self, exchange: GrpcInfer, model: str, policy: Policy | None, decision: Decision,
+                    client: str = "") -> Decision:
+        """Forward one routed ModelInfer through the pipeline; the decision that answered.
+        ``client``: the peer's address (or a trusted proxy's x-forwarded-for), for the judge's shares."""
         started = time.perf_counter()
         try:
-            return await self.pipeline.forward(exchange, model, policy, decision, started, "grpc")
+            return await self.pipeline.forward(exchange, model, policy, decision, started, "grpc", client)
         except asyncio.CancelledError:  # the client went away: the upstream stream was reset with us
-            self.pipeline.record(model, decision, Outcome.CANCELLED, "CANCELLED", "grpc", started)
+            self.pipeline.record(model, decision, Outcome.CANCELLED, "CANCELLED", "grpc", started, client=client)
             raise
 
     def announced(self, decision: Decision, response: bytes = b"") -> tuple[tuple[str, str], ...]:
@@ -155,29 +157,29 @@ class GrpcRouter:
         return details or ""
 
     def record_stream_reply(self, model: str | None, decision: Decision | None, response: bytes,
-                            started: float, replied: float = 0.0) -> float:
+                            started: float, replied: float = 0.0, client: str = "") -> float:
         """One ModelStreamInferResponse: a failed request inside a stream comes back as a message
         with error_message (field 1) set, and the stream stays open. A successful one is also
         timed (``record_stream``): from ``started``, the stream's last request, when it is the
         first reply since (``replied`` 0.0), else from ``replied``. Returns the new ``replied``."""
         failed = response[:1] == b"\x0a" and len(response) > 1 and response[1] != 0
         if failed and _QUEUE_FULL in response[:256]:  # Triton's full queue: overload, not the version's fault
-            self.record(model, decision, StatusCode.RESOURCE_EXHAUSTED, started)
+            self.record(model, decision, StatusCode.RESOURCE_EXHAUSTED, started, client=client)
             return replied
-        self.record(model, decision, StatusCode.INTERNAL if failed else StatusCode.OK, started)
+        self.record(model, decision, StatusCode.INTERNAL if failed else StatusCode.OK, started, client=client)
         if failed or model is None or decision is None:
             return replied
         return self.pipeline.recorder.stream_response(model, decision.version or "", started, replied,
                                                       decision.reason not in STEERED_ROUTES)
 
     def record(self, model: str | None, decision: Decision | None, code: int, started: float,
-               details: str = "") -> None:
+               details: str = "", client: str = "") -> None:
         if model is None or decision is None:
             return
         outcome = classify(code, details)
         name = status_name(code)
         self.pipeline.record(model, decision, outcome, name, "grpc", started,
-                             name if outcome is Outcome.UPSTREAM_ERROR else None)
+                             name if outcome is Outcome.UPSTREAM_ERROR else None, client)
 
 
 def _answered_version(response: bytes) -> str | None:
