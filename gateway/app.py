@@ -18,11 +18,12 @@ from fastapi import FastAPI
 from gateway import tls
 from gateway.admin.api import admin_router
 from gateway.admin.auth import Authenticator
+from gateway.admin.deps import JsonBodies
 from gateway.admin.fleets import fleets_router
 from gateway.admin.rollouts import rollout_router
 from gateway.admin.versions import versions_router
 from gateway.asgi import Dispatch
-from gateway.console.routes import console_app
+from gateway.console.routes import install_console
 from gateway.console.timeline import Timeline
 from gateway.console.views import Views
 from gateway.control_surface import ControlCall, ControlGate, ControlMode
@@ -32,6 +33,7 @@ from gateway.fleet.registry import Fleets
 from gateway.grpc.front import start_server as start_front
 from gateway.grpc.grpcio_front import GrpcProxy
 from gateway.grpc.grpcio_front import start_server as start_grpc
+from gateway.grpc.health import Health
 from gateway.grpc.router import GrpcRouter
 from gateway.http2.server import Limits
 from gateway.pipeline import Pipeline
@@ -43,6 +45,7 @@ from gateway.rollout.controller import RolloutController
 from gateway.sequences import SequencePins
 from gateway.services.config_intent import apply_declared
 from gateway.services.lifecycle import ModelLifecycle
+from gateway.services.model_configs import SequenceModels
 from gateway.services.policies import PolicyService
 from gateway.services.replicas import Replicas
 from gateway.services.state_sync import StateSync
@@ -64,18 +67,21 @@ class Gateway(Dispatch):
 
     proxy: HttpProxy
     control: FastAPI
+    recorder_class: type[Recorder] = Recorder  # gateway.workers: a worker's reports deltas, the control plane's merges
+    reuse_port = False  # gateway.workers: each worker listens on its own SO_REUSEPORT socket
 
     def __init__(self, settings: Settings, store: StateStore | None = None) -> None:
         self.settings = settings
         self.book = PolicyBook(settings.sticky_header)
-        self.recorder = Recorder()
+        self.recorder = self.recorder_class()
         self.fleets = Fleets(settings.fleet_specs(), pool_size=settings.pool_size,
                              connect_timeout_s=settings.connect_timeout_s, request_timeout_s=settings.request_timeout_s,
                              max_inflight=settings.max_inflight_per_server,
                              queue_timeout_s=settings.queue_timeout_ms / 1000, eject_after=settings.fleet_eject_after,
                              health_interval_s=settings.fleet_health_interval_s,
                              dns_refresh_s=settings.fleet_dns_refresh_s,
-                             http_tls=tls.upstream_http(settings), grpc_tls=tls.upstream_grpc(settings))
+                             http_tls=tls.upstream_http(settings), grpc_tls=tls.upstream_grpc(settings),
+                             keepalive=(settings.upstream_keepalive_s, settings.upstream_keepalive_timeout_s))
         self.upstream: HttpUpstream = FleetHttp(self.fleets.default)
         self.access_log = AccessLog() if settings.access_log else None
         self.pins = SequencePins()
@@ -97,6 +103,9 @@ class Gateway(Dispatch):
         self.source = make_source(settings.metrics_source, settings.prometheus_url, self.recorder,
                                   timeout_s=settings.controller_call_timeout_s)
         self.replicas = Replicas(self.store, self.recorder, self.pins)
+        self.pins.directory = self.replicas  # sequence pins shared live between replicas, through the store
+        self.sequence_models = SequenceModels(self.triton, self.book)  # what sequence_affinity auto follows
+        self.triton.on_reload.append(self.sequence_models.wake)
         self.lifecycle = ModelLifecycle(self.store, self.triton, self.policies, self.replicas,
                                         drain_timeout_s=settings.drain_timeout_s)
         self.rollouts = RolloutController(self.store, self.triton, self.policies, self.source, self.recorder,
@@ -106,18 +115,16 @@ class Gateway(Dispatch):
                                           prometheus_url=settings.prometheus_url)
         self.registry = make_registry(GatewayCollector(self.recorder, self.book))
         self.registry.register(FleetCollector(self.fleets))
-        self.probes = Probes(self.upstream, self.book, self.registry, settings.connect_timeout_s, self.sync.problem)
+        self.probes = Probes(self.fleets.default.live, self.book, self.registry, settings.connect_timeout_s,
+                             self.sync.problem)
         self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin,
                                   {name: token.get_secret_value() for name, token in settings.viewer_tokens.items()})
         self.gate = control_gate(ControlMode(settings.triton_control), self.auth, self.policies)
         self.proxy = HttpProxy(self.pipeline, self.upstream, self.gate,
                                BodyReader(settings.max_body_bytes, budget=self.budget),
                                {fleet.name: FleetHttp(fleet) for fleet in named})
-        self.control = self._control_app()
         self.timeline = Timeline(self.store, self.source)  # the console's rollout history (bounded)
-        self.console = console_app(Views(self.policies, self.rollouts, self.fleets, self.sync, self.source,
-                                         self.recorder, self.timeline, settings.metrics_source),
-                                   self.lifecycle, self.auth, settings.console_session_ttl_s)
+        self.control = self._control_app()
 
     @property
     def started(self) -> bool:
@@ -127,12 +134,16 @@ class Gateway(Dispatch):
         app = FastAPI(title="triton-gateway admin API", version="1", lifespan=self._lifespan,
                       docs_url="/admin/docs", redoc_url=None, openapi_url="/admin/openapi.json")
         app.state.auth = self.auth  # read by the shared Actor dependency (gateway.admin.deps)
+        app.add_middleware(JsonBodies)  # curl -d's bodies are JSON; other media types 415
         app.include_router(self.probes.router())
         app.include_router(admin_router(self.policies), prefix="/admin", tags=["admin"])
         app.include_router(rollout_router(self.rollouts), prefix="/admin", tags=["rollout"])
         app.include_router(versions_router(self.lifecycle), prefix="/admin", tags=["versions"])
         app.include_router(fleets_router(self.fleets), prefix="/admin", tags=["fleets"])
         install_error_handlers(app)
+        install_console(app, Views(self.policies, self.rollouts, self.fleets, self.sync, self.source, self.recorder,
+                                   self.timeline, self.settings.metrics_source),
+                        self.lifecycle, self.auth, self.settings.console_session_ttl_s)
         return app
 
     @contextlib.asynccontextmanager
@@ -155,6 +166,8 @@ class Gateway(Dispatch):
         await apply_declared(self.store, self.settings.policies)  # one log line per model
         await self.sync.resync()
         await self.replicas.restore_pins()  # sequences pinned before a restart stay on their version
+        await self.sequence_models.first_look(self.settings.connect_timeout_s + 5)
+        self.sequence_models.start()
         self.sync.start()
         self.replicas.start()
         if self.access_log is not None:
@@ -172,19 +185,21 @@ class Gateway(Dispatch):
         named = {fleet.name: FleetGrpc(fleet) for fleet in self.fleets if fleet is not self.fleets.default}
         self.grpc_router = GrpcRouter(self.pipeline, upstream, named)
         if settings.grpc_server == "grpcio":
-            self.grpc = GrpcProxy(self.grpc_router, self.gate, tls.grpcio_channel_credentials(settings))
+            self.grpc = GrpcProxy(self.grpc_router, self.gate, tls.grpcio_channel_credentials(settings),
+                                  Health(self.probes.problem))
             self.grpc_server = await start_grpc(self.grpc, settings.host, settings.grpc_port,
                                                 tls.grpcio_server_credentials(settings))
         else:
             self.grpc_server = await start_front(self.grpc_router, settings.host, settings.grpc_port, self.gate,
                                                  tls.serving(settings, tls.H2), grpc_limits(settings),
-                                                 self.budget)
+                                                 self.budget, Health(self.probes.problem), reuse_port=self.reuse_port)
 
     async def _stop(self) -> None:
         await self.timeline.stop()
         await self.rollouts.stop()
         await self.sync.stop()
         await self.replicas.stop()
+        await self.sequence_models.stop()
         if self.access_log is not None:
             await self.access_log.stop()
         await self.shadow.stop()

@@ -1,6 +1,6 @@
-"""The gateway's ASGI entry: ``/v2/...`` to the lean data-plane handler, ``/console`` to the SRE
-console, everything else to the control app (admin API, probes, ``/metrics``), with a size guard
-in front of ``/admin`` and ``/console``.
+"""The gateway's ASGI entry: ``/v2/...`` to the lean data-plane handler, everything else to the
+control app (admin API, SRE console, probes, ``/metrics``), with a size guard in front of ``/admin``
+and ``/console``.
 
 The dispatch is two string checks per request; FastAPI's routing never sees inference traffic.
 """
@@ -23,7 +23,6 @@ class Dispatch:
 
     proxy: Asgi
     control: Asgi
-    console: Asgi  # the SRE console under /console (gateway.console)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/v2"):
@@ -31,8 +30,6 @@ class Dispatch:
         elif scope["type"] == "http" and scope["path"].startswith(("/admin", "/console")) and _too_large(scope):
             await JSONResponse({"error": f"request body over {MAX_ADMIN_BODY} bytes"}, 413,
                                headers={"connection": "close"})(scope, receive, send)  # the body stays unread
-        elif scope["type"] == "http" and (scope["path"] == "/console" or scope["path"].startswith("/console/")):
-            await self.console(scope, receive, send)
         else:
             await self.control(scope, receive, send)
 

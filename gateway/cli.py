@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "GATEWAY_STORE_URL")
     serve.add_argument("--insecure-admin", action="store_true", default=None,
                        help="serve /admin without a token (a warning is logged); never in production")
+    serve.add_argument("--workers", metavar="N", help="data-plane worker processes: a number, or auto for the cores "
+                       "this process may use (default 1; GATEWAY_WORKERS). Above 1: one control plane in the "
+                       "supervising process, SIGHUP re-reads --config")
     serve.set_defaults(handler=_serve)
 
     triton = commands.add_parser("triton", help="run a local Triton server from the nvidia-pytriton wheel",
@@ -75,12 +78,17 @@ def _serve(args: argparse.Namespace) -> int:
 
     overrides: dict[str, Any] = {k: v for k, v in (("host", args.host), ("port", args.port),
                                                    ("triton_url", args.triton_url), ("store_url", args.store_url),
-                                                   ("insecure_admin", args.insecure_admin)) if v is not None}
+                                                   ("insecure_admin", args.insecure_admin),
+                                                   ("workers", args.workers)) if v is not None}
     try:
         settings = Settings.load(args.config, **overrides)
     except SettingsError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
+    if settings.worker_count() > 1:
+        from gateway.workers.supervisor import run_supervised
+
+        return run_supervised(settings, args.config, overrides)
     from gateway.server import run
 
     return run(settings)

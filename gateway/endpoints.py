@@ -3,7 +3,7 @@ and the one place exceptions become ``{"error": ...}`` responses."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -15,17 +15,19 @@ from starlette.exceptions import HTTPException
 from gateway.errors import GatewayError
 from gateway.policy_book import PolicyBook
 from gateway.telemetry.prometheus import render
-from gateway.upstream import HttpUpstream
+
+Live = Callable[[float], Awaitable["str | None"]]  # Fleet.live: None, or why no Triton is live
 
 
 class Probes:
     """``/healthz`` (the process answers), ``/readyz`` (policies loaded, their sync not failing
-    for too long, and Triton live), ``/metrics``."""
+    for too long, and a Triton of the default fleet live), ``/metrics``. The gRPC health service
+    answers from the same :meth:`problem`."""
 
-    def __init__(self, upstream: HttpUpstream, book: PolicyBook, registry: CollectorRegistry,
+    def __init__(self, live: Live, book: PolicyBook, registry: CollectorRegistry,
                  timeout_s: float, sync_problem: Callable[[], str | None] = lambda: None) -> None:
         self.sync_problem = sync_problem  # why policy sync makes this replica unready, if it does
-        self.upstream = upstream
+        self.live = live
         self.book = book
         self.registry = registry
         self.timeout_s = timeout_s
@@ -45,20 +47,20 @@ class Probes:
     async def healthz(self) -> dict[str, str]:
         return {"status": "alive"}
 
-    async def readyz(self) -> JSONResponse:
+    async def problem(self) -> str | None:
+        """Why this replica is not ready, or None. Triton is asked over each server's probe
+        connection (``Fleet.live``): a saturated server answers at once, admission never queues it."""
         if not self.started:
-            return JSONResponse({"error": "gateway is starting: policies not loaded yet"}, status_code=503)
+            return "gateway is starting: policies not loaded yet"
         problem = self.sync_problem()
         if problem is not None:
+            return problem
+        return await self.live(self.timeout_s)
+
+    async def readyz(self) -> JSONResponse:
+        problem = await self.problem()
+        if problem is not None:
             return JSONResponse({"error": problem}, status_code=503)
-        try:
-            response = await self.upstream.request(b"GET", b"/v2/health/live", [], timeout_s=self.timeout_s)
-            await response.read()
-        except GatewayError as exc:
-            return JSONResponse({"error": exc.message}, status_code=503)
-        if response.status != 200:
-            return JSONResponse({"error": f"upstream {self.upstream.name} is not live ({response.status})"},
-                                status_code=503)
         return JSONResponse({"status": "ready", "policies": sorted(self.book.snapshot())})
 
 

@@ -8,7 +8,7 @@
     ├── Conflict                   409   e.g. a version that is not READY on Triton
     │   └── LeaseLost              409   a fenced write from a deposed lease holder, refused
     ├── PayloadTooLarge            413   a request body (or its decompressed form) over max_body_bytes
-    ├── Overloaded                 429   admission control, or Triton's full queue: Retry-After; never a version's fault
+    ├── Overloaded                 429   the gateway's admission control: Retry-After; never a version's fault
     ├── PreconditionFailed         412   stale If-Match revision
     │   └── StaleRevision          412   a store compare-and-set lost the race
     ├── LoadFailed                 422   Triton refused or failed to load a version
@@ -22,6 +22,10 @@
         ├── UpstreamTimeout        504   the deadline passed before Triton answered
         └── ClientGone             499   the client went away; nothing is sent back
 
+The data plane's own answers about Triton (``Overloaded`` and the ``UpstreamError`` family) start
+with ``gateway: `` so a client tells them from Triton's, which pass through verbatim, and they
+name no internal address: which server failed goes to the log and to ``/admin/fleets``.
+
 Lower-level exceptions (OSError, httptools errors, sqlite3, redis, httpx) are translated at
 their own boundary (``upstream.py``, ``grpc/upstream.py``, ``store/``, ``telemetry/sources.py``)
 with ``raise Ours(...) from exc``. The admin API answers ``status`` with ``{"error": message}``;
@@ -31,6 +35,19 @@ the gRPC fronts map the tree to gRPC status codes in ``grpc/status.py``.
 from __future__ import annotations
 
 import json
+import os
+
+OWN_ANSWER = "gateway: "  # the first words of every answer the gateway gives instead of Triton
+
+
+def own_answer(message: str) -> str:
+    """``message`` marked as the gateway's own answer (once)."""
+    return message if message.startswith(OWN_ANSWER) else OWN_ANSWER + message
+
+
+def os_reason(exc: OSError) -> str:
+    """What went wrong with a socket, without the address asyncio puts in its message."""
+    return os.strerror(exc.errno) if exc.errno else "cannot connect"
 
 
 class GatewayError(Exception):
@@ -124,7 +141,12 @@ class MetricsUnavailable(GatewayError):
 
 
 class UpstreamError(GatewayError):
+    """No usable answer from Triton: the gateway answers itself, and says so."""
+
     status = 502
+
+    def __init__(self, message: str) -> None:
+        super().__init__(own_answer(message))
 
 
 class UpstreamUnavailable(UpstreamError):
@@ -141,12 +163,12 @@ class ClientGone(UpstreamError):
 
 class Overloaded(GatewayError):
     """Admission control refused the request (every server of its fleet is at its in-flight limit
-    and the queue wait ran out), or Triton said its own queue is full. HTTP 429 with
-    ``Retry-After``, gRPC RESOURCE_EXHAUSTED; never counted against a version."""
+    and the queue wait ran out). HTTP 429 with ``Retry-After``, gRPC RESOURCE_EXHAUSTED; never
+    counted against a version. (Triton's own queue-full answer passes through as Triton sent it.)"""
 
     status = 429
 
     def __init__(self, message: str, retry_after_s: int = 1) -> None:
-        super().__init__(message)
+        super().__init__(own_answer(message))
         self.retry_after_s = retry_after_s
         self.headers = ((b"retry-after", str(retry_after_s).encode()),)

@@ -56,7 +56,7 @@ class _CoalescingTransport:
     """The client transport, but writes of one loop iteration are joined into one send(), and a
     close while the client is still sending its request becomes a lingering close."""
 
-    __slots__ = ("_transport", "_loop", "_pending", "_protocol")
+    __slots__ = ("_transport", "_loop", "_pending", "_protocol", "shut")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
                  protocol: GatewayHttpProtocol) -> None:
@@ -64,8 +64,11 @@ class _CoalescingTransport:
         self._loop = loop
         self._pending: list[bytes] | None = None
         self._protocol = protocol
+        self.shut = False  # the connection is lingering: nothing more is written
 
     def write(self, data: bytes) -> None:
+        if self.shut:
+            return
         if self._pending is None:
             self._pending = [data]
             self._loop.call_soon(self._flush)
@@ -173,7 +176,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._raw = transport
-        super().connection_made(_CoalescingTransport(transport, self.loop, self))  # type: ignore[arg-type]
+        self._out = _CoalescingTransport(transport, self.loop, self)
+        super().connection_made(self._out)  # type: ignore[arg-type]
         if len(self.connections) > self.max_connections:
             self._refuse_later(f"the gateway has {self.max_connections} client connections open "
                                "(max_client_connections): retry shortly")
@@ -200,7 +204,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if self._ending:
             if self._ending == _REFUSED:
                 self._refuse()
-            elif self._ending == _LINGERING:  # what the client still sends is read and dropped
+            else:  # lingering, or no more requests read: what the client still sends is dropped
                 self._lingered += len(data)
                 if self._lingered > self.linger_bytes:
                     self._raw.close()
@@ -221,8 +225,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()  # otherwise the Upgrade header is simply not honoured
+            pass  # no protocol to upgrade to here (uvicorn runs with ws="none"): Upgrade is not honoured
         except httptools.HttpParserError as exc:
             refusal, self._refusal = self._refusal, None
             if refusal is not None:
@@ -292,7 +295,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         parser = self.parser
         upgrade = parser.should_upgrade()
-        if upgrade and not self._should_upgrade() and _has_body(self.headers):
+        if upgrade and _has_body(self.headers):
             # httptools hands whatever follows an Upgrade request's headers to the new protocol,
             # so the application would see an empty body: say so instead of forwarding nothing.
             self._answer_and_close(error_response(b"400 Bad Request", (
@@ -304,8 +307,6 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         scope["method"] = parser.get_method().decode("ascii")
         if http_version != "1.1":
             scope["http_version"] = http_version
-        if upgrade and self._should_upgrade():
-            return
         parsed_url = httptools.parse_url(self.url)
         raw_path = parsed_url.path
         path = raw_path.decode("ascii")
@@ -401,7 +402,6 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if self._raw.is_closing():
             return
         self.transport.write(answer)
-        self.transport._flush()  # type: ignore[attr-defined]
         self._linger()
 
     def _linger(self) -> None:
@@ -411,6 +411,12 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         without the FIN."""
         raw = self._raw
         self._ending = _LINGERING
+        self._out._flush()  # what was written before goes out; nothing after
+        self._out.shut = True
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:  # its handler stops: no client to answer now
+            cycle.disconnected = True
+            cycle.message_event.set()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

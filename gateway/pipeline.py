@@ -34,6 +34,7 @@ from gateway.routing import (
     WeylDraw,
     choose,
     choose_in_sequence,
+    choose_unpinned,
     fallback_for,
     inflight_key,
 )
@@ -41,6 +42,9 @@ from gateway.sequences import SequencePins, checked_sequence_id
 from gateway.telemetry.recorder import UNKNOWN_MODEL, Outcome, Recorder
 
 DEFAULT = Decision(None, Reason.DEFAULT)  # no policy, not pinned: Triton picks its default version
+# Marker for a front: this request belongs to a sequence on a model with affinity; decide with
+# ``await Pipeline.route_sequence`` (the pin may have to be read from, or written to, the store).
+SEQUENCED = Decision(None, Reason.SEQUENCE)
 ROUTE_HEADER = "x-gateway-route"
 VERSION_HEADER = "x-gateway-model-version"
 # Answers that mean Triton does not know the model or version (HTTP, gRPC): recorded under one
@@ -149,20 +153,34 @@ class Pipeline:
         return route_metadata(version, reason) if self.expose_version_headers else ()
 
     # -- route ---------------------------------------------------------------------------------
-    def route(self, policy: Policy | None, headers: Iterable[tuple[bytes, bytes]], sequence_id: object | None = None,
-              start: bool = False, end: bool = False) -> Decision:
-        """The decision for one unpinned request (lower-case header names, as on the wire).
-        A sequence id Triton would not take raises BadRequest before it reaches the pin table."""
+    def route(self, policy: Policy | None, headers: Iterable[tuple[bytes, bytes]]) -> Decision:
+        """The decision for one request outside any sequence (lower-case header names, as on the wire)."""
         if policy is None:
             return DEFAULT
         names = policy.header_names
+        return choose(policy, {name: value for name, value in headers if name in names}, self._draw())
+
+    async def route_sequence(self, policy: Policy, headers: Iterable[tuple[bytes, bytes]], sequence_id: object,
+                             start: bool, end: bool) -> Decision:
+        """The decision for a request of a sequence on a model with affinity: its pin (from
+        this replica's table, or the store's when this one has none or an old one); a start is
+        routed as usual and its pin written through to the store before it is forwarded (an
+        end's release too)."""
+        names = policy.header_names
         found = {name: value for name, value in headers if name in names}
-        if sequence_id is None:
-            return choose(policy, found, self._draw())
-        sequence_id = checked_sequence_id(sequence_id)
-        if sequence_id is None:
-            return choose(policy, found, self._draw())
-        return choose_in_sequence(policy, found, self._draw(), self.pins, sequence_id, start, end)
+        checked = checked_sequence_id(sequence_id)  # BadRequest before the id reaches the pin table
+        draw = self._draw()
+        if checked is None:
+            return choose(policy, found, draw)
+        decision = choose_in_sequence(policy, found, draw, self.pins, checked, start, end)
+        if decision is None:
+            version = await self.pins.resolve(policy.model, checked, end)
+            decision = choose_unpinned(policy, found, draw) if version is None else Decision(version, Reason.SEQUENCE)
+        elif decision.reason == Reason.RULE:
+            return decision
+        if start != end:  # a start pins, an end unpins: on every replica from the sequence's next request on
+            await self.pins.share(policy.model, checked)
+        return decision
 
     @staticmethod
     def pinned(version: str) -> Decision:
@@ -234,12 +252,15 @@ class Pipeline:
     def record(self, model: str, decision: Decision, outcome: Outcome, status: int | str, protocol: str,
                started: float, fault: str | None = None) -> None:
         """One sample. One rule for a model Triton does not know, on both protocols: a not-found
-        answer, or a failed request for a model without a policy, is recorded as ``_unknown``."""
-        if status in _NOT_FOUND or (decision is DEFAULT and outcome is not Outcome.SUCCESS):
+        answer, or a failed request for a model without a policy (routed by Triton or pinned by the
+        client), is recorded as ``_unknown``; a failed pinned version no policy names as ``_unserved``."""
+        failed = outcome is not Outcome.SUCCESS
+        if status in _NOT_FOUND or failed and (decision is DEFAULT or decision.reason == Reason.PINNED
+                                                 and self.book.get(model) is None):
             model, version, reason = UNKNOWN_MODEL, "", Reason.DEFAULT
         else:
             version, reason = decision.version or "", decision.reason
-            if reason == Reason.PINNED and outcome is not Outcome.SUCCESS and not self._named(model, version):
+            if reason == Reason.PINNED and failed and not self._named(model, version):
                 version = UNSERVED_VERSION  # a version only the client named, and it failed: Triton may not have it
         latency = time.perf_counter() - started
         if fault is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -31,6 +31,9 @@ def target_order(key: str) -> tuple[int, str]:
     fleet, version = split_target(key)
     return int(version), fleet or ""
 Percent = Annotated[Decimal, Field(ge=0, le=100, decimal_places=2)]
+# "auto": on exactly when Triton's config of the model has a sequence batcher (the gateway
+# reads it off the request path); true / false force it on or off whatever the config says.
+SequenceAffinity = bool | Literal["auto"]
 HeaderName = Annotated[str, Field(pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")]
 
 
@@ -63,8 +66,9 @@ class PolicySpec(BaseModel):
     )
     rules: list[HeaderRule] = Field(default_factory=list, max_length=64)
     shadow: ShadowSpec | None = Field(default=None, description="mirror a share of requests to a version")
-    sequence_affinity: bool = Field(default=False, description="keep Triton sequences on the version that "
-                                    "served sequence_start (reads the request's JSON header)")
+    sequence_affinity: SequenceAffinity = Field(
+        default="auto", description="keep Triton sequences on the version that served sequence_start (reads the "
+        "request's JSON header): auto (on when the model's Triton config has a sequence batcher), true or false")
 
     @field_validator("weights")
     @classmethod

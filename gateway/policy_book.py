@@ -29,6 +29,9 @@ class PolicyBook:
         self._listeners: list[Listener] = []
         self._revisions: dict[str, int] = {}  # last applied revision per model, deletes included
         self.generation: str | None = None  # the store generation the book was last rebuilt from
+        # Models whose Triton config has a sequence batcher (``sequence_affinity: auto`` follows
+        # it), learnt from Triton off the request path (``services.model_configs``).
+        self._sequence_models: frozenset[str] = frozenset()
         self.get = self._snapshot.get  # rebound on every swap: one attribute lookup per request
 
     def snapshot(self) -> Mapping[str, Policy]:
@@ -39,7 +42,25 @@ class PolicyBook:
         self._listeners.append(listener)
 
     def compile(self, model: str, spec: PolicySpec, revision: int) -> Policy:
-        return compile_policy(model, spec, revision, self._default_sticky_header)
+        return compile_policy(model, spec, revision, self._default_sticky_header, model in self._sequence_models)
+
+    def sequence_models(self) -> frozenset[str]:
+        return self._sequence_models
+
+    def set_sequence_models(self, models: Collection[str]) -> None:
+        """Triton's configs say these models (and no others) batch sequences: recompile the
+        policies whose ``auto`` affinity changes with it, in one swap."""
+        models = frozenset(models)
+        changed = models ^ self._sequence_models
+        self._sequence_models = models
+        if not changed:
+            return
+        redo = [m for m, p in self._snapshot.items() if m in changed and p.spec.sequence_affinity == "auto"]
+        if redo:
+            self._swap({**self._snapshot, **{m: self.compile(m, self._snapshot[m].spec, self._snapshot[m].revision)
+                                             for m in redo}})
+            for model in redo:
+                self._notify(model, self._snapshot[model])
 
     def revision(self, model: str) -> int | None:
         """The last revision applied for the model (a delete included), None if none was."""

@@ -74,7 +74,10 @@ def layout(weights_bp: Mapping[str, int]) -> tuple[tuple[int, str], ...]:
     return tuple(out)
 
 
-def compile_policy(model: str, spec: PolicySpec, revision: int = 0, default_sticky_header: str = "x-user-id") -> Policy:
+def compile_policy(model: str, spec: PolicySpec, revision: int = 0, default_sticky_header: str = "x-user-id",
+                   sequence_batched: bool = False) -> Policy:
+    """``sequence_batched``: Triton's config of the model has a sequence batcher (what
+    ``sequence_affinity: auto`` follows)."""
     sticky = (spec.sticky_header or default_sticky_header).lower().encode("latin-1")
     ranges = tuple(
         (upper, Decision(version, Reason.STICKY), Decision(version, Reason.WEIGHTED))
@@ -104,7 +107,7 @@ def compile_policy(model: str, spec: PolicySpec, revision: int = 0, default_stic
         fallbacks=fallbacks,
         shadow_version=spec.shadow.version if spec.shadow else None,
         shadow_bp=int(spec.shadow.percent * 100) if spec.shadow else 0,
-        sequence_affinity=spec.sequence_affinity,
+        sequence_affinity=sequence_batched if spec.sequence_affinity == "auto" else bool(spec.sequence_affinity),
     )
 
 
@@ -193,24 +196,39 @@ class WeylDraw:
 
 
 def choose_in_sequence(policy: Policy, headers: Mapping[bytes, bytes], draw: int, pins: SequencePinsLike,
-                       sequence_id: object | None, start: bool, end: bool) -> Decision:
+                       sequence_id: object | None, start: bool, end: bool) -> Decision | None:
     """``choose`` with sequence affinity: a live sequence keeps its version (after header
-    rules, before sticky and weighted), a new one is pinned to what ``choose`` picked."""
+    rules, before sticky and weighted). A pin is made only by the sequence's start (so no
+    request can pin a sequence it did not start); a sequence that ends lets its pin go.
+    None: a continuing sequence this table has no pin for (the caller looks further, e.g. in
+    the pins other replicas share, then routes it with :func:`choose_unpinned`)."""
     ruled = _by_rule(policy, headers)
     if ruled is not None:
         return ruled
     if sequence_id is None:
         return _by_key(policy, headers, draw)
-    pinned = None if start else pins.lookup(policy.model, sequence_id)
-    decision = Decision(pinned, Reason.SEQUENCE) if pinned is not None else _by_key(policy, headers, draw)
+    if start:
+        decision = _by_key(policy, headers, draw)
+        if end:  # a one-request sequence: nothing to keep
+            pins.release(policy.model, sequence_id)
+        else:
+            pins.pin(policy.model, sequence_id, decision.version)  # type: ignore[arg-type]
+        return decision
+    pinned = pins.recent(policy.model, sequence_id)
+    if pinned is None:
+        return None
     if end:
         pins.release(policy.model, sequence_id)
-    elif pinned is None:
-        pins.pin(policy.model, sequence_id, decision.version)  # type: ignore[arg-type]
-    return decision
+    return Decision(pinned, Reason.SEQUENCE)
+
+
+def choose_unpinned(policy: Policy, headers: Mapping[bytes, bytes], draw: int) -> Decision:
+    """A continuing sequence no replica has a pin for (it idled out, or began before affinity
+    was on): routed like any request, and not pinned (Triton says whether it knows it)."""
+    return _by_key(policy, headers, draw)
 
 
 class SequencePinsLike(Protocol):
-    def lookup(self, model: str, sequence_id: object) -> str | None: ...
+    def recent(self, model: str, sequence_id: object) -> str | None: ...
     def pin(self, model: str, sequence_id: object, version: str) -> None: ...
     def release(self, model: str, sequence_id: object) -> None: ...

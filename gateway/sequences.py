@@ -8,6 +8,21 @@ weights do meanwhile. Bounded: the least recently used pins go first when it is 
 Every key touched is noted in a set (one ``set.add`` per request), so the control plane can
 write the changed pins to the store in the background (:meth:`take_changes`) and a
 restarted replica can :meth:`restore` them: sequences survive a restart.
+
+Shared live between replicas (a :class:`PinDirectory`, the store): a sequence's start writes
+its pin through to the store before the start is forwarded (its end deletes it the same
+way), and a replica that has no pin
+for a continuing sequence, or one not used for ``revalidate_s``, reads the store before
+routing it. So a sequence whose client reconnects to another replica (after a keep-alive
+timeout, say) stays on its version from its next request on, and a replica that saw a
+sequence id long ago does not route its reuse by a stale pin.
+
+Why the store and not a deterministic function of the sequence id (each replica hashing the
+id onto the weights): the weights move during a rollout, and a hash onto moved weights sends
+a live sequence to another version, which is the failure pins exist to prevent; and a hash
+of the id would let a client choose ids that land on the version it wants to hit. The cost
+is one store write per sequence start and end, and one read when a sequence comes back after a pause;
+requests of a busy sequence are routed from the local table, with no I/O.
 """
 
 from __future__ import annotations
@@ -15,6 +30,8 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
 
 from gateway.errors import BadRequest
 
@@ -24,6 +41,17 @@ Key = tuple[str, object]
 # sets none; 128 characters hold any UUID, hash or session key a client would use).
 MAX_SEQUENCE_ID_CHARS = 128
 _UINT64 = 1 << 64
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceFields:
+    """A request's place in a Triton sequence, read once by the front that parsed the request
+    (``checked_sequence_id``), and carried with it to whatever needs it (a fleet pins the
+    sequence to the server that holds its state)."""
+
+    id: int | str
+    start: bool = False
+    end: bool = False
 
 
 def checked_sequence_id(value: object) -> int | str | None:
@@ -41,6 +69,21 @@ def checked_sequence_id(value: object) -> int | str | None:
     raise BadRequest(f"sequence_id must be an unsigned integer or a string, not {type(value).__name__}")
 
 
+REVALIDATE_S = 1.0  # a local pin unused this long is checked against the shared one before use
+
+
+class PinDirectory(Protocol):
+    """The pins every replica shares (the store, through ``services.replicas``)."""
+
+    async def find(self, model: str, sequence_id: object) -> tuple[bool, str | None]:
+        """(answered, version): the shared pin, None if there is none; answered False when
+        the store could not be asked (then the local pin, if any, is used)."""
+
+    async def publish(self, model: str, sequence_id: object, version: str | None) -> None:
+        """Save one pin now, or forget it (None); errors are the directory's: it logs them,
+        and the background save tries again."""
+
+
 class SequencePins:
     def __init__(self, max_entries: int = 100_000, idle_s: float = 300.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -49,6 +92,8 @@ class SequencePins:
         self._clock = clock
         self._pins: OrderedDict[Key, tuple[str, float]] = OrderedDict()
         self._changed: set[Key] = set()  # touched since the last take_changes()
+        self.directory: PinDirectory | None = None  # set by the composition root when replicas share a store
+        self.revalidate_s = REVALIDATE_S
 
     def __len__(self) -> int:
         return len(self._pins)
@@ -67,6 +112,50 @@ class SequencePins:
         self._pins.move_to_end(key)
         self._changed.add(key)
         return version
+
+    def recent(self, model: str, sequence_id: object) -> str | None:
+        """The pinned version when this table can answer alone: without a directory, any live
+        pin (as :meth:`lookup`); with one, a pin used within ``revalidate_s``. None: ask
+        :meth:`resolve`."""
+        if self.directory is None:
+            return self.lookup(model, sequence_id)
+        key = (model, sequence_id)
+        entry = self._pins.get(key)
+        if entry is None:
+            return None
+        now = self._clock()
+        if now - entry[1] > self.revalidate_s:
+            return None
+        self._pins[key] = (entry[0], now)
+        self._pins.move_to_end(key)
+        self._changed.add(key)
+        return entry[0]
+
+    async def resolve(self, model: str, sequence_id: object, end: bool) -> str | None:
+        """A continuing sequence :meth:`recent` could not answer: the shared pin (the local one
+        when the store cannot be asked), kept here unless the sequence ends; None if no
+        replica has one (the local pin goes too: the sequence ended or restarted elsewhere)."""
+        if self.directory is None:
+            return None
+        answered, version = await self.directory.find(model, sequence_id)
+        key = (model, sequence_id)
+        if not answered:
+            version = self.lookup(model, sequence_id)
+        if version is None or end:
+            self.release(model, sequence_id)
+        else:
+            self._pins[key] = (version, self._clock())
+            self._pins.move_to_end(key)
+            self._changed.add(key)
+        return version
+
+    async def share(self, model: str, sequence_id: object) -> None:
+        """A sequence started (or ended) here: its pin (or its absence) goes to the directory
+        now, before the request is forwarded, so the sequence's next request (or the next use
+        of its id) is routed by it on any replica."""
+        if self.directory is not None:
+            entry = self._pins.get((model, sequence_id))
+            await self.directory.publish(model, sequence_id, None if entry is None else entry[0])
 
     def pin(self, model: str, sequence_id: object, version: str) -> None:
         key = (model, sequence_id)

@@ -20,6 +20,7 @@ def uvicorn_config(settings: Settings, app: Gateway | None = None) -> uvicorn.Co
         port=settings.port,
         loop="uvloop",
         http=protocol_for(settings),
+        ws="none",  # no WebSocket here: an upgraded connection would leave the front's bounds and counts
         timeout_keep_alive=settings.keep_alive_timeout_s,
         lifespan="on",
         access_log=False,  # our own access log is structured and off the hot path

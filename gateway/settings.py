@@ -7,8 +7,9 @@ with that one line.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, FilePath, SecretStr, ValidationError, field_validator, model_validator
@@ -48,7 +49,13 @@ class Settings(BaseSettings):
         None, description="PEM client certificate chain presented to a Triton that requires mTLS")
     triton_client_key_file: FilePath | None = Field(None, description="PEM private key for triton_client_cert_file")
     connect_timeout_s: float = Field(2.0, gt=0, le=60, description="upstream connect timeout")
-    request_timeout_s: float = Field(60.0, gt=0, le=3600, description="deadline for one upstream request")
+    request_timeout_s: float = Field(60.0, gt=0, le=3600, description="deadline for one upstream request (HTTP, "
+                                     "and gRPC calls whose client set no deadline; streams excepted)")
+    upstream_keepalive_s: float = Field(10.0, ge=0, le=3600, description="ping each gRPC connection to Triton this "
+                                        "often, idle or busy, to find a hung server (0: never)")
+    upstream_keepalive_timeout_s: float = Field(
+        5.0, gt=0, le=600, description="a ping unanswered this long drops the connection: its calls fail "
+        "UNAVAILABLE and count toward the server's ejection")
     pool_size: int = Field(128, ge=1, le=4096, description="max upstream HTTP connections to Triton")
     header_timeout_s: float = Field(10.0, gt=0, le=600, description="HTTP port: a request's headers must arrive "
                                     "within this, counted from its first byte or the connection's start (408 after)")
@@ -251,6 +258,21 @@ class Settings(BaseSettings):
         "requests queue up to queue_timeout_ms, then get 429 / RESOURCE_EXHAUSTED")
     queue_timeout_ms: int = Field(1000, ge=0, le=600_000, description="longest wait for a free slot on a full server "
                                   "(0: refuse at once)")
+    # -- processes on one node (issue 26): gateway.workers --
+    workers: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = Field(
+        1, description="data-plane worker processes (auto: the cores this process may use); above 1, each has its "
+        "own SO_REUSEPORT listeners and one control plane (admin, controller, /metrics) runs in the supervisor")
+    worker_stall_s: float = Field(5.0, gt=0, le=600, description="a worker whose event loop has not reported for "
+                                  "this long is killed and replaced (workers above 1)")
+
+    def worker_count(self) -> int:
+        """``workers`` as a number: ``auto`` is the cores the process may use (its CPU affinity)."""
+        if self.workers == "auto":
+            try:
+                return max(1, len(os.sched_getaffinity(0)))
+            except AttributeError:  # not Linux
+                return max(1, os.cpu_count() or 1)
+        return self.workers
 
     def fleet_specs(self) -> dict[str, FleetSpec]:
         """Every fleet, ``default`` always among them."""

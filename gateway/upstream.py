@@ -15,7 +15,8 @@ built the same way). This module is that minimal client, with what a proxy needs
   any response byte is retried once for idempotent methods only (never a POST whose
   request reached the wire).
 
-Every low-level error leaves here as a :mod:`gateway.errors` exception naming the upstream.
+Every low-level error leaves here as a :mod:`gateway.errors` exception: the gateway's own answer,
+which names no address (a fleet records which server it was, for the log and ``/admin/fleets``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from collections.abc import AsyncIterator, Iterable
 
 import httptools
 
-from gateway.errors import ClientGone, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from gateway.errors import ClientGone, UpstreamError, UpstreamTimeout, UpstreamUnavailable, os_reason
+from gateway.sequences import SequenceFields
 
 Headers = list[tuple[bytes, bytes]]
 # Not forwarded: hop-by-hop (RFC 9110 §7.6.1) and what this client sets itself (Host, framing, Expect).
@@ -173,14 +175,14 @@ class _Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            exchange._fail(UpstreamError(f"upstream {self.pool.name} sent an invalid HTTP response: {exc}"))
+            exchange._fail(UpstreamError(f"Triton sent an invalid HTTP response: {exc}"))
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         exchange, self.exchange = self.exchange, None
         if exchange is not None and not exchange.complete:
-            exchange._fail(UpstreamError(f"upstream {self.pool.name} closed the connection before the response ended"))
+            exchange._fail(UpstreamError("Triton closed the connection before the response ended"))
         self.pool._discard(self)
 
     # httptools callbacks
@@ -252,13 +254,16 @@ class HttpUpstream:
         self._waiters: deque[asyncio.Future[_Connection | None]] = deque()
         self._closing = False
 
+    reads_sequences = False  # one server: a request's sequence fields choose nothing (see FleetHttp)
+
     async def request(self, method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]],
                       body: bytes | AsyncIterator[bytes] = b"", *, content_length: int | None = None,
-                      timeout_s: float | None = None) -> UpstreamResponse:
+                      timeout_s: float | None = None, sequence: SequenceFields | None = None) -> UpstreamResponse:
         """Send one request; return once the status line and headers are in.
 
         ``headers`` are the client's; hop-by-hop ones and ``Host`` are replaced. A streamed
-        ``body`` keeps ``content_length`` when given, else goes chunked.
+        ``body`` keeps ``content_length`` when given, else goes chunked. ``sequence``: the
+        request's sequence fields as the front read them (a fleet of several servers pins on them).
         """
         head = self._head(method, target, headers, body, content_length)
         timeout = self.request_timeout_s if timeout_s is None else timeout_s
@@ -344,7 +349,7 @@ class HttpUpstream:
 
     def _expire(self, exchange: UpstreamResponse, timeout: float) -> None:
         exchange._timer = None
-        exchange.abort(UpstreamTimeout(f"upstream {self.name} did not answer within {timeout:g}s"))
+        exchange.abort(UpstreamTimeout(f"Triton did not answer within {timeout:g}s"))
 
     # -- pool ----------------------------------------------------------------------------
     async def _acquire(self, deadline: float) -> _Connection:
@@ -362,7 +367,7 @@ class HttpUpstream:
         try:
             handed: _Connection | None = await asyncio.wait_for(waiter, max(0.0, deadline - loop.time()))
         except TimeoutError:
-            raise UpstreamTimeout(f"no free connection to upstream {self.name} before the deadline") from None
+            raise UpstreamTimeout("no free connection to Triton before the deadline") from None
         if handed is None:  # a slot freed up: open a new connection in it
             return await self._connect()
         return handed
@@ -376,11 +381,10 @@ class HttpUpstream:
         except TimeoutError:
             self._slot_freed()
             raise UpstreamUnavailable(
-                f"upstream {self.name} did not accept a connection within {self.connect_timeout_s:g}s"
-            ) from None
+                f"Triton did not accept a connection within {self.connect_timeout_s:g}s") from None
         except OSError as exc:
             self._slot_freed()
-            raise UpstreamUnavailable(f"upstream {self.name} is unreachable: {exc.strerror or exc}") from exc
+            raise UpstreamUnavailable(f"Triton is unreachable: {os_reason(exc)}") from exc
         except BaseException:
             self._slot_freed()
             raise

@@ -206,6 +206,9 @@ class GatewayProcess:
         import sys
 
         self.process = subprocess.Popen([sys.executable, "-m", "gateway", "serve"], env=self.env)
+        return self.wait_ready()
+
+    def wait_ready(self) -> Self:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.admin.deps import ERRORS, Actor, ModelName
 from gateway.errors import BadRequest
-from gateway.policy import Percent, PolicySpec, TargetKey
+from gateway.policy import Percent, PolicySpec, SequenceAffinity, TargetKey
 from gateway.services.policies import PolicyService
 from gateway.store.base import EventDraft, StoredPolicy
 
@@ -32,7 +32,7 @@ class PolicyOut(BaseModel):
     sticky_header: str | None
     rules: list[dict[str, Any]]
     shadow: dict[str, Any] | None = None
-    sequence_affinity: bool = False
+    sequence_affinity: SequenceAffinity = "auto"
     revision: int
     updated_at: float
 

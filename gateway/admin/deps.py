@@ -2,13 +2,20 @@
 
 The authenticator is per app (no module-level singleton): the composition root puts it on
 ``app.state.auth``, and :func:`actor` reads it from the request's app.
+
+:class:`JsonBodies` lets the admin API read a JSON body sent without ``Content-Type``, or
+with the ``application/x-www-form-urlencoded`` that ``curl -d`` puts on it (the README's
+examples, and every shell script written the same way), and refuses any other media type
+with 415 instead of a confusing validation error.
 """
 
 # No `from __future__ import annotations`: FastAPI resolves these annotations at runtime.
+import json
 from typing import Annotated, Any
 
 from fastapi import Depends, Header, Request
 from pydantic import BaseModel, Field
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.admin.auth import Authenticator
 
@@ -29,6 +36,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         409: "a version is not READY on Triton (the message names it and its state)",
         412: "If-Match names a stale revision",
         413: "request body too large",
+        415: "a body that is not JSON (no Content-Type, or curl -d's form type, is read as JSON)",
         422: "the request does not validate (the message says which field and why)",
         503: "Triton, the state store, or the admin API itself is unavailable",
     }.items()
@@ -46,3 +54,39 @@ def actor(request: Request, authorization: Annotated[str | None, Header()] = Non
 
 
 Actor = Annotated[str, Depends(actor)]
+
+# What a JSON body may come as: no Content-Type, or the one `curl -d` sends without being told.
+_READ_AS_JSON = frozenset([b"", b"application/x-www-form-urlencoded"])
+_JSON_TYPE = (b"content-type", b"application/json")
+
+
+class JsonBodies:
+    """ASGI middleware for ``/admin``: a body is JSON whatever curl called it; other media 415."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/admin/"):
+            await self.app(scope, receive, send)
+            return
+        media, body = b"", False
+        headers = [(name, value) for name, value in scope["headers"] if name != b"content-type"]
+        for name, value in scope["headers"]:
+            if name == b"content-type":
+                media = value.split(b";", 1)[0].strip().lower()
+            elif name == b"content-length":
+                body = value.strip() not in (b"", b"0")
+            elif name == b"transfer-encoding":
+                body = True
+        if media in _READ_AS_JSON:
+            scope = {**scope, "headers": [*headers, _JSON_TYPE]}
+        elif body and media != b"application/json" and not media.endswith(b"+json"):
+            shown = media.decode("latin-1")[:100]
+            answer = json.dumps({"error": f"the admin API reads JSON bodies (Content-Type: application/json, or "
+                                          f"none, as curl -d sends them), not {shown}"}).encode()
+            await send({"type": "http.response.start", "status": 415,
+                        "headers": [_JSON_TYPE, (b"content-length", str(len(answer)).encode())]})
+            await send({"type": "http.response.body", "body": answer})
+            return
+        await self.app(scope, receive, send)

@@ -12,7 +12,7 @@ STATIC = Path(__file__).parent / "static"
 VENDOR = STATIC / "vendor"
 TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
          ".png": "image/png", ".svg": "image/svg+xml", ".txt": "text/plain; charset=utf-8"}
-OWN = ("console.js", "console.css", "favicon.svg")
+OWN = ("console.js", "charts.js", "actions.js", "console.css", "favicon.svg")
 IMMUTABLE = "public, max-age=31536000, immutable"
 
 

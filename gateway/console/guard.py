@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.console.sessions import Session, Sessions
 from gateway.errors import Forbidden, Unauthorized
@@ -23,10 +24,33 @@ HEADERS = {
 }
 
 
-def secure_headers(response: Response) -> Response:
-    for name, value in HEADERS.items():
-        response.headers.setdefault(name, value)
-    return response
+class SecureHeaders:
+    """ASGI middleware: the headers above on every /console response (errors included); any other
+    path passes through untouched."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.headers = [(name.lower().encode(), value.encode()) for name, value in HEADERS.items()]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not (scope["path"] == "/console" or scope["path"].startswith("/console/")):
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                present = {name.lower() for name, _ in message.get("headers", [])}
+                message["headers"] = [*message.get("headers", []),
+                                      *((n, v) for n, v in self.headers if n not in present)]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+def over_tls(request: Request) -> bool:
+    """Served over TLS: directly, or through the workers' forwarder (which says so in X-Forwarded-Proto;
+    a client that sends it itself only changes its own cookie's Secure flag)."""
+    return request.url.scheme == "https" or request.headers.get("x-forwarded-proto") == "https"
 
 
 def same_origin(request: Request) -> None:
@@ -37,9 +61,12 @@ def same_origin(request: Request) -> None:
         raise Forbidden(f"cross-site request refused (Sec-Fetch-Site: {site})")
     origin = request.headers.get("origin")
     if origin is not None:
-        own = f"{request.url.scheme}://{request.headers.get('host', '')}"
-        if origin != own:
-            raise Forbidden(f"cross-origin request refused (Origin {origin}, expected {own})")
+        # the host and port the browser was sent to (the scheme may be hidden by the workers' forwarder;
+        # one port serves one scheme)
+        scheme, _, where = origin.partition("://")
+        own = request.headers.get("host", "")
+        if scheme not in ("http", "https") or where != own:
+            raise Forbidden(f"cross-origin request refused (Origin {origin}, expected this gateway's {own})")
 
 
 def session_of(request: Request, sessions: Sessions) -> Session:
@@ -62,9 +89,8 @@ def change_allowed(request: Request, sessions: Sessions) -> Session:
 
 def set_cookie(response: Response, request: Request, session: Session, ttl_s: float) -> None:
     response.set_cookie(COOKIE, session.id, max_age=int(ttl_s), path="/console", httponly=True,
-                        samesite="strict", secure=request.url.scheme == "https")
+                        samesite="strict", secure=over_tls(request))
 
 
 def clear_cookie(response: Response, request: Request) -> None:
-    response.delete_cookie(COOKIE, path="/console", httponly=True, samesite="strict",
-                           secure=request.url.scheme == "https")
+    response.delete_cookie(COOKIE, path="/console", httponly=True, samesite="strict", secure=over_tls(request))

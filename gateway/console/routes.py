@@ -8,11 +8,11 @@ there is no second code path; the actor in the audit trail is the login's name w
 """
 
 # No `from __future__ import annotations`: FastAPI resolves these annotations at runtime.
+import logging
 from enum import Enum
 from typing import Annotated, Any
 
-from fastapi import Body, FastAPI, Path, Query, Request, Response
-from fastapi.exceptions import RequestValidationError
+from fastapi import APIRouter, Body, FastAPI, Path, Query, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -23,13 +23,13 @@ from gateway.console import guard
 from gateway.console.assets import IMMUTABLE, Assets
 from gateway.console.sessions import Sessions
 from gateway.console.views import Views, console_actor
-from gateway.endpoints import install_error_handlers
-from gateway.errors import Forbidden, NotFound
+from gateway.errors import Forbidden, NotFound, Unauthorized
 from gateway.policy import Version
 from gateway.rollout.spec import RolloutSpec
 from gateway.services.lifecycle import ModelLifecycle
 from gateway.store.base import EventDraft
 
+log = logging.getLogger("gateway.console")
 AnyModel = Annotated[str, Path(min_length=1, max_length=512)]  # reading: any name the store or Triton holds
 
 
@@ -51,27 +51,26 @@ class VersionAction(str, Enum):
     unload = "unload"
 
 
-def console_app(views: Views, lifecycle: ModelLifecycle, auth: Authenticator, session_ttl_s: float) -> FastAPI:
-    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
-    assets = Assets()
-    sessions = Sessions(session_ttl_s)
-    app.state.sessions = sessions
-    install_error_handlers(app)
-    app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
-    app.add_exception_handler(ValidationError, _invalid)  # type: ignore[arg-type]
+def install_console(app: FastAPI, views: Views, lifecycle: ModelLifecycle, auth: Authenticator,
+                    session_ttl_s: float) -> None:
+    """The console's routes on the control app (so whatever serves /admin serves /console too: the
+    HTTP port, or the control plane behind ``--workers``), and its security headers."""
+    app.include_router(console_router(views, lifecycle, auth, Sessions(session_ttl_s), session_ttl_s))
+    app.add_middleware(guard.SecureHeaders)
 
-    @app.middleware("http")
-    async def headers(request: Request, call_next: Any) -> Response:
-        response: Response = await call_next(request)
-        return guard.secure_headers(response)
+
+def console_router(views: Views, lifecycle: ModelLifecycle, auth: Authenticator, sessions: Sessions,
+                   session_ttl_s: float) -> APIRouter:
+    app = APIRouter(include_in_schema=False)  # not part of the admin API's OpenAPI document
+    assets = Assets()
 
     # -- the page and its files ---------------------------------------------------------------
-    @app.get("/console", include_in_schema=False)
-    @app.get("/console/", include_in_schema=False)
+    @app.get("/console")
+    @app.get("/console/")
     async def page() -> HTMLResponse:
         return HTMLResponse(assets.page, headers={"Cache-Control": "no-store"})
 
-    @app.get("/console/static/{name:path}", include_in_schema=False)
+    @app.get("/console/static/{name:path}")
     async def static(name: str) -> Response:
         asset = assets.files.get(name)
         if asset is None:
@@ -82,8 +81,14 @@ def console_app(views: Views, lifecycle: ModelLifecycle, auth: Authenticator, se
     @app.post("/console/login")
     async def login(request: Request, body: Login) -> JSONResponse:
         guard.same_origin(request)
-        who = auth.token_identity(body.token.strip())
+        try:
+            who = auth.token_identity(body.token.strip())
+        except Unauthorized:
+            client = request.client.host if request.client else "unknown"
+            log.warning("console login refused: invalid token from %s", client)  # never the token itself
+            raise
         session = sessions.open(who)
+        log.info("console login: %s (%s)", who.name, who.role)
         response = JSONResponse(_session(session.who.name, session.who.role, session.csrf, views))
         guard.set_cookie(response, request, session, session_ttl_s)
         return _no_store(response)
@@ -95,6 +100,7 @@ def console_app(views: Views, lifecycle: ModelLifecycle, auth: Authenticator, se
         if not session.csrf_matches(request.headers.get(guard.CSRF_HEADER)):
             raise Forbidden("missing or wrong CSRF token (X-CSRF-Token): reload the console")
         sessions.close(session.id)
+        log.info("console logout: %s", session.who.name)
         response = JSONResponse({"logged_out": True})
         guard.clear_cookie(response, request)
         return _no_store(response)
@@ -142,7 +148,10 @@ def console_app(views: Views, lifecycle: ModelLifecycle, auth: Authenticator, se
     async def start_rollout(request: Request, model: ModelName,
                             body: Annotated[dict[str, Any], Body()]) -> JSONResponse:
         who = console_actor(guard.change_allowed(request, sessions).who.name)
-        spec = RolloutSpec.model_validate(body)  # ValidationError: the API's 422, with the fields named
+        try:
+            spec = RolloutSpec.model_validate(body)
+        except ValidationError as exc:
+            return invalid(exc)  # the API's 422 message, with the fields named for the form
         await views.rollouts.begin(model, spec, who)
         return _no_store(JSONResponse(await views.rollouts.status(model)))
 
@@ -179,7 +188,7 @@ def _no_store(response: JSONResponse) -> JSONResponse:
     return response
 
 
-async def _invalid(_: Request, exc: RequestValidationError | ValidationError) -> JSONResponse:
+def invalid(exc: ValidationError) -> JSONResponse:
     """The admin API's 422 message, and each problem by field so the page can show it beside its input."""
     problems: list[str] = []
     fields: dict[str, Any] = {}

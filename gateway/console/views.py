@@ -56,9 +56,8 @@ class Views:
             attention.append({"level": "error", "text": f"model index unavailable: {exc.message}"})
         try:
             rollouts = {m: r.document for m, r in (await self.rollouts.store.list_rollouts()).items()}
-        except GatewayError as exc:
-            rollouts, store_up = {}, False
-            attention.append({"level": "error", "text": f"state store unavailable: {exc.message}"})
+        except GatewayError:
+            rollouts, store_up = {}, False  # said once, by _attention
         fleets = self.fleets.describe()
         for model in models:
             model["servers"] = _servers_with(model["name"], fleets)

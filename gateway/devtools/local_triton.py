@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SAMPLE_REPOSITORY = Path(__file__).resolve().parents[2] / "deploy" / "model_repository"
-SAMPLE_MODELS = ("qc", "tok")
+SAMPLE_MODELS = ("qc", "tok", "seq")
 
 
 class TritonUnavailable(RuntimeError):

@@ -14,11 +14,12 @@ swapping in an empty dict; readers never see a half-built list.
 
 from __future__ import annotations
 
+import logging
 import random
 import ssl
 from collections.abc import Awaitable, Callable
 
-from gateway.errors import Overloaded, UpstreamUnavailable
+from gateway.errors import GatewayError, Overloaded, UpstreamUnavailable
 from gateway.fleet.config import ServerSpec
 from gateway.fleet.members import Server
 from gateway.sequences import SequencePins
@@ -26,6 +27,7 @@ from gateway.sequences import SequencePins
 _NO_VERSION = ""  # cache key for unversioned requests (Triton picks its default version)
 Key = str | bytes
 _CACHE_LIMIT = 4096  # distinct (model, version) pairs cached between two health changes
+log = logging.getLogger("gateway.fleet")
 
 
 class Fleet:
@@ -34,8 +36,9 @@ class Fleet:
     def __init__(self, name: str, *, pool_size: int = 128, connect_timeout_s: float = 2.0,
                  request_timeout_s: float = 60.0, max_inflight: int = 0, queue_timeout_s: float = 0.0,
                  eject_after: int = 3, http_tls: ssl.SSLContext | None = None,
-                 grpc_tls: ssl.SSLContext | None = None) -> None:
+                 grpc_tls: ssl.SSLContext | None = None, keepalive: tuple[float, float] = (10.0, 5.0)) -> None:
         self.name = name
+        self.keepalive = keepalive  # (upstream_keepalive_s, upstream_keepalive_timeout_s) of each gRPC connection
         self.tls = (http_tls, grpc_tls)  # to every server of the fleet, for https:// and grpcs:// URLs
         self.pool_size = pool_size
         self.connect_timeout_s = connect_timeout_s
@@ -61,7 +64,7 @@ class Fleet:
         if server is None:
             server = Server(self.name, spec, pool_size=self.pool_size, connect_timeout_s=self.connect_timeout_s,
                             request_timeout_s=self.request_timeout_s, max_inflight=self.max_inflight,
-                            http_tls=self.tls[0], grpc_tls=self.tls[1])
+                            http_tls=self.tls[0], grpc_tls=self.tls[1], keepalive=self.keepalive)
             self.servers[spec.name] = server
             self.changed()
         return server
@@ -174,7 +177,28 @@ class Fleet:
 
     def failed(self, server: Server, error: str) -> None:
         if server.transport_failed(error, self.eject_after):
+            # the client was told only that the gateway could not reach Triton: which one, here
+            log.warning("fleet %s: server %s ejected after %d failures in a row: %s", self.name, server.name,
+                        server.failures, error)
             self.changed()
+
+    async def live(self, timeout_s: float) -> str | None:
+        """None when a server of the fleet answers ``/v2/health/live`` (in-service ones asked first),
+        else why not. Over each server's probe connection: never queued behind inference, never
+        counted against ``max_inflight_per_server``. The reason names no address."""
+        servers = self.in_service() or list(self._all)
+        reason = "it has no servers"
+        for server in servers:
+            try:
+                response = await server.probe.request(b"GET", b"/v2/health/live", [], timeout_s=timeout_s)
+                await response.read()
+            except GatewayError as exc:
+                reason = exc.message
+                continue
+            if response.status == 200:
+                return None
+            reason = f"/v2/health/live answered {response.status}"
+        return f"fleet '{self.name}': no Triton server is live ({reason})"
 
     # -- views -------------------------------------------------------------------------------
     def in_service(self) -> list[Server]:

@@ -4,13 +4,18 @@
 ``GrpcUpstream`` take, read the model and version the request is already addressed to (the
 versioned path, or the first two fields of the protobuf message), pick a server with
 :meth:`Fleet.pick`, take an admission slot, and send. Per request that is a short byte split
-or two varint reads, a dict lookup and two random draws: no parsing of bodies, no locks.
+or two varint reads, a dict lookup and two random draws: no parsing of bodies, no locks. An
+HTTP request's sequence fields come with it, read once by the HTTP front (``sequence``).
 
 - A request that could not be sent at all (the connect was refused or timed out: nothing was
   written, and a streamed body was not read yet) is tried once more on another server.
 - A connect failure or a broken exchange counts towards the server's passive ejection.
-- A request in flight on a server that dies gets that server's one clear error (HTTP 502/503,
-  gRPC UNAVAILABLE); it is not re-sent, since Triton may have run it.
+- A request in flight on a server that dies gets one clear error (HTTP 502/503, gRPC
+  UNAVAILABLE) that says the gateway answered and names no server (the server's address goes
+  to ``/admin/fleets`` and the log); it is not re-sent, since Triton may have run it.
+- Triton's own answers pass as Triton sent them, its queue-full included (HTTP 503, gRPC
+  UNAVAILABLE "Exceeds maximum queue size"): counted as the server's ``refused`` here, and
+  recorded as overload (never against a version) by the recorder.
 - The admission slot is held until the response headers are in (inference responses arrive
   whole); a streamed response (SSE) releases it then, not at its last chunk.
 """
@@ -26,19 +31,17 @@ from gateway.grpc.status import FAULTS, StatusCode
 from gateway.grpc.upstream import GrpcUpstream, Reply, StreamListener, UpstreamStream
 from gateway.grpc.upstream import Metadata as GrpcMetadata
 from gateway.grpc.wire import route_fields
-from gateway.proxy.http import sequence_fields
+from gateway.http2.client import GOING_AWAY, LOST, NOT_CONNECTED
+from gateway.sequences import SequenceFields
 from gateway.upstream import HttpUpstream, UpstreamResponse
 
 UNAVAILABLE, RESOURCE_EXHAUSTED = StatusCode.UNAVAILABLE, StatusCode.RESOURCE_EXHAUSTED
-# Triton's answer when a model's queue is full (HTTP 503, gRPC UNAVAILABLE): overload, answered
-# as the gateway's own admission control answers it (429 + Retry-After, RESOURCE_EXHAUSTED).
+# Triton's answer when a model's queue is full (HTTP 503, gRPC UNAVAILABLE): passed on as it is.
 TRITON_QUEUE_FULL = "Exceeds maximum queue size"
 _QUEUE_FULL = TRITON_QUEUE_FULL.encode()
-_NO_SEQUENCE: tuple[object | None, bool, bool] = (None, False, False)
-# GrpcUpstream's own words for "nothing reached the server" and "the connection broke".
-_NOT_SENT = ("cannot connect to ", "upstream is going away")
-_BROKEN = ("connection lost", "connection closed by the upstream", "keeps closing the connection",
-           "is closing the connection")
+# GrpcUpstream's own words for "nothing reached the server", and for "the connection broke".
+_NOT_SENT = (NOT_CONNECTED, GOING_AWAY)
+_BROKEN = (NOT_CONNECTED, GOING_AWAY, LOST)
 
 
 def target_model_version(target: bytes) -> tuple[bytes, bytes | None]:
@@ -103,24 +106,25 @@ class FleetHttp(HttpUpstream):
         self.fleet = fleet
         self.name = f"fleet '{fleet.name}'"
 
+    @property
+    def reads_sequences(self) -> bool:  # type: ignore[override]
+        """Several servers: a sequence must stay on the one holding its state, so the front reads
+        the sequence fields of the requests it sends here."""
+        return self.fleet.single is None
+
     async def request(self, method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]],
                       body: bytes | AsyncIterator[bytes] = b"", *, content_length: int | None = None,
-                      timeout_s: float | None = None) -> UpstreamResponse:
+                      timeout_s: float | None = None, sequence: SequenceFields | None = None) -> UpstreamResponse:
         fleet = self.fleet
         single = fleet.single
-        sequence: tuple[object | None, bool, bool] = _NO_SEQUENCE
         if single is not None:  # one server: nothing to choose, the path need not be read
             model, version, server = b"", None, single
         else:
             model, version = target_model_version(target)
-            pinned = None
-            if isinstance(body, bytes) and body.find(b"sequence_id", 0, 4096) >= 0:  # no copy, no parse otherwise
-                sequence = sequence_fields(_json_header(headers if isinstance(headers, list) else list(headers), body))
-                if sequence[0] is not None:
-                    pinned = fleet.sequence_server(model, sequence[0], sequence[1])
+            pinned = None if sequence is None else fleet.sequence_server(model, sequence.id, sequence.start)
             server = pinned or fleet.pick(model, version)
-            if sequence[0] is not None:
-                fleet.pin_sequence(model, sequence[0], sequence[2], server)
+            if sequence is not None:
+                fleet.pin_sequence(model, sequence.id, sequence.end, server)
         if server.limit and server.inflight >= server.limit:
             server = await fleet.admit(server, model, version)  # full: wait for a slot, or another server
         else:
@@ -159,9 +163,9 @@ class FleetHttp(HttpUpstream):
         server.failures = 0
         if response.status >= 500:
             if response.status == 503 and response.complete and _QUEUE_FULL in response.body():
-                server.refused += 1
-                raise Overloaded(f"Triton server {server.name}: {response.body().decode(errors='replace')[:200]}")
-            server.errors += 1
+                server.refused += 1  # Triton's own overload answer: the client gets it as it is
+            else:
+                server.errors += 1
         return response
 
     @property
@@ -234,11 +238,12 @@ class FleetGrpc(GrpcUpstream):
             server.release()
         code = reply[0]
         if code == UNAVAILABLE:
-            if TRITON_QUEUE_FULL in reply[1]:
-                server.refused += 1
-                return RESOURCE_EXHAUSTED, f"Triton server {server.name}: {reply[1]}", b""
-            if reply[1].startswith(_NOT_SENT) or any(b in reply[1] for b in _BROKEN):
+            if reply[1].startswith(_BROKEN):
                 self.fleet.failed(server, reply[1])
+                return reply
+            if TRITON_QUEUE_FULL in reply[1]:
+                server.refused += 1  # Triton's own overload answer: the client gets it as it is
+                server.failures = 0
                 return reply
         server.failures = 0
         if code != 0 and code in FAULTS:
@@ -260,15 +265,3 @@ class FleetGrpc(GrpcUpstream):
     async def aclose(self) -> None:
         await self.fleet.aclose()
 
-
-def _json_header(headers: list[tuple[bytes, bytes]], body: bytes) -> bytes | None:
-    """The JSON header of an (uncompressed) inference body: a compressed one cannot contain the
-    literal ``sequence_id`` looked for before, so it never gets here."""
-    for name, value in headers:
-        if name == b"inference-header-content-length":
-            try:
-                length = int(value)
-            except ValueError:
-                return None  # Triton answers a malformed request itself
-            return body[:length] if length >= 0 else None
-    return body

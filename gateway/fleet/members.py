@@ -18,23 +18,28 @@ from gateway.upstream import HttpUpstream
 
 class Server:
     """A Triton server: ``http`` and ``grpc`` carry data-plane requests, ``control`` the health
-    checks and model control (its own small pool, so probes never wait behind inference)."""
+    checks and model control (its own small pool, so they never wait behind inference), and
+    ``probe`` the gateway's own readiness answers (``/readyz``, gRPC health): a connection of their
+    own, outside admission control, so a saturated server still answers them at once."""
 
-    __slots__ = ("fleet", "spec", "name", "http", "grpc", "control", "limit", "queue_limit", "inflight", "waiters",
-                 "failures", "probe_failures", "up", "ejected", "in_service", "ready", "requests", "errors",
+    __slots__ = ("fleet", "spec", "name", "http", "grpc", "control", "probe", "limit", "queue_limit", "inflight",
+                 "waiters", "failures", "probe_failures", "up", "ejected", "in_service", "ready", "requests", "errors",
                  "ejections", "refused", "last_error", "__weakref__")
 
     def __init__(self, fleet: str, spec: ServerSpec, *, pool_size: int = 128, connect_timeout_s: float = 2.0,
                  request_timeout_s: float = 60.0, max_inflight: int = 0, http_tls: ssl.SSLContext | None = None,
-                 grpc_tls: ssl.SSLContext | None = None) -> None:
+                 grpc_tls: ssl.SSLContext | None = None, keepalive: tuple[float, float] = (10.0, 5.0)) -> None:
         self.fleet = fleet
         self.spec = spec
         self.name = spec.name
         self.http = HttpUpstream(spec.http, max_connections=pool_size, connect_timeout_s=connect_timeout_s,
                                  request_timeout_s=request_timeout_s, tls=http_tls)
-        self.grpc = GrpcUpstream(spec.grpc, connect_timeout_s, grpc_tls)
+        self.grpc = GrpcUpstream(spec.grpc, connect_timeout_s, grpc_tls, request_timeout_s=request_timeout_s,
+                                 keepalive_s=keepalive[0], keepalive_timeout_s=keepalive[1])
         self.control = HttpUpstream(spec.http, max_connections=4, connect_timeout_s=connect_timeout_s,
                                     request_timeout_s=request_timeout_s, tls=http_tls)
+        self.probe = HttpUpstream(spec.http, max_connections=2, connect_timeout_s=connect_timeout_s,
+                                  request_timeout_s=request_timeout_s, tls=http_tls)
         self.limit = max_inflight  # 0: no admission limit
         self.queue_limit = max_inflight  # at most as many waiting as running: the queue stays bounded
         self.inflight = 0
@@ -116,4 +121,5 @@ class Server:
         self.waiters.clear()
         await self.http.aclose()
         await self.control.aclose()
+        await self.probe.aclose()
         await self.grpc.aclose()

@@ -16,13 +16,13 @@ class Fleets:
                  request_timeout_s: float = 60.0, max_inflight: int = 0, queue_timeout_s: float = 0.0,
                  eject_after: int = 3, health_interval_s: float = 1.0, dns_refresh_s: float = 5.0,
                  resolve: Resolver = resolve_ipv4, http_tls: ssl.SSLContext | None = None,
-                 grpc_tls: ssl.SSLContext | None = None) -> None:
+                 grpc_tls: ssl.SSLContext | None = None, keepalive: tuple[float, float] = (10.0, 5.0)) -> None:
         assert DEFAULT_FLEET in specs, "the default fleet is always configured (Settings.fleet_specs)"
         self.specs = specs
         self.fleets = {name: Fleet(name, pool_size=pool_size, connect_timeout_s=connect_timeout_s,
                                    request_timeout_s=request_timeout_s, max_inflight=max_inflight,
                                    queue_timeout_s=queue_timeout_s, eject_after=eject_after, http_tls=http_tls,
-                                   grpc_tls=grpc_tls)
+                                   grpc_tls=grpc_tls, keepalive=keepalive)
                        for name in specs}
         self.monitors = {name: FleetMonitor(self.fleets[name], spec, interval_s=health_interval_s,
                                             dns_refresh_s=dns_refresh_s, resolve=resolve)

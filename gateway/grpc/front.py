@@ -10,7 +10,8 @@ responses stay raw bytes end to end:
   ``x-gateway-model-version`` / ``x-gateway-route``, the message, the status);
 - ``ModelStreamInfer``: relayed message by message over one upstream stream, each request
   routed (sequence pins hold), each response recorded;
-- every other method: forwarded unchanged.
+- every other method: forwarded unchanged;
+- ``grpc.health.v1.Health``: answered here from the gateway's readiness (``grpc.health``).
 
 The client's ``grpc-timeout`` goes upstream and is enforced here too; a client that resets
 its stream (or disconnects) resets the upstream stream.
@@ -27,14 +28,16 @@ from typing import Any
 
 from gateway.control_surface import ControlGate
 from gateway.errors import GatewayError
+from gateway.grpc.health import CHECK, WATCH, Health, HealthCall
 from gateway.grpc.router import INFER, SERVICE, STREAM_INFER, GrpcRouter, StreamLedger, client_deadline_ran_out
 from gateway.grpc.status import StatusCode, status_for
 from gateway.grpc.upstream import UpstreamStream
-from gateway.grpc.wire import WireError, metadata_block, split_messages
+from gateway.grpc.wire import RouteFields, WireError, metadata_block, split_messages
 from gateway.http2.endpoint import Headers
 from gateway.http2.server import Http2ServerConnection, Limits, ServerStream, StreamHandler
+from gateway.pipeline import SEQUENCED
 from gateway.proxy.limits import ByteBudget
-from gateway.routing import Decision
+from gateway.routing import Decision, Policy
 
 log = logging.getLogger("gateway.grpc")
 _NOT_FORWARDED = frozenset([b"te", b"content-type", b"user-agent"])
@@ -154,6 +157,8 @@ class UnaryCall(_Call):
         except WireError as exc:
             self.finish(StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}")
             return
+        if decision is SEQUENCED:
+            decision = await router.settle(fields, policy, headers)
         exchange = router.new_infer(INFER, raw, fields, client_metadata(headers), self.remaining())
         decision = await router.infer(exchange, fields.model_name, policy, decision)
         metadata = decision_block(router.announced(decision, exchange.response))  # after any fallback: who answered
@@ -182,7 +187,7 @@ class UnaryCall(_Call):
 class StreamCall(_Call):
     """ModelStreamInfer: client messages routed and sent up one stream, answers relayed back."""
 
-    __slots__ = ("upstream", "waiting", "ended", "decision", "ledger", "replies")
+    __slots__ = ("upstream", "waiting", "ended", "decision", "ledger", "replies", "settling", "settler")
     streaming = True
 
     def __init__(self, front: GrpcFront, connection: Http2ServerConnection, stream: ServerStream) -> None:
@@ -193,6 +198,10 @@ class StreamCall(_Call):
         self.decision: Decision | None = None  # the last message's: the routing metadata the stream announces
         self.ledger = StreamLedger()  # each reply charged to its own request's decision
         self.replies = bytearray()
+        # Messages behind one whose sequence pin is being read or written (store I/O): sent in
+        # their order by the settler task; None when nothing waits.
+        self.settling: list[tuple[bytes, RouteFields, Policy | None, Decision]] | None = None
+        self.settler: asyncio.Task[None] | None = None
         self.run(self._open)
 
     async def _open(self) -> None:
@@ -208,7 +217,7 @@ class StreamCall(_Call):
         for message in self.waiting:
             opened.send(message)
         self.waiting.clear()
-        if self.ended:
+        if self.ended and self.settling is None:
             opened.end()
         self.on_drained()
 
@@ -216,13 +225,45 @@ class StreamCall(_Call):
     def on_message(self, message: bytes) -> None:
         router = self.front.router
         try:
-            fields, _, decision = router.route(message, self.stream.headers)
+            fields, policy, decision = router.route(message, self.stream.headers)
         except WireError as exc:
             self.stop_upstream()
             if self.upstream is not None:
                 self.upstream.cancel()
             self.finish(StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}")
             return
+        if decision is SEQUENCED or self.settling is not None:  # keep the stream's order
+            if self.settling is None:
+                self.settling = []
+                self.settler = asyncio.get_running_loop().create_task(self._settle())
+            self.settling.append((message, fields, policy, decision))
+            if len(self.settling) > 1:
+                self.connection.hold(self.stream)  # the client waits while a pin is read from the store
+            return
+        self._send(message, fields, decision)
+
+    async def _settle(self) -> None:
+        router = self.front.router
+        try:
+            while self.settling:
+                message, fields, policy, decision = self.settling.pop(0)
+                if decision is SEQUENCED:
+                    decision = await router.settle(fields, policy, self.stream.headers)
+                self._send(message, fields, decision)
+        except Exception as exc:  # a bug must not leave the client waiting
+            log.exception("gRPC stream routing failed")
+            self.finish(StatusCode.INTERNAL, f"gateway error: {type(exc).__name__}: {exc}")
+            return
+        finally:
+            self.settling = None
+        window = self.connection.limits.stream_window
+        if self.stream.held and (self.upstream is None or self.upstream.backlog <= window):
+            self.connection.release(self.stream)
+        if self.ended and self.upstream is not None:
+            self.upstream.end()
+
+    def _send(self, message: bytes, fields: RouteFields, decision: Decision) -> None:
+        router = self.front.router
         self.decision = decision
         self.ledger.sent(fields.model_name, decision)
         routed = router.routed_message(message, decision)
@@ -242,16 +283,18 @@ class StreamCall(_Call):
             return
         if self.upstream.backlog > self.connection.limits.stream_window:
             self.connection.hold(self.stream)
-        elif self.stream.held:
+        elif self.stream.held and self.settling is None:
             self.connection.release(self.stream)
 
     def on_end(self) -> None:
         self.ended = True
-        if self.upstream is not None:
+        if self.upstream is not None and self.settling is None:  # else the settler ends it after the last message
             self.upstream.end()
 
     def on_reset(self) -> None:
         super().on_reset()
+        if self.settler is not None and not self.settler.done():
+            self.settler.cancel()
         if self.upstream is not None:
             self.upstream.cancel()
 
@@ -280,9 +323,10 @@ class StreamCall(_Call):
 
 
 class GrpcFront:
-    def __init__(self, router: GrpcRouter, gate: ControlGate | None = None) -> None:
+    def __init__(self, router: GrpcRouter, gate: ControlGate | None = None, health: Health | None = None) -> None:
         self.router = router
         self.gate = gate  # None: Triton control calls pass through (triton_control=allow)
+        self.health = health
         self.connections: set[Http2ServerConnection] = set()
 
     def on_stream(self, connection: Http2ServerConnection, stream: ServerStream) -> StreamHandler | None:
@@ -294,6 +338,8 @@ class GrpcFront:
                 return StreamCall(self, connection, stream)
             if path.startswith(SERVICE):
                 return UnaryCall(self, connection, stream, routed=False)
+            if (path == CHECK or path == WATCH) and self.health is not None:
+                return HealthCall(self.health, connection, stream)
         except ValueError as exc:  # a malformed grpc-timeout: answered, never raised into the connection
             connection.finish(stream, StatusCode.INVALID_ARGUMENT, str(exc))
             return None
@@ -323,13 +369,16 @@ class FrontServer:
 
 async def start_server(router: GrpcRouter, host: str, port: int, gate: ControlGate | None = None,
                        tls: ssl.SSLContext | None = None, limits: Limits | None = None,
-                       budget: ByteBudget | None = None) -> FrontServer:
-    """``tls``: gRPC over TLS on the same port (the context offers ALPN h2), else plaintext h2c."""
-    front = GrpcFront(router, gate)
+                       budget: ByteBudget | None = None, health: Health | None = None,
+                       reuse_port: bool = False) -> FrontServer:
+    """``tls``: gRPC over TLS on the same port (the context offers ALPN h2), else plaintext h2c.
+    ``reuse_port``: one of several processes' listeners on the port (gateway.workers)."""
+    front = GrpcFront(router, gate, health)
     limits = limits or Limits()
     per_client: dict[str, int] = {}  # the connections of each client address, for max_connections_per_client
     # a TLS handshake is part of getting to the preface: the same bound (asyncio's default is 60 s)
     server = await asyncio.get_running_loop().create_server(
         lambda: Http2ServerConnection(front.on_stream, front.connections, limits, per_client, budget), host,
-        port, reuse_address=True, ssl=tls, ssl_handshake_timeout=limits.preface_timeout if tls is not None else None)
+        port, reuse_address=True, reuse_port=reuse_port or None, ssl=tls,
+        ssl_handshake_timeout=limits.preface_timeout if tls is not None else None)
     return FrontServer(server, front)

@@ -4,6 +4,7 @@ The fallback to our own HTTP/2 server (``grpc.front``): a generic handler with n
 (de)serializers, so requests and responses stay raw bytes. ``ModelInfer`` goes through the
 shared ``GrpcRouter``; ``ModelStreamInfer`` through a grpc.aio channel, each message routed;
 every other unary method passes through unchanged. Deadlines and cancellation propagate.
+``grpc.health.v1.Health`` is answered here from the gateway's readiness (``grpc.health``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ import grpc
 import grpc.aio
 
 from gateway.control_surface import ControlGate
+from gateway.grpc.health import HEALTH, Health, grpcio_handlers
 from gateway.grpc.router import SERVICE, GrpcRouter, StreamLedger, client_deadline_ran_out
 from gateway.grpc.wire import WireError
+from gateway.http2.client import NOT_CONNECTED
+from gateway.pipeline import SEQUENCED
 
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 _STATUS = {code.value[0]: code for code in grpc.StatusCode}
@@ -26,8 +30,9 @@ _STATUS = {code.value[0]: code for code in grpc.StatusCode}
 
 class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
     def __init__(self, router: GrpcRouter, gate: ControlGate | None = None,
-                 upstream_credentials: grpc.ChannelCredentials | None = None) -> None:
+                 upstream_credentials: grpc.ChannelCredentials | None = None, health: Health | None = None) -> None:
         self.router = router
+        self.health = grpcio_handlers(health) if health is not None else {}
         self.gate = gate  # None: Triton control calls pass through (triton_control=allow)
         address = router.upstream.address
         self.channel = (grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) if upstream_credentials is None
@@ -42,6 +47,8 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
         return handler
 
     def _build(self, method: str) -> grpc.RpcMethodHandler | None:
+        if method.startswith(HEALTH):
+            return self.health.get(method)  # None: UNIMPLEMENTED
         if not method.startswith(SERVICE):
             return None  # UNIMPLEMENTED, as Triton would answer
         if method.endswith("/ModelStreamInfer"):
@@ -79,6 +86,8 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
         except WireError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}")
             raise
+        if decision is SEQUENCED:
+            decision = await self.router.settle(fields, policy, _wire(metadata))
         exchange = self.router.new_infer(method, raw, fields, _forwarded(context, metadata), context.time_remaining())
         decision = await self.router.infer(exchange, fields.model_name, policy, decision)
         # after any fallback: the version that answered
@@ -98,7 +107,9 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
 
         async def routed() -> AsyncIterator[bytes]:
             async for raw in requests:
-                fields, _, decision = self.router.route(raw, wire)
+                fields, policy, decision = self.router.route(raw, wire)
+                if decision is SEQUENCED:
+                    decision = await self.router.settle(fields, policy, wire)
                 ledger.sent(fields.model_name, decision)
                 yield self.router.routed_message(raw, decision)
 
@@ -116,7 +127,7 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
             code = exc.code().value[0]
             past = client_deadline_ran_out(code, remaining, time.monotonic() - opened)
             self.router.record_stream_end(ledger, code, past)
-            await context.abort(exc.code(), self.router.details(code, exc.details()))
+            await context.abort(exc.code(), self.router.details(code, _own_words(exc.details() or "")))
         except asyncio.CancelledError:  # the client went away, or grpcio ended the call at the client's deadline
             cancelled = grpc.StatusCode.CANCELLED.value[0]
             self.router.record_stream_end(ledger, cancelled,
@@ -125,6 +136,13 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
 
     async def aclose(self) -> None:
         await self.channel.close()
+
+
+def _own_words(details: str) -> str:
+    """grpcio's channel names the address it could not reach: said in the gateway's words instead."""
+    if "ipv4:" in details or "ipv6:" in details or details.startswith("failed to connect"):
+        return f"{NOT_CONNECTED}: the stream could not be opened"
+    return details
 
 
 def _wire(metadata: tuple[Any, ...]) -> list[tuple[bytes, bytes]]:

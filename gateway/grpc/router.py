@@ -18,9 +18,10 @@ from gateway.grpc.status import StatusCode, classify, status_name
 from gateway.grpc.upstream import GrpcUpstream
 from gateway.grpc.upstream import Metadata as Forwarded
 from gateway.grpc.wire import RouteFields, StreamReply, WireError, route_fields, stream_reply, with_version
-from gateway.pipeline import Pipeline, Target, checked_model
+from gateway.pipeline import SEQUENCED, Pipeline, Target, checked_model
 from gateway.proxy.shadow import GrpcMirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
+from gateway.sequences import checked_sequence_id
 from gateway.telemetry.recorder import QUEUE_FULL, STEERED_ROUTES, Outcome
 
 _QUEUE_FULL = QUEUE_FULL.encode()
@@ -63,7 +64,7 @@ class GrpcInfer:
             named = self.fleets.get(target.fleet) if self.fleets is not None else None
             if named is None:
                 self.code, self.details, self.response = (StatusCode.UNAVAILABLE.value,
-                                                          f"fleet '{target.fleet}' is not configured", b"")
+                                                          f"gateway: fleet '{target.fleet}' is not configured", b"")
                 self.status = status_name(self.code)
                 return
             upstream = named
@@ -120,10 +121,19 @@ class GrpcRouter:
             policy = self.book.get(checked_model(fields.model_name))
             if fields.model_version:
                 return fields, policy, self.pipeline.pinned(fields.model_version)
-            return fields, policy, self.pipeline.route(policy, headers, fields.sequence_id, fields.sequence_start,
-                                                       fields.sequence_end)
+            if fields.sequence_id is not None and policy is not None and policy.sequence_affinity \
+                    and checked_sequence_id(fields.sequence_id) is not None:
+                return fields, policy, SEQUENCED  # the caller awaits settle()
+            return fields, policy, self.pipeline.route(policy, headers)
         except BadRequest as exc:
             raise WireError(exc.message) from None
+
+    async def settle(self, fields: RouteFields, policy: Policy | None, headers: Iterable[tuple[bytes, bytes]]) \
+            -> Decision:
+        """The decision for a message ``route`` answered SEQUENCED: its sequence's pin."""
+        assert policy is not None and fields.sequence_id is not None
+        return await self.pipeline.route_sequence(policy, headers, fields.sequence_id, fields.sequence_start,
+                                                  fields.sequence_end)
 
     def routed_message(self, raw: bytes, decision: Decision) -> bytes:
         """A streamed request, addressed to the decision's target."""
@@ -151,8 +161,8 @@ class GrpcRouter:
         return self.pipeline.announce(decision.version or _answered_version(response), decision.reason)
 
     def details(self, code: int, details: str | None) -> str:
-        if code == StatusCode.UNAVAILABLE:
-            return f"upstream triton at {self.upstream.address} is unavailable: {details}"
+        """What the client is told: Triton's details as Triton sent them; the gateway's own say
+        so themselves (``gateway: ...``) and name no address."""
         return details or ""
 
     def record_stream_reply(self, ledger: StreamLedger, response: bytes) -> None:

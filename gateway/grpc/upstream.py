@@ -9,7 +9,10 @@ call is one stream on one long-lived multiplexed connection, written with one ``
 a header block is built from cached pieces (per path, per distinct metadata). Connection
 failures come back from ``unary`` as ``UNAVAILABLE`` the way grpcio reports them (a status is
 data the client gets), and are raised as ``UpstreamUnavailable`` by ``open``; the connection
-is reopened on the next call. ``open`` starts a streaming call (``ModelStreamInfer`` behind our own
+is reopened on the next call. A unary call the client gave no deadline gets
+``request_timeout_s`` (sent as ``grpc-timeout``, and enforced by the connection's tick), so a
+hung Triton cannot hold it for ever; streams get none (they are long-lived: keepalive PINGs
+find a dead server under them). ``open`` starts a streaming call (``ModelStreamInfer`` behind our own
 server); with ``grpc_server: grpcio`` streams use a grpc.aio channel instead.
 """
 
@@ -17,11 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import ssl
 
-from gateway.errors import UpstreamUnavailable
+from gateway.errors import UpstreamUnavailable, os_reason
 from gateway.grpc.status import StatusCode
-from gateway.http2.client import Http2Connection, Reply, StreamListener, _Call
+from gateway.http2.client import GOING_AWAY, NOT_CONNECTED, Http2Connection, Reply, StreamListener, _Call
 from gateway.http2.hpack_codec import literal, literal_indexed_name
 
 __all__ = ["GrpcUpstream", "Reply", "StreamListener", "UpstreamStream", "grpc_timeout"]
@@ -44,7 +48,9 @@ def grpc_timeout(seconds: float) -> bytes:
 class GrpcUpstream:
     """Unary calls over one multiplexed HTTP/2 connection, reopened when it goes away."""
 
-    def __init__(self, address: str, connect_timeout: float = 2.0, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(self, address: str, connect_timeout: float = 2.0, tls: ssl.SSLContext | None = None, *,
+                 request_timeout_s: float | None = None, keepalive_s: float = 10.0,
+                 keepalive_timeout_s: float = 5.0) -> None:
         secure = address.startswith("grpcs://")
         address = address.removeprefix("grpcs://" if secure else "grpc://")
         if secure and tls is None:  # verified against the system's trust store
@@ -55,6 +61,10 @@ class GrpcUpstream:
         host, _, port = address.rpartition(":")
         self.host, self.port = host.strip("[]") or "127.0.0.1", int(port)
         self.connect_timeout = connect_timeout
+        self.request_timeout_s = request_timeout_s  # a unary call's deadline when its client set none
+        self._default_timeout = b"" if request_timeout_s is None else literal(b"grpc-timeout",
+                                                                              grpc_timeout(request_timeout_s))
+        self.keepalive = (keepalive_s, keepalive_timeout_s)
         self._authority = literal_indexed_name(1, address.encode())
         self._post_scheme = b"\x83\x87" if tls is not None else b"\x83\x86"  # HPACK static 3, then 7 or 6
         self._prefix: dict[str, bytes] = {}
@@ -80,11 +90,13 @@ class GrpcUpstream:
                 self._metadata[metadata] = extra
         if timeout is not None:
             return prefix + extra + literal(b"grpc-timeout", grpc_timeout(timeout))
-        return prefix + extra
+        return prefix + extra + self._default_timeout
 
     async def unary(self, path: str, message: bytes, metadata: Metadata = (),
                     timeout: float | None = None) -> Reply:
         block = self.header_block(path, metadata, timeout)
+        if timeout is None:
+            timeout = self.request_timeout_s
         for _attempt in range(2):  # once more if the connection went away before the call started
             try:
                 connection = await self._ready()
@@ -92,24 +104,24 @@ class GrpcUpstream:
                 return StatusCode.UNAVAILABLE, exc.message, b""
             if connection.closing:
                 continue
-            call = connection.start(block, message)
+            call = connection.start(block, message, timeout)
             assert call.future is not None
             try:
                 reply = await call.future
             except asyncio.CancelledError:
                 connection.cancel(call)
                 raise
-            if reply[0] == StatusCode.UNAVAILABLE and "GOAWAY" in reply[1]:
+            if reply[0] == StatusCode.UNAVAILABLE and reply[1].startswith(GOING_AWAY):
                 continue  # never processed upstream (its id was above GOAWAY's last stream): safe to resend
             return reply
-        return StatusCode.UNAVAILABLE, f"upstream {self.address} keeps closing the connection", b""
+        return StatusCode.UNAVAILABLE, f"{GOING_AWAY}: it keeps closing the connection", b""
 
     async def open(self, path: str, listener: StreamListener, metadata: Metadata = (),
                    timeout: float | None = None) -> UpstreamStream:
         """A streaming call: the listener hears the reply's frames. UpstreamUnavailable if none could start."""
         connection = await self._ready()
         if connection.closing:
-            raise UpstreamUnavailable(f"upstream {self.address} is closing the connection")
+            raise UpstreamUnavailable(f"{GOING_AWAY}: it is closing the connection")
         return UpstreamStream(connection, connection.open(self.header_block(path, metadata, timeout), listener))
 
     async def _ready(self) -> Http2Connection:
@@ -119,7 +131,7 @@ class GrpcUpstream:
             try:
                 connection = await self._connect()
             except OSError as exc:
-                raise UpstreamUnavailable(f"cannot connect to {self.address}: {exc}") from exc
+                raise UpstreamUnavailable(f"{NOT_CONNECTED}: {os_reason(exc)}") from exc
         while connection.full and not connection.closing:
             await connection.room()
         return connection
@@ -139,10 +151,11 @@ class GrpcUpstream:
         closed: asyncio.Future[None] = loop.create_future()
         try:
             _, protocol = await asyncio.wait_for(
-                loop.create_connection(lambda: Http2Connection(closed), self.host, self.port, ssl=self.tls),
+                loop.create_connection(lambda: Http2Connection(closed, *self.keepalive), self.host, self.port,
+                                       ssl=self.tls),
                 self.connect_timeout)
         except TimeoutError:
-            raise OSError(f"no connection within {self.connect_timeout:g} s") from None
+            raise TimeoutError(errno.ETIMEDOUT, f"no connection within {self.connect_timeout:g} s") from None
         self._connection = protocol
         return protocol
 

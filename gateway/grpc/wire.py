@@ -77,10 +77,20 @@ def _fields(data: bytes, start: int = 0, end: int | None = None):  # type: ignor
         raise WireError("message ends inside a field")
 
 
+# The routing walk is Python on the event loop, a few hundred ns per field: a message of 64 MiB
+# written as two-byte fields would hold the loop for seconds. A ModelInferRequest has a handful
+# of fields plus about two per tensor (its input or output entry and its raw contents).
+MAX_ROUTED_FIELDS = 8192
+
+
 def route_fields(raw: bytes, with_sequence: bool = True) -> RouteFields:
+    """The routing fields; WireError for bytes that are not a ModelInferRequest, including one of
+    more than MAX_ROUTED_FIELDS top-level fields."""
     name = version = b""
     sequence: dict[bytes, object] = {}
-    for number, wire, value in _fields(raw):
+    for count, (number, wire, value) in enumerate(_fields(raw)):
+        if count >= MAX_ROUTED_FIELDS:
+            raise WireError(f"more than {MAX_ROUTED_FIELDS} fields: not a request the gateway routes")
         if wire != 2:
             continue
         start, stop = value

@@ -5,6 +5,21 @@ when the windows allow, and whose reply is collected into ``(grpc status, messag
 bytes)``. A streaming call (``open``) hands every frame of the reply to a ``StreamListener``
 as it arrives, and takes request messages one by one. GOAWAY, RST_STREAM and a lost
 connection end the affected calls with ``UNAVAILABLE`` (or ``CANCELLED``) the way grpcio does.
+
+A hung server (stopped, or lost without a reset: node death, a blackholed address) is found
+by one timer per connection, never per call: every ``keepalive_s`` a keepalive ping goes out,
+idle or busy, and one unanswered ``keepalive_timeout_s`` later drops the connection, failing its
+calls with ``UNAVAILABLE`` (``LOST``: the fleet counts it toward the server's ejection). The
+ping is an empty SETTINGS frame, which the peer must acknowledge at once (RFC 9113 §6.5.3),
+not a PING frame: Triton's gRPC server (grpc core, default policy) counts a PING received
+while it has sent nothing for 5 minutes as a strike and closes the connection with GOAWAY
+``too_many_pings`` at the third, so PINGs every 10 s would cut every idle connection and every
+quiet stream after ~30 s (seen against the real Triton). The same tick ends unary calls whose
+deadline passed with no answer (a live Triton answers ``DEADLINE_EXCEEDED`` itself first: it
+is told the deadline in ``grpc-timeout``).
+
+Every status this module makes up itself starts with ``gateway: `` and names no address;
+the prefixes below are how the fleet tells a call never sent from a connection that broke.
 """
 
 from __future__ import annotations
@@ -13,6 +28,7 @@ import asyncio
 from typing import Protocol
 from urllib.parse import unquote
 
+from gateway.errors import OWN_ANSWER
 from gateway.grpc.status import StatusCode
 from gateway.grpc.wire import grpc_frame
 from gateway.http2.endpoint import (
@@ -20,15 +36,24 @@ from gateway.http2.endpoint import (
     PREFACE,
     RECEIVE_WINDOW,
     REFUSED_STREAM,
+    SETTINGS,
     Endpoint,
     Headers,
     StreamState,
+    frame,
     open_windows,
     settings_frame,
 )
 
 OK, CANCELLED, UNKNOWN, INTERNAL, UNAVAILABLE = (StatusCode.OK, StatusCode.CANCELLED, StatusCode.UNKNOWN,
                                                  StatusCode.INTERNAL, StatusCode.UNAVAILABLE)
+DEADLINE_EXCEEDED = StatusCode.DEADLINE_EXCEEDED
+# The beginnings of the gateway's own UNAVAILABLE details: nothing reached Triton ...
+NOT_CONNECTED = OWN_ANSWER + "cannot connect to Triton"
+GOING_AWAY = OWN_ANSWER + "Triton is going away"
+# ... or the connection broke under the call (Triton may have run it: never re-sent).
+LOST = OWN_ANSWER + "lost the connection to Triton"
+_DEADLINE_GRACE_S = 0.5  # past a call's deadline before it is ended here: Triton's own answer comes first
 _HTTP_TO_GRPC = {400: INTERNAL, 401: StatusCode.UNAUTHENTICATED, 403: StatusCode.PERMISSION_DENIED,
                  404: StatusCode.UNIMPLEMENTED, 429: UNAVAILABLE, 502: UNAVAILABLE,
                  503: UNAVAILABLE, 504: UNAVAILABLE}
@@ -44,11 +69,12 @@ class StreamListener(Protocol):
 
 
 class _Call(StreamState):
-    __slots__ = ("future", "headers", "trailers", "chunks", "listener")
+    __slots__ = ("future", "headers", "trailers", "chunks", "listener", "deadline")
 
     def __init__(self, stream_id: int, window: int, future: asyncio.Future[Reply] | None,
                  listener: StreamListener | None = None) -> None:
         super().__init__(stream_id, window)
+        self.deadline = 0.0  # loop.time() after which the tick ends the call; 0.0: none
         self.future = future
         self.listener = listener
         self.headers: Headers | None = None
@@ -57,20 +83,70 @@ class _Call(StreamState):
 
 
 class Http2Connection(Endpoint):
-    def __init__(self, on_close: asyncio.Future[None]) -> None:
+    def __init__(self, on_close: asyncio.Future[None], keepalive_s: float = 10.0,
+                 keepalive_timeout_s: float = 5.0) -> None:
         super().__init__()
         self.on_close = on_close
         self._next_id = 1
         self._waiters: list[asyncio.Future[None]] = []
+        self.keepalive_s = keepalive_s  # 0: no keepalive pings (deadlines are still enforced)
+        self.keepalive_timeout_s = keepalive_timeout_s
+        self._tick_s = min(1.0, *(t for t in (keepalive_s, keepalive_timeout_s) if t > 0))
+        self._timer: asyncio.TimerHandle | None = None
+        self._last_ping = 0.0  # loop.time() the last keepalive ping went out
+        self._ping_due = 0.0  # its ACK is due by then; 0.0: none outstanding
+        self._settings_sent = self._settings_acked = 0  # SETTINGS ACKs come in order: count them
+        self._ping_number = 0  # the SETTINGS frame whose ACK answers the outstanding ping
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.write(PREFACE + settings_frame(enable_push=0, initial_window=RECEIVE_WINDOW, max_frame=1 << 20)
                    + open_windows())
+        self._settings_sent = 1
+        loop = asyncio.get_running_loop()
+        self._last_ping = loop.time()
+        self._timer = loop.call_later(self._tick_s, self._tick)
+
+    # -- keepalive and deadlines: one timer per connection ------------------------------------
+    def _tick(self) -> None:
+        self._timer = None
+        if self.transport is None or self.transport.is_closing():
+            return
+        now = asyncio.get_running_loop().time()
+        if self._ping_due and now >= self._ping_due:
+            self._drop(f"{LOST}: no answer to a keepalive ping within {self.keepalive_timeout_s:g}s")
+            return
+        if self.keepalive_s > 0 and not self._ping_due and now - self._last_ping >= self.keepalive_s:
+            self._last_ping, self._ping_due = now, now + self.keepalive_timeout_s
+            self._settings_sent += 1
+            self._ping_number = self._settings_sent
+            self.write(frame(SETTINGS, 0, 0))
+        expired = [call for call in self.streams.values() if 0.0 < call.deadline <= now]  # type: ignore[attr-defined]
+        for call in expired:
+            self.reset(call)
+            self._finish(call, (DEADLINE_EXCEEDED, OWN_ANSWER + "Triton did not answer before the deadline", b""))  # type: ignore[arg-type]
+        self._timer = asyncio.get_running_loop().call_later(self._tick_s, self._tick)
+
+    def _on_settings_ack(self) -> None:
+        self._settings_acked += 1
+        if self._settings_acked >= self._ping_number:
+            self._ping_due = 0.0
+
+    def _drop(self, reason: str) -> None:
+        """The server stopped answering: fail every call now, and never use this connection again."""
+        self.closing = True
+        for call in list(self.streams.values()):
+            self._finish(call, (UNAVAILABLE, reason, b""))  # type: ignore[arg-type]
+        self._wake_all()
+        if self.transport is not None:
+            self.transport.abort()  # no FIN handshake with a peer that does not answer
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
-        reason = f"connection lost: {exc}" if exc else "connection closed by the upstream"
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        reason = f"{LOST}: {exc}" if exc else f"{LOST}: Triton closed it"
         for call in list(self.streams.values()):
             self._finish(call, (UNAVAILABLE, reason, b""))  # type: ignore[arg-type]
         self._wake_all()
@@ -103,12 +179,12 @@ class Http2Connection(Endpoint):
 
     def _on_reset(self, stream: StreamState, code: int) -> None:
         status = UNAVAILABLE if code == REFUSED_STREAM else CANCELLED if code == CANCEL else INTERNAL
-        self._finish(stream, (status, f"upstream reset the stream (HTTP/2 error {code})", b""))  # type: ignore[arg-type]
+        self._finish(stream, (status, f"{OWN_ANSWER}Triton reset the stream (HTTP/2 error {code})", b""))  # type: ignore[arg-type]
 
     def _on_goaway(self, last_stream_id: int, code: int) -> None:
         self.closing = True
         for call in [s for s in self.streams.values() if s.id > last_stream_id]:
-            self._finish(call, (UNAVAILABLE, f"upstream is going away (HTTP/2 GOAWAY {code})", b""))  # type: ignore[arg-type]
+            self._finish(call, (UNAVAILABLE, f"{GOING_AWAY} (HTTP/2 GOAWAY {code})", b""))  # type: ignore[arg-type]
         self._wake_all()
         if not self.streams and self.transport is not None:
             self.transport.close()
@@ -124,12 +200,12 @@ class Http2Connection(Endpoint):
     _on_flushed = _on_drained
 
     def _on_stream_error(self, stream: StreamState, code: int) -> None:
-        self._finish(stream, (INTERNAL, f"upstream broke HTTP/2 on the stream (we reset it with {code})", b""))  # type: ignore[arg-type]
+        self._finish(stream, (INTERNAL, f"{OWN_ANSWER}Triton broke HTTP/2 on the stream (reset with {code})", b""))  # type: ignore[arg-type]
 
     def _connection_error(self, code: int, reason: str) -> None:
         self.closing, self.reading = True, False
         for call in list(self.streams.values()):
-            self._finish(call, (INTERNAL, reason, b""))  # type: ignore[arg-type]
+            self._finish(call, (INTERNAL, f"{OWN_ANSWER}Triton broke HTTP/2: {reason}", b""))  # type: ignore[arg-type]
         if self.transport is not None:
             self.transport.close()
 
@@ -156,9 +232,13 @@ class Http2Connection(Endpoint):
         self.streams[stream_id] = call
         return call
 
-    def start(self, header_block: bytes, message: bytes) -> _Call:
-        """A unary call: the request goes out now (as far as the windows allow)."""
-        call = self._new_call(asyncio.get_running_loop().create_future(), None)
+    def start(self, header_block: bytes, message: bytes, timeout: float | None = None) -> _Call:
+        """A unary call: the request goes out now (as far as the windows allow); the tick ends it
+        a little after ``timeout`` if Triton has not answered by then."""
+        loop = asyncio.get_running_loop()
+        call = self._new_call(loop.create_future(), None)
+        if timeout is not None:
+            call.deadline = loop.time() + timeout + _DEADLINE_GRACE_S
         self.send(call, grpc_frame(message), end=True, before=self.headers_frames(call.id, header_block))
         return call
 
@@ -223,7 +303,7 @@ def status_of(headers: Headers | None, trailers: Headers | None) -> tuple[int, s
     if status is None:
         http_status = next((value for name, value in headers or [] if name == b":status"), b"")
         code = _HTTP_TO_GRPC.get(int(http_status or 0), UNKNOWN)
-        return code, f"upstream answered HTTP {http_status.decode() or '?'} without a gRPC status"
+        return code, f"{OWN_ANSWER}Triton answered HTTP {http_status.decode() or '?'} without a gRPC status"
     return int(status), unquote(details.decode("utf-8", "replace")) if details else ""
 
 
@@ -233,8 +313,8 @@ def _reply(call: _Call) -> Reply:
         return code, message, b""
     data = call.chunks[0] if len(call.chunks) == 1 else b"".join(call.chunks)
     if len(data) < 5 or data[0] != 0:
-        return INTERNAL, "upstream sent no response message (or a compressed one)", b""
+        return INTERNAL, f"{OWN_ANSWER}Triton sent no response message (or a compressed one)", b""
     length = int.from_bytes(data[1:5], "big")
     if len(data) < 5 + length:
-        return INTERNAL, "upstream response message is truncated", b""
+        return INTERNAL, f"{OWN_ANSWER}Triton's response message is truncated", b""
     return OK, message, data[5:5 + length]

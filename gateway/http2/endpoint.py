@@ -131,6 +131,9 @@ class Endpoint(asyncio.Protocol):
     def _on_settings(self) -> None:
         """The peer's SETTINGS were applied (a role may have waiters to wake)."""
 
+    def _on_settings_ack(self) -> None:
+        """The peer acknowledged one of our SETTINGS frames (the client role's keepalive)."""
+
     def _on_flushed(self, stream: StreamState) -> None:
         """Everything queued on ``stream`` went out."""
 
@@ -229,6 +232,7 @@ class Endpoint(asyncio.Protocol):
             if flags & ACK:
                 if payload:
                     raise ProtocolError("SETTINGS ACK with a payload", FRAME_SIZE_ERROR)
+                self._on_settings_ack()
                 return
             if len(payload) % 6:
                 raise ProtocolError("SETTINGS length is not a multiple of 6", FRAME_SIZE_ERROR)

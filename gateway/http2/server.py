@@ -574,12 +574,17 @@ class Http2ServerConnection(Endpoint):
             self.finish(call, StatusCode.UNIMPLEMENTED,
                         f"compression {call.compression[:40].decode(errors='replace')!r} is not supported")
             return None
+        limit = self.limits.max_message
+        first = min(_INFLATE_SLICE, limit + 1)  # a limit below one slice is the bound of the first one too
         try:
-            inflated = inflater.decompress(message, _INFLATE_SLICE)
+            inflated = inflater.decompress(message, first)
         except zlib.error as exc:
             self.finish(call, StatusCode.INTERNAL, f"cannot decompress the request message: {exc}")
             return None
-        if inflater.eof or len(inflated) < _INFLATE_SLICE and not inflater.unconsumed_tail:
+        if len(inflated) > limit:
+            self.finish(call, StatusCode.RESOURCE_EXHAUSTED, f"the request message inflates above {limit} bytes")
+            return None
+        if inflater.eof or len(inflated) < first and not inflater.unconsumed_tail:
             return inflated
         call.inflating = True
         task = asyncio.get_running_loop().create_task(self._inflate(call, inflater, bytearray(inflated)))

@@ -22,6 +22,7 @@ from gateway.pipeline import Pipeline, Target, checked_model
 from gateway.proxy.limits import BodyReader, end_to_end
 from gateway.proxy.shadow import Mirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
+from gateway.sequences import SequenceFields, checked_sequence_id
 from gateway.telemetry.recorder import STEERED_ROUTES, Outcome, http_outcome
 from gateway.upstream import HttpUpstream, UpstreamResponse
 
@@ -120,21 +121,26 @@ class HttpProxy:
                 else:
                     self.bodies.take(len(body))
                 held = len(body)
-                if decision is _NEEDS_BODY:
-                    decision = await self._route_sequence(policy, scope, body)  # type: ignore[arg-type]
+                sequence = None
+                if decision is _NEEDS_BODY or decision is not None and self._pins_sequences():
+                    sequence = await self._sequence(scope["headers"], body)  # read once, for routing and the fleet
+                    if decision is _NEEDS_BODY:
+                        decision = await self._route_sequence(policy, scope, sequence)  # type: ignore[arg-type]
             except GatewayError as exc:  # refused before anything went upstream: not a sample of any version
                 if not isinstance(exc, ClientGone):
                     await _send_error(send, exc)
                 return
-            await self._exchange(scope, receive, send, target, versioned, model, policy, decision, body, started)
+            await self._exchange(scope, receive, send, target, versioned, model, policy, decision, body, started,
+                                 sequence)
         finally:
             if held:
                 self.bodies.release(held)
 
     async def _exchange(self, scope: Scope, receive: Receive, send: Send, target: bytes, versioned: bool,
                         model: str | None, policy: Policy | None, decision: Decision | None, body: bytes,
-                        started: float) -> None:
+                        started: float, sequence: SequenceFields | None) -> None:
         exchange = HttpExchange(self, scope, send, target, versioned, body)
+        exchange.sequence = sequence
         if model is not None and scope["path"].endswith("/generate_stream"):  # its responses are timed as they go out
             exchange.stream_of, exchange.started = model, started
         task = exchange.task = asyncio.current_task()
@@ -182,10 +188,25 @@ class HttpProxy:
             else Outcome.UPSTREAM_ERROR
         self.pipeline.record(model, decision, outcome, error.status, "http", started, fault)
 
-    async def _route_sequence(self, policy: Policy, scope: Scope, body: bytes) -> Decision:
+    async def _route_sequence(self, policy: Policy, scope: Scope, sequence: SequenceFields | None) -> Decision:
         """Routing for models with sequence affinity: the sequence fields live in the body."""
-        sequence_id, start, end = sequence_fields(await self._json_header(scope["headers"], body))
-        return self.pipeline.route(policy, scope["headers"], sequence_id, start, end)
+        if sequence is None:
+            return self.pipeline.route(policy, scope["headers"])
+        return await self.pipeline.route_sequence(policy, scope["headers"], sequence.id, sequence.start,
+                                                  sequence.end)
+
+    def _pins_sequences(self) -> bool:
+        """A fleet of several servers keeps each sequence on one: it needs the requests' sequence fields."""
+        return self.upstream.reads_sequences or any(fleet.reads_sequences for fleet in self.fleets.values())
+
+    async def _sequence(self, headers: list[tuple[bytes, bytes]], body: bytes) -> SequenceFields | None:
+        """The request's sequence fields, read once (BadRequest for an id Triton would not take).
+        An uncompressed body without the word ``sequence_id`` is not parsed at all."""
+        if body.find(b"sequence_id") < 0 and not any(name == b"content-encoding" for name, _ in headers):
+            return None
+        sequence_id, start, end = sequence_fields(await self._json_header(headers, body))
+        checked = checked_sequence_id(sequence_id)
+        return None if checked is None else SequenceFields(checked, start, end)
 
     async def _json_header(self, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes | None:
         """The request's JSON header: the first Inference-Header-Content-Length bytes of a binary
@@ -222,7 +243,7 @@ class HttpExchange:
     """One HTTP request and its answer, as the pipeline drives it (see ``pipeline.Exchange``)."""
 
     __slots__ = ("proxy", "scope", "send_to_client", "target", "versioned", "body", "response", "status",
-                 "handed", "client_left", "task", "stream_of", "started", "delivered", "judged")
+                 "handed", "client_left", "task", "stream_of", "started", "delivered", "judged", "sequence")
 
     def __init__(self, proxy: HttpProxy, scope: Scope, send: Send, target: bytes, versioned: bool,
                  body: bytes) -> None:
@@ -241,6 +262,7 @@ class HttpExchange:
         self.started = 0.0  # when the request arrived (perf_counter)
         self.delivered = 0.0  # when the previous response went to the client; 0.0: none yet
         self.judged = True  # False when the client chose the version: its stream timings are not judged
+        self.sequence: SequenceFields | None = None  # read by the front; a fleet of several servers pins on it
 
     def _path(self, target: Target) -> bytes:
         if self.versioned or target.version is None:
@@ -251,7 +273,7 @@ class HttpExchange:
         scope = self.scope
         upstream = self.proxy.upstream if target.fleet is None else self.proxy.upstream_for(target)
         self.response = await upstream.request(scope["method"].encode(), self._path(target), scope["headers"],
-                                               self.body)
+                                               self.body, sequence=self.sequence)
         self.status = self.response.status
 
     def unavailable(self) -> bool:

@@ -474,8 +474,9 @@ class RolloutController:
         return live
 
     def _restore_loaded_versions(self) -> None:
-        """In the background (a reload takes seconds): Triton back to the versions the gateway
-        loaded, e.g. after Triton restarted with only its config.pbtxt's list."""
+        """In the background (a reload takes seconds): the versions the gateway itself loaded or
+        unloaded made so again, e.g. after Triton restarted with only its config.pbtxt's list;
+        loads and unloads made on Triton's own port are left alone (``ModelLifecycle.restore``)."""
         if self.lifecycle is None or (self._restoring is not None and not self._restoring.done()):
             return
 

@@ -19,7 +19,7 @@ from gateway.errors import Conflict, LoadFailed, NotFound
 from gateway.policy import without_version
 from gateway.services.policies import PolicyService
 from gateway.services.replicas import Replicas
-from gateway.services.triton_control import TritonControl
+from gateway.services.triton_control import TritonControl, restore_target, with_change
 from gateway.store.base import EventDraft, StateStore
 
 log = logging.getLogger("gateway.lifecycle")
@@ -41,14 +41,15 @@ class ModelLifecycle:
     async def serving(self, model: str) -> set[str]:
         return {v for v, state in (await self.triton.versions(model)).items() if state.state == "READY"}
 
-    async def load(self, model: str, version: str, actor: str) -> dict[str, Any]:
+    async def load(self, model: str, version: str, actor: str, config: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``config``: a model configuration the admin gives for the load (else Triton's current one)."""
         async with self.replicas.lock(model, self.load_timeout_s):
             serving = await self.serving(model)
-            if version in serving:
+            if version in serving and config is None:
                 return {"model": model, "version": version, "state": "READY", "serving": sorted(serving, key=int)}
             keep = serving | {version}
-            await self._reload(model, keep, self.load_timeout_s)
-            await self.store.put_loaded_versions(model, sorted(keep))  # restored after a Triton restart
+            await self.triton.reload(model, keep, self.load_timeout_s, config)
+            await self._record(model, loaded=[version])  # restored after a Triton restart
             states = await self.triton.versions(model)
             state = states.get(version)
             if state is None or state.state != "READY":
@@ -69,7 +70,7 @@ class ModelLifecycle:
         async with self.replicas.lock(model, self.load_timeout_s):
             keep = await self.serving(model) - {version}
             await self._reload(model, keep, self.load_timeout_s)
-            await self.store.put_loaded_versions(model, sorted(keep))
+            await self._record(model, unloaded=[version])
         reason = f"version {version} drained ({drained}) and unloaded"
         await self._event(model, actor, "version_unloaded", reason)
         return {"model": model, "version": version, "state": "UNLOADED", "drain": drained}
@@ -89,9 +90,15 @@ class ModelLifecycle:
             raise Conflict(f"version {version} of model '{model}' takes {weight}% of its traffic in policy revision "
                            f"{stored.revision if stored else 0}: move its weight to another version first")
 
+    async def _record(self, model: str, loaded: list[str] | None = None, unloaded: list[str] | None = None) -> None:
+        """Note a load or unload the gateway made (only those are ever restored)."""
+        changes = (await self.store.loaded_versions()).get(model, [])
+        await self.store.put_loaded_versions(model, with_change(changes, loaded or (), unloaded or ()))
+
     async def restore(self) -> list[str]:
-        """Bring Triton back to the versions the gateway loaded, per model (after a restart
-        Triton falls back to config.pbtxt's list). A mismatch must outlast ``RESTORE_GRACE_S``
+        """Bring back what the gateway loaded and unloaded, per model (after a restart Triton
+        falls back to config.pbtxt's list); loads and unloads made on Triton's own port stay as
+        they are (:func:`~gateway.services.triton_control.restore_target`). A mismatch must outlast ``RESTORE_GRACE_S``
         (a load on another replica reloads Triton a moment before it records the new set), and
         models where anything is loading are left for the next call. Returns the models reloaded."""
         restored = []
@@ -109,11 +116,12 @@ class ModelLifecycle:
         return restored
 
     async def _restore_one(self, model: str) -> tuple[set[str], set[str]] | None:
-        wanted = set((await self.store.loaded_versions()).get(model, []))
+        changes = (await self.store.loaded_versions()).get(model, [])
         states = await self.triton.versions(model)
-        if not wanted or not states or any(s.state in ("LOADING", "UNLOADING") for s in states.values()):
+        if not changes or not states or any(s.state in ("LOADING", "UNLOADING") for s in states.values()):
             return None
         ready = {v for v, s in states.items() if s.state == "READY"}
+        wanted = restore_target(ready, changes) or ready
         if not self._mismatch_lasted(model, ready, wanted):
             return None
         await self._reload(model, wanted, self.load_timeout_s)

@@ -65,12 +65,19 @@ class PolicyService:
         """Every model Triton knows with each version's state, and its policy (if any)."""
         index = await self.triton.index()
         stored = await self.store.list_policies()
+        changed = await self.store.loaded_versions()  # the gateway's own loads ("3") and unloads ("-3")
         models: dict[str, dict[str, Any]] = {}
         for entry in index:
             model = models.setdefault(entry["name"], {"name": entry["name"], "versions": [], "policy": None})
             if "version" in entry:
-                model["versions"].append({"version": str(entry["version"]), "state": entry.get("state", "UNKNOWN"),
-                                          "reason": entry.get("reason", "")})
+                version = str(entry["version"])
+                mine = changed.get(entry["name"], [])
+                by_gateway = version in mine or f"-{version}" in mine
+                # "gateway": loaded or unloaded through the gateway (restored after a Triton restart);
+                # "triton": as Triton's own port or config.pbtxt left it (the gateway leaves it alone)
+                model["versions"].append({"version": version, "state": entry.get("state", "UNKNOWN"),
+                                          "reason": entry.get("reason", ""),
+                                          "managed_by": "gateway" if by_gateway else "triton"})
         for name, record in stored.items():
             if record.spec is not None:
                 models.setdefault(name, {"name": name, "versions": [], "policy": None})["policy"] = record.document()

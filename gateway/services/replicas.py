@@ -16,7 +16,10 @@ one, the lease holder's promotion cleanup on another) never reload the same mode
 
 Sequence pins are written to the store in the background (twice a second, only the pins
 touched since) and read back at start, so the sequences a replica pinned survive its
-restart; in the store they expire by idle time like in memory.
+restart; in the store they expire by idle time like in memory. This class is also the pin
+table's :class:`~gateway.sequences.PinDirectory`: a sequence's start is written through at
+once and a replica without a (recent) pin reads the store, so pins are shared live between
+replicas (see :mod:`gateway.sequences` for why the store and not a hash of the id).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ REPORT_S = (0.2, 1.0)  # report period while something drains, and otherwise
 REPORT_TTL_S = 3.0  # a replica silent this long is gone
 LOCK_TTL_S = 10.0  # renewed every third of it while held; a crashed holder frees it this fast
 PIN_SAVE_S = 0.5
+PIN_CALL_S = 1.0  # a request waits this long at most for the store to read or write its sequence's pin
 
 
 def replica_name() -> str:
@@ -70,6 +74,30 @@ class Replicas:
             await self.save_pins()  # the last changes, so a restart finds them
 
     # -- sequence pins in the store -------------------------------------------------------------
+    async def find(self, model: str, sequence_id: object) -> tuple[bool, str | None]:
+        """The pin directory's read (on a request's path, only when this replica has no recent pin)."""
+        if not isinstance(sequence_id, (int, str)):
+            return True, None
+        try:
+            async with asyncio.timeout(PIN_CALL_S):
+                entry = await self.store.load_pin(json.dumps([model, sequence_id]), self.pins.idle_s)
+        except (StoreError, TimeoutError) as exc:
+            log.debug("reading the pin of sequence %r of '%s' failed: %s", sequence_id, model, exc)
+            return False, None
+        return True, None if entry is None else entry[0]
+
+    async def publish(self, model: str, sequence_id: object, version: str | None) -> None:
+        """The pin directory's write-through of a sequence's start or end (the background save
+        retries a failure)."""
+        if not isinstance(sequence_id, (int, str)):
+            return
+        try:
+            async with asyncio.timeout(PIN_CALL_S):
+                entry = None if version is None else (version, time.time())
+                await self.store.save_pins({json.dumps([model, sequence_id]): entry}, self.pins.idle_s)
+        except (StoreError, TimeoutError) as exc:
+            log.debug("saving the pin of sequence %r of '%s' failed: %s", sequence_id, model, exc)
+
     async def restore_pins(self) -> int:
         """Read back the pins saved before a restart; how many were live."""
         now, restored = time.time(), {}

@@ -10,12 +10,24 @@ service, so a single unreachable Triton still answers with its own error):
   the others go back to what they had, and the error names the server and Triton's reason.
 - ``sync_server``: a server joining the fleet (new pod, restart, re-admission) gets the
   loaded set of its peers applied before it takes traffic (``Fleet.on_join``).
+
+What the gateway changed, and only that, is put back after a Triton restart
+(:func:`with_change`, :func:`restore_target`): per model the store keeps the versions the
+gateway itself loaded ("3") and unloaded ("-3"). A Triton that comes back with
+``config.pbtxt``'s list gets the gateway's loads and unloads again; loads and unloads made on
+Triton's own port (or by its config) are left as they are.
+
+Triton selects versions only through a ``config`` override of the whole model configuration
+(one that names only ``version_policy`` leaves a model with no inputs, max_batch_size 0:
+tried), so a version-level load or unload sends Triton's current configuration of the model
+with the wanted ``version_policy``, or, when an admin gives one, the admin's configuration.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +35,24 @@ from gateway.errors import Conflict, GatewayError, LoadFailed, NotFound, Upstrea
 from gateway.fleet.balancer import Fleet
 from gateway.fleet.members import Server
 from gateway.policy import split_target
+
+
+def with_change(changes: list[str], loaded: Collection[str] = (), unloaded: Collection[str] = ()) -> list[str]:
+    """The gateway's own changes of one model after it loaded or unloaded versions: the last
+    word on a version wins ("3": the gateway loaded it, "-3": it unloaded it)."""
+    touched = {*loaded, *unloaded}
+    kept = [entry for entry in changes if entry.lstrip("-") not in touched]
+    return sorted([*kept, *loaded, *(f"-{version}" for version in unloaded)], key=lambda e: (int(e.lstrip("-")), e))
+
+
+def restore_target(ready: set[str], changes: list[str]) -> set[str] | None:
+    """What Triton should serve of a model so that every change the gateway made holds again,
+    everything else as it is; None when nothing the gateway did is undone (or it would leave
+    nothing). A record from before changes were kept (plain versions only) reads as loads."""
+    loaded = {entry for entry in changes if not entry.startswith("-")}
+    unloaded = {entry[1:] for entry in changes if entry.startswith("-")}
+    wanted = (ready | loaded) - unloaded
+    return wanted if wanted and wanted != ready else None
 
 
 @dataclass(frozen=True)
@@ -41,6 +71,7 @@ class TritonControl:
         self.named = named or {}
         self.timeout_s = timeout_s
         self._lock = asyncio.Lock()  # one reload or join sync at a time per fleet
+        self.on_reload: list[Callable[[str], None]] = []  # told the model after every reload (done or not)
 
     def _for(self, key: str) -> tuple[TritonControl, str]:
         """The control of the fleet a target key names, and the plain version."""
@@ -164,11 +195,21 @@ class TritonControl:
         return all(answers) if answers else None
 
     # -- model control across the fleet -----------------------------------------------------------
-    async def reload(self, model: str, versions: set[str], timeout_s: float) -> None:
-        """Serve exactly ``versions`` of ``model`` on every server, or on none of them anew."""
+    async def reload(self, model: str, versions: set[str], timeout_s: float,
+                     config: dict[str, Any] | None = None) -> None:
+        """Serve exactly ``versions`` of ``model`` on every server, or on none of them anew;
+        ``config``: the model configuration an admin gave (else Triton's current one)."""
+        try:
+            await self._reload(model, versions, timeout_s, config)
+        finally:
+            for listener in self.on_reload:
+                listener(model)
+
+    async def _reload(self, model: str, versions: set[str], timeout_s: float, given: dict[str, Any] | None) -> None:
         async with self._lock:
             servers = self.servers()
-            config = await self._config(servers[0], model)
+            current = await self._config(servers[0], model)
+            config = given if given is not None else current
             before = await asyncio.gather(*(self._ready_on(server, model) for server in servers))
             results = await asyncio.gather(*(self._reload_on(server, model, config, versions, timeout_s)
                                              for server in servers), return_exceptions=True)
@@ -178,7 +219,7 @@ class TritonControl:
                 return
             undo = [(server, previous) for server, previous, result in zip(servers, before, results, strict=True)
                     if not isinstance(result, BaseException) and previous and previous != versions]
-            await asyncio.gather(*(self._reload_on(server, model, config, previous, timeout_s)
+            await asyncio.gather(*(self._reload_on(server, model, current, previous, timeout_s)  # as it was
                                    for server, previous in undo), return_exceptions=True)
             server, error = failed[0]
             if isinstance(error, GatewayError):

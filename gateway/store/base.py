@@ -267,6 +267,9 @@ class StateStore(Protocol):
     async def load_pins(self, idle_s: float) -> dict[str, tuple[str, float]]:
         """Every pin used within ``idle_s``: key -> (version, wall time of last use)."""
 
+    async def load_pin(self, key: str, idle_s: float) -> tuple[str, float] | None:
+        """One pin, if it was used within ``idle_s`` (another replica's sequence, read on a miss)."""
+
 
 def make_store(url: str, audit: AuditBounds | None = None) -> StateStore:
     """Backend by URL scheme: memory://, sqlite:///path, redis://host:port/db."""

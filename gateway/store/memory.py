@@ -169,6 +169,10 @@ class InMemoryStore:
         oldest = time.time() - idle_s
         return {key: entry for key, entry in self._pins.items() if entry[1] >= oldest}
 
+    async def load_pin(self, key: str, idle_s: float) -> tuple[str, float] | None:
+        entry = self._pins.get(key)
+        return entry if entry is not None and entry[1] >= time.time() - idle_s else None
+
     def _publish(self, model: str) -> None:
         for queue in self._feeds:
             queue.put_nowait(model)

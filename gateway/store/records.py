@@ -5,6 +5,12 @@ record may have been written by a *newer* replica during a rolling upgrade (as `
 ``sequence_affinity`` and ``keep_previous`` once were). Refusing it would stop this
 replica's sync; so unknown fields are dropped with one warning per field, and only a record
 that is still invalid without them is corrupt.
+
+Policies are stored with a ``format`` number. Format 1 (no number) is from before
+``sequence_affinity`` could say ``auto``: its ``false`` was the old default, written into
+every policy whether anyone chose it or not, so it reads as ``auto`` (the new default, on
+only for models Triton batches sequences for); ``true`` stays forced on. From format 2 on,
+``false`` is what an SRE wrote and stays off.
 """
 
 from __future__ import annotations
@@ -30,8 +36,20 @@ def load_json(raw: str | bytes, what: str) -> Any:
         raise CorruptRecord(f"{what} is not valid JSON: {exc}") from None
 
 
+STORED_FORMAT = 2
+
+
+def stored_spec(spec: PolicySpec) -> dict[str, Any]:
+    """The document a store keeps for a policy."""
+    return {**spec.document(), "format": STORED_FORMAT}
+
+
 def spec_from_document(doc: Any, what: str) -> PolicySpec:
     """A PolicySpec from a stored document, ignoring fields this version does not know."""
+    if isinstance(doc, dict):
+        doc = dict(doc)
+        if doc.pop("format", 1) == 1 and doc.get("sequence_affinity") is False:
+            doc["sequence_affinity"] = "auto"  # the old default, not a choice (see the module's note)
     return lenient_model(PolicySpec, doc, what)
 
 

@@ -38,7 +38,7 @@ from gateway.store.base import (
     new_generation,
 )
 from gateway.store.memory import check_guard, fence_message
-from gateway.store.records import load_json, record_field, spec_from_document
+from gateway.store.records import load_json, record_field, spec_from_document, stored_spec
 
 # Drops audit events older than the cutoff from the list's tail (the oldest end), a bounded
 # number per call so one write never stalls Redis; count is bounded by LTRIM.
@@ -330,7 +330,7 @@ class RedisStore:
                             event: EventDraft) -> tuple[float, dict[str, Any], Event]:
         """What a policy write stores: its time, the record, and the audit event (before/after)."""
         now = time.time()
-        record = {"model": model, "spec": spec.document() if spec else None, "updated_at": now, "actor": event.actor}
+        record = {"model": model, "spec": stored_spec(spec) if spec else None, "updated_at": now, "actor": event.actor}
         try:
             before = await self.get_policy(model)
         except CorruptRecord:  # overwriting a corrupt record is how it gets repaired
@@ -432,6 +432,14 @@ class RedisStore:
             except (ValueError, TypeError):
                 continue  # an unreadable pin: that sequence starts over, as after a plain restart
         return out
+
+    async def load_pin(self, key: str, idle_s: float) -> tuple[str, float] | None:
+        raw = await self._call(self.redis.get(self._key("pin", key)))  # expires by itself when idle
+        try:
+            version, used_at = json.loads(raw)
+            return str(version), float(used_at)
+        except (ValueError, TypeError):
+            return None  # none, or unreadable: that sequence starts over
 
 _EVENT_FIELDS = ("id", "at", "actor", "action", "model", "before", "after", "reason")
 

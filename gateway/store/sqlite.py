@@ -39,7 +39,7 @@ from gateway.store.base import (
 )
 from gateway.store.budget import CALL_BUDGET_S
 from gateway.store.memory import check_guard, check_revision, fence_message
-from gateway.store.records import load_json, spec_from_document
+from gateway.store.records import load_json, spec_from_document, stored_spec
 
 T = TypeVar("T")
 log = logging.getLogger("gateway.store")
@@ -56,6 +56,7 @@ CREATE TABLE IF NOT EXISTS applied (model TEXT PRIMARY KEY, digest TEXT NOT NULL
                                     at REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS events_by_time ON events (at);
 CREATE TABLE IF NOT EXISTS pins (key TEXT PRIMARY KEY, version TEXT NOT NULL, used_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS pins_used_at ON pins (used_at);
 CREATE TABLE IF NOT EXISTS replicas (id TEXT PRIMARY KEY, report TEXT NOT NULL, expires REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS draining (model TEXT NOT NULL, version TEXT NOT NULL, drain_id TEXT NOT NULL,
                                      expires REAL NOT NULL, PRIMARY KEY (model, version));
@@ -180,7 +181,7 @@ class SQLiteStore:
             current = None
         stored = StoredPolicy(model, spec, revision + 1, time.time(), self._generation, event.actor)
         db.execute(f"INSERT OR REPLACE INTO policies ({POLICY_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
-                   (model, json.dumps(spec.document()) if spec else None, stored.revision, stored.updated_at,
+                   (model, json.dumps(stored_spec(spec)) if spec else None, stored.revision, stored.updated_at,
                     event.actor))
         before = current.document() if current and current.spec else None
         self._insert_event(db, event.finish(model, before, stored.document() if spec else None))
@@ -388,6 +389,12 @@ class SQLiteStore:
         rows = await self._run(lambda db: db.execute("SELECT key, version, used_at FROM pins WHERE used_at >= ?",
                                                      (time.time() - idle_s,)).fetchall())
         return {r[0]: (r[1], r[2]) for r in rows}
+
+    async def load_pin(self, key: str, idle_s: float) -> tuple[str, float] | None:
+        row = await self._run(lambda db: db.execute("SELECT version, used_at FROM pins WHERE key = ? AND used_at >= ?",
+                                                    (key, time.time() - idle_s)).fetchone())
+        return None if row is None else (row[0], row[1])
+
 
 def _worker() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")

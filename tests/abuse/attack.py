@@ -209,9 +209,11 @@ def triton_requests(triton: LocalTriton) -> int:
 
 @dataclass
 class Bystander:
-    """Another client, served all along: /healthz and a gRPC ModelInfer every ~50 ms."""
+    """Another client, served all along: /healthz and a gRPC ModelInfer every ~50 ms (a
+    ModelMetadata instead with ``metadata_only``: then Triton's inference count is the test's alone)."""
 
     gateway: GatewayThread
+    metadata_only: bool = False
     inferences: int = 0
     served: int = 0
     slowest: float = 0.0
@@ -223,6 +225,7 @@ class Bystander:
         channel = grpc.insecure_channel(f"127.0.0.1:{self.gateway.settings.grpc_port}")
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         request = service_pb2.ModelInferRequest.FromString(infer_message()[5:])
+        metadata = service_pb2.ModelMetadataRequest(name="qc")
         while not self._stop.is_set():
             for probe in ("healthz", "infer"):
                 started = time.monotonic()
@@ -230,6 +233,8 @@ class Bystander:
                     if probe == "healthz":
                         with urllib.request.urlopen(f"{self.gateway.url}/healthz", timeout=2) as response:
                             response.read()
+                    elif self.metadata_only:
+                        stub.ModelMetadata(metadata, timeout=2)
                     else:
                         self.inferences += 1
                         stub.ModelInfer(request, timeout=2)
@@ -265,3 +270,13 @@ def watch(gateway: GatewayThread, triton: LocalTriton, rss_bound_mb: float, comp
     extra = triton_requests(triton) - before_requests - bystander.inferences
     allowed = completed[0] if completed else 0
     assert extra <= allowed, f"Triton saw {extra} requests from the attacker, who completed {allowed}"
+
+
+def varint(value: int) -> bytes:
+    """A protobuf varint."""
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)

@@ -20,12 +20,12 @@ import grpc
 import pytest
 
 from gateway.devtools.local_triton import LocalTriton
-from tests.abuse.attack import DATA, END_STREAM, MB, Attacker, frame, request_headers, rss_mb, watch
+from tests.abuse.attack import DATA, END_STREAM, MB, Attacker, frame, request_headers, rss_mb, varint, watch
 from tests.abuse.http_attacks import gzip_bomb
 from tests.support import INFER_BODY, GatewayThread, gateway_settings
 
 pytestmark = pytest.mark.triton
-RESOURCE_EXHAUSTED, UNAVAILABLE = 8, 14
+INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE = 3, 8, 14
 
 
 def test_a_message_declared_above_the_limit_is_refused_before_its_bytes(gateway: GatewayThread,
@@ -66,22 +66,13 @@ def test_a_large_compressed_message_is_inflated_in_slices_and_answered(gateway: 
                                                                        compression: grpc.Compression) -> None:
     """Not an attack: 20 MiB that compress to ~20 KB are inflated a slice per loop turn, then
     forwarded, with the messages that came after them in order."""
-    unknown_field = b"\x7a" + _varint(20 * MB) + bytes(20 * MB)  # field 15, skipped by Triton's parser
+    unknown_field = b"\x7a" + varint(20 * MB) + bytes(20 * MB)  # field 15, skipped by Triton's parser
     channel = grpc.insecure_channel(f"127.0.0.1:{gateway.settings.grpc_port}",
                                     options=[("grpc.max_send_message_length", 32 * MB)])
     call = channel.unary_unary("/inference.GRPCInferenceService/ServerMetadata")
     answers = [call(unknown_field, timeout=20, compression=compression) for _ in range(2)]
     channel.close()
     assert all(b"triton" in answer for answer in answers)
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 # -- the one budget, on both ports ---------------------------------------------------------------
@@ -226,3 +217,19 @@ def test_inflations_on_many_streams_are_charged_as_they_grow(triton: LocalTriton
         assert UNAVAILABLE in statuses.values() and None not in statuses.values(), statuses
         assert grown < 200, f"RSS grew by {grown:.0f} MB with a 96 MiB budget"
         assert settle(gateway) == 0
+
+
+def test_a_message_of_many_tiny_fields_is_refused_without_holding_the_loop(gateway: GatewayThread,
+                                                                          triton: LocalTriton) -> None:
+    """4 MiB of zeros read as two million two-byte fields: the routing walk (Python, on the event
+    loop) used to take seconds over it while every other client waited. Found by the budget
+    properties (tests/abuse/test_properties_budget.py). Now: INVALID_ARGUMENT after 8,192 fields."""
+    zeros = bytes(4 * MB)
+    message = b"\x00" + len(zeros).to_bytes(4, "big") + zeros
+    with watch(gateway, triton, rss_bound_mb=64):
+        attacker = Attacker(gateway.settings.grpc_port)
+        for stream in (1, 3):
+            data = b"".join(frame(DATA, 0, stream, message[i:i + 16384]) for i in range(0, len(message), 16384))
+            attacker.send(attacker.headers(stream, request_headers()) + data + frame(DATA, END_STREAM, stream))
+        assert attacker.statuses(1, 3, until=10) == {1: INVALID_ARGUMENT, 3: INVALID_ARGUMENT}
+        attacker.close()

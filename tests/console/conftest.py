@@ -14,12 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import BrowserContext, Page, Playwright, sync_playwright
 
 from gateway.devtools.local_triton import LocalTriton
 from tests.support import GatewayThread, gateway_settings
-
-pytest.importorskip("playwright")
-from playwright.sync_api import BrowserContext, Page, Playwright, sync_playwright  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 OPERATOR_TOKEN = "operator-token-alice"
@@ -35,8 +33,10 @@ document.addEventListener("securitypolicyviolation",
 """
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def playwright() -> Iterator[Playwright]:
+    """Module-scoped: Playwright's sync API keeps an event loop running in the main thread while it
+    is open, which would break every asyncio test collected after this package."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} missing: `make test` installs Debian's chromium (apt-get install chromium)")
     with sync_playwright() as running:

@@ -31,6 +31,29 @@ def log_in(page: Page, url: str, token: str) -> None:
     expect(page.locator("#who")).not_to_be_empty()
 
 
+def model_page(watched: Watched) -> Page:
+    """An operator on qc's model page."""
+    log_in(watched.page, watched.origin, OPERATOR_TOKEN)
+    watched.page.goto(watched.origin + "/console#/model/qc")
+    return watched.page
+
+
+def submit_rollout(page: Page, steps: str, interval_s: str = "30") -> None:
+    """The start-a-rollout form, canary version 3, up to its confirmation dialog."""
+    form = page.locator("#rollout-form")
+    form.get_by_label("Canary version").select_option("3")
+    form.get_by_label("Steps (% of traffic, comma separated)").fill(steps)
+    form.get_by_label("Interval (s)").fill(interval_s)
+    form.locator("button[type=submit]").click()
+
+
+def act(page: Page, button: str, says: str) -> None:
+    """Press an action button and confirm the dialog, which must say exactly what will happen."""
+    page.click(button)
+    expect(page.locator("#confirm-text")).to_have_text(says)
+    page.click("#confirm-ok")
+
+
 def post(url: str, path: str, body: Any, headers: dict[str, str]) -> tuple[int, Any]:
     request = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json", **headers})
@@ -169,9 +192,8 @@ def test_a_post_without_csrf_or_from_another_origin_is_refused(watched: Watched,
 
 
 def test_an_operator_sets_90_10_and_policy_audit_and_overview_show_it(watched: Watched) -> None:
-    page, url = watched.page, watched.origin
-    log_in(page, url, OPERATOR_TOKEN)
-    page.goto(url + "/console#/model/qc")
+    url = watched.origin
+    page = model_page(watched)
     form = page.locator("#weights-form")
     form.get_by_label("version 2 (%)").fill("90")
     form.get_by_label("version 3 (%)").fill("10")
@@ -201,16 +223,11 @@ def test_an_operator_sets_90_10_and_policy_audit_and_overview_show_it(watched: W
 
 def test_a_failing_canary_is_shown_rolled_back_with_its_reason_and_error_chart(watched: Watched,
                                                                               faults: Faults) -> None:
-    page, url = watched.page, watched.origin
+    url = watched.origin
     faults.set("qc", "3", error_rate=0.3)
-    log_in(page, url, OPERATOR_TOKEN)
-    page.goto(url + "/console#/model/qc")
-    form = page.locator("#rollout-form")
-    form.get_by_label("Canary version").select_option("3")
-    form.get_by_label("Steps (% of traffic, comma separated)").fill("10, 50, 100")
-    form.get_by_label("Interval (s)").fill("2")
+    page = model_page(watched)
     with BackgroundLoad(url):
-        form.locator("button[type=submit]").click()
+        submit_rollout(page, "10, 50, 100", interval_s="2")
         expect(page.locator("#confirm-text")).to_contain_text("send 10% of qc to version 3 first")
         page.click("#confirm-ok")
         expect(page.locator("#rollout-state")).to_have_text("rolled_back", timeout=40_000)
@@ -230,16 +247,27 @@ def test_a_failing_canary_is_shown_rolled_back_with_its_reason_and_error_chart(w
     keep_as_docs(path)
     page.locator("#charts").scroll_into_view_if_needed()
     screenshot(page, "model-charts")
+    faults.clear()
+    act(page, "#action-retry", "Start the rollout of version 3 of qc again with the same spec (retry).")
+    expect(page.locator("#rollout-state")).to_have_text("progressing")
+    assert rollout_status(url)["spec"]["retry"] is True
+    act(page, "#action-abort", "Abort the rollout of qc: send 100% of qc to version 2.")
+    expect(page.locator("#rollout-state")).to_have_text("aborted")
 
 
 def test_an_identical_canary_is_promoted_from_the_promote_button(watched: Watched,
                                                                  console_gateway: GatewayThread) -> None:
-    page, url = watched.page, watched.origin
+    url = watched.origin
     status, doc = admin_call(url, "POST", "/admin/models/qc/rollout", {"canary": "3", "steps": [10], "interval_s": 600},
                              token=OPERATOR_TOKEN)
     assert status == 200, doc
-    log_in(page, url, OPERATOR_TOKEN)
-    page.goto(url + "/console#/model/qc")
+    page = model_page(watched)
+    expect(page.locator("#rollout-state")).to_have_text("progressing")
+    act(page, "#action-pause", "Pause the rollout of qc at its current weights.")
+    expect(page.locator("#rollout-state")).to_have_text("paused")
+    expect(page.locator("#why")).to_contain_text("paused by alice (via: console)")
+    act(page, "#action-resume",
+        "Resume the rollout of qc: its weights (90% to version 2, 10% to version 3) apply again.")
     expect(page.locator("#rollout-state")).to_have_text("progressing")
     page.locator("#action-promote").focus()
     page.keyboard.press("Enter")
@@ -293,3 +321,78 @@ def test_every_page_reads_at_1280_and_at_phone_width(watched: Watched, console_g
         overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
         assert overflow <= 1, f"{route} is {overflow}px wider than a phone's screen"
         screenshot(page, "phone-" + re.sub(r"\W", "", route))
+
+
+def test_the_watch_catches_inline_script_and_style_refused_by_the_csp(watched: Watched) -> None:
+    """The check every test ends with can fail: markup slipped into the page is refused and reported."""
+    page = watched.page
+    log_in(page, watched.origin, OPERATOR_TOKEN)
+    page.evaluate("""() => { const s = document.createElement('script'); s.textContent = 'window.__inline = 1';
+        document.body.append(s); document.body.setAttribute('style', 'color: red'); }""")
+    wait_for(lambda: len(watched.problems()) >= 2, 5, what="both violations reported")
+    problems = watched.problems()
+    assert any("script-src" in p for p in problems) and any("style-src" in p for p in problems), problems
+    assert page.evaluate("window.__inline === undefined")
+    page.evaluate("window.__csp.length = 0")  # seen: the fixture's own check must not fail on them
+    watched.errors.clear()
+
+
+def test_a_refused_rollout_shows_the_apis_422_next_to_the_field(watched: Watched) -> None:
+    url = watched.origin
+    page = model_page(watched)
+    submit_rollout(page, "50, 20")
+    page.click("#confirm-ok")
+    expect(page.locator("#ro-steps-error")).to_contain_text("steps must be strictly ascending")
+    expect(page.locator("#ro-steps")).to_have_attribute("aria-describedby", "ro-steps-error")
+    page.locator("#ro-json").fill('{"bogus": 1}')
+    submit_rollout(page, "10, 100")
+    page.click("#confirm-ok")
+    expect(page.locator("#ro-json-error")).to_contain_text("bogus")
+    expect(page.locator("#ro-steps-error")).to_have_count(0)
+    status, doc = admin_call(url, "GET", "/admin/models/qc/rollout", token=OPERATOR_TOKEN)
+    assert status == 404, doc  # nothing started
+
+
+def test_an_operator_unloads_and_loads_a_version(watched: Watched) -> None:
+    url = watched.origin
+    page = model_page(watched)
+    page.locator("[data-unload='1']").click()
+    expect(page.locator("#confirm-text")).to_have_text("Drain and unload version 1 of qc.")
+    page.click("#confirm-ok")
+    expect(page.locator("[data-unload='1']")).to_have_count(0, timeout=60_000)
+    page.get_by_label("Load version").fill("1")
+    page.locator("#action-load").click()
+    expect(page.locator("#confirm-text")).to_have_text("Load version 1 of qc beside the serving versions.")
+    page.click("#confirm-ok")
+    expect(page.locator("[data-unload='1']")).to_have_count(1, timeout=60_000)
+    status, events = admin_call(url, "GET", "/admin/events?model=qc&limit=10", token=OPERATOR_TOKEN)
+    mine = [(e["action"], e["actor"]) for e in events["events"] if e["actor"] == "alice (via: console)"]
+    assert ("version_unloaded", "alice (via: console)") in mine and ("version_loaded", "alice (via: console)") in mine
+
+
+def test_the_page_polls_every_2_s_pauses_while_hidden_and_says_when_data_is_stale(watched: Watched) -> None:
+    page, url = watched.page, watched.origin
+    log_in(page, url, OPERATOR_TOKEN)
+    polls: list[float] = []
+    page.on("request", lambda request: polls.append(time.monotonic()) if "/console/api/overview" in request.url
+            else None)
+    deadline = time.monotonic() + 15
+    while len(polls) < 3 and time.monotonic() < deadline:
+        page.wait_for_timeout(200)  # Playwright delivers the page's events while it waits
+    gaps = [b - a for a, b in zip(polls, polls[1:])]
+    assert all(gap >= 1.9 for gap in gaps), gaps  # 2 s after the previous answer, never faster
+    expect(page.locator("#stale")).to_be_hidden()
+    page.evaluate("""() => { Object.defineProperty(document, 'hidden', {value: true, configurable: true});
+        document.dispatchEvent(new Event('visibilitychange')); }""")
+    expect(page.locator("#live")).to_have_text("paused (tab hidden)")
+    seen = len(polls)
+    page.wait_for_timeout(4500)
+    assert len(polls) == seen  # nothing asked while hidden
+    page.route("**/console/api/overview", lambda route: route.abort())  # the gateway stops answering
+    page.evaluate("""() => { Object.defineProperty(document, 'hidden', {value: false, configurable: true});
+        document.dispatchEvent(new Event('visibilitychange')); }""")
+    expect(page.locator("#stale")).to_contain_text("Stale data")
+    expect(page.locator("#stale")).to_contain_text("last update")
+    page.unroute("**/console/api/overview")
+    expect(page.locator("#stale")).to_be_hidden(timeout=6000)
+    watched.errors[:] = [e for e in watched.errors if "ERR_FAILED" not in e]  # the aborted requests, on purpose

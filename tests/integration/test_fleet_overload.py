@@ -4,10 +4,15 @@ never counted against a version."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.devtools.local_triton import LocalTriton
 from gateway.grpc.status import StatusCode
@@ -100,3 +105,65 @@ def test_three_times_the_admitted_concurrency_gets_quick_refusals_and_bounded_la
         assert p99([s for c, s in codes if c == StatusCode.OK]) < 1.0
         window = gw.app.recorder.window("qc", "2", 120)
         assert window.errors == 0 and window.requests == statuses[200] + by_code[StatusCode.OK]
+
+
+@pytest.mark.parametrize("grpc_server", ["lean", "grpcio"])
+def test_probes_answer_within_a_second_while_every_server_is_saturated(
+        triton_pair: tuple[LocalTriton, LocalTriton], faults: Faults, grpc_server: str) -> None:
+    """The issue's case: max_inflight_per_server 4 and 24 requests in flight (3x what is admitted)
+    on a slow model. /readyz and the gRPC health check go over each server's probe connection,
+    not admission: each answers ready within the 1 s a Kubernetes probe allows."""
+    faults.set("qc", "2", delay_ms=200)  # one request at a time per server: the queue stays full
+    settings = fleet_settings(*triton_pair, policies={"qc": {"weights": {"2": 100}}}, max_inflight_per_server=4,
+                              queue_timeout_ms=3000, grpc_server=grpc_server)
+    with GatewayThread(settings) as gw:
+        stop = time.monotonic() + 60
+
+        async def saturate() -> None:
+            client = HttpUpstream(gw.url, max_connections=24, request_timeout_s=30)
+
+            async def worker() -> None:
+                while time.monotonic() < stop:
+                    try:
+                        response = await client.request(b"POST", b"/v2/models/qc/infer", [], INFER_BODY)
+                        await response.read()
+                    except Exception:  # load only: what it gets is not the test
+                        await asyncio.sleep(0.05)
+
+            await asyncio.gather(*(worker() for _ in range(24)))
+            await client.aclose()
+
+        loop = asyncio.new_event_loop()
+        load = threading.Thread(target=loop.run_until_complete, args=(saturate(),), daemon=True)
+        load.start()
+        try:
+            servers = gw.app.fleets.default.servers.values()
+            deadline = time.monotonic() + 10
+            while sum(s.inflight for s in servers) < 2 * 4 or sum(len(s.waiters) for s in servers) < 4:
+                assert time.monotonic() < deadline, "the load never saturated the fleet"
+                time.sleep(0.05)
+            channel = grpc.insecure_channel(f"127.0.0.1:{gw.settings.grpc_port}")
+            health = health_pb2_grpc.HealthStub(channel)
+            probes: list[tuple[str, int | str, float]] = []
+            for _ in range(5):
+                started = time.monotonic()
+                try:
+                    with urllib.request.urlopen(f"{gw.url}/readyz", timeout=1) as ready:
+                        probes.append(("readyz", ready.status, time.monotonic() - started))
+                except (OSError, urllib.error.HTTPError) as exc:
+                    probes.append(("readyz", getattr(exc, "code", repr(exc)), time.monotonic() - started))
+                started = time.monotonic()
+                try:
+                    reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                    probes.append(("grpc", health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status),
+                                   time.monotonic() - started))
+                except grpc.RpcError as exc:
+                    probes.append(("grpc", exc.code().name, time.monotonic() - started))
+                assert sum(s.inflight for s in servers) >= 2 * 4, "still saturated while probing"
+                time.sleep(0.2)
+            channel.close()
+            assert all(answer in (200, "SERVING") and seconds < 1.0 for _, answer, seconds in probes), probes
+        finally:
+            stop = 0.0
+            load.join(40)
+            loop.close()

@@ -93,8 +93,36 @@ async def test_cancel_resets_the_stream_and_the_connection_stays_usable(triton: 
 async def test_unreachable_or_wrong_upstreams_are_unavailable(triton: LocalTriton) -> None:
     nobody = f"127.0.0.1:{free_port()}"
     code, details, _ = await GrpcUpstream(nobody).unary(INFER, request())
-    assert code == StatusCode.UNAVAILABLE and nobody in details
+    assert code == StatusCode.UNAVAILABLE and details.startswith("gateway: cannot connect to Triton"), details
+    assert nobody not in details and "127.0.0.1" not in details, "no internal address in what a client is told"
     http_port = triton.http_url.rsplit(":", 1)[1]  # an HTTP/1.1 server: it answers the preface and hangs up
     wrong = GrpcUpstream(f"127.0.0.1:{http_port}")
     code, details, _ = await asyncio.wait_for(wrong.unary(INFER, request()), 10)
     assert code in (StatusCode.UNAVAILABLE, 13), details
+
+
+async def test_a_call_without_a_deadline_gets_request_timeout(triton: LocalTriton, faults: Faults) -> None:
+    faults.set("qc", "3", delay_ms=1500)
+    upstream = GrpcUpstream(triton.grpc_url, request_timeout_s=0.3)
+    try:
+        started = time.monotonic()
+        code, details, _ = await upstream.unary(INFER, request("3"))  # no timeout of its own
+        assert code == StatusCode.DEADLINE_EXCEEDED and time.monotonic() - started < 1.2, details
+        assert not details.startswith("gateway: "), "Triton, told the deadline, answered it itself"
+    finally:
+        await upstream.aclose()
+
+
+async def test_keepalive_pings_keep_an_idle_connection_to_triton_open(triton: LocalTriton) -> None:
+    """Triton (grpc core's default ping policy) closes a connection with GOAWAY too_many_pings at
+    the third PING frame received while it sent nothing: the keepalive must not look like that."""
+    upstream = GrpcUpstream(triton.grpc_url, keepalive_s=0.2, keepalive_timeout_s=1)
+    try:
+        assert (await upstream.unary(INFER, request("2")))[0] == StatusCode.OK
+        connection = upstream._connection
+        assert connection is not None
+        await asyncio.sleep(3)  # idle: ~14 keepalive rounds
+        assert not connection.closing and connection._settings_acked >= 10, "answered, and the connection kept"
+        assert (await upstream.unary(INFER, request("2")))[0] == StatusCode.OK and upstream._connection is connection
+    finally:
+        await upstream.aclose()

@@ -15,7 +15,7 @@ import pytest
 from gateway.devtools.local_triton import LocalTriton, free_port
 from gateway.telemetry.recorder import Outcome
 from tests.conftest import Faults
-from tests.support import INFER_BODY, GatewayThread, gateway_settings, get_json
+from tests.support import INFER_BODY, TOKEN, GatewayThread, admin_call, gateway_settings, get_json
 
 pytestmark = pytest.mark.triton
 
@@ -42,7 +42,8 @@ def test_triton_stopped_mid_run_gives_json_503_then_recovers_without_restart(tmp
             assert time.monotonic() - started < settings.connect_timeout_s + 0.5
             assert status in (502, 503)
             assert headers["content-type"] == "application/json"
-            assert triton.http_url in json.loads(body)["error"]
+            error = json.loads(body)["error"]
+            assert error.startswith("gateway: ") and "127.0.0.1" not in error, "the gateway answered; no address"
             assert get_json(f"{gw.url}/readyz")[0] == 503
             triton.start()
             status, _, body = post(f"{gw.url}/v2/models/qc/infer")
@@ -158,12 +159,16 @@ def http_incomplete() -> type[Exception]:
     return http.client.IncompleteRead
 
 
-def test_refused_connection_names_the_upstream() -> None:
+def test_refused_connection_is_the_gateways_answer_and_names_the_server_only_to_admins() -> None:
     port = free_port()
-    with GatewayThread(gateway_settings(f"http://127.0.0.1:{port}")) as gw:
+    with GatewayThread(gateway_settings(f"http://127.0.0.1:{port}", admin_token=TOKEN)) as gw:
         status, _, body = post(f"{gw.url}/v2/models/qc/infer")
-        assert status == 503
-        assert f"127.0.0.1:{port}" in json.loads(body)["error"]
+        error = json.loads(body)["error"]
+        assert status == 503 and error.startswith("gateway: ") and "refused" in error, error
+        assert "127.0.0.1" not in error and str(port) not in error, "no internal address in a client's answer"
+        status, fleets = admin_call(gw.url, "GET", "/admin/fleets")
+        (server,) = fleets["fleets"]["default"]
+        assert server["server"] == f"127.0.0.1:{port}" and "refused" in server["last_error"], server
 
 
 def test_many_concurrent_clients_share_a_bounded_pool(triton: LocalTriton) -> None:

@@ -76,7 +76,8 @@ def test_k8s_manifests_are_well_formed() -> None:
     gateway = deployments["triton-gateway"]["spec"]
     assert gateway["replicas"] == 3
     container = gateway["template"]["spec"]["containers"][0]
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    grpc_port = next(port["containerPort"] for port in container["ports"] if port["name"] == "grpc")
+    assert container["readinessProbe"]["grpc"] == {"port": grpc_port}, "grpc.health.v1 on the gateway's gRPC port"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     secrets = {s["metadata"]["name"] for s in by_kind["Secret"]}
     assert container["env"][0]["valueFrom"]["secretKeyRef"]["name"] in secrets

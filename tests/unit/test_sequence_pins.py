@@ -1,8 +1,17 @@
-"""The pin table notes what changed, for the background save to the store, and takes pins back."""
+"""The pin table: notes what changed (for the background save to the store), takes pins back,
+pins only a sequence's start, shares pins between replicas through the store; and the
+``auto`` affinity that follows Triton's configs."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
+from gateway.policy import PolicySpec
+from gateway.policy_book import PolicyBook
+from gateway.routing import Reason, choose_in_sequence, compile_policy
 from gateway.sequences import SequencePins
+from gateway.store.records import spec_from_document, stored_spec
 
 
 class Clock:
@@ -39,3 +48,104 @@ def test_restored_pins_keep_their_idle_time_and_idle_ones_are_dropped() -> None:
     assert pins.lookup("qc", "s") is None, "9 + 1.5 s idle: expired"
     assert pins.lookup("qc", 1) == "3"
     assert pins.take_changes() == {("qc", 1): ("3", 0.0)}, "restoring is not a change; using a pin is"
+
+
+# -- pins shared between replicas, made only by a sequence's start ------------------------------
+
+
+class SharedPins:
+    """The store's side of the pin table, for one test: what every replica reads and writes."""
+
+    def __init__(self) -> None:
+        self.pins: dict[tuple[str, object], str] = {}
+        self.reads = 0
+        self.down = False
+
+    async def find(self, model: str, sequence_id: object) -> tuple[bool, str | None]:
+        self.reads += 1
+        return (False, None) if self.down else (True, self.pins.get((model, sequence_id)))
+
+    async def publish(self, model: str, sequence_id: object, version: str | None) -> None:
+        if self.down:
+            return
+        if version is None:
+            self.pins.pop((model, sequence_id), None)
+        else:
+            self.pins[(model, sequence_id)] = version
+
+
+def replica(shared: SharedPins, clock: Clock) -> SequencePins:
+    pins = SequencePins(idle_s=60, clock=clock)
+    pins.directory = shared
+    return pins
+
+
+def test_only_a_start_makes_a_pin() -> None:
+    policy = compile_policy("seq", PolicySpec.model_validate({"weights": {"1": 50, "2": 50}}), sequence_batched=True)
+    pins = SequencePins()
+    for draw in (0, 9999):
+        assert choose_in_sequence(policy, {}, draw, pins, 5, start=False, end=False) is None, "not pinned: ask on"
+    assert len(pins) == 0
+    started = choose_in_sequence(policy, {}, 9999, pins, 5, start=True, end=False)
+    assert started is not None and pins.lookup("seq", 5) == started.version
+    again = choose_in_sequence(policy, {}, 0, pins, 5, start=False, end=True)
+    assert again is not None and again.reason == Reason.SEQUENCE and again.version == started.version
+    assert len(pins) == 0, "the end lets the pin go"
+    assert choose_in_sequence(policy, {}, 0, pins, 6, start=True, end=True) is not None and len(pins) == 0
+
+
+def test_a_pin_made_on_one_replica_is_found_by_another_and_a_stale_one_is_checked() -> None:
+    clock, shared = Clock(), SharedPins()
+    a, b = replica(shared, clock), replica(shared, clock)
+    a.pin("seq", 7, "1")
+    asyncio.run(a.share("seq", 7))
+    assert b.recent("seq", 7) is None, "b has never seen it"
+    assert asyncio.run(b.resolve("seq", 7, end=False)) == "1" and b.recent("seq", 7) == "1"
+    reads = shared.reads
+    assert b.recent("seq", 7) == "1" and shared.reads == reads, "a busy sequence is routed with no store read"
+    # the sequence ends on b, and its id starts again on b on version 2; a's old pin must not win
+    assert asyncio.run(b.resolve("seq", 7, end=True)) == "1"
+    asyncio.run(b.share("seq", 7))  # the end's release, written through
+    assert shared.pins == {}
+    b.pin("seq", 7, "2")
+    asyncio.run(b.share("seq", 7))
+    clock.now += 2  # past revalidate_s: a asks the store before trusting its own pin
+    assert a.recent("seq", 7) is None
+    assert asyncio.run(a.resolve("seq", 7, end=False)) == "2"
+
+
+def test_with_the_store_down_a_replica_routes_by_its_own_pin() -> None:
+    clock, shared = Clock(), SharedPins()
+    a = replica(shared, clock)
+    a.pin("seq", 8, "2")
+    shared.down = True
+    clock.now += 5
+    assert asyncio.run(a.resolve("seq", 8, end=False)) == "2", "the local pin, when the store cannot be asked"
+    assert asyncio.run(a.resolve("seq", 9, end=False)) is None
+
+
+def test_auto_affinity_follows_the_models_triton_batches_sequences_for() -> None:
+    book = PolicyBook()
+    book.put("seq", PolicySpec.model_validate({"weights": {"1": 100}}), 1)
+    book.put("forced", PolicySpec.model_validate({"weights": {"1": 100}, "sequence_affinity": True}), 1)
+    book.put("off", PolicySpec.model_validate({"weights": {"1": 100}, "sequence_affinity": False}), 1)
+
+    def on() -> dict[str, bool]:
+        return {model: policy.sequence_affinity for model, policy in book.snapshot().items()}
+
+    assert on() == {"seq": False, "forced": True, "off": False}, "auto: off until Triton's config is read"
+    book.set_sequence_models({"seq", "off", "forced"})
+    assert on() == {"seq": True, "forced": True, "off": False}, "true and false force it"
+    book.set_sequence_models(set())
+    assert on() == {"seq": False, "forced": True, "off": False}
+
+
+def test_stored_policies_from_before_auto_read_their_false_as_auto() -> None:
+    """Older gateways wrote ``false`` (their default) into every policy: read as the new default."""
+    old: dict[str, Any] = {"weights": {"1": 100}, "sticky_header": None, "rules": [], "shadow": None,
+                           "sequence_affinity": False}
+    assert spec_from_document(old, "old").sequence_affinity == "auto"
+    assert spec_from_document({**old, "sequence_affinity": True}, "old").sequence_affinity is True
+    chosen = PolicySpec.model_validate({"weights": {"1": 100}, "sequence_affinity": False})
+    assert spec_from_document(stored_spec(chosen), "new").sequence_affinity is False, "a choice made now stays"
+    assert spec_from_document({"weights": {"1": 100}}, "oldest").sequence_affinity == "auto"

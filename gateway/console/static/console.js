@@ -303,19 +303,25 @@ function drawModel(data) {
 
 function rolloutPanel(data, r) {
   const actual = data.policy ? data.policy.weights[r.canary] || 0 : 0;
+  // when each step began: the history's moves into a step (a start, an advance, a resume)
   const entered = {};
-  for (const move of r.history || []) if (!(move.step in entered) || move.to === "progressing") entered[move.step] = entered[move.step] || move.at;
+  for (const move of r.history || []) if (move.to === "progressing" && !(move.step in entered)) entered[move.step] = move.at;
+  const active = ["progressing", "paused"].includes(r.state);
+  const ended = active ? Date.now() / 1000 : r.last_transition_at;
   const track = h("ol", { class: "steps", "aria-label": "rollout steps" }, r.steps.map((percent, i) => {
-    const current = i === r.step && ["progressing", "paused"].includes(r.state);
+    const current = i === r.step && active;
     const done = i < r.step || r.state === "promoted";
-    const until = i < r.step ? entered[i + 1] : (i === r.step ? Date.now() / 1000 : null);
+    const until = entered[i + 1] || (i <= r.step ? ended : null);
     return h("li", { class: current ? "current" : done ? "done" : "", "aria-current": current ? "step" : null },
       "step " + (i + 1) + ": " + percent + "%",
       current ? h("div", { text: "set " + percent + "%, actual " + actual + "%" }) : null,
-      entered[i] && until ? h("div", { class: "muted", text: Math.round(until - entered[i]) + " s" }) : null);
+      entered[i] !== undefined && until ? h("div", { class: "muted", text: Math.max(0, Math.round(until - entered[i])) + " s at this step" }) : null);
   }));
   const hooks = r.hooks || {};
-  const deliveries = (hooks.deliveries || hooks.webhooks || []);
+  const gates = (r.spec.gates || []).map((g) => h("div", {}, "gate " + g.at + ": " + g.url + " (on failure: " + g.on_failure + ")"));
+  const webhooks = (r.spec.webhooks || []).length ? h("div", {}, "webhooks: " + r.spec.webhooks.length + ", delivered " +
+    (hooks.delivered || 0) + ", failed " + (hooks.failures || 0) + ", queued " + (hooks.queued || 0) +
+    (hooks.last_error ? "; last error at " + time(hooks.last_error_at) + ": " + hooks.last_error : "")) : null;
   const verdicts = historyVerdicts(data);
   return h("section", { class: "panel", id: "rollout" },
     h("h2", { text: "Rollout" }),
@@ -326,8 +332,7 @@ function rolloutPanel(data, r) {
     h("p", {}, "weights set by the rollout: " + Object.entries(r.weights).map(([v, w]) => v + " " + w + "%").join(", ") +
       "; the policy shows " + (data.policy ? Object.entries(data.policy.weights).map(([v, w]) => v + " " + w + "%").join(", ") : "nothing") +
       (r.applied ? "" : " (" + r.apply_reason + ")")),
-    (r.spec.gates || []).length || deliveries.length ? h("div", {}, h("h3", { text: "Gates and webhooks" }),
-      h("pre", { text: JSON.stringify(hooks, null, 1) })) : null,
+    gates.length || webhooks ? h("div", {}, h("h3", { text: "Gates and webhooks" }), gates, webhooks) : null,
     h("h3", { text: "Verdict history" }),
     table(["When", "Step", "Outcome", "Metrics", "Reason"], verdicts.slice().reverse().map((v) => h("tr", {},
       h("td", { text: time(v.at) }), h("td", { class: "num", text: (v.step ?? 0) + 1 }), h("td", { text: v.outcome }),
@@ -342,280 +347,6 @@ function historyVerdicts(data) {
   for (const i of (data.timeline && data.timeline.intervals) || []) byAt.set(i.at, i.verdict);
   if (data.rollout) for (const v of data.rollout.verdicts || []) byAt.set(v.at, v);
   return [...byAt.values()].filter((v) => !data.rollout || v.at >= data.rollout.started_at).sort((a, b) => a.at - b.at);
-}
-
-// -- charts (uPlot) ------------------------------------------------------------------------------------
-function wilson(x, n) {
-  if (!n) return [null, null, null];
-  const z = 1.96, p = x / n, d = 1 + z * z / n;
-  const centre = (p + z * z / (2 * n)) / d, half = z * Math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d;
-  return [p, Math.max(0, centre - half), Math.min(1, centre + half)];
-}
-
-function chartBox(id, title, note) {
-  let box = $(id);
-  if (!box) {
-    box = h("figure", { class: "chart", id, "aria-labelledby": id + "-title" },
-      h("h3", { id: id + "-title", text: title }), h("div", { class: "plot" }), h("figcaption", { class: "muted", text: note || "" }));
-    $("charts").append(box);
-  }
-  return box;
-}
-
-function chart(id, title, note, series, data, opts = {}) {
-  const box = chartBox(id, title, note);
-  const plotEl = box.querySelector(".plot");
-  const hasData = data[0].length > 0;
-  const signature = series.map((s) => s.label).join("|") + (opts.log ? "log" : "");
-  let entry = state.charts.get(id);
-  if (!hasData) {
-    if (entry) { entry.plot.destroy(); state.charts.delete(id); }
-    fill(plotEl, h("p", { class: "empty", text: "No intervals judged yet." }));
-    box.dataset.drawn = "";
-    return;
-  }
-  if (entry && entry.signature === signature) { entry.plot.setData(data); return; }
-  if (entry) entry.plot.destroy();
-  fill(plotEl, );
-  const width = Math.max(280, plotEl.clientWidth || box.clientWidth || 500);
-  const plot = new uPlot({
-    width, height: 220, series: [{ label: "time" }, ...series], bands: opts.bands || [],
-    scales: { x: { time: true }, y: opts.log ? { distr: 3 } : { auto: true } },
-    axes: [{}, { size: 60, values: opts.format ? (u, ticks) => ticks.map(opts.format) : undefined }],
-    legend: { live: false },
-    hooks: { draw: [(u) => {  // what was drawn, for the reader and for the tests
-      box.dataset.drawn = u.series.slice(1).filter((s) => s.show).map((s, i) =>
-        s.label + ":" + u.data[i + 1].filter((v) => v !== null && v !== undefined).length).join(",");
-    }] },
-  }, data, plotEl);
-  state.charts.set(id, { plot, signature });
-}
-
-function line(label, color, extra = {}) {
-  return { label, stroke: color, width: 2, spanGaps: true, points: { show: true, size: 5 }, ...extra };
-}
-function band(label, color) { return { label, stroke: color, width: 1, dash: [2, 4], points: { show: false }, spanGaps: true }; }
-
-function drawCharts(data) {
-  const slot = $("charts-slot");
-  const r = data.rollout;
-  if (!r) { fill(slot, ); state.charts.clear(); return; }
-  if (!$("charts")) fill(slot, h("h2", { text: "Evidence" }),
-    h("p", { class: "muted", text: "Canary: orange, dashed, marked ●; reference (" + (r.baseline ? "baseline " + r.baseline : "stable " + r.stable) +
-      "): blue, solid. Latency, 4xx counts and weights over time kept by this replica; rates from " + data.rates_from + "." }),
-    h("div", { class: "charts", id: "charts" }));
-  const verdicts = historyVerdicts(data);
-  const xs = verdicts.map((v) => v.at);
-  const canaryLabel = "canary " + r.canary, refLabel = "reference " + (r.baseline || r.stable);
-  const canaryDash = { dash: [8, 4] };
-  const percentFmt = (v) => (v === null ? "" : (v * 100).toFixed(1) + "%");
-  // error rate per interval, with 95% (Wilson) bands and the floor above the reference
-  const errC = verdicts.map((v) => wilson(v.canary_errors || 0, v.canary_requests || 0));
-  const errR = verdicts.map((v) => wilson(Math.round((v.stable_error_rate || 0) * (v.stable_requests || 0)), v.stable_requests || 0));
-  const floor = r.spec.judge === "statistical" ? r.spec.max_error_rate_increase : r.spec.max_error_rate;
-  chart("chart-error-rate", "Error rate per interval (5xx)", "dotted: 95% interval; grey: " +
-    (r.spec.judge === "statistical" ? "reference + the floor (" + pct(floor) + ")" : "the limit"),
-  [line(canaryLabel, COLORS.canary, canaryDash), band(canaryLabel + " low", COLORS.canary), band(canaryLabel + " high", COLORS.canary),
-    line(refLabel, COLORS.reference), band(refLabel + " low", COLORS.reference), band(refLabel + " high", COLORS.reference),
-    line("floor", COLORS.floor, { dash: [2, 2], points: { show: false } })],
-  [xs, errC.map((e) => e[0]), errC.map((e) => e[1]), errC.map((e) => e[2]), errR.map((e) => e[0]), errR.map((e) => e[1]),
-    errR.map((e) => e[2]), errR.map((e) => (r.spec.judge === "statistical" ? (e[0] ?? 0) + floor : floor))],
-  { format: percentFmt });
-  // 4xx rate per interval (the judge's counts kept by the timeline)
-  const intervals = ((data.timeline && data.timeline.intervals) || []).filter((i) => i.at >= r.started_at && i.client);
-  const cx = intervals.map((i) => (i.client.canary_n !== undefined ? wilson(i.client.canary_4xx, i.client.canary_n) : [i.client.canary_rate, null, null]));
-  const rx = intervals.map((i) => (i.client.reference_n !== undefined ? wilson(i.client.reference_4xx, i.client.reference_n) : [i.client.reference_rate, null, null]));
-  const clientFloor = r.spec.max_client_error_rate_increase ?? (r.spec.judge === "statistical" ? 0.01 : 0.05);
-  chart("chart-client-rate", "4xx rate per interval", "dotted: 95% interval; grey: reference + the floor (" + pct(clientFloor) + ")",
-    [line(canaryLabel, COLORS.canary, canaryDash), band(canaryLabel + " low", COLORS.canary), band(canaryLabel + " high", COLORS.canary),
-      line(refLabel, COLORS.reference), band(refLabel + " low", COLORS.reference), band(refLabel + " high", COLORS.reference),
-      line("floor", COLORS.floor, { dash: [2, 2], points: { show: false } })],
-    [intervals.map((i) => i.at), cx.map((e) => e[0]), cx.map((e) => e[1]), cx.map((e) => e[2]), rx.map((e) => e[0]),
-      rx.map((e) => e[1]), rx.map((e) => e[2]), rx.map((e) => (e[0] ?? 0) + clientFloor)], { format: percentFmt });
-  // latency quantiles over time
-  const lat = ((data.timeline && data.timeline.intervals) || []).filter((i) => i.at >= r.started_at && (i.canary || i.reference));
-  const q = (side, name) => lat.map((i) => (i[side] ? i[side][name] : null));
-  chart("chart-latency", "Latency p50 / p90 / p99 (ms)", "over each interval; canary dashed",
-    [line(canaryLabel + " p50", COLORS.canary, { dash: [8, 4] }), line(canaryLabel + " p90", COLORS.canary, { dash: [4, 4], width: 1.5 }),
-      line(canaryLabel + " p99", COLORS.canary, { dash: [1, 3], width: 1.5 }),
-      line(refLabel + " p50", COLORS.reference), line(refLabel + " p90", COLORS.reference, { width: 1.5 }),
-      line(refLabel + " p99", COLORS.reference, { width: 1 })],
-    [lat.map((i) => i.at), q("canary", "p50_ms"), q("canary", "p90_ms"), q("canary", "p99_ms"), q("reference", "p50_ms"),
-      q("reference", "p90_ms"), q("reference", "p99_ms")]);
-  // the statistical judge's accumulated effect per metric, and the e-values
-  const judged = verdicts.filter((v) => (v.metrics || []).length);
-  const names = [...new Set(judged.flatMap((v) => v.metrics.map((m) => m.name)))].filter((n) => !n.startsWith("check:"));
-  for (const name of names) {
-    const pick = (field) => judged.map((v) => { const m = v.metrics.find((x) => x.name === name); return m ? m[field] : null; });
-    chart("chart-effect-" + name, "Accumulated effect: " + name, "canary minus reference, with its 95% interval, against the floor",
-      [line("effect", COLORS.canary, canaryDash), band("95% low", COLORS.canary), band("95% high", COLORS.canary),
-        line("floor", COLORS.floor, { dash: [2, 2], points: { show: false } })],
-      [judged.map((v) => v.at), pick("effect"), pick("low"), pick("high"), pick("floor")],
-      { format: name.includes("rate") ? percentFmt : (v) => (v === null ? "" : (v * 100).toFixed(0) + "%") });
-  }
-  if (names.length) {
-    const series = names.map((n, i) => line("e-value " + n, PALETTE[(i + 1) % PALETTE.length], i === 1 ? { dash: [6, 3] } : i === 2 ? { dash: [1, 3] } : {}));
-    const needed = judged.map((v) => (v.metrics.find((m) => m.e_threshold) || {}).e_threshold || null);
-    chart("chart-evalue", "E-value against the one needed", "log scale; a metric fails once its e-value passes the grey line (and the floor)",
-      [...series, line("needed", COLORS.floor, { dash: [2, 2], points: { show: false } })],
-      [judged.map((v) => v.at), ...names.map((n) => judged.map((v) => { const m = v.metrics.find((x) => x.name === n); return m ? Math.max(m.e_value, 1e-3) : null; })), needed],
-      { log: true, format: (v) => (v === null ? "" : num(v, 2)) });
-  }
-  // weights over time
-  const kept = ((data.timeline && data.timeline.weights) || []).filter((w) => w.at >= r.started_at);
-  const versions = [...new Set(kept.flatMap((w) => Object.keys(w.weights)))];
-  const wx = kept.map((w) => w.at);
-  if (kept.length) { wx.push(Date.now() / 1000); }
-  chart("chart-weights", "Traffic weights over time (%)", "as the rollout set them",
-    versions.map((v) => line("version " + v + (v === r.canary ? " (canary)" : ""), v === r.canary ? COLORS.canary : PALETTE[(versions.indexOf(v) + 2) % PALETTE.length],
-      { paths: uPlot.paths.stepped({ align: 1 }), ...(v === r.canary ? canaryDash : {}) })),
-    [wx, ...versions.map((v) => { const ys = kept.map((w) => w.weights[v] ?? 0); if (kept.length) ys.push(ys[ys.length - 1]); return ys; })]);
-}
-
-// -- actions (operators; a viewer sees them disabled, and the server refuses them anyway) ------------------
-function confirmAction(text) {
-  return new Promise((resolve) => {
-    const dialog = $("confirm");
-    $("confirm-text").textContent = text;
-    dialog.addEventListener("close", () => resolve(dialog.returnValue === "ok"), { once: true });
-    dialog.returnValue = "";
-    dialog.showModal();
-    $("confirm-cancel").focus();
-  });
-}
-
-async function act(text, path, body, resultEl, form) {
-  if (!canAct()) return;
-  if (!(await confirmAction(text))) return;
-  for (const err of (form || document).querySelectorAll(".field-error")) err.remove();
-  resultEl.className = "result";
-  resultEl.textContent = "working…";
-  const result = await api(path, { method: "POST", body: body === undefined ? {} : body });
-  if (result.ok) {
-    resultEl.textContent = "Done: " + text;
-  } else {
-    const message = (result.body && result.body.error) || "HTTP " + result.status;
-    resultEl.className = "result error";
-    resultEl.textContent = message;
-    if (result.status === 422 && form && result.body.fields) showFieldErrors(form, result.body.fields, message);
-    if (result.status === 401) { showLogin("Your session ended: log in again."); return; }
-  }
-  refresh();
-}
-
-function showFieldErrors(form, fields, message) {
-  for (const [field, msg] of Object.entries(fields)) {
-    const input = form.querySelector('[data-field="' + CSS.escape(field) + '"]') || form.querySelector('[data-field="json"]');
-    if (!input) continue;
-    const id = input.id + "-error";
-    const note = h("span", { class: "field-error", id, role: "alert", text: field + ": " + msg });
-    input.setAttribute("aria-describedby", id);
-    input.insertAdjacentElement("afterend", note);
-  }
-}
-
-function describeWeights(model, weights) {
-  const parts = Object.entries(weights).filter(([, w]) => w > 0).map(([v, w]) => w + "% of " + model + " to version " + v);
-  return "Send " + parts.join(" and ") + ".";
-}
-
-function drawActions(data) {
-  const r = data.rollout;
-  const versions = data.versions.map((v) => v.version);
-  const key = JSON.stringify([data.model, versions, r ? [r.state, r.step, r.started_at] : null, state.session.role]);
-  if (state.actionsFor === key) return;
-  const slot = $("actions-slot");
-  if (slot.contains(document.activeElement) && document.activeElement.tagName !== "BUTTON" && state.actionsFor) return;  // never under the user's typing
-  state.actionsFor = key;
-  const disabled = !canAct();
-  const model = data.model;
-  const base = "/console/api/models/" + encodeURIComponent(model);
-  const note = disabled ? h("p", { class: "muted", text: "Read-only: your token is a viewer's. Actions are disabled (and refused by the server)." }) : null;
-  // rollout commands
-  const rolloutBox = h("div", { class: "box", id: "rollout-actions" }, h("h3", { text: "Rollout" }));
-  const rolloutResult = h("p", { class: "result", role: "status" });
-  if (r) {
-    const next = r.step + 1 >= r.steps.length ? 100 : r.steps[r.step + 1];
-    const commands = [
-      ["promote", "Promote", "Promote the rollout of " + model + ": send " + next + "% of " + model + " to version " + r.canary + " now.", ["progressing", "paused"]],
-      ["pause", "Pause", "Pause the rollout of " + model + " at its current weights.", ["progressing"]],
-      ["resume", "Resume", "Resume the rollout of " + model + ": its weights (" + Object.entries(r.weights).map(([v, w]) => w + "% to version " + v).join(", ") + ") apply again.", ["paused"]],
-      ["abort", "Abort", "Abort the rollout of " + model + ": send 100% of " + model + " to version " + r.stable + ".", ["progressing", "paused", "rolling_back"]],
-      ["retry", "Retry", "Start the rollout of version " + r.canary + " of " + model + " again with the same spec (retry).", ["rolled_back", "aborted"]],
-    ];
-    for (const [command, label, text, states] of commands) {
-      rolloutBox.append(h("button", { type: "button", id: "action-" + command, disabled: disabled || !states.includes(r.state),
-        onclick: () => act(text, base + "/rollout/" + command, {}, rolloutResult) }, label));
-    }
-  } else {
-    rolloutBox.append(h("p", { class: "muted", text: "No rollout to command." }));
-  }
-  rolloutBox.append(rolloutResult);
-  // weights
-  const weightVersions = [...new Set([...versions, ...Object.keys((data.policy && data.policy.weights) || {})])];
-  const weightsResult = h("p", { class: "result", role: "status" });
-  const weightsForm = h("form", { id: "weights-form", "aria-labelledby": "weights-title" }, h("h3", { id: "weights-title", text: "Set weights" }),
-    h("div", { class: "row" }, weightVersions.map((v, i) => h("div", {},
-      h("label", { for: "weight-" + i, text: "version " + v + " (%)" }),
-      h("input", { id: "weight-" + i, type: "number", min: 0, max: 100, step: "any", "data-version": v, "data-field": "weights",
-        value: (data.policy && data.policy.weights[v]) || 0, disabled })))),
-    h("label", { for: "weights-reason", text: "Reason" }),
-    h("input", { id: "weights-reason", name: "reason", "data-field": "reason", maxlength: 1000, disabled }),
-    h("button", { type: "submit", class: "primary", disabled, text: "Set weights" }), weightsResult);
-  weightsForm.addEventListener("submit", (e) => {
-    e.preventDefault();
-    const weights = {};
-    for (const input of weightsForm.querySelectorAll("input[data-version]")) {
-      const w = Number(input.value);
-      if (w > 0) weights[input.dataset.version] = w;
-    }
-    const reason = weightsForm.elements.reason.value || null;
-    act(describeWeights(model, weights), base + "/weights", { weights, reason }, weightsResult, weightsForm);
-  });
-  // start a rollout
-  const startResult = h("p", { class: "result", role: "status" });
-  const select = (id, field, options, empty) => h("select", { id, "data-field": field, disabled },
-    empty ? h("option", { value: "", text: empty }) : null, options.map((v) => h("option", { value: v, text: v })));
-  const startForm = h("form", { id: "rollout-form", "aria-labelledby": "rollout-form-title" }, h("h3", { id: "rollout-form-title", text: "Start a rollout" }),
-    h("div", { class: "row" },
-      h("div", {}, h("label", { for: "ro-canary", text: "Canary version" }), select("ro-canary", "canary", versions.slice().reverse())),
-      h("div", {}, h("label", { for: "ro-stable", text: "Stable version" }), select("ro-stable", "stable", versions, "heaviest now"))),
-    h("div", { class: "row" },
-      h("div", {}, h("label", { for: "ro-steps", text: "Steps (% of traffic, comma separated)" }),
-        h("input", { id: "ro-steps", "data-field": "steps", value: "5, 20, 50, 100", disabled })),
-      h("div", {}, h("label", { for: "ro-interval", text: "Interval (s)" }),
-        h("input", { id: "ro-interval", "data-field": "interval_s", type: "number", min: 1, step: "any", value: 30, disabled })),
-      h("div", {}, h("label", { for: "ro-judge", text: "Judge" }), select("ro-judge", "judge", ["statistical", "thresholds"]))),
-    h("label", { for: "ro-json", text: "Other fields (JSON), e.g. {\"min_requests\": 20}" }),
-    h("textarea", { id: "ro-json", "data-field": "json", spellcheck: "false", disabled }, "{}"),
-    h("button", { type: "submit", class: "primary", disabled, text: "Start rollout" }), startResult);
-  startForm.addEventListener("submit", (e) => {
-    e.preventDefault();
-    for (const err of startForm.querySelectorAll(".field-error")) err.remove();
-    let extra;
-    try { extra = JSON.parse($("ro-json").value || "{}"); } catch (err) {
-      showFieldErrors(startForm, { json: "not valid JSON: " + err.message }); return;
-    }
-    const spec = { ...extra, canary: $("ro-canary").value, judge: $("ro-judge").value,
-      steps: $("ro-steps").value.split(",").map((s) => s.trim()).filter(Boolean).map(Number),
-      interval_s: Number($("ro-interval").value) };
-    if ($("ro-stable").value) spec.stable = $("ro-stable").value;
-    act("Start a rollout of " + model + ": send " + spec.steps[0] + "% of " + model + " to version " + spec.canary +
-      " first, then " + spec.steps.slice(1).join("%, ") + (spec.steps.length > 1 ? "%" : "") + ", one step per " + spec.interval_s + " s if healthy.",
-    base + "/rollout", spec, startResult, startForm);
-  });
-  // versions
-  const versionResult = h("p", { class: "result", role: "status" });
-  const loadInput = h("input", { id: "load-version", inputmode: "numeric", "data-field": "version", disabled });
-  const versionBox = h("div", { class: "box", id: "version-actions" }, h("h3", { text: "Versions" }),
-    h("label", { for: "load-version", text: "Load version" }), loadInput,
-    h("button", { type: "button", id: "action-load", disabled, onclick: () => act("Load version " + loadInput.value + " of " + model +
-      " beside the serving versions.", base + "/versions/" + encodeURIComponent(loadInput.value) + "/load", {}, versionResult) }, "Load"),
-    h("div", {}, data.versions.filter((v) => v.state === "READY").map((v) => h("button", { type: "button", disabled,
-      "data-unload": v.version, onclick: () => act("Drain and unload version " + v.version + " of " + model + ".",
-        base + "/versions/" + encodeURIComponent(v.version) + "/unload", {}, versionResult) }, "Unload " + v.version))),
-    versionResult);
-  fill(slot, h("h2", { text: "Actions" }), note, h("div", { class: "actions" }, rolloutBox, weightsForm, startForm, versionBox));
 }
 
 // -- start -------------------------------------------------------------------------------------------

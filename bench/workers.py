@@ -1,0 +1,193 @@
+"""What ``--workers N`` costs: the gateway's CPU per request, summed over all its processes,
+with N workers against one, and what the control plane spends on the workers' reports.
+
+Against ``bench/stub_triton.py`` (a fixed answer, no inference: the gateway's own cost), wrk
+at the same concurrency drives each configuration for the same time, in interleaved rounds.
+CPU is read from /proc for the gateway's process and every descendant (workers, spare).
+The control plane's cost per worker per second is the supervisor process' own CPU over the
+run divided by (workers x seconds), and its merge time alone from
+``gateway_worker_merge_seconds_total`` / ``gateway_worker_reports_total``.
+
+    .venv/bin/python bench/workers.py --seconds 10 --rounds 3 --connections 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from statistics import median
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gateway.devtools.local_triton import free_port  # noqa: E402
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+BODY = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]})
+LUA = """
+wrk.method = "POST"
+wrk.body = os.getenv("BENCH_BODY")
+done = function(summary, latency, requests)
+  io.write(string.format('{"requests": %d, "errors": %d}\\n', summary.requests,
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.status +
+    summary.errors.timeout))
+end
+"""
+
+
+def cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and every descendant."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(children.get(current, []))
+    return found
+
+
+def tree_ticks(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            total += cpu_ticks(pid)
+        except OSError:
+            pass
+    return total
+
+
+def scrape(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        lines = response.read().decode().splitlines()
+    return {line.split(" ")[0]: float(line.split(" ")[1]) for line in lines
+            if line.startswith(("gateway_worker_merge_seconds_total", "gateway_worker_reports_total"))}
+
+
+class Gateway:
+    def __init__(self, workers: int, stub_port: int, tmp: Path) -> None:
+        self.port = free_port()
+        env = {**os.environ, "GATEWAY_PORT": str(self.port), "GATEWAY_GRPC_PORT": str(free_port()),
+               "GATEWAY_TRITON_URL": f"http://127.0.0.1:{stub_port}", "GATEWAY_WORKERS": str(workers),
+               "GATEWAY_STORE_URL": f"sqlite:///{tmp / f'state-{workers}.db'}", "GATEWAY_LOG_LEVEL": "warning",
+               "GATEWAY_POLICIES": json.dumps({"qc": {"weights": {"2": 80, "3": 20}}}),
+               "GATEWAY_ADMIN_TOKEN": "bench-admin-token", "PYTHONPATH": str(ROOT)}
+        self.workers = workers
+        self.process = subprocess.Popen([sys.executable, "-m", "gateway", "serve"], env=env)
+        self.url = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                request = urllib.request.Request(f"{self.url}/admin/workers" if workers > 1 else f"{self.url}/readyz",
+                                                 headers={"Authorization": "Bearer bench-admin-token"})
+                with urllib.request.urlopen(request, timeout=1) as response:
+                    doc = json.loads(response.read())
+                if workers == 1 or all(w["up"] for w in doc["workers"]):
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("gateway did not start")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(30)
+
+
+def wrk(url: str, seconds: float, connections: int, script: Path) -> dict[str, int]:
+    out = subprocess.run(["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "-s", str(script),
+                          f"{url}/v2/models/qc/infer"], capture_output=True, text=True,
+                         env={**os.environ, "BENCH_BODY": BODY}, check=True)
+    result: dict[str, int] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def measure(gateway: Gateway, seconds: float, connections: int, script: Path) -> dict[str, float]:
+    wrk(gateway.url, 1, connections, script)  # warm: pools, caches
+    pids = tree(gateway.process.pid)
+    before, own_before = tree_ticks(pids), cpu_ticks(gateway.process.pid)
+    metrics_before = scrape(gateway.url) if gateway.workers > 1 else {}
+    result = wrk(gateway.url, seconds, connections, script)
+    pids = tree(gateway.process.pid)  # the same processes (none restarted: checked below)
+    spent = (tree_ticks(pids) - before) / CLK_TCK
+    own = (cpu_ticks(gateway.process.pid) - own_before) / CLK_TCK
+    row = {"requests": result["requests"], "errors": result["errors"], "rps": result["requests"] / seconds,
+           "cpu_us_per_request": spent / max(1, result["requests"]) * 1e6}
+    if gateway.workers > 1:
+        after = scrape(gateway.url)
+        reports = after["gateway_worker_reports_total"] - metrics_before["gateway_worker_reports_total"]
+        merge = after["gateway_worker_merge_seconds_total"] - metrics_before["gateway_worker_merge_seconds_total"]
+        row["control_plane_cpu_us_per_worker_second"] = own / (gateway.workers * seconds) * 1e6
+        row["merge_us_per_report"] = merge / max(1, reports) * 1e6
+        row["reports_per_worker_second"] = reports / (gateway.workers * seconds)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=2, help="compared with 1")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        script = tmp / "bench.lua"
+        script.write_text(LUA)
+        stub_port = free_port()
+        stub = subprocess.Popen([sys.executable, str(ROOT / "bench" / "stub_triton.py"), "--http-port",
+                                 str(stub_port)], stdout=subprocess.DEVNULL)
+        time.sleep(1.5)
+        rows: dict[int, list[dict[str, float]]] = {1: [], args.workers: []}
+        try:
+            for round_ in range(args.rounds):
+                for count in (1, args.workers):
+                    gateway = Gateway(count, stub_port, tmp)
+                    try:
+                        row = measure(gateway, args.seconds, args.connections, script)
+                    finally:
+                        gateway.stop()
+                    rows[count].append(row)
+                    print(f"round {round_ + 1} workers={count}: " + ", ".join(
+                        f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)
+        finally:
+            stub.terminate()
+            stub.wait(10)
+    one = median(r["cpu_us_per_request"] for r in rows[1])
+    many = median(r["cpu_us_per_request"] for r in rows[args.workers])
+    print(f"\nmedians over {args.rounds} rounds, wrk -c{args.connections}, {args.seconds:g} s each:")
+    print(f"  workers=1: {one:.1f} us CPU/request, {median(r['rps'] for r in rows[1]):.0f} req/s")
+    print(f"  workers={args.workers}: {many:.1f} us CPU/request ({many / one - 1:+.1%}), "
+          f"{median(r['rps'] for r in rows[args.workers]):.0f} req/s")
+    cp = median(r["control_plane_cpu_us_per_worker_second"] for r in rows[args.workers])
+    merge = median(r["merge_us_per_report"] for r in rows[args.workers])
+    reports = median(r["reports_per_worker_second"] for r in rows[args.workers])
+    print(f"  control plane: {cp:.0f} us CPU per worker per second in all "
+          f"({reports:.1f} reports/worker/s, {merge:.0f} us to merge one)")
+    print(f"  32 workers: {32 * cp / 1e6:.3f} CPU seconds per second on the control plane "
+          f"(merging alone {32 * reports * merge / 1e6:.3f}); a report's size follows the label sets touched, "
+          "not the request rate")
+
+
+if __name__ == "__main__":
+    main()

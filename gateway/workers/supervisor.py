@@ -1,0 +1,406 @@
+"""The supervisor: N data-plane workers and the node's one control plane, in this process.
+
+Why the control plane lives here and not in a designated worker: the supervisor is the one
+process that outlives every worker. A worker killed (OOM, kill -9, a stalled loop) takes
+only its in-flight requests with it; the rollout controller, the policy book, the merged
+counters behind ``/metrics`` and the judge's samples are not lost with it, and scraping or
+judging never competes with a worker's requests for its event loop. The control plane is the
+:class:`~gateway.app.Gateway` with a :class:`~gateway.workers.deltas.MergedRecorder` and no
+data listener: its FastAPI app (admin API, console, ``/metrics``, probes) is served on a Unix
+socket that workers forward to, and its policy book is pushed to every worker on change.
+
+Supervision:
+
+- a worker that exits is replaced at once (its process sentinel wakes the loop);
+- a worker that has not reported for ``worker_stall_s`` (its reports, every 250 ms, are the
+  heartbeat) is killed and replaced;
+- SIGTERM / SIGINT: every worker drains (its listeners close, requests in flight finish,
+  bounded by ``drain_timeout_s``), then the control plane stops;
+- SIGHUP: the config file is read again; if it is valid, its declared policies are applied
+  and the workers are replaced one at a time with the new settings, each new one serving
+  before the old one drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastapi import Depends, Request, Response
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from gateway.admin.deps import actor
+from gateway.app import Gateway
+from gateway.devtools.local_triton import free_port
+from gateway.services.config_intent import apply_declared
+from gateway.settings import Settings, SettingsError
+from gateway.workers.channel import Channel, ChannelClosed
+from gateway.workers.deltas import Delta, MergedRecorder
+from gateway.workers.pins import VERSION_TABLE, PinService
+from gateway.workers.worker import worker_main
+
+log = logging.getLogger("gateway.workers")
+START_GRACE_S = 60.0  # a new worker may take this long (plus worker_stall_s) to report first
+POLICY_HEADER = "x-gateway-workers-policy"  # on every control-plane answer: "<current>/<workers>" at the latest push
+
+
+class ControlPlane(Gateway):
+    """The node's control plane: everything of the Gateway but the data listeners."""
+
+    recorder_class = MergedRecorder
+    recorder: MergedRecorder
+
+    async def _start_grpc(self) -> None:
+        """No gRPC listener here: the workers serve the gRPC port."""
+
+
+@dataclass
+class WorkerSlot:
+    index: int
+    process: BaseProcess | None = None
+    started: float = 0.0
+    started_at: float = 0.0  # wall clock, for people and tests
+    channel: Channel | None = None
+    last_report: float = 0.0
+    lag_s: float = 0.0
+    push: int = 0  # the policy push it acknowledged
+    restarts: int = 0
+    reports: int = 0
+    requests: int = 0  # requests it reported, over its processes' lives
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class MergeCost:
+    """What the control plane spent on the workers' reports: for the benchmark."""
+
+    reports: int = 0
+    requests: int = 0
+    seconds: float = 0.0
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, config_file: str | None = None, overrides: dict[str, Any] | None = None,
+                 count: int | None = None) -> None:
+        if settings.grpc_enabled and settings.grpc_port == 0:  # every worker must listen on the same port
+            settings = settings.model_copy(update={"grpc_port": free_port()})
+        self.settings = settings
+        self.config_file = config_file
+        self.overrides = overrides or {}
+        self.count = count or settings.worker_count()
+        self.run_dir = tempfile.mkdtemp(prefix="gateway-workers-")
+        self.control = ControlPlane(settings.model_copy(update={"grpc_enabled": False}))
+        self.recorder = self.control.recorder
+        self.recorder.watch_changed = self._schedule_push
+        self.control.book.on_change(lambda _model, _policy: self._schedule_push())
+        self.pins = PinService(self._pin_table)
+        self.slots = [WorkerSlot(index) for index in range(self.count)]
+        self.push = 0
+        self.cost = MergeCost()
+        self._push_scheduled = False
+        self._stopping = False
+        self._spare: tuple[BaseProcess, Connection] | None = None
+        self._context = multiprocessing.get_context("spawn")
+        self._install_routes()
+        self.control.registry.register(WorkersCollector(self))
+
+    # -- the control plane's own pieces ---------------------------------------------------------
+    def _pin_table(self, table: str) -> Any:
+        if table == VERSION_TABLE:
+            return self.control.pins
+        name = table.removeprefix("fleet:")
+        return self.control.fleets[name].sequences if name in self.control.fleets else None
+
+    def _install_routes(self) -> None:
+        app = self.control.control
+
+        @app.middleware("http")
+        async def policy_header(request: Request, call_next: Any) -> Response:
+            response: Response = await call_next(request)
+            response.headers[POLICY_HEADER] = f"{self.current()}/{self.count}"
+            return response
+
+        async def workers(_: str = Depends(actor)) -> dict[str, Any]:
+            return self.describe()
+
+        app.add_api_route("/admin/workers", workers, methods=["GET"], tags=["workers"],
+                          summary="the node's worker processes and the policy push each one runs")
+
+    def current(self) -> int:
+        """How many workers run the latest policy push."""
+        return sum(1 for slot in self.slots if slot.channel is not None and slot.push == self.push)
+
+    def describe(self) -> dict[str, Any]:
+        now = time.monotonic()
+        return {"policy_push": self.push, "all_current": self.current() == self.count, "workers": [
+            {"index": slot.index, "pid": slot.process.pid if slot.process else None, "started_at": slot.started_at,
+             "up": slot.channel is not None, "policy_push": slot.push, "current": slot.push == self.push,
+             "restarts": slot.restarts, "requests": slot.requests, "loop_lag_s": round(slot.lag_s, 4),
+             "last_report_s": round(now - slot.last_report, 3) if slot.last_report else None}
+            for slot in self.slots]}
+
+    # -- policies to every worker -----------------------------------------------------------------
+    def _schedule_push(self) -> None:
+        if self._push_scheduled:
+            return
+        self._push_scheduled = True
+        with contextlib.suppress(RuntimeError):  # no loop yet: the first hello sends the snapshot
+            asyncio.get_running_loop().call_soon(self._push_all)
+            return
+        self._push_scheduled = False
+
+    def _policies(self) -> tuple[Any, ...]:
+        specs = {model: (policy.spec, policy.revision) for model, policy in self.control.book.snapshot().items()}
+        book = self.control.book
+        return "policies", self.push, specs, set(self.recorder.watched()), book.sequence_models()
+
+    def _push_all(self) -> None:
+        self._push_scheduled = False
+        self.push += 1
+        message = self._policies()
+        for slot in self.slots:
+            if slot.channel is not None:
+                with contextlib.suppress(ChannelClosed):
+                    slot.channel.send(*message)
+
+    # -- the channel --------------------------------------------------------------------------------
+    async def _serve_channel(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        channel = Channel(reader, writer)
+        slot: WorkerSlot | None = None
+        try:
+            hello = await channel.receive()
+            slot = self.slots[hello[1]]
+            if slot.process is None or slot.process.pid != hello[2]:
+                return  # a worker this supervisor already replaced
+            slot.channel = channel
+            slot.last_report = time.monotonic()
+            channel.send(*self._policies())
+            while True:
+                message = await channel.receive()
+                if message[0] == "delta":
+                    self._merge(slot, message[1], message[2], message[3])
+                elif message[0] == "ack":
+                    slot.push = message[1]
+        except ChannelClosed:
+            pass
+        except Exception:  # a bug here must not cut a worker off: it would exit, and its replacement too
+            log.exception("worker %s: its channel failed", slot.index if slot else "?")
+        finally:
+            if slot is not None and slot.channel is channel:
+                slot.channel = None
+                slot.ready.clear()
+            channel.close()
+
+    def _merge(self, slot: WorkerSlot, delta: Delta, lag_s: float, push: int) -> None:
+        started = time.perf_counter()
+        self.recorder.merge(slot.index, delta)
+        self.cost.seconds += time.perf_counter() - started
+        self.cost.reports += 1
+        self.cost.requests += delta.requests()
+        slot.last_report = time.monotonic()
+        slot.lag_s = lag_s
+        slot.push = push
+        slot.reports += 1
+        slot.requests += delta.requests()
+        slot.ready.set()
+
+    # -- processes ------------------------------------------------------------------------------
+    def _process(self, settings: Settings) -> tuple[BaseProcess, Connection]:
+        """A new worker process that builds its gateway and waits to be told which worker to be."""
+        orders, theirs = self._context.Pipe(duplex=False)
+        process = self._context.Process(target=worker_main, name="gateway-worker",
+                                        args=(settings, self.count, self.run_dir, orders))
+        process.start()
+        orders.close()
+        return process, theirs
+
+    def _start(self, slot: WorkerSlot, settings: Settings | None = None) -> None:
+        """Slot ``slot`` gets a process: the spare when it has the right settings (it is built
+        already: serving in milliseconds), else a new one; then a new spare is started."""
+        spare, self._spare = self._spare, None
+        if spare is not None and settings is None and spare[0].is_alive():
+            process, orders = spare
+        else:
+            if spare is not None:
+                spare[0].kill()
+            process, orders = self._process(settings or self.settings)
+        orders.send(slot.index)
+        orders.close()
+        slot.process, slot.started, slot.started_at, slot.last_report = process, time.monotonic(), time.time(), 0.0
+        slot.ready.clear()
+        asyncio.get_running_loop().add_reader(process.sentinel, self._exited, slot, process)
+        log.info("worker %d started (pid %s)", slot.index, process.pid)
+        self._replace_spare()
+
+    def _replace_spare(self) -> None:
+        if self._spare is None and not self._stopping:
+            self._spare = self._process(self.settings)
+
+    def _exited(self, slot: WorkerSlot, process: BaseProcess) -> None:
+        asyncio.get_running_loop().remove_reader(process.sentinel)
+        process.join(0.05)  # it has exited (its sentinel says so): reap it, for its exit code
+        if slot.process is not process:
+            return  # an old process of a slot that already has its replacement (SIGHUP)
+        self.recorder.forget_worker(slot.index)
+        if self._stopping:
+            return
+        slot.restarts += 1
+        log.error("worker %d (pid %s) exited with %s: replacing it", slot.index, process.pid, process.exitcode)
+        self._start(slot)
+
+    async def _watch_stalls(self) -> None:
+        stall = self.settings.worker_stall_s
+        while True:
+            await asyncio.sleep(min(0.25, stall / 4))
+            now = time.monotonic()
+            for slot in self.slots:
+                process = slot.process
+                if process is None or not process.is_alive() or self._stopping:
+                    continue
+                since = now - (slot.last_report or slot.started)
+                if since > stall + (0 if slot.last_report else START_GRACE_S):
+                    log.error("worker %d (pid %s) has not reported for %.1f s (worker_stall_s %.1f): killing it",
+                              slot.index, process.pid, since, stall)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(process.pid or 0, signal.SIGKILL)
+
+    async def reload(self) -> None:
+        """SIGHUP: read the config file again; apply it, replacing the workers one at a time."""
+        try:
+            settings = Settings.load(self.config_file, **self.overrides)
+        except SettingsError as exc:
+            log.error("SIGHUP: %s: keeping the running settings", exc)
+            return
+        if settings.grpc_enabled and settings.grpc_port == 0:
+            settings = settings.model_copy(update={"grpc_port": self.settings.grpc_port})
+        await apply_declared(self.control.store, settings.policies)
+        self.settings = settings
+        for slot in self.slots:
+            old = slot.process
+            self._start(slot, settings)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(slot.ready.wait(), START_GRACE_S)
+            if old is not None and old.is_alive():
+                os.kill(old.pid or 0, signal.SIGTERM)
+        log.info("SIGHUP: settings from %s applied, workers replaced", self.config_file)
+
+    # -- running --------------------------------------------------------------------------------
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        reloads: set[asyncio.Task[None]] = set()
+
+        def hangup() -> None:
+            task = loop.create_task(self.reload())
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
+
+        loop.add_signal_handler(signal.SIGHUP, hangup)
+        server = _QuietServer(uvicorn.Config(self.control, uds=os.path.join(self.run_dir, "control.sock"),
+                                             lifespan="on", log_level=self.settings.log_level, access_log=False,
+                                             timeout_graceful_shutdown=5))
+        serving = loop.create_task(server.serve())
+        channel = await asyncio.start_unix_server(self._serve_channel, os.path.join(self.run_dir, "channel.sock"),
+                                                  limit=64 << 20)
+        pins = await asyncio.start_unix_server(self.pins.serve, os.path.join(self.run_dir, "pins.sock"))
+        while not server.started:
+            if serving.done():
+                return 1
+            await asyncio.sleep(0.02)
+        for slot in self.slots:
+            self._start(slot)  # the first one new, each next one the spare its predecessor started
+        watchdog = loop.create_task(self._watch_stalls())
+        log.info("gateway serving on %s:%d with %d workers (control plane pid %d)", self.settings.host,
+                 self.settings.port, self.count, os.getpid())
+        await stop.wait()
+        log.info("stopping: draining %d workers", self.count)
+        self._stopping = True
+        watchdog.cancel()
+        await self._drain()
+        channel.close()
+        pins.close()
+        server.should_exit = True
+        await serving
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        return 0
+
+    async def _drain(self) -> None:
+        if self._spare is not None:
+            self._spare[0].kill()
+            self._spare = None
+        processes = [slot.process for slot in self.slots if slot.process is not None and slot.process.is_alive()]
+        for process in processes:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid or 0, signal.SIGTERM)
+        deadline = time.monotonic() + self.settings.drain_timeout_s + 5
+        while any(p.is_alive() for p in processes) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for process in processes:
+            if process.is_alive():
+                log.error("worker pid %s did not drain in time: killing it", process.pid)
+                process.kill()
+        await asyncio.sleep(0.3)  # the last reports still in the channel
+
+
+class _QuietServer(uvicorn.Server):
+    """The control plane's server: the supervisor handles the signals, not uvicorn."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class WorkersCollector:
+    """Per-worker series, only where one worker means something: up, restarts, loop lag; and
+    what merging their reports cost the control plane."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("gateway_worker_up", "1 while the worker reports to the control plane",
+                               labels=["worker"])
+        restarts = CounterMetricFamily("gateway_worker_restarts", "Workers replaced after exiting or stalling",
+                                       labels=["worker"])
+        lag = GaugeMetricFamily("gateway_worker_event_loop_lag_seconds", "How late the worker's last report "
+                                "timer fired: its event loop's lag", labels=["worker"])
+        current = GaugeMetricFamily("gateway_worker_policy_current", "1 when the worker runs the latest policy push",
+                                    labels=["worker"])
+        for slot in self.supervisor.slots:
+            label = [str(slot.index)]
+            up.add_metric(label, 1.0 if slot.channel is not None else 0.0)
+            restarts.add_metric(label, slot.restarts)
+            lag.add_metric(label, slot.lag_s)
+            current.add_metric(label, 1.0 if slot.push == self.supervisor.push else 0.0)
+        cost = self.supervisor.cost
+        merged = CounterMetricFamily("gateway_worker_reports", "Worker reports merged by the control plane")
+        merged.add_metric([], cost.reports)
+        seconds = CounterMetricFamily("gateway_worker_merge_seconds", "CPU seconds the control plane spent "
+                                      "merging worker reports")
+        seconds.add_metric([], cost.seconds)
+        yield from (up, restarts, lag, current, merged, seconds)
+
+
+def run_supervised(settings: Settings, config_file: str | Path | None = None,
+                   overrides: dict[str, Any] | None = None) -> int:
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import uvloop
+
+    supervisor = Supervisor(settings, str(config_file) if config_file else None, overrides)
+    return uvloop.run(supervisor.run())

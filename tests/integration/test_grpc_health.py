@@ -1,0 +1,108 @@
+"""``grpc.health.v1.Health`` on both gRPC servers, asked the way Kubernetes' ``grpc:`` probe and
+``grpc_health_probe`` ask (grpcio and the official ``grpc_health`` protos), against the real Triton."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from gateway.devtools.local_triton import LocalTriton
+from tests.support import TOKEN, GatewayThread, admin_call, gateway_settings
+
+pytestmark = pytest.mark.triton
+SERVICE = "inference.GRPCInferenceService"
+
+
+def check(address: str, service: str = "", timeout: float = 5.0) -> str:
+    """What ``grpc_health_probe -addr ADDRESS -service SERVICE`` reports: the serving status, or the
+    status code of a failed call."""
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service),
+                                                              timeout=timeout)
+        except grpc.RpcError as exc:
+            return str(exc.code().name)
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+
+class Watcher:
+    """One ``Watch`` call, its answers collected in a thread until ``close``."""
+
+    def __init__(self, address: str, service: str = "") -> None:
+        self.channel = grpc.insecure_channel(address)
+        self.call = health_pb2_grpc.HealthStub(self.channel).Watch(health_pb2.HealthCheckRequest(service=service))
+        self.seen: list[str] = []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            for reply in self.call:
+                self.seen.append(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+        except grpc.RpcError:
+            pass  # cancelled by close()
+
+    def wait_for(self, status: str, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.seen or self.seen[-1] != status:
+            assert time.monotonic() < deadline, f"Watch sent {self.seen}, never {status}"
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.call.cancel()
+        self.thread.join(5)
+        self.channel.close()
+
+
+@pytest.fixture(params=["lean", "grpcio"])
+def gateway(triton: LocalTriton, request: pytest.FixtureRequest) -> Iterator[GatewayThread]:
+    settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url, grpc_server=request.param,
+                                admin_token=TOKEN, resync_interval_s=0.1, sync_unready_after_s=0.5,
+                                policies={"qc": {"weights": {"2": 100}}})
+    with GatewayThread(settings) as running:
+        yield running
+
+
+def test_health_follows_readiness_serving_then_not_serving_while_store_sync_is_unready(
+        gateway: GatewayThread) -> None:
+    address = f"127.0.0.1:{gateway.settings.grpc_port}"
+    assert check(address) == "SERVING"
+    assert check(address, SERVICE) == "SERVING"
+    assert check(address, "no.such.Service") == "NOT_FOUND", "the standard's answer for an unknown service"
+    unknown = Watcher(address, "no.such.Service")
+    watcher = Watcher(address)
+    try:
+        watcher.wait_for("SERVING")
+        unknown.wait_for("SERVICE_UNKNOWN")  # the call stays open, as the standard says
+        healthy = gateway.app.store.scan_policies
+
+        async def broken() -> None:
+            raise KeyError("a bug in the sync path")
+
+        gateway.app.store.scan_policies = broken  # type: ignore[method-assign,assignment]
+        watcher.wait_for("NOT_SERVING")
+        assert check(address) == "NOT_SERVING" and check(address, SERVICE) == "NOT_SERVING"
+        status, body = admin_call(gateway.url, "GET", "/readyz")
+        assert status == 503 and "policy sync has been failing" in body["error"], "the same answer as /readyz"
+        gateway.app.store.scan_policies = healthy  # type: ignore[method-assign]
+        watcher.wait_for("SERVING")
+        assert check(address) == "SERVING"
+        with urllib.request.urlopen(f"{gateway.url}/readyz", timeout=5) as ready:
+            assert ready.status == 200
+        assert watcher.seen == ["SERVING", "NOT_SERVING", "SERVING"], "one message per change"
+    finally:
+        watcher.close()
+        unknown.close()
+
+
+def test_a_malformed_health_request_is_invalid_argument(gateway: GatewayThread) -> None:
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.settings.grpc_port}") as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            channel.unary_unary("/grpc.health.v1.Health/Check")(b"\x0a\x05ab", timeout=5)  # a truncated string
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT

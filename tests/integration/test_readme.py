@@ -1,0 +1,242 @@
+"""The README is tested: every shell block in README.md that talks to a running gateway is run.
+
+Each block is taken from README.md as it is (nothing here repeats its commands), run by bash
+against a fresh gateway started the way the README's "Running it by hand" block starts it
+(``gateway serve --config configs/gateway.yaml`` with the README's admin token), in front of
+the session's real Triton (standing in for the block's ``gateway triton`` line: the same
+``LocalTriton``). Only addresses are substituted: ``localhost:8080`` becomes the gateway's
+free port, ``gateway ctl`` finds the gateway through ``GATEWAY_CTL_URL``, and ``.venv/bin/``
+is this environment's. A block passes when bash exits 0 and every JSON document it printed
+is an answer, not an ``{"error": ...}``. Shell variables set by one block (``H=...``) are
+set for the blocks after it, as for a reader going down the page.
+
+Also here: the admin API reads a JSON body sent as ``curl -d`` sends it (no Content-Type, or
+``application/x-www-form-urlencoded``) and refuses other media types with 415.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.devtools.local_triton import LocalTriton
+from tests.integration.test_tls import Pki, pki  # noqa: F401 (the fixture: a CA and a server certificate)
+from tests.support import GatewayProcess, GatewayThread, gateway_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+BIN = Path(sys.executable).parent
+# Blocks that talk to a running gateway: they name its address or its CLI.
+GATEWAY_MARKERS = ("localhost:8080", "gateway ctl", "gateway:8080", "gateway:8081")
+SERVER_LINES = re.compile(r"^\s*(\S+=\S+\s+)*(\.venv/bin/)?gateway (triton|serve)\b")
+WATCH_S = 3  # a `--watch` line follows a rollout until it ends: it must print its first status within this
+
+
+def shell_blocks() -> list[tuple[int, str]]:
+    """(line number, text) of every ```sh / ```bash block of the README."""
+    blocks: list[tuple[int, str]] = []
+    current: list[str] | None = None
+    start = 0
+    for number, line in enumerate(README.read_text().splitlines(), 1):
+        if current is None and re.fullmatch(r"```(sh|bash)\s*", line):
+            current, start = [], number
+        elif current is not None and line.strip() == "```":
+            blocks.append((start, "\n".join(current)))
+            current = None
+        elif current is not None:
+            current.append(line)
+    return blocks
+
+
+GATEWAY_BLOCKS = [(line, text) for line, text in shell_blocks() if any(m in text for m in GATEWAY_MARKERS)]
+# Blocks about a TLS gateway, named "gateway" by DNS: run against a gateway with a certificate for that name.
+TLS_BLOCKS = [(line, text) for line, text in GATEWAY_BLOCKS if "--cacert" in text or "ssl=True" in text]
+
+
+def test_the_readme_has_gateway_blocks_and_every_one_is_run() -> None:
+    """A test that quietly found no block would pass for ever: the page must still have them."""
+    assert len(GATEWAY_BLOCKS) >= 6, [line for line, _ in GATEWAY_BLOCKS]
+    assert any("gateway serve" in text for _, text in GATEWAY_BLOCKS), "the block that starts the gateway"
+
+
+def serve_environment(block: str) -> dict[str, str]:
+    """The environment the README's serve line sets (GATEWAY_ADMIN_TOKEN=...)."""
+    for line in block.splitlines():
+        if SERVER_LINES.match(line) and " serve" in line:
+            return dict(re.findall(r"(\w+)=(\S+)\s", line.split("gateway serve")[0] + " "))
+    raise AssertionError("no `gateway serve` line in the README's first gateway block")
+
+
+def serve_config(block: str) -> Path:
+    match = re.search(r"gateway serve --config (\S+)", block)
+    assert match, "the serve line names its config file"
+    return ROOT / match.group(1)
+
+
+SERVE_BLOCK = next(text for _, text in GATEWAY_BLOCKS if "gateway serve" in text)
+
+
+class ServeLine(GatewayProcess):
+    """The README's serve line as a child process: ``gateway serve --config <file>``, with the
+    environment's GATEWAY_* (ports, Triton) over the file, as the file's header says they win."""
+
+    def __init__(self, env: dict[str, str], config: Path) -> None:
+        super().__init__(env)
+        self.config = config
+
+    def start(self) -> ServeLine:
+        self.process = subprocess.Popen([str(BIN / "gateway"), "serve", "--config", str(self.config)], env=self.env)
+        return self.wait_ready()
+
+
+def serve_line(triton: LocalTriton, directory: Path) -> ServeLine:
+    """A gateway as the README's serve line starts it: its config file, its token; the session
+    Triton's address, free ports, and a Prometheus address for the rollout checks block (nothing
+    listens there: a check is evaluated each interval, not at start)."""
+    env = {**serve_environment(SERVE_BLOCK), "GATEWAY_TRITON_URL": triton.http_url,
+           "GATEWAY_TRITON_GRPC_URL": triton.grpc_url, "GATEWAY_STORE_URL": f"sqlite:///{directory / 'state.db'}",
+           "GATEWAY_PROMETHEUS_URL": "http://127.0.0.1:9"}
+    for attempt in range(3):  # a free port taken by another process before the gateway binds it: new ports
+        try:
+            return ServeLine(env, serve_config(SERVE_BLOCK)).start()
+        except RuntimeError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture
+def readme_gateway(triton: LocalTriton, tmp_path: Path) -> Iterator[GatewayProcess]:
+    """A fresh gateway for each block: each block reads as a story of its own."""
+    gateway = serve_line(triton, tmp_path)
+    try:
+        yield gateway
+    finally:
+        gateway.stop()
+
+
+@pytest.fixture(scope="module")
+def media_gateway(triton: LocalTriton, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    gateway = serve_line(triton, tmp_path_factory.mktemp("media"))
+    try:
+        yield gateway
+    finally:
+        gateway.stop()
+
+
+def runnable(block: str, gateway: GatewayProcess) -> str:
+    """The block with its server lines left out (the fixture runs them) and addresses substituted;
+    a `--watch` line runs for WATCH_S."""
+    lines = []
+    for line in block.splitlines():
+        if SERVER_LINES.match(line):
+            continue
+        line = line.replace("localhost:8080", f"127.0.0.1:{gateway.port}").replace(".venv/bin/", f"{BIN}/")
+        if "--watch" in line:
+            line = f"timeout {WATCH_S} {line} || [ $? = 124 ]"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def variables_before(line_number: int) -> str:
+    """Shell variables earlier blocks set (H=..., export X=...), for a reader going down the page."""
+    out = []
+    for line, text in shell_blocks():
+        if line >= line_number:
+            break
+        out += [row for row in text.splitlines()
+                if re.fullmatch(r"""(export )?[A-Z_]+=('[^']*'|"[^"]*"|\S+)\s*(#.*)?""", row)]
+    return "\n".join(out)
+
+
+def json_documents(text: str) -> list[Any]:
+    decoder, found, at = json.JSONDecoder(), list[Any](), 0
+    while True:
+        at = text.find("{", at)
+        if at < 0:
+            return found
+        try:
+            document, end = decoder.raw_decode(text, at)
+        except ValueError:
+            at += 1
+            continue
+        found.append(document)
+        at = end
+
+
+@pytest.mark.parametrize(("line", "block"), [b for b in GATEWAY_BLOCKS if b not in TLS_BLOCKS],
+                         ids=[f"README.md:{line}" for line, _ in GATEWAY_BLOCKS if (line, _) not in TLS_BLOCKS])
+def test_readme_block_runs(line: int, block: str, readme_gateway: GatewayProcess) -> None:
+    script = "set -euo pipefail\n" + variables_before(line) + "\n" + runnable(block, readme_gateway)
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+           "GATEWAY_CTL_URL": readme_gateway.url}
+    result = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    shown = f"README.md:{line} exited {result.returncode}\n--- ran:\n{script}\n--- out:\n{result.stdout}\n" \
+            f"--- err:\n{result.stderr}"
+    assert result.returncode == 0, shown
+    documents = json_documents(result.stdout)
+    assert documents or "gateway ctl" in block, shown
+    errors = [doc for doc in documents if isinstance(doc, dict) and "error" in doc]
+    assert not errors, shown
+
+
+@pytest.mark.parametrize(("line", "block"), TLS_BLOCKS, ids=[f"README.md:{line}" for line, _ in TLS_BLOCKS])
+def test_readme_tls_block_runs(line: int, block: str, triton: LocalTriton, pki: Pki, tmp_path: Path) -> None:  # noqa: F811
+    """The TLS clients' block, against a gateway serving TLS on both ports with a certificate
+    for localhost (the block's host "gateway" is an address, substituted like the others), run
+    where the block expects the CA's certificate: ./ca.crt."""
+    (tmp_path / "ca.crt").write_bytes(pki.ca.read_bytes())
+    settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url, tls_cert_file=pki.server_cert,
+                                tls_key_file=pki.server_key)
+    with GatewayThread(settings) as gw:
+        script = "set -euo pipefail\n" + block.replace("gateway:8080", f"localhost:{settings.port}") \
+            .replace("gateway:8081", f"localhost:{settings.grpc_port}")
+        env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+        result = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                timeout=60)
+    assert result.returncode == 0 and result.stdout.strip().endswith("True"), (gw.url, result)
+
+
+# -- the admin API's media types -------------------------------------------------------------------
+def admin_put(gateway: GatewayProcess, body: bytes, content_type: str | None) -> tuple[int, Any]:
+    headers = {"Authorization": "Bearer " + serve_environment(SERVE_BLOCK)["GATEWAY_ADMIN_TOKEN"]}
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    request = urllib.request.Request(f"{gateway.url}/admin/models/qc/policy", data=body, method="PUT",
+                                     headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded", "application/json",
+                                          "application/json; charset=utf-8", "application/merge-patch+json"])
+def test_the_admin_api_reads_json_as_curl_sends_it(media_gateway: GatewayProcess, content_type: str | None) -> None:
+    """``curl -d`` says application/x-www-form-urlencoded; a script may send no Content-Type at all:
+    both were answered 422 "Input should be a valid dictionary"."""
+    status, answer = admin_put(media_gateway, b'{"weights": {"2": 70, "3": 30}}', content_type)
+    assert status == 200 and answer["weights"] == {"2": 70, "3": 30}, answer
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/xml", "multipart/form-data; boundary=x"])
+def test_other_media_types_are_refused_with_415_and_change_nothing(media_gateway: GatewayProcess,
+                                                                   content_type: str) -> None:
+    before = admin_put(media_gateway, b'{"weights": {"2": 60, "3": 40}}', None)[1]["revision"]
+    status, answer = admin_put(media_gateway, b'{"weights": {"2": 10, "3": 90}}', content_type)
+    assert status == 415 and content_type.split(";")[0] in answer["error"], answer
+    with urllib.request.urlopen(urllib.request.Request(
+            f"{media_gateway.url}/admin/models/qc/policy",
+            headers={"Authorization": "Bearer " + serve_environment(SERVE_BLOCK)["GATEWAY_ADMIN_TOKEN"]})) as r:
+        assert json.loads(r.read())["revision"] == before, "nothing changed"

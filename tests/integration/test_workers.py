@@ -1,0 +1,315 @@
+"""``gateway serve --workers N`` against the real Triton, the gateway run as its own process:
+one view of the traffic, one policy everywhere, node-wide sequence pins, supervision."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.devtools.local_triton import LocalTriton
+from gateway.grpc.status import StatusCode
+from tests.conftest import Faults
+from tests.fleet_support import drive_grpc, successes
+from tests.support import INFER_BODY, TOKEN, BackgroundLoad, GatewayProcess, admin_call, drive, wait_for
+
+pytestmark = pytest.mark.triton
+
+
+def workers_env(triton: LocalTriton, tmp_path: Path, workers: int, **extra: Any) -> dict[str, str]:
+    env = {"GATEWAY_WORKERS": str(workers), "GATEWAY_TRITON_URL": triton.http_url,
+           "GATEWAY_TRITON_GRPC_URL": triton.grpc_url, "GATEWAY_ADMIN_TOKEN": TOKEN,
+           "GATEWAY_STORE_URL": f"sqlite:///{tmp_path / 'state.db'}",
+           "GATEWAY_POLICIES": json.dumps({"qc": {"weights": {"2": 100}}})}
+    env.update({f"GATEWAY_{name.upper()}": value if isinstance(value, str) else json.dumps(value)
+                for name, value in extra.items()})
+    return env
+
+
+def workers(url: str) -> dict[str, Any]:
+    status, doc = admin_call(url, "GET", "/admin/workers")
+    assert status == 200, doc
+    return dict(doc)
+
+
+class Supervised(GatewayProcess):
+    """``gateway serve --workers N`` as its own process, started when every worker reports.
+    N+1 Python processes start at once (the spare too): on a loaded 2-core machine that takes
+    longer than GatewayProcess' 20 s, so the wait is longer, and a failed start kills it."""
+
+    def start(self) -> Supervised:
+        import subprocess
+        import sys
+
+        self.process = subprocess.Popen([sys.executable, "-m", "gateway", "serve"], env=self.env)
+        try:
+            wait_for(self._all_up, 90, interval=0.2, what="every worker up")
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def _all_up(self) -> bool:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"gateway exited with {self.process.returncode}")
+        try:
+            return all(w["up"] for w in workers(self.url)["workers"])
+        except (OSError, AssertionError):
+            return False
+
+
+@contextmanager
+def supervised(env: dict[str, str]) -> Iterator[GatewayProcess]:
+    gw = Supervised(env).start()
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def total(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    return sum(value for (sample, have), value in samples.items()
+               if sample == name and all((k, v) in have for k, v in labels.items()))
+
+
+def test_metrics_and_the_judge_count_every_request_of_three_workers_exactly(
+        triton: LocalTriton, tmp_path: Path) -> None:
+    with supervised(workers_env(triton, tmp_path, 3, controller_tick_s="0.5")) as gw:
+        status, doc = admin_call(gw.url, "POST", "/admin/models/qc/rollout", {
+            "canary": "3", "judge": "thresholds", "steps": [50, 100], "interval_s": 10, "min_requests": 20})
+        assert status == 200, doc
+        started = time.monotonic()
+        time.sleep(1.5)  # the requests below fall inside the first interval's window
+        before = {w["index"]: w["requests"] for w in workers(gw.url)["workers"]}
+        http = asyncio.run(drive(gw.url, 600, concurrency=24))
+        codes = asyncio.run(drive_grpc(f"127.0.0.1:{gw.grpc_port}", 150, concurrency=6))
+        assert http.statuses == Counter({200: 600}), http.failures[:3]
+        assert codes == Counter({StatusCode.OK: 150}), codes
+        assert time.monotonic() - started < 9, "the traffic must fit in the first interval for this test"
+
+        def reported() -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+            samples = scrape(gw.url)
+            return samples if total(samples, "gateway_requests_total", model="qc") == 750 else None
+
+        samples = wait_for(reported, 5, what="the workers' reports")  # exactly: never more than sent
+        assert total(samples, "gateway_requests_total", model="qc", protocol="http") == 600
+        assert total(samples, "gateway_requests_total", model="qc", protocol="grpc") == 150
+        assert total(samples, "gateway_version_requests_total", model="qc", outcome="success") == 750
+        assert total(samples, "gateway_request_duration_seconds_count", model="qc") == 750
+        by_version = {v: total(samples, "gateway_requests_total", model="qc", version=v) for v in ("2", "3")}
+        assert by_version["3"] == http.versions["3"] + total(samples, "gateway_requests_total", model="qc",
+                                                              version="3", protocol="grpc")
+        served = {w["index"]: w["requests"] - before[w["index"]] for w in workers(gw.url)["workers"]}
+        assert sum(served.values()) == 750 and sum(1 for n in served.values() if n) >= 2, served
+        assert total(samples, "gateway_worker_up") == 3
+
+        def first_verdict() -> dict[str, Any] | None:
+            verdicts = admin_call(gw.url, "GET", "/admin/models/qc/rollout")[1]["verdicts"]
+            return verdicts[0] if verdicts else None
+
+        verdict = wait_for(first_verdict, 20, what="the first verdict")
+        assert verdict["canary_requests"] + verdict["stable_requests"] == 750, verdict
+        assert verdict["canary_requests"] == by_version["3"], verdict
+        admin_call(gw.url, "POST", "/admin/models/qc/rollout/abort", {})
+
+
+def test_a_failing_canary_is_rolled_back_on_every_worker_within_two_ticks(
+        triton: LocalTriton, tmp_path: Path, faults: Faults) -> None:
+    tick = 0.5
+    faults.set("qc", "3", error_rate=0.5)
+    with supervised(workers_env(triton, tmp_path, 2, controller_tick_s=str(tick))) as gw:
+        with BackgroundLoad(gw.url, concurrency=8):
+            status, doc = admin_call(gw.url, "POST", "/admin/models/qc/rollout", {
+                "canary": "3", "judge": "thresholds", "steps": [20, 100], "interval_s": 1, "min_requests": 10,
+                "failure_limit": 1})
+            assert status == 200, doc
+
+            def rolled_back() -> float | None:
+                state = admin_call(gw.url, "GET", "/admin/models/qc/rollout")[1]
+                return time.monotonic() if state["state"] == "rolled_back" else None
+
+            seen_at = wait_for(rolled_back, 30, interval=0.02, what="the rollback")
+            wait_for(lambda: workers(gw.url)["all_current"], 2 * tick, interval=0.02,
+                     what="every worker acknowledging the rollback's policy")
+            assert time.monotonic() - seen_at <= 2 * tick
+        after = asyncio.run(drive(gw.url, 200, concurrency=8))  # on whatever worker: no canary left
+        assert after.versions == Counter({"2": 200}), after.versions
+
+
+def test_an_http_sequence_over_fresh_connections_stays_on_one_version_and_one_server(
+        triton_pair: tuple[LocalTriton, LocalTriton], tmp_path: Path) -> None:
+    fleet = {"servers": [{"http": s.http_url, "grpc": s.grpc_url} for s in triton_pair]}
+    env = workers_env(triton_pair[0], tmp_path, 3, fleets={"default": fleet},
+                      policies={"qc": {"weights": {"2": 50, "3": 50}, "sequence_affinity": True}})
+    with supervised(env) as gw:
+        for sequence_id in (5101, 5102, 5103):
+            before = [successes(server) for server in triton_pair]
+            served_before = {w["index"]: w["requests"] for w in workers(gw.url)["workers"]}
+            versions = []
+            for step in range(20):  # urllib opens a new connection per request: any worker may get it
+                body = json.loads(INFER_BODY)
+                body["parameters"] = {"sequence_id": sequence_id, "sequence_start": step == 0,
+                                      "sequence_end": step == 19}
+                request = urllib.request.Request(f"{gw.url}/v2/models/qc/infer", data=json.dumps(body).encode())
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    versions.append(json.loads(response.read())["model_version"])
+            assert len(set(versions)) == 1, versions
+            served = [successes(server) - count for server, count in zip(triton_pair, before, strict=True)]
+            assert sorted(served) == [0, 20], served
+            time.sleep(0.5)
+            handled = {w["index"]: w["requests"] - served_before[w["index"]] for w in workers(gw.url)["workers"]}
+            assert sum(1 for n in handled.values() if n) >= 2, f"one worker took the whole sequence: {handled}"
+
+
+def test_kill_9_of_a_worker_under_load_is_replaced_within_a_second_and_costs_only_its_requests(
+        triton: LocalTriton, tmp_path: Path) -> None:
+    with supervised(workers_env(triton, tmp_path, 2)) as gw:
+        victim = workers(gw.url)["workers"][0]
+        with BackgroundLoad(gw.url, concurrency=8) as load:
+            time.sleep(1.0)
+            os.kill(victim["pid"], signal.SIGKILL)
+            killed_at, killed_wall = time.monotonic(), time.time()
+
+            def worker_0() -> dict[str, Any]:
+                try:
+                    return dict(workers(gw.url)["workers"][0])
+                except OSError:  # this admin call landed on the worker being killed: one of its requests
+                    return dict(victim)
+
+            def replaced() -> float | None:
+                return time.monotonic() if worker_0()["pid"] != victim["pid"] else None
+
+            wait_for(replaced, 5, interval=0.02, what="a new worker 0")
+            replaced_after = worker_0()["started_at"] - killed_wall  # by the supervisor's clock, not our polling
+            serving = wait_for(lambda: worker_0()["up"] and time.monotonic(), 10, interval=0.02,
+                               what="the new worker serving")
+            time.sleep(0.5)  # requests that failed before the replacement served have been counted
+            failed_by_then, answered_by_then = load.result.statuses[0], load.result.statuses[200]
+            time.sleep(1.5)
+        assert 0 < replaced_after <= 1.0
+        print(f"replaced after {replaced_after:.2f} s, serving after {serving - killed_at:.2f} s, "
+              f"{failed_by_then} requests failed")
+        # Only the dead worker's requests fail: the one in flight on each connection it held, or a
+        # connection the kernel had queued on its listener. Nothing else: no status but 200, and
+        # no failure once the replacement serves (while the load goes on).
+        assert 0 < failed_by_then <= 2 * 8, load.result.failures
+        assert set(load.result.statuses) <= {0, 200}, load.result.statuses
+        assert all("closed the connection" in f or "reset" in f.lower() or "refused" in f.lower()
+                   for f in load.result.failures), load.result.failures
+        assert load.result.statuses[0] == failed_by_then, load.result.failures
+        assert load.result.statuses[200] > answered_by_then
+        assert workers(gw.url)["workers"][0]["restarts"] == 1
+
+
+def test_sigterm_under_load_fails_no_request(triton: LocalTriton, tmp_path: Path, faults: Faults) -> None:
+    """Each request on a new connection, as a load balancer that removed the gateway would see it:
+    a connection refused after SIGTERM is traffic that goes elsewhere; every request the gateway
+    accepted must be answered 200."""
+    faults.set("qc", "2", delay_ms=200)  # requests in flight when the signal comes
+    gw = Supervised(workers_env(triton, tmp_path, 2)).start()
+    results: Counter[str] = Counter()
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            request = urllib.request.Request(f"{gw.url}/v2/models/qc/infer", data=INFER_BODY)
+            try:
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    results[str(response.status)] += 1
+            except urllib.error.HTTPError as exc:
+                failures.append(f"{exc.code} {exc.read()[:200]!r}")
+            except urllib.error.URLError as exc:
+                if isinstance(exc.reason, ConnectionRefusedError):
+                    results["refused"] += 1  # the listeners are closed: a load balancer sends it elsewhere
+                    time.sleep(0.01)
+                else:
+                    failures.append(repr(exc))
+            except OSError as exc:
+                failures.append(repr(exc))
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(8)]
+    try:
+        for thread in threads:
+            thread.start()
+        time.sleep(1.5)
+        gw.process.send_signal(signal.SIGTERM)
+        assert gw.process.wait(30) == 0
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(15)
+        gw.kill()
+    assert not failures, failures[:5]
+    assert results["200"] >= 8 and results["refused"] > 0, results  # 8 were in flight at the signal
+
+
+def refused_in_bursts(url: str, bursts: int, size: int) -> int:
+    """``bursts`` times, ``size`` requests at once, each on a new connection (so the kernel
+    spreads them over the workers); how many were answered 429."""
+    refused = 0
+    for _ in range(bursts):
+        barrier = threading.Barrier(size)
+        statuses: list[int] = []
+
+        def one(barrier: threading.Barrier, statuses: list[int]) -> None:
+            barrier.wait()
+            request = urllib.request.Request(f"{url}/v2/models/qc/infer", data=INFER_BODY)
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    statuses.append(response.status)
+            except urllib.error.HTTPError as exc:
+                statuses.append(exc.code)
+
+        threads = [threading.Thread(target=one, args=(barrier, statuses)) for _ in range(size)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(statuses) == size and set(statuses) <= {200, 429}, statuses
+        refused += statuses.count(429)
+    return refused
+
+
+def test_admission_at_three_times_the_limit_refuses_the_share_one_process_would(
+        triton: LocalTriton, tmp_path: Path, faults: Faults) -> None:
+    """max_inflight_per_server is per node: 4 slots, no queue wait, bursts of 12 requests that
+    all arrive while the first ones run (300 ms each). One process admits 4 and refuses 8 of
+    each burst; two workers with 2 slots each refuse as many, unless the kernel gives one
+    worker fewer than 2 of the 12 connections (p ~ 0.3% a burst: one refusal more)."""
+    faults.set("qc", "2", delay_ms=300)
+    limits = {"max_inflight_per_server": "4", "queue_timeout_ms": "0"}
+    (tmp_path / "one").mkdir()
+    single = GatewayProcess(workers_env(triton, tmp_path / "one", 1, **limits)).start()
+    try:
+        alone = refused_in_bursts(single.url, 3, 12)
+    finally:
+        single.stop()
+    (tmp_path / "two").mkdir()
+    with supervised(workers_env(triton, tmp_path / "two", 2, **limits)) as gw:
+        assert [w["up"] for w in workers(gw.url)["workers"]] == [True, True]
+        together = refused_in_bursts(gw.url, 3, 12)
+    assert alone == 3 * 8, alone
+    assert abs(together - alone) <= 3, (together, alone)
