@@ -23,6 +23,7 @@ from gateway.admin.fleets import fleets_router
 from gateway.admin.rollouts import rollout_router
 from gateway.admin.versions import versions_router
 from gateway.asgi import Dispatch
+from gateway.client_address import ClientAddresses
 from gateway.console.routes import install_console
 from gateway.console.timeline import Timeline
 from gateway.console.views import Views
@@ -88,7 +89,7 @@ class Gateway(Dispatch):
         self.budget = ByteBudget(settings.max_buffered_body_bytes)  # bytes held for requests, both ports and shadow
         self.shadow = ShadowMirror(self.upstream, self.recorder, budget=self.budget)
         self.pipeline = Pipeline(self.book, self.recorder, self.pins, self.shadow, self.access_log,
-                                 settings.expose_version_headers)
+                                 settings.expose_version_headers, ClientAddresses(settings.trusted_proxies))
         self.grpc: GrpcProxy | None = None
         self.grpc_router: GrpcRouter | None = None
         self.grpc_server: Any = None

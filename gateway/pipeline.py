@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Protocol
 
+from gateway.client_address import ClientAddresses
 from gateway.errors import BadRequest
 from gateway.policy import split_target
 from gateway.policy_book import PolicyBook
@@ -134,13 +135,14 @@ class Pipeline:
 
     def __init__(self, book: PolicyBook, recorder: Recorder, pins: SequencePins | None = None,
                  shadow: ShadowMirror | None = None, access_log: Callable[..., None] | None = None,
-                 expose_version_headers: bool = True) -> None:
+                 expose_version_headers: bool = True, clients: ClientAddresses | None = None) -> None:
         self.book = book
         self.recorder = recorder
         self.pins = pins if pins is not None else SequencePins()  # not `or`: an empty pin table is falsy
         self.shadow = shadow
         self.access_log = access_log
         self.expose_version_headers = expose_version_headers
+        self.clients = clients or ClientAddresses()  # who a request's client is (trusted_proxies)
         self._draw = WeylDraw()  # routing: each process starts at its own random offset
         # The shadow gate's own sequence: a draw taken from the routing sequence for some requests
         # only (not the shadow's own answers) would shift every later routing draw and skew the split.
@@ -211,8 +213,9 @@ class Pipeline:
 
     # -- forward, shadow, record ---------------------------------------------------------------
     async def forward(self, exchange: Exchange, model: str, policy: Policy | None, decision: Decision,
-                      started: float, protocol: str) -> Decision:
+                      started: float, protocol: str, client: str = "") -> Decision:
         """Send, fall back if the version is gone, deliver, mirror, record; the decision that answered.
+        ``client``: the client's address (:meth:`record`).
 
         The in-flight count covers delivery too: the drain before an unload waits for a
         streaming answer to finish. Exceptions propagate to the front, which answers its client
@@ -235,7 +238,7 @@ class Pipeline:
                 recorder.remove_inflight(inflight)
         if policy is not None and policy.shadow_version is not None:
             self._shadow_gate(exchange, model, policy, decision)
-        self.record(model, decision, exchange.outcome(), exchange.status, protocol, started, exchange.fault())
+        self.record(model, decision, exchange.outcome(), exchange.status, protocol, started, exchange.fault(), client)
         return decision
 
     def _shadow_gate(self, exchange: Exchange, model: str, policy: Policy, decision: Decision) -> None:
@@ -250,10 +253,12 @@ class Pipeline:
         shadow.offer(exchange.mirror(model, decision, self._target(version)))
 
     def record(self, model: str, decision: Decision, outcome: Outcome, status: int | str, protocol: str,
-               started: float, fault: str | None = None) -> None:
+               started: float, fault: str | None = None, client: str = "") -> None:
         """One sample. One rule for a model Triton does not know, on both protocols: a not-found
         answer, or a failed request for a model without a policy (routed by Triton or pinned by the
-        client), is recorded as ``_unknown``; a failed pinned version no policy names as ``_unserved``."""
+        client), is recorded as ``_unknown``; a failed pinned version no policy names as ``_unserved``.
+        ``client`` (the peer's address, or the one a trusted proxy forwarded) is the unit the
+        rollout judge counts shares by."""
         failed = outcome is not Outcome.SUCCESS
         if status in _NOT_FOUND or failed and (decision is DEFAULT or decision.reason == Reason.PINNED
                                                  and self.book.get(model) is None):
@@ -265,6 +270,6 @@ class Pipeline:
         latency = time.perf_counter() - started
         if fault is not None:
             self.recorder.upstream_error(model, version, fault)
-        self.recorder.record(model, version, outcome, latency, reason, protocol, str(status))
+        self.recorder.record(model, version, outcome, latency, reason, protocol, str(status), client)
         if self.access_log is not None:
             self.access_log(model, version, reason, protocol, status, latency)

@@ -7,6 +7,7 @@ with that one line.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -129,6 +130,10 @@ class Settings(BaseSettings):
     expose_version_headers: bool = Field(True, description="answers name the version that served them and how it "
                                          "was picked (x-gateway-model-version, x-gateway-route); off: a client "
                                          "cannot tell which version answered, so cannot aim at one")
+    trusted_proxies: list[str] = Field(
+        default_factory=list, description="CIDRs of proxies whose X-Forwarded-For names the client (the rightmost "
+        "address not itself trusted): the rollout judge counts each client up to its share. Default none: the "
+        "peer address is the client")
     log_level: str = Field("info", pattern="^(critical|error|warning|info|debug)$", description="log level")
     # -- the lean gRPC server's limits for each client connection (issue 12) --
     grpc_max_message_bytes: int = Field(64 << 20, ge=1 << 10, le=1 << 30,
@@ -148,6 +153,16 @@ class Settings(BaseSettings):
     grpc_max_connections: int = Field(4096, ge=1, le=1_000_000, description="gRPC port, lean server only: client "
                                       "connections at once; one more has its first call answered UNAVAILABLE with "
                                       "the reason, then GOAWAY, and is closed")
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _cidrs(cls, cidrs: list[str]) -> list[str]:
+        for cidr in cidrs:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError:
+                raise ValueError(f"{cidr!r} is not an IP network (CIDR such as 10.0.0.0/8 or an address)") from None
+        return cidrs
 
     @field_validator("triton_url")
     @classmethod

@@ -72,7 +72,7 @@ def deadline_of(headers: Headers) -> float | None:
 class _Call:
     """What every call has: its stream, its deadline, and the task doing its upstream work."""
 
-    __slots__ = ("front", "connection", "stream", "opened", "deadline", "task", "timer")
+    __slots__ = ("front", "connection", "stream", "opened", "deadline", "task", "timer", "client")
     streaming = False  # a unary request is held until END_STREAM (StreamHandler.streaming)
 
     def __init__(self, front: GrpcFront, connection: Http2ServerConnection, stream: ServerStream) -> None:
@@ -81,6 +81,7 @@ class _Call:
         self.stream = stream
         self.opened = asyncio.get_running_loop().time()
         self.deadline = deadline_of(stream.headers)
+        self.client = client_of(front, connection, stream)  # for the rollout judge's per-client shares
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         if self.deadline is not None:
@@ -160,7 +161,7 @@ class UnaryCall(_Call):
         if decision is SEQUENCED:
             decision = await router.settle(fields, policy, headers)
         exchange = router.new_infer(INFER, raw, fields, client_metadata(headers), self.remaining())
-        decision = await router.infer(exchange, fields.model_name, policy, decision)
+        decision = await router.infer(exchange, fields.model_name, policy, decision, self.client)
         metadata = decision_block(router.announced(decision, exchange.response))  # after any fallback: who answered
         if exchange.code:
             self.finish(exchange.code, router.details(exchange.code, exchange.details), metadata)
@@ -196,7 +197,7 @@ class StreamCall(_Call):
         self.waiting: list[bytes] = []  # routed requests that arrived before the upstream stream opened
         self.ended = False
         self.decision: Decision | None = None  # the last message's: the routing metadata the stream announces
-        self.ledger = StreamLedger()  # each reply charged to its own request's decision
+        self.ledger = StreamLedger(self.client)  # each reply charged to its own request's decision
         self.replies = bytearray()
         # Messages behind one whose sequence pin is being read or written (store I/O): sent in
         # their order by the settler task; None when nothing waits.
@@ -320,6 +321,13 @@ class StreamCall(_Call):
             past = client_deadline_ran_out(code, timeout, asyncio.get_running_loop().time() - self.opened)
             self.front.router.record_stream_end(self.ledger, code, past)
         self.finish(code, self.front.router.details(code, details) if code else "", self._routing_block())
+
+
+def client_of(front: GrpcFront, connection: Http2ServerConnection, stream: ServerStream) -> str:
+    """The call's client: the connection's peer address, or whom a trusted proxy forwarded."""
+    transport = connection.transport
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    return front.router.pipeline.clients.of(peer[0] if peer else None, stream.headers)
 
 
 class GrpcFront:

@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from gateway.client_address import grpcio_peer
 from gateway.control_surface import ControlGate
 from gateway.grpc.health import HEALTH, Health, grpcio_handlers
 from gateway.grpc.router import SERVICE, GrpcRouter, StreamLedger, client_deadline_ran_out
@@ -89,7 +90,8 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
         if decision is SEQUENCED:
             decision = await self.router.settle(fields, policy, _wire(metadata))
         exchange = self.router.new_infer(method, raw, fields, _forwarded(context, metadata), context.time_remaining())
-        decision = await self.router.infer(exchange, fields.model_name, policy, decision)
+        client = self.router.pipeline.clients.of(grpcio_peer(context.peer()), _wire(metadata))
+        decision = await self.router.infer(exchange, fields.model_name, policy, decision, client)
         # after any fallback: the version that answered
         await context.send_initial_metadata(self.router.announced(decision, exchange.response))
         if exchange.code:
@@ -100,8 +102,9 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
     async def _stream(self, upstream: Any, requests: AsyncIterator[bytes],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         metadata = context.invocation_metadata() or ()
-        ledger = StreamLedger()  # each reply charged to its own request's decision
         wire = _wire(metadata)
+        # each reply charged to its own request's decision, and to the stream's client
+        ledger = StreamLedger(self.router.pipeline.clients.of(grpcio_peer(context.peer()), wire))
         remaining = context.time_remaining()
         opened = time.monotonic()
 

@@ -144,16 +144,19 @@ class GrpcRouter:
                   timeout: float | None) -> GrpcInfer:
         return GrpcInfer(self.upstream, method, raw, bool(fields.model_version), forwarded, timeout, self.fleets)
 
-    async def infer(self, exchange: GrpcInfer, model: str, policy: Policy | None, decision: Decision) -> Decision:
-        """Forward one routed ModelInfer through the pipeline; the decision that answered."""
+    async def infer(self, exchange: GrpcInfer, model: str, policy: Policy | None, decision: Decision,
+                    client: str = "") -> Decision:
+        """Forward one routed ModelInfer through the pipeline; the decision that answered.
+        ``client``: the peer's address (or a trusted proxy's x-forwarded-for), for the judge's shares."""
         started = time.perf_counter()
         try:
-            return await self.pipeline.forward(exchange, model, policy, decision, started, "grpc")
+            return await self.pipeline.forward(exchange, model, policy, decision, started, "grpc", client)
         except asyncio.CancelledError:  # the client went away, or its deadline ran out: the upstream stream was reset
             if exchange.past_client_deadline():  # a latency of at least the client's deadline (censored)
-                self.pipeline.record(model, decision, Outcome.CLIENT_DEADLINE, "DEADLINE_EXCEEDED", "grpc", started)
+                self.pipeline.record(model, decision, Outcome.CLIENT_DEADLINE, "DEADLINE_EXCEEDED", "grpc", started,
+                                     client=client)
             else:
-                self.pipeline.record(model, decision, Outcome.CANCELLED, "CANCELLED", "grpc", started)
+                self.pipeline.record(model, decision, Outcome.CANCELLED, "CANCELLED", "grpc", started, client=client)
             raise
 
     def announced(self, decision: Decision, response: bytes = b"") -> tuple[tuple[str, str], ...]:
@@ -182,9 +185,9 @@ class GrpcRouter:
         model, decision = request.model, request.decision
         if reply.error:
             code = StatusCode.RESOURCE_EXHAUSTED if _QUEUE_FULL in reply.error else StatusCode.INTERNAL
-            self.record(model, decision, code, request.sent, reply.error.decode(errors="replace"))
+            self.record(model, decision, code, request.sent, reply.error.decode(errors="replace"), ledger.client)
             return
-        self.record(model, decision, StatusCode.OK, request.sent)
+        self.record(model, decision, StatusCode.OK, request.sent, client=ledger.client)
         request.replied = self.pipeline.recorder.stream_response(model, decision.version or "", request.sent,
                                                                  request.replied,
                                                                  decision.reason not in STEERED_ROUTES)
@@ -198,20 +201,20 @@ class GrpcRouter:
         if past_client_deadline:
             for request in ledger.unanswered():
                 self.pipeline.record(request.model, request.decision, Outcome.CLIENT_DEADLINE, "DEADLINE_EXCEEDED",
-                                     "grpc", request.sent)
+                                     "grpc", request.sent, client=ledger.client)
             return
         oldest = ledger.oldest()
         if oldest is not None:
-            self.record(oldest.model, oldest.decision, code, oldest.sent)
+            self.record(oldest.model, oldest.decision, code, oldest.sent, client=ledger.client)
 
     def record(self, model: str | None, decision: Decision | None, code: int, started: float,
-               details: str = "") -> None:
+               details: str = "", client: str = "") -> None:
         if model is None or decision is None:
             return
         outcome = classify(code, details)
         name = status_name(code)
         self.pipeline.record(model, decision, outcome, name, "grpc", started,
-                             name if outcome is Outcome.UPSTREAM_ERROR else None)
+                             name if outcome is Outcome.UPSTREAM_ERROR else None, client)
 
 
 def client_deadline_ran_out(code: int, timeout: float | None, elapsed: float) -> bool:
@@ -244,11 +247,12 @@ class StreamLedger:
     canary). Triton answers one model's requests in order (a decoupled model: several replies,
     the last marked final), so a reply answers the oldest request of its model."""
 
-    __slots__ = ("pending", "last")
+    __slots__ = ("pending", "last", "client")
 
-    def __init__(self) -> None:
+    def __init__(self, client: str = "") -> None:
         self.pending: deque[SentRequest] = deque()
         self.last: SentRequest | None = None
+        self.client = client  # the stream's client (peer, or a trusted proxy's x-forwarded-for), for the judge
 
     def sent(self, model: str, decision: Decision) -> None:
         self.last = SentRequest(model, decision)

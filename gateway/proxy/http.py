@@ -156,20 +156,20 @@ class HttpProxy:
                 await exchange.send(_AS_SENT)
                 await exchange.deliver(None)
             else:
-                await self.pipeline.forward(exchange, model, policy, decision, started, "http")
+                await self.pipeline.forward(exchange, model, policy, decision, started, "http", _client(self, scope))
         except GatewayError as exc:
             if exchange.response is not None:  # broke mid-stream: headers are out, just stop
                 exchange.response.abort()
             elif not isinstance(exc, ClientGone):
                 exchange.handed = True
                 await _send_error(send, exc)
-            self._record_error(model, decision, started, exc)
+            self._record_error(model, decision, started, exc, _client(self, scope))
         except asyncio.CancelledError:
             if exchange.response is not None:
                 exchange.response.abort()
             if exchange.client_left and task is not None:  # our own cancel: the client left, nothing to answer
                 task.uncancel()
-                self._record_error(model, decision, started, ClientGone("client went away"))
+                self._record_error(model, decision, started, ClientGone("client went away"), _client(self, scope))
                 return
             raise
         finally:
@@ -179,14 +179,15 @@ class HttpProxy:
             if connection is not None:
                 connection.on_lost = None
 
-    def _record_error(self, model: str | None, decision: Decision | None, started: float, error: GatewayError) -> None:
+    def _record_error(self, model: str | None, decision: Decision | None, started: float, error: GatewayError,
+                      client: str = "") -> None:
         if model is None or decision is None:
             return
         cancelled = isinstance(error, ClientGone)
         fault = type(error).__name__ if isinstance(error, UpstreamError) and not cancelled else None
         outcome = Outcome.CANCELLED if cancelled else Outcome.OVERLOAD if isinstance(error, Overloaded) \
             else Outcome.UPSTREAM_ERROR
-        self.pipeline.record(model, decision, outcome, error.status, "http", started, fault)
+        self.pipeline.record(model, decision, outcome, error.status, "http", started, fault, client)
 
     async def _route_sequence(self, policy: Policy, scope: Scope, sequence: SequenceFields | None) -> Decision:
         """Routing for models with sequence affinity: the sequence fields live in the body."""
@@ -201,8 +202,15 @@ class HttpProxy:
 
     async def _sequence(self, headers: list[tuple[bytes, bytes]], body: bytes) -> SequenceFields | None:
         """The request's sequence fields, read once (BadRequest for an id Triton would not take).
-        An uncompressed body without the word ``sequence_id`` is not parsed at all."""
-        if body.find(b"sequence_id") < 0 and not any(name == b"content-encoding" for name, _ in headers):
+        An uncompressed body whose JSON header lacks the word ``sequence_id`` is not parsed at all."""
+        end = len(body)
+        for name, value in headers:
+            if name == b"content-encoding":
+                end = -1  # compressed: the word cannot be looked for without inflating
+                break
+            if name == b"inference-header-content-length" and value.isdigit():
+                end = min(int(value) or end, end)  # only the JSON header, not the tensors after it
+        if end >= 0 and body.find(b"sequence_id", 0, end) < 0:
             return None
         sequence_id, start, end = sequence_fields(await self._json_header(headers, body))
         checked = checked_sequence_id(sequence_id)
@@ -401,3 +409,9 @@ def sequence_fields(header: bytes | None) -> tuple[object | None, bool, bool]:
     if sequence_id is None:
         return None, False, False
     return sequence_id, parameters.get("sequence_start") is True, parameters.get("sequence_end") is True
+
+
+def _client(proxy: HttpProxy, scope: Scope) -> str:
+    """The request's client for the rollout judge: the peer, or whom a trusted proxy forwarded."""
+    peer = scope.get("client")
+    return proxy.pipeline.clients.of(peer[0] if peer else None, scope["headers"])

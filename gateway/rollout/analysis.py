@@ -43,6 +43,8 @@ class Verdict:
     stable_client_error_rate: float | None = None
     canary_overloads: int = 0  # shown, never judged: load is nobody's version's fault
     stable_overloads: int = 0
+    alpha: dict[str, Any] | None = None  # statistical: the false-rollback budget, each test's share of it
+    clients: dict[str, Any] | None = None  # statistical: per version, clients seen and how much was capped
 
     def document(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -76,10 +78,10 @@ def judge(spec: RolloutSpec, canary: Window | None, stable: Window | None) -> Ve
     if client is not None:
         return Verdict(Outcome.UNHEALTHY, client[0], "client_error_rate_increase", client[1],
                        spec.client_error_floor(), **numbers)
-    rate = canary.error_rate or 0.0
-    if spec.max_error_rate is not None and rate > spec.max_error_rate:
-        return Verdict(Outcome.UNHEALTHY, f"error rate {rate:.2%} above {spec.max_error_rate:.2%}",
-                       "error_rate", rate, spec.max_error_rate, **numbers)
+    rate, ceiling = canary.error_rate or 0.0, spec.error_rate_ceiling()
+    if rate > ceiling:
+        return Verdict(Outcome.UNHEALTHY, f"error rate {rate:.2%} above {ceiling:.2%}",
+                       "error_rate", rate, ceiling, **numbers)
     p99 = numbers["canary_p99_ms"]
     if spec.max_p99_ms is not None and p99 is not None and p99 > spec.max_p99_ms:
         return Verdict(Outcome.UNHEALTHY, f"p99 {p99:.1f} ms above {spec.max_p99_ms:.1f} ms",

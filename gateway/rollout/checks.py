@@ -16,10 +16,14 @@ rollout pauses, and says which check and why.
 **Shadow agreement** (``min_shadow_agreement``): when the canary has been the model's shadow
 (this process mirrored requests to it, before or during the rollout) its outputs were compared
 with the primary's (:mod:`gateway.proxy.shadow`). The share that agreed must be at least the
-limit. A Clopper-Pearson bound decides, not the raw share: the gate FAILS when the upper bound
-(confidence 1 - ``false_rollback_rate``) is below the limit, PASSES when the one-sided 95%
-lower bound reaches it, and is INCONCLUSIVE in between or below MIN_COMPARISONS. Without a
-shadow of the canary it is ``not_judged`` and says so: it never blocks a rollout.
+limit. It is judged every interval on the comparisons so far, so it is anytime-valid, not a
+fixed-sample test repeated: it FAILS when the e-process against "the disagreement rate is at
+most 1 - limit" (:func:`stats.ceiling_log_e`, a one-sided mixture of Bernoulli likelihood
+ratios) reaches 1/alpha, alpha being the gate's share of ``false_rollback_rate``
+(:func:`judge.alpha_split`); it PASSES when the mirror e-process, against "the disagreement rate
+is at least 1 - limit", reaches 20 (the one-sided 95% anytime-valid bound clears the limit),
+and is INCONCLUSIVE in between or below MIN_COMPARISONS. Without a shadow of the canary it is
+``not_judged`` and says so: it never blocks a rollout.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import httpx
 
 from gateway.rollout import stats
 from gateway.rollout.check_spec import Check, render
-from gateway.rollout.judge import INTERVAL_CONFIDENCE, PASS_CONFIDENCE, MetricVerdict
+from gateway.rollout.judge import INTERVAL_CONFIDENCE, PASS_CONFIDENCE, MetricVerdict, alpha_split
 from gateway.rollout.spec import RolloutSpec
 from gateway.telemetry.recorder import ShadowStats
 
@@ -171,29 +175,37 @@ def shadow_verdict(spec: RolloutSpec, canary: str, counts: ShadowStats | None, s
     if compared < MIN_COMPARISONS:
         return MetricVerdict(name, "inconclusive", share, *interval, limit, 1.0, 1.0, None, MIN_COMPARISONS - compared,
                              f"shadow agreement undecided: {seen}; {MIN_COMPARISONS} needed to judge")
-    verdict = _decide(agreed, compared, limit, spec.false_rollback_rate)
+    alpha = alpha_split(spec)[1]
+    e_value = math.exp(min(stats.ceiling_log_e(compared - agreed, compared, 1 - limit), 700.0))
+    verdict = _decide(agreed, compared, limit, alpha)
     if verdict == "fail":
-        return MetricVerdict(name, "fail", share, *interval, limit, 1.0, 1.0, None, None,
-                             f"shadow agreement too low: {seen}, below the min {limit:.1%}")
+        return MetricVerdict(name, "fail", share, *interval, limit, e_value, 1 / alpha, None, None,
+                             f"shadow agreement too low: {seen}, below the min {limit:.1%} "
+                             f"(evidence {e_value:.0f}x, needed {1 / alpha:.0f}x)")
     if verdict == "pass":
-        return MetricVerdict(name, "pass", share, *interval, limit, 1.0, 1.0, None, None,
+        return MetricVerdict(name, "pass", share, *interval, limit, e_value, 1 / alpha, None, None,
                              f"shadow agreement fine: {seen}, min {limit:.1%}")
-    needed = _needed(share, compared, limit, spec.false_rollback_rate)
+    needed = _needed(share, compared, limit, alpha)
     words = "no sample size will tell" if needed is None else f"about {needed} more comparisons needed"
-    return MetricVerdict(name, "inconclusive", share, *interval, limit, 1.0, 1.0, None, needed,
+    return MetricVerdict(name, "inconclusive", share, *interval, limit, e_value, 1 / alpha, None, needed,
                          f"shadow agreement undecided: {seen}, min {limit:.1%}; {words}")
 
 
 def _decide(agreed: int, compared: int, limit: float, alpha: float) -> str:
-    if agreement_bounds(agreed, compared, 1 - alpha)[1] < limit:
+    """Anytime-valid on the cumulative comparisons: fail on evidence 1/alpha that disagreement
+    is above 1 - limit; pass on evidence 1/(1 - PASS_CONFIDENCE) that it is below."""
+    disagreed = compared - agreed
+    if stats.ceiling_log_e(disagreed, compared, 1 - limit) >= math.log(1 / alpha):
         return "fail"
     if limit >= 1:  # no bound ever reaches 1: every comparison agreeing is the only pass
         return "pass" if agreed == compared else "fail"
-    return "pass" if agreement_bounds(agreed, compared, PASS_CONFIDENCE)[0] >= limit else "inconclusive"
+    if limit <= 0:
+        return "pass"
+    pass_log_e = stats.ceiling_log_e(disagreed, compared, 1 - limit, above=False)
+    return "pass" if pass_log_e >= math.log(1 / (1 - PASS_CONFIDENCE)) else "inconclusive"
 
 
 def _needed(share: float, compared: int, limit: float, alpha: float) -> int | None:
     """More comparisons until a decision, if the share stayed as observed."""
     return stats.more_needed(lambda total: _decide(round(share * total), total, limit, alpha) != "inconclusive",
                              compared)
-

@@ -40,7 +40,7 @@ from gateway.rollout.checks import Checks
 from gateway.rollout.driver import PolicyDriver, PolicyMoved, adopt_own_write, manual_change
 from gateway.rollout.fast_path import FastPath
 from gateway.rollout.hooks import PHASE_EVENTS, Hooks
-from gateway.rollout.judge import Evidence, VersionSample, assess, fold
+from gateway.rollout.judge import Evidence, VersionSample, assess, client_weighted, fold
 from gateway.rollout.phases import Phase, TransitionError
 from gateway.rollout.rollback import critical_verdict
 from gateway.rollout.spec import RolloutSpec, newest_first
@@ -50,7 +50,7 @@ from gateway.services.triton_control import TritonControl
 from gateway.store.base import Fence, StateStore, StoredPolicy, StoredRollout
 from gateway.store.budget import Budget, bounded, call_budget
 from gateway.telemetry.recorder import Recorder, Window
-from gateway.telemetry.sources import MetricsSource
+from gateway.telemetry.sources import MetricsSource, RecorderSource
 
 log = logging.getLogger("gateway.rollout")
 ACTOR = "rollout-controller"
@@ -326,14 +326,16 @@ class RolloutController:
         """The spec's judge on this interval, the canary against its reference (the baseline, or the
         stable); the statistical one also returns its evidence."""
         canary, reference = await self._windows(rollout)
-        critical = critical_verdict(rollout.spec, canary, reference)  # whatever the judge: no waiting on it
+        # taken even when the windows are unreadable, so the next interval's sample is its own
+        canary_samples, reference_samples = self._take_samples(rollout)
+        # whatever the judge: no waiting on it; each client counted up to the interval's median client's share
+        critical = critical_verdict(rollout.spec, canary and client_weighted(canary, canary_samples[2]),
+                                    reference and client_weighted(reference, reference_samples[2]))
         if critical is not None:
             return critical, None
         extra = await self.checks.evaluate(rollout.model, rollout.spec, rollout.stable)
         if rollout.spec.judge == "thresholds":
             return fold(judge(rollout.spec, canary, reference), extra), None
-        # taken even when the windows are unreadable, so the next interval's sample is its own
-        canary_samples, reference_samples = self._take_samples(rollout)
         if canary is None or reference is None:
             return fold(judge(rollout.spec, None, None), extra), None  # the ERROR verdict, unless a check fails
         verdict, evidence = assess(rollout.spec, Evidence.from_document(rollout.evidence),
@@ -341,12 +343,16 @@ class RolloutController:
                                    VersionSample.of(reference, *reference_samples), extra)
         return verdict, evidence.document()
 
-    def _take_samples(self, rollout: Rollout) -> list[tuple[list[float], tuple[list[float], list[float]]]]:
+    def _take_samples(self, rollout: Rollout) -> list[tuple[list[float], tuple[list[float], list[float]],
+                                                            dict[str, tuple[int, int, int]] | None]]:
         """The canary's and its reference's (the baseline, or the stable) per-request samples since
-        the last take (latencies; streaming first responses and gaps); taking them starts the next
+        the last take (latencies; streaming first responses and gaps; per-client counts, which only
+        the recorder source has: Prometheus does not know clients); taking them starts the next
         interval's."""
         take_latencies, take_stream = self.recorder.take_latencies, self.recorder.take_stream
-        return [(take_latencies(rollout.model, version), take_stream(rollout.model, version))
+        local = isinstance(self.source, RecorderSource)
+        return [(take_latencies(rollout.model, version), take_stream(rollout.model, version),
+                 self.recorder.take_clients(rollout.model, version) if local else None)
                 for version in (rollout.canary, rollout.reference)]
 
     def _watch(self, rollout: Rollout) -> None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,8 @@ from gateway.rollout.spec import RolloutSpec
 from gateway.telemetry.recorder import Window
 
 METRICS = ("error_rate", "client_error_rate", "latency")
+STREAM_METRICS = ("time_to_first_response", "response_gap")
+CEILING = "error_ceiling"  # the canary's own error rate against max_error_rate, whatever the reference
 PASS_CONFIDENCE = 0.95  # one-sided: a canary at least as bad as the floor passes a look <= 5% of the time
 Z_PASS = 1.6448536269514722  # its normal quantile
 INTERVAL_CONFIDENCE = 0.95  # of the reported two-sided intervals
@@ -57,7 +59,11 @@ MIN_SE = 1e-4  # floor on an interval's log-shift standard error (identical late
 class VersionSample:
     """What one version did in one interval. ``requests`` counts answered requests
     (successes, upstream errors and client errors; never overloads or cancellations);
-    ``latencies`` (seconds) is a uniform sample of its successful requests, e.g. a reservoir."""
+    ``latencies`` (seconds) is a uniform sample of its successful requests, e.g. a reservoir; a
+    negative value -d is a request that ran out of a deadline its client set, after d seconds: a
+    censored latency (at least d). ``clients``: the same answered requests per client (address),
+    when the source knows them: the rates then count each client up to its share
+    (:func:`stats.cap_clients`); without them (the Prometheus source) every request counts."""
 
     requests: int
     errors: int = 0
@@ -66,14 +72,17 @@ class VersionSample:
     latencies: Sequence[float] = ()
     first_responses: Sequence[float] = ()  # seconds to the first response of streaming calls
     response_gaps: Sequence[float] = ()  # seconds between their consecutive responses
+    clients: Mapping[str, stats.Counts] | None = None
 
     @classmethod
     def of(cls, window: Window, latencies: Sequence[float],
-           stream: tuple[Sequence[float], Sequence[float]] = ((), ())) -> VersionSample:
-        """From a metrics window (whose ``requests`` leave out 4xx), a latency sample and the
-        streaming samples (``Recorder.take_stream``: first responses, gaps)."""
+           stream: tuple[Sequence[float], Sequence[float]] = ((), ()),
+           clients: Mapping[str, stats.Counts] | None = None) -> VersionSample:
+        """From a metrics window (whose ``requests`` leave out 4xx), a latency sample, the
+        streaming samples (``Recorder.take_stream``: first responses, gaps) and the per-client
+        counts (``Recorder.take_clients``)."""
         return cls(window.requests + window.client_errors, window.errors, window.client_errors, window.overloads,
-                   latencies, *stream)
+                   latencies, *stream, clients=clients)
 
 
 @dataclass(frozen=True)
@@ -109,15 +118,39 @@ class LatencyEvidence:
 
     def add(self, canary: Sequence[float], stable: Sequence[float]) -> LatencyEvidence:
         canary, stable = (*self.carry_canary, *canary), (*self.carry_stable, *stable)
-        if len(canary) < MIN_LATENCIES or len(stable) < MIN_LATENCIES:
+        judged_canary, judged_stable = uncensored(canary, stable)
+        if len(judged_canary) < MIN_LATENCIES or len(judged_stable) < MIN_LATENCIES:
             return dataclasses.replace(self, carry_canary=tuple(canary[-MAX_CARRY:]),
                                        carry_stable=tuple(stable[-MAX_CARRY:]))
+        canary, stable = judged_canary, judged_stable
         log_canary, log_stable = np.log(canary), np.log(stable)
         shift, low, high = stats.hodges_lehmann(log_canary, log_stable)
         weight = 1 / max((high - low) / (2 * Z_INTERVAL), MIN_SE) ** 2
         return LatencyEvidence(self.weight + weight, self.weighted_shift + weight * shift,
                                self.canary_n + len(canary), self.stable_n + len(stable),
                                stats.mann_whitney_p(log_canary, log_stable))
+
+
+def uncensored(canary: Sequence[float], stable: Sequence[float]) -> tuple[list[float], list[float]]:
+    """Both samples with their censored latencies (-d: a client's own deadline d ran out) placed.
+    A deadline the reference (``stable``) answers within is past its slowest observed latency
+    only if the request was slow: such a sample is ranked at the top (above every observed
+    latency of either version), so a canary that hangs past its clients' deadlines still fails.
+    A deadline no longer than the reference's slowest latency says nothing about the version (a
+    1 ms deadline runs out on any of them): such samples are left out, whichever side."""
+    observed = [v for v in (*canary, *stable) if v > 0]
+    reference_top = max((v for v in stable if v > 0), default=0.0)
+    top = max(observed, default=0.0)
+
+    def placed(sample: Sequence[float]) -> list[float]:
+        return [v if v > 0 else max(-v, top) for v in sample if v > 0 or -v > reference_top]
+
+    if all(v > 0 for v in canary) and all(v > 0 for v in stable):
+        return list(canary), list(stable)
+    return placed(canary), placed(stable)
+
+
+ClientHistory = stats.History  # client -> requests seen, counted; errors and 4xx counted, over the rollout
 
 
 @dataclass(frozen=True)
@@ -135,22 +168,44 @@ class Evidence:
     # streaming samples seen of either version, warm-up included: a metric with none stays out of the verdict
     first_responses_seen: int = 0
     response_gaps_seen: int = 0
+    # per client, over the rollout (stats.cap_clients): empty when the source has no clients
+    canary_clients: ClientHistory = field(default_factory=dict)
+    stable_clients: ClientHistory = field(default_factory=dict)
 
     def add(self, canary: VersionSample, stable: VersionSample, latency: bool = True) -> Evidence:
-        """This interval's samples; ``latency=False`` leaves its latencies (streaming ones too) out (warm-up)."""
+        """This interval's samples; ``latency=False`` leaves its latencies (streaming ones too) out (warm-up).
+        Rates count what :func:`counted` keeps of each version's requests."""
         first, gaps = self.first_response, self.response_gap
+        rng = np.random.default_rng([self.intervals, canary.requests, stable.requests])  # reproducible draws
+        (c_n, c_x, c_y), canary_clients = counted(canary, self.canary_clients, rng)
+        (s_n, s_x, s_y), stable_clients = counted(stable, self.stable_clients, rng)
         return Evidence(
-            self.errors.add(canary.requests, canary.errors, stable.requests, stable.errors),
-            self.client_errors.add(canary.requests, canary.client_errors, stable.requests, stable.client_errors),
+            self.errors.add(c_n, c_x, s_n, s_x),
+            self.client_errors.add(c_n, c_y, s_n, s_y),
             self.latency.add(canary.latencies, stable.latencies) if latency else self.latency,
             self.canary_overloads + canary.overloads, self.stable_overloads + stable.overloads, self.intervals + 1,
             first.add(canary.first_responses, stable.first_responses) if latency else first,
             gaps.add(canary.response_gaps, stable.response_gaps) if latency else gaps,
             self.first_responses_seen + len(canary.first_responses) + len(stable.first_responses),
-            self.response_gaps_seen + len(canary.response_gaps) + len(stable.response_gaps))
+            self.response_gaps_seen + len(canary.response_gaps) + len(stable.response_gaps),
+            canary_clients, stable_clients)
 
     def document(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """As JSON types: one level of dicts (dataclasses.asdict deep-copied every float of the
+        carried latencies and the client tables, a third of a bench interval's time)."""
+        doc: dict[str, Any] = {}
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if dataclasses.is_dataclass(value):
+                value = {part.name: getattr(value, part.name) for part in dataclasses.fields(value)}
+            elif isinstance(value, dict):
+                value = dict(value)
+            doc[item.name] = value
+        return doc
+
+    def worst(self, column: int) -> Worst:
+        """Each side's client with the most counted errors (column 2) or 4xx (3)."""
+        return stats.worst_client(self.canary_clients, column), stats.worst_client(self.stable_clients, column)
 
     @classmethod
     def from_document(cls, doc: dict[str, Any] | None) -> Evidence:
@@ -162,7 +217,40 @@ class Evidence:
                    doc["intervals"],
                    # documents stored before streaming metrics have none of these
                    _latency_evidence(doc.get("first_response") or {}), _latency_evidence(doc.get("response_gap") or {}),
-                   doc.get("first_responses_seen", 0), doc.get("response_gaps_seen", 0))
+                   doc.get("first_responses_seen", 0), doc.get("response_gaps_seen", 0),
+                   _history(doc.get("canary_clients")), _history(doc.get("stable_clients")))
+
+
+def _history(doc: dict[str, Any] | None) -> ClientHistory:
+    return {client: (int(seen), int(kept), int(errors), int(client_errors))
+            for client, (seen, kept, errors, client_errors) in (doc or {}).items()}
+
+
+def counted(sample: VersionSample, history: ClientHistory,
+            rng: np.random.Generator) -> tuple[stats.Counts, ClientHistory]:
+    """The (answered, errors, 4xx) of ``sample`` that count, and the new client history: every
+    request when the source knows no clients, else each client up to its share (stats.cap_clients)."""
+    if sample.clients is None:
+        return (sample.requests, sample.errors, sample.client_errors), history
+    return stats.cap_clients(sample.clients, history, rng)
+
+
+def client_weighted(window: Window, clients: Mapping[str, stats.Counts] | None) -> Window:
+    """One interval's window with its rates counted per client (each up to the interval's median
+    client): what ``critical_error_rate`` reads, so that a handful of clients cannot trigger it."""
+    if clients is None:
+        return window
+    (answered, errors, client_errors), _ = stats.cap_clients(clients, {}, np.random.default_rng(window.requests))
+    return dataclasses.replace(window, requests=answered - client_errors, errors=errors, client_errors=client_errors)
+
+
+def alpha_split(spec: RolloutSpec) -> tuple[tuple[str, ...], float]:
+    """Every test the spec lets run and the false-rollback budget each gets: fixed at the start
+    (the spec decides it, not what traffic came), Bonferroni over the union of crossings."""
+    tests = (*METRICS, *STREAM_METRICS, CEILING,
+             *(("shadow_agreement",) if spec.min_shadow_agreement is not None else ()),
+             *(f"check:{check.name}" for check in spec.checks))
+    return tests, spec.false_rollback_rate / len(tests)
 
 
 def _latency_evidence(doc: dict[str, Any]) -> LatencyEvidence:
@@ -199,23 +287,28 @@ def assess(spec: RolloutSpec, evidence: Evidence, canary: VersionSample,
     streams = [(name, label, judged) for name, label, judged, seen in (
         ("time_to_first_response", "time to first response", evidence.first_response, evidence.first_responses_seen),
         ("response_gap", "gap between responses", evidence.response_gap, evidence.response_gaps_seen)) if seen]
-    alpha = spec.false_rollback_rate / (len(METRICS) + len(streams))
+    tests, alpha = alpha_split(spec)
     warmup_s = spec.latency_warmup_s if warming else 0
     versus = "stable" if spec.baseline is None else "baseline"  # the words for what the canary is judged against
     metrics = (
-        _judge_rate("error_rate", "error rate", evidence.errors, spec.max_error_rate_increase, alpha, versus),
+        _judge_rate("error_rate", "error rate", evidence.errors, spec.max_error_rate_increase, alpha, versus,
+                    evidence.worst(2)),
         _judge_rate("client_error_rate", "4xx rate", evidence.client_errors, spec.client_error_floor(),
-                    alpha, versus),
+                    alpha, versus, evidence.worst(3)),
         _judge_latency(evidence.latency, spec.max_latency_increase, alpha, warmup_s, versus=versus),
         *(_judge_latency(judged, spec.max_latency_increase, alpha, warmup_s, name, label, versus)
           for name, label, judged in streams),
+        _judge_ceiling(evidence.errors, spec.error_rate_ceiling(), alpha),
     )
     numbers: dict[str, Any] = {
         "canary_requests": canary.requests, "canary_errors": canary.errors,
         "canary_error_rate": canary.errors / canary.requests if canary.requests else None,
         "stable_requests": stable.requests,
         "stable_error_rate": stable.errors / stable.requests if stable.requests else None,
-        "metrics": metrics,
+        "metrics": metrics, "alpha": {"false_rollback_rate": spec.false_rollback_rate, "tests": list(tests),
+                                      "per_test": alpha},
+        "clients": {"canary": _client_numbers(evidence.canary_clients),
+                    "stable": _client_numbers(evidence.stable_clients)},
     }
     overloads = (f"; overload answers (not judged): canary {evidence.canary_overloads}, stable "
                  f"{evidence.stable_overloads}" if evidence.canary_overloads or evidence.stable_overloads else "")
@@ -233,8 +326,42 @@ def assess(spec: RolloutSpec, evidence: Evidence, canary: VersionSample,
     return Verdict(Outcome.HEALTHY, "every metric within its floor" + overloads, **numbers), evidence
 
 
+def _client_numbers(history: ClientHistory) -> dict[str, Any] | None:
+    """How many clients a version had over the rollout and how much of their traffic was not
+    counted (capped at the median client's): None when the source knows no clients."""
+    if not history:
+        return None
+    seen = sum(entry[0] for entry in history.values())
+    kept = sum(entry[1] for entry in history.values())
+    return {"clients": len(history), "requests": seen, "counted": kept,
+            "down_weighted": 1 - kept / seen if seen else 0.0,
+            "capped_clients": sum(1 for entry in history.values() if entry[1] < entry[0])}
+
+
+def _judge_ceiling(rates: RateEvidence, ceiling: float, alpha: float) -> MetricVerdict:
+    """The canary's own (counted) error rate against the absolute ``max_error_rate``, whatever
+    the reference's: fails when the anytime-valid evidence that it is above reaches 1/alpha."""
+    n, x = rates.canary_n, rates.canary_events
+    e_value = math.exp(min(stats.ceiling_log_e(x, n, ceiling), 700.0))
+    rate = x / n if n else None
+    seen = f"canary {rate:.2%} of {n}" if rate is not None else "no canary requests yet"
+    if rate is not None and e_value >= 1 / alpha:
+        return MetricVerdict(CEILING, "fail", rate, None, None, ceiling, e_value, 1 / alpha, None, None,
+                             f"error rate past the ceiling: {seen}, max_error_rate {ceiling:.2%} "
+                             f"(evidence {_times(e_value)}, needed {_times(1 / alpha)})")
+    # a guard, not a gate: short of a failure it never holds a step (the relative test does that)
+    return MetricVerdict(CEILING, "pass", rate, None, None, ceiling, e_value, 1 / alpha, None, None,
+                         f"error rate not shown past the ceiling: {seen}, max_error_rate {ceiling:.2%}")
+
+
+Worst = tuple[tuple[int, int], tuple[int, int]]  # (counted requests, events) of the canary's and the reference's
+
+
 def _judge_rate(name: str, label: str, rates: RateEvidence, floor: float, alpha: float,
-                versus: str = "stable") -> MetricVerdict:
+                versus: str = "stable", worst: Worst = ((0, 0), (0, 0))) -> MetricVerdict:
+    """``worst``: the client with the most counted events on each side. No single client can
+    flip the verdict: FAIL needs the effect past the floor without the canary's worst client
+    too, PASS the bound below it without the reference's worst client."""
     n_c, x_c, n_s, x_s = rates.canary_n, rates.canary_events, rates.stable_n, rates.stable_events
     e_value = math.exp(min(stats.log_mixture(np.asarray(rates.log_lr)), 700.0))
     if n_c == 0 or n_s == 0:
@@ -246,11 +373,14 @@ def _judge_rate(name: str, label: str, rates: RateEvidence, floor: float, alpha:
     low = stats.rate_lower(x_c, n_c, 0.5 + INTERVAL_CONFIDENCE / 2) - rate_s
     high = stats.rate_upper(x_c, n_c, 0.5 + INTERVAL_CONFIDENCE / 2) - rate_s
     seen = f"canary {rate_c:.2%} of {n_c} vs {versus} {rate_s:.2%} of {n_s}"
-    if e_value >= 1 / alpha and effect > floor:
+    (worst_cn, worst_cx), (worst_sn, worst_sx) = worst
+    robust = (x_c - worst_cx) / (n_c - worst_cn) - rate_s if 0 < worst_cn < n_c else effect
+    if e_value >= 1 / alpha and effect > floor and robust > floor:
         return MetricVerdict(name, "fail", effect, low, high, floor, e_value, 1 / alpha, None, None,
                              f"{label} worse: {seen} (+{effect:.2%}, beyond the +{floor:.2%} floor; "
                              f"evidence {_times(e_value)}, needed {_times(1 / alpha)})")
-    bound = stats.rate_upper(x_c, n_c, PASS_CONFIDENCE) - rate_s
+    without = (x_s - worst_sx, n_s - worst_sn) if 0 < worst_sn < n_s else (x_s, n_s)
+    bound = stats.difference_upper(x_c, n_c, *without, PASS_CONFIDENCE)  # the reference's uncertainty too
     if bound < floor:
         return MetricVerdict(name, "pass", effect, low, high, floor, e_value, 1 / alpha, None, None,
                              f"{label} fine: {seen} (at most +{max(bound, 0):.2%}, floor +{floor:.2%})")
@@ -267,7 +397,9 @@ def _rate_needed(rates: RateEvidence, floor: float, alpha: float) -> int | None:
     rate_c, rate_s = x_c / n_c, x_s / n_s
     if rate_c - rate_s < floor:
         def passes(total: int) -> bool:
-            return stats.rate_upper(round(rate_c * total), total, PASS_CONFIDENCE) - rate_s < floor
+            scale = total / n_c
+            return stats.difference_upper(round(rate_c * total), total, round(x_s * scale),
+                                          max(1, round(n_s * scale)), PASS_CONFIDENCE) < floor
         return stats.more_needed(passes, n_c)
     if rate_c - rate_s > floor:
         def fails(total: int) -> bool:

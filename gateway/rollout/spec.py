@@ -27,7 +27,10 @@ class RolloutSpec(BaseModel):
     steps: list[Percent] = Field(default_factory=lambda: [Decimal(5), Decimal(20), Decimal(50), Decimal(100)],
                                  min_length=1, max_length=20, description="canary percent per step, ascending")
     interval_s: float = Field(30.0, ge=1, le=86_400, description="seconds per analysis interval")
-    max_error_rate: float | None = Field(0.01, ge=0, le=1, description="upstream errors / requests")
+    max_error_rate: float | None = Field(
+        None, ge=0, le=1, description="upstream errors / requests: an absolute ceiling. thresholds: on each "
+        "interval (default 0.01); statistical: the canary fails once its own rate is shown past it (an "
+        "anytime-valid test), however the stable or baseline fares (default 0.05); 1 switches it off")
     max_p99_ms: float | None = Field(None, gt=0, description="absolute p99 latency limit")
     max_p99_ratio: float | None = Field(1.5, gt=1, description="canary p99 / stable p99 over the same window")
     min_p99_delta_ms: float = Field(10.0, ge=0, description="p99 ratio breaches count only past this many ms "
@@ -81,6 +84,12 @@ class RolloutSpec(BaseModel):
     min_shadow_agreement: float | None = Field(None, ge=0, le=1, description="when the canary is (or was) the "
                                                "model's shadow: the least share of its compared outputs that "
                                                "agree with the primary's (a binomial bound decides)")
+
+    def error_rate_ceiling(self) -> float:
+        """max_error_rate, or the selected judge's default for it."""
+        if self.max_error_rate is not None:
+            return self.max_error_rate
+        return 0.05 if self.judge == "statistical" else 0.01
 
     def client_error_floor(self) -> float:
         """max_client_error_rate_increase, or the selected judge's default for it."""

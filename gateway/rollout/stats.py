@@ -26,16 +26,60 @@ Two kinds of question, asked every interval of a rollout:
     Operations Research 2022), valid as the sample grows (Waudby-Smith et al., "Time-uniform
     central limit theory and asymptotic confidence sequences", 2021).
 
+* *Is the canary's own error rate past the absolute ceiling* (``max_error_rate``), however the
+  reference fares? H0 "rate <= ceiling" against a mixture of Bernoulli alternatives above it:
+  the likelihood ratio (p/c)^x ((1-p)/(1-c))^(n-x) has expectation <= 1 for any rate <= c, so
+  its mixture over a grid of p is an e-process (Ville 1939; the one-sided sequential
+  probability ratio test of Wald 1945, mixed as in Robbins 1970). The same test, on
+  disagreements, is the shadow gate (:mod:`gateway.rollout.checks`): anytime-valid, not a
+  fixed-sample Clopper-Pearson test repeated every interval.
+
 * *Is the canary good enough to go on?* A one-sided upper confidence bound on the effect
-  below the spec's floor (Clopper-Pearson for rates, normal for the pooled shift). A bad
-  canary slips through only if it looks at least as good as the floor, which the benchmark
-  (bench/judge.py) measures.
+  below the spec's floor. For rates it uses both versions' uncertainty: Newcombe's hybrid
+  interval for a difference of proportions (Newcombe, "Interval estimation for the difference
+  between independent proportions: comparison of eleven methods", Statistics in Medicine 17,
+  1998, method 10) with Clopper-Pearson bounds for each version, so a reference measured on
+  few requests cannot vouch for a canary. For latency, a normal bound on the pooled shift,
+  whose variance already has both samples in it. A bad canary slips through only if it looks
+  at least as good as the floor, which the benchmark (bench/judge.py) measures.
+
+**No client weighs more than its share** (:func:`cap_clients`). The unit of evidence is the
+client (one address), not the request: per version, the requests a client has had counted over
+the rollout grow only up to the median client's requests to that version (the lower median, over
+every client seen, of the requests each sent it so far; what was counted stays counted if the
+median later falls). In one window judged on its own (as
+``critical_error_rate`` is) every client is counted up to that median, at least ceil(K/2) of K
+clients reach it, so one client's share of a version's counted requests is at most
+1/ceil(K/2), and it moves the version's rate by at most that share whatever keys or sequence
+ids it sends, when the other clients have the same rate (``tests/unit/test_judge_clients.py``
+checks both with generated clients). Over a rollout the cap grows with the median client, so a
+client aiming failures at one version for many intervals gets no more counted than an ordinary
+client. Which of a capped client's requests count is a uniform random draw among them
+(multivariate hypergeometric over its successes, errors and 4xx), independent of outcomes.
+
+**Why the tests stay anytime-valid under it.** The rate e-process conditions on each interval's
+counted totals: under H0 (the router's per-request draw decides the version, independently of
+the outcome) every subset of the counted requests is equally likely to be the canary's, which
+is the hypergeometric law the e-process's factors are likelihood ratios against, so each
+factor has conditional expectation 1 and their product is a test martingale (Ville: crosses
+1/alpha with probability <= alpha, whenever we look). Dropping requests by a rule that reads
+only which client sent them and how many (never their outcome) keeps that conditional law for
+the kept ones. What the cap buys is the other half: requests NOT drawn by the router (sticky
+keys a client computed to land on one version) break H0's premise, and the cap bounds how many
+of those can enter the counts at all; the effect floor then has to be crossed on top.
+
+**The alpha budget** (:func:`gateway.rollout.judge.alpha_split`): ``false_rollback_rate`` is split once, at the
+rollout's start, evenly over every test the spec lets run: the five metrics (streaming ones
+included, whether or not anyone streams), the error ceiling, the shadow gate when set, and each
+custom check (a threshold, not a test: its share is reserved, and the rollout's evidence that
+it is met is what its query says). Bonferroni over e-processes: the union of crossings has
+probability <= the sum of the shares.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -154,3 +198,129 @@ def normal_mixture_radius(variance: float, tau: float, alpha: float) -> float:
         return 0.0
     spread = variance + tau * tau
     return math.sqrt(variance * spread / (tau * tau) * (2 * math.log(1 / alpha) + math.log(spread / variance)))
+
+
+# Rates above an absolute ceiling c that its e-process mixes over, as multiples of c's odds.
+CEILING_ODDS: tuple[float, ...] = (1.2, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 100.0)
+
+
+def ceiling_log_e(events: int, n: int, ceiling: float, above: bool = True) -> float:
+    """log e-value against H0 "the rate is at most ``ceiling``" after ``events`` in ``n``
+    Bernoulli trials: the mixture, over alternatives p above the ceiling (its odds times
+    CEILING_ODDS), of prod (p/c)^x ((1-p)/(1-c))^(1-x). A function of the totals only, so
+    evaluating it on cumulative counts each interval IS the e-process at that time. With
+    ``above`` False, the mirror image: against H0 "the rate is at least ``ceiling``"."""
+    if n == 0 or ceiling >= 1 or ceiling <= 0:
+        if ceiling >= 1 and not above:
+            return math.inf if events < n else 0.0
+        if ceiling <= 0 and above:
+            return math.inf if events else 0.0
+        return 0.0
+    multiples = np.asarray(CEILING_ODDS)
+    odds = ceiling / (1 - ceiling) * (multiples if above else 1 / multiples)
+    rates = odds / (1 + odds)
+    log_lr = events * np.log(rates / ceiling) + (n - events) * np.log((1 - rates) / (1 - ceiling))
+    return log_mixture(log_lr)
+
+
+def difference_upper(events_a: int, n_a: int, events_b: int, n_b: int, confidence: float) -> float:
+    """Newcombe's hybrid upper bound on rate_a - rate_b (1998, method 10), with one-sided
+    Clopper-Pearson bounds at ``confidence`` for each rate: both samples' uncertainty counts."""
+    rate_a, rate_b = events_a / n_a, events_b / n_b
+    upper_a = rate_upper(events_a, n_a, confidence)
+    lower_b = rate_lower(events_b, n_b, confidence)
+    return rate_a - rate_b + math.hypot(upper_a - rate_a, rate_b - lower_b)
+
+
+# -- one client, one share ---------------------------------------------------------------------
+MAX_CLIENTS = 1024  # clients remembered per version over a rollout; past it, new ones fold into one
+OTHER_CLIENTS = "*"  # the folded entry (and the recorder's overflow client)
+Counts = tuple[int, int, int]  # answered requests, upstream errors, client errors (4xx)
+
+
+def lower_median(values: Sequence[int]) -> int:
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 2] if ordered else 0
+
+
+OUTLIER_TAIL = 1e-4  # a client's errors past this binomial tail of the other clients' rate are clipped to it
+OUTLIER_CLIENTS = 10  # with fewer clients on a version, none is anyone's outlier
+History = dict[str, tuple[int, int, int, int]]  # client -> requests seen, counted; errors, 4xx counted
+
+
+def cap_clients(interval: Mapping[str, Counts], history: Mapping[str, tuple[int, int, int, int]],
+                rng: np.random.Generator) -> tuple[Counts, History]:
+    """This interval's counted (answered, errors, 4xx) of one version, and the new history.
+
+    ``interval`` holds each client's raw counts this interval; ``history`` each client's
+    (requests seen, requests counted, errors counted, 4xx counted) over the rollout so far. A
+    client is counted up to the cap, the lower median of every known client's requests seen
+    (this interval's included), minus what it already had counted; which of its requests count
+    is a uniform draw. Then its counted errors (and 4xx) over the rollout are clipped at the
+    1 - OUTLIER_TAIL quantile of a binomial of its counted requests at the other clients' rate
+    over the rollout: a client failing far beyond everyone else (its own bad input, or an
+    attacker) counts as the worst an ordinary client would plausibly be; an honest client is
+    clipped at a look with probability ~1e-4, and a version failing for everyone is never
+    clipped (the others fail too). Past MAX_CLIENTS known
+    clients, new ones share the OTHER_CLIENTS entry (counted as one). (Clipping needs OUTLIER_CLIENTS
+    clients known on the version: among fewer, nobody is an outlier.)"""
+    merged = dict(history)
+    raw: dict[str, Counts] = {}
+    known = len(merged)
+    for client, counts in interval.items():
+        if client not in merged and client not in raw:
+            if known >= MAX_CLIENTS:
+                client = OTHER_CLIENTS
+            else:
+                known += 1
+        before = raw.get(client, (0, 0, 0))
+        raw[client] = (before[0] + counts[0], before[1] + counts[1], before[2] + counts[2])
+    for client, counts in raw.items():
+        seen, counted, x_sum, y_sum = merged.get(client, (0, 0, 0, 0))
+        merged[client] = (seen + counts[0], counted, x_sum, y_sum)
+    cap = lower_median([entry[0] for entry in merged.values()])
+    kept: dict[str, Counts] = {}
+    for client, (n, x, y) in raw.items():
+        keep = max(0, min(n, cap - merged[client][1]))
+        if keep == n:
+            kept[client] = (n, x, y)
+        elif keep == 0:
+            kept[client] = (0, 0, 0)
+        else:
+            kept_x, kept_y, _ = (int(v) for v in rng.multivariate_hypergeometric([x, y, n - x - y], keep))
+            kept[client] = (keep, kept_x, kept_y)
+    kept = _clip_outliers(kept, merged)
+    for client, (n, x, y) in kept.items():
+        seen, counted, x_sum, y_sum = merged[client]
+        merged[client] = (seen, counted + n, x_sum + x, y_sum + y)
+    totals = np.asarray(list(kept.values()), dtype=np.int64).reshape(-1, 3).sum(axis=0)
+    return (int(totals[0]), int(totals[1]), int(totals[2])), merged
+
+
+def _clip_outliers(kept: dict[str, Counts], history: Mapping[str, tuple[int, int, int, int]]) -> dict[str, Counts]:
+    """This interval's counted errors and 4xx of each client, clipped so that its counted events
+    over the rollout stay within the 1 - OUTLIER_TAIL binomial quantile of its counted requests
+    at the other clients' rate over the rollout (half an event of prior): see :func:`cap_clients`."""
+    if len(history) < OUTLIER_CLIENTS or not kept:
+        return kept
+    names = list(kept)
+    now = np.asarray([kept[name] for name in names], dtype=np.int64)
+    before = np.asarray([history[name][1:] for name in names], dtype=np.int64)  # counted, errors, 4xx so far
+    totals = np.asarray([entry[1:] for entry in history.values()], dtype=np.int64).sum(axis=0) + now.sum(axis=0)
+    n = before[:, 0] + now[:, 0]
+    clipped = now.copy()
+    for column in (1, 2):
+        events = before[:, column] + now[:, column]
+        others = (totals[column] - events + 0.5) / (totals[0] - n + 1)
+        allowed = stats.binom.ppf(1 - OUTLIER_TAIL, n, np.clip(others, 0.0, 1.0)).astype(np.int64)
+        clipped[:, column] = np.clip(allowed - before[:, column], 0, now[:, column])
+    return {name: (int(a), int(b), int(c)) for name, (a, b, c) in zip(names, clipped)}
+
+
+def worst_client(history: Mapping[str, tuple[int, int, int, int]], column: int) -> tuple[int, int]:
+    """(counted requests, counted events) of the client with the most counted events (column 2:
+    errors, 3: 4xx) over the rollout; (0, 0) without clients."""
+    if not history:
+        return 0, 0
+    entry = max(history.values(), key=lambda e: (e[column], e[1]))
+    return entry[1], entry[column]

@@ -50,6 +50,8 @@ SYNC_ERROR_REASONS = ("corrupt_record", "store_unreachable", "internal")
 # They are not a sample of the policy's split, and a hostile client could aim bad requests at
 # the canary to roll it back.
 STEERED_ROUTES = frozenset(("pinned", "rule"))
+MAX_CLIENTS = 4096  # clients per watched (model, version) per interval; past it, they share OVERFLOW_CLIENT
+OVERFLOW_CLIENT = "*"
 
 
 class Outcome(str, Enum):
@@ -246,6 +248,8 @@ class Recorder:
         self._shadow: dict[tuple[str, str], ShadowStats] = {}
         self._reservoirs: dict[tuple[str, str], Reservoir] = {}  # (model, version) -> latency sample
         self._streams: dict[tuple[str, str], _Stream] = {}  # (model, version) -> streaming response timings
+        # (model, version) -> client -> [answered, upstream errors, 4xx] since the last take, while watched
+        self._clients: dict[tuple[str, str], dict[str, list[int]]] = {}
         self._sync_errors: dict[str, int] = dict.fromkeys(SYNC_ERROR_REASONS, 0)  # reason -> count
         self._loop_restarts: dict[str, int] = {}  # background loop -> restarts after a crash
         self.store_up = True  # the state store answered the last time state sync asked
@@ -263,8 +267,10 @@ class Recorder:
         self.streams: Mapping[tuple[str, str], _Stream] = MappingProxyType(self._streams)
 
     def record(self, model: str, version: str, outcome: Outcome, latency_s: float,
-               route: str = "", protocol: str = "http", code: str = "200") -> None:
-        """One finished request. O(1); the series is created on first use."""
+               route: str = "", protocol: str = "http", code: str = "200", client: str = "") -> None:
+        """One finished request. O(1); the series is created on first use. ``client`` (its
+        address) matters only while a rollout watches the version: the judge counts each client
+        up to its share (gateway.rollout.stats.cap_clients)."""
         label = (model, version, route, protocol, code)
         totals = self._totals.get(label)
         if totals is None:
@@ -299,14 +305,39 @@ class Recorder:
             series.hist[slot][bucket] += 1
             if outcome is Outcome.UPSTREAM_ERROR:
                 series.errors[slot] += 1
-            elif self._reservoirs:  # only while a rollout watches some version: one dict lookup then
-                reservoir = self._reservoirs.get(key)
-                if reservoir is not None:
-                    reservoir.add(latency_s)
         elif outcome is Outcome.CLIENT_ERROR:
             series.client_errors[slot] += 1
         elif outcome is Outcome.OVERLOAD:
             series.overloads[slot] += 1
+        if self._reservoirs:  # only while a rollout watches some version: a few dict lookups then
+            self._watched(key, outcome, latency_s, client)
+
+    def _watched(self, key: tuple[str, str], outcome: Outcome, latency_s: float, client: str) -> None:
+        """What the statistical judge reads of a watched version: the latency sample (a client's
+        own deadline as a censored latency, stored negative) and the per-client counts."""
+        reservoir = self._reservoirs.get(key)
+        if reservoir is None:
+            return
+        if outcome is Outcome.SUCCESS:
+            reservoir.add(latency_s)
+        elif outcome is Outcome.CLIENT_DEADLINE:
+            reservoir.add(-max(latency_s, 1e-9))
+            return
+        elif outcome is not Outcome.UPSTREAM_ERROR and outcome is not Outcome.CLIENT_ERROR:
+            return  # cancellations and overloads: nobody's version's fault, not counted
+        table = self._clients[key]
+        counts = table.get(client)
+        if counts is None:
+            if len(table) >= MAX_CLIENTS:
+                client = OVERFLOW_CLIENT
+            counts = table.get(client)
+            if counts is None:
+                counts = table[client] = [0, 0, 0]
+        counts[0] += 1
+        if outcome is Outcome.UPSTREAM_ERROR:
+            counts[1] += 1
+        elif outcome is Outcome.CLIENT_ERROR:
+            counts[2] += 1
 
     def stream_response(self, model: str, version: str, started: float, previous: float, judged: bool = True) -> float:
         """A successful streaming response goes to the client now (``time.perf_counter``): timed
@@ -400,6 +431,7 @@ class Recorder:
         (idempotent). The rollout controller watches its canary and stable only."""
         if (model, version) not in self._reservoirs and len(self._reservoirs) < MAX_SERIES:
             self._reservoirs[(model, version)] = Reservoir()
+            self._clients[(model, version)] = {}
             # and of its streaming calls' timings (kept apart from the capped overflow series)
             stream = self._streams.setdefault((model, version), _Stream())
             if stream.samples is None:
@@ -407,9 +439,20 @@ class Recorder:
 
     def take_latencies(self, model: str, version: str) -> list[float]:
         """The latencies sampled since the previous take (at most ``reservoir.DEFAULT_SIZE``);
-        the sample starts over. Empty when (model, version) is not watched."""
+        the sample starts over. Empty when (model, version) is not watched. A negative value -d
+        is a request whose client's own deadline ran out after d seconds (a censored latency)."""
         reservoir = self._reservoirs.get((model, version))
         return reservoir.take() if reservoir is not None else []
+
+    def take_clients(self, model: str, version: str) -> dict[str, tuple[int, int, int]] | None:
+        """Each client's (answered, upstream errors, 4xx) requests to (model, version) since the
+        previous take (at most MAX_CLIENTS clients, the rest under OVERFLOW_CLIENT); the table
+        starts over. None when (model, version) is not watched."""
+        table = self._clients.get((model, version))
+        if table is None:
+            return None
+        self._clients[(model, version)] = {}
+        return {client: (counts[0], counts[1], counts[2]) for client, counts in table.items()}
 
     def take_stream(self, model: str, version: str) -> tuple[list[float], list[float]]:
         """The times to first response and the gaps between responses of (model, version)'s
@@ -421,6 +464,7 @@ class Recorder:
 
     def unwatch_latencies(self, model: str, version: str) -> None:
         self._reservoirs.pop((model, version), None)
+        self._clients.pop((model, version), None)
         stream = self._streams.get((model, version))
         if stream is not None:
             stream.samples = None

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import urllib.parse
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import httpx
 
@@ -34,15 +36,28 @@ class RecorderSource:
 
 
 class PrometheusSource:
-    """Prometheus' HTTP query API over the gateway's own exported series."""
+    """Prometheus' HTTP query API over the gateway's own exported series, read as exact counts.
 
-    def __init__(self, url: str, timeout_s: float = 5.0) -> None:
+    Not ``increase()``: it extrapolates to the window's edges and returns fractions, which an
+    exact test on counts would read as more evidence than there is (~1.2x at a 30 s window and
+    5 s scrapes, 2x at 10 s). Instead each series' raw samples are read (a range selector,
+    which returns the scraped values untouched) and counted exactly: the counter's value at the
+    last scrape at or before the window's start is the base, and every later rise is added up,
+    a drop being a reset (a replica restarted: its new value counts from 0). A series first
+    scraped inside the window counts from 0. So a window counts the requests between two
+    scrapes, each exactly once across consecutive windows; it lags its nominal edges by at most
+    one scrape interval."""
+
+    LOOKBACK_S = 300  # how far before the window a base sample is looked for (Prometheus' staleness)
+
+    def __init__(self, url: str, timeout_s: float = 5.0, clock: Callable[[], float] = time.time) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        self.clock = clock
 
-    async def _query(self, client: httpx.AsyncClient, promql: str) -> list[dict[str, object]]:
+    async def _query(self, client: httpx.AsyncClient, promql: str, at: float) -> list[dict[str, Any]]:
         try:
-            response = await client.get(f"{self.url}/api/v1/query", params={"query": promql})
+            response = await client.get(f"{self.url}/api/v1/query", params={"query": promql, "time": f"{at:.3f}"})
             body = response.json()
         except (httpx.HTTPError, json.JSONDecodeError) as exc:
             raise MetricsUnavailable(f"prometheus at {self.url} did not answer: {exc}") from exc
@@ -51,24 +66,54 @@ class PrometheusSource:
         return list(body["data"]["result"])
 
     async def window(self, model: str, version: str, seconds: float) -> Window:
-        span = f"{max(1, int(math.ceil(seconds)))}s"
+        end = self.clock()
+        start = end - seconds
+        span = f"{int(math.ceil(seconds)) + self.LOOKBACK_S}s"
         # judged!="false" rather than ="true": a replica from before the label still counts
         labels = f'model="{_escape(model)}",version="{_escape(version)}",judged!="false"'
         async with httpx.AsyncClient(timeout=self.timeout_s) as client:
-            outcomes = await self._query(
-                client, f"sum by (outcome) (increase(gateway_version_requests_total{{{labels}}}[{span}]))")
-            buckets = await self._query(
-                client, f"sum by (le) (increase(gateway_request_duration_seconds_bucket{{{labels}}}[{span}]))")
-        counts = {str(r["metric"]["outcome"]): round(float(r["value"][1])) for r in outcomes}  # type: ignore[index]
-        cumulative = {float(str(r["metric"]["le"])): float(r["value"][1]) for r in buckets}  # type: ignore[index]
-        histogram, previous = [], 0.0
+            outcomes = await self._query(client, f"gateway_version_requests_total{{{labels}}}[{span}]", end)
+            buckets = await self._query(client, f"gateway_request_duration_seconds_bucket{{{labels}}}[{span}]", end)
+        try:
+            counts = _summed(outcomes, "outcome", start)
+            cumulative = {float(le): total for le, total in _summed(buckets, "le", start).items()}
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise MetricsUnavailable(f"prometheus answered an unreadable range result: {exc!r}") from exc
+        histogram, previous = [], 0
         for bound in (*LATENCY_BOUNDS, math.inf):
             total = cumulative.get(bound, previous)
-            histogram.append(max(0, round(total - previous)))
+            histogram.append(max(0, total - previous))
             previous = total
         errors, overloads = counts.get(Outcome.UPSTREAM_ERROR.value, 0), counts.get(Outcome.OVERLOAD.value, 0)
         return Window(model, version, seconds, counts.get(Outcome.SUCCESS.value, 0) + errors, errors,
                       counts.get(Outcome.CLIENT_ERROR.value, 0), tuple(histogram), overloads)
+
+
+def exact_increase(samples: Sequence[tuple[float, float]], start: float) -> int:
+    """How much a counter rose after ``start``, from its raw (timestamp, value) samples in time
+    order: from the last sample at or before ``start`` (or from 0 when the series was first
+    scraped after it), every rise added, a drop read as a reset to 0 (the new value counts)."""
+    base = None
+    rise = 0.0
+    for at, value in samples:
+        if at <= start:
+            base = value
+            continue
+        if base is None:
+            base = 0.0
+        rise += value - base if value >= base else value
+        base = value
+    return round(rise)
+
+
+def _summed(result: list[dict[str, Any]], label: str, start: float) -> dict[str, int]:
+    """Exact increases of every series in a range-query result, summed by ``label``."""
+    totals: dict[str, int] = {}
+    for series in result:
+        key = str(series["metric"].get(label, ""))
+        samples = [(float(at), float(value)) for at, value in series["values"]]
+        totals[key] = totals.get(key, 0) + exact_increase(samples, start)
+    return totals
 
 
 def _escape(value: str) -> str:

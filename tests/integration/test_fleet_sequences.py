@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 import urllib.request
 import zlib
 
@@ -34,7 +35,7 @@ def send(url: str, data: bytes, headers: dict[str, str]) -> None:
         assert response.status == 200
 
 
-@pytest.mark.parametrize(("framing", "padding"), [("gzip", 0), ("deflate", 0), ("identity", 8192)])
+@pytest.mark.parametrize(("framing", "padding"), [("gzip", 0), ("deflate", 0), ("identity", 8192), ("binary", 0)])
 def test_a_sequence_stays_on_one_server_however_its_body_is_framed(triton_pair: tuple[LocalTriton, LocalTriton],
                                                                    framing: str, padding: int) -> None:
     """No sequence affinity policy: only the fleet keeps the sequence together. Four sequences of
@@ -51,6 +52,17 @@ def test_a_sequence_stays_on_one_server_however_its_body_is_framed(triton_pair: 
                     data, headers["content-encoding"] = gzip.compress(data), "gzip"
                 elif framing == "deflate":
                     data, headers["content-encoding"] = zlib.compress(data), "deflate"
+                elif framing == "binary":  # the tensor after the JSON header (Inference-Header-Content-Length)
+                    request = json.loads(data)
+                    request["inputs"][0].pop("data")
+                    request["inputs"][0]["parameters"] = {"binary_data_size": 16}
+                    header = json.dumps(request).encode()
+                    data = header + bytes(16)
+                    headers["inference-header-content-length"] = str(len(header))
                 send(gw.url, data, headers)
-            served = [successes(server) - count for server, count in zip(triton_pair, before, strict=True)]
+            deadline = time.monotonic() + 5  # Triton counts a request just after answering it
+            while sum(served := [successes(server) - count for server, count in zip(triton_pair, before,
+                                                                                     strict=True)]) < STEPS \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)
             assert sorted(served) == [0, STEPS], (framing, sequence_id, served)

@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 
+from gateway.telemetry import recorder as recorder_module
 from gateway.telemetry.recorder import (
     LATENCY_BOUNDS,
     MAX_SERIES,
@@ -209,3 +210,37 @@ def test_requests_whose_client_chose_the_version_are_exported_as_not_judged() ->
     assert registry.get_sample_value("gateway_request_duration_seconds_count", {**steered, "protocol": "grpc"}) == 2
     assert registry.get_sample_value("gateway_request_duration_seconds_count",
                                      {"model": "qc", "version": "3", "judged": "true", "protocol": "http"}) == 1
+
+
+def test_a_watched_versions_requests_are_counted_per_client_and_the_table_is_bounded() -> None:
+    recorder = Recorder(clock=Clock())
+    recorder.record("m", "3", Outcome.SUCCESS, 0.01, client="10.0.0.1")  # not watched yet: no table
+    assert recorder.take_clients("m", "3") is None
+    recorder.watch_latencies("m", "3")
+    for outcome in (Outcome.SUCCESS, Outcome.UPSTREAM_ERROR, Outcome.CLIENT_ERROR, Outcome.OVERLOAD,
+                    Outcome.CANCELLED, Outcome.CLIENT_DEADLINE):
+        recorder.record("m", "3", outcome, 0.01, client="10.0.0.1")
+    recorder.record("m", "3", Outcome.SUCCESS, 0.01, route="pinned", client="10.0.0.2")  # the client chose: never
+    recorder.record("m", "3", Outcome.SUCCESS, 0.01)
+    assert recorder.take_clients("m", "3") == {"10.0.0.1": (3, 1, 1), "": (1, 0, 0)}
+    assert recorder.take_clients("m", "3") == {}  # taken: the next interval starts empty
+    for index in range(recorder_module.MAX_CLIENTS + 10):
+        recorder.record("m", "3", Outcome.UPSTREAM_ERROR, 0.01, client=f"c{index}")
+    table = recorder.take_clients("m", "3")
+    assert table is not None and len(table) == recorder_module.MAX_CLIENTS + 1
+    assert table[recorder_module.OVERFLOW_CLIENT] == (10, 10, 0)
+    recorder.unwatch_latencies("m", "3")
+    assert recorder.take_clients("m", "3") is None
+
+
+def test_a_clients_own_deadline_is_no_error_and_a_censored_latency() -> None:
+    """Outcome.CLIENT_DEADLINE (the client's grpc-timeout ran out): not among the judged requests
+    nor the errors, nor in the latency histogram; in the reservoir as -elapsed (censored)."""
+    recorder = Recorder(clock=Clock())
+    recorder.watch_latencies("m", "3")
+    recorder.record("m", "3", Outcome.CLIENT_DEADLINE, 0.25, "", "grpc", "DEADLINE_EXCEEDED", client="10.0.0.1")
+    recorder.record("m", "3", Outcome.SUCCESS, 0.002, "", "grpc", "OK", client="10.0.0.1")
+    window = recorder.window("m", "3", 10)
+    assert (window.requests, window.errors, sum(window.histogram)) == (1, 0, 1)
+    assert sorted(recorder.take_latencies("m", "3")) == [-0.25, 0.002]
+    assert recorder.outcome_totals()[("m", "3")][Outcome.CLIENT_DEADLINE] == 1

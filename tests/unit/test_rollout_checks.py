@@ -9,6 +9,7 @@ import socket
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 from rich.console import Console
@@ -23,6 +24,7 @@ from gateway.rollout.checks import (
     MIN_COMPARISONS,
     CheckError,
     Checks,
+    _decide,
     agreement_bounds,
     check_verdict,
     read_value,
@@ -126,7 +128,7 @@ def test_a_check_fails_only_past_its_limit_and_says_which() -> None:
 
 
 def test_prometheus_unreachable_is_no_value_never_a_failure() -> None:
-    checks = Checks(f"http://127.0.0.1:{free_port()}", 1.0)  # nothing listens there
+    checks = Checks(f"http://127.0.0.1:{free_port()}", 10.0)  # nothing listens: refused at once (10 s: load)
     results = asyncio.run(checks.evaluate("qc", spec(checks=[CHECK]), "2"))
     assert [(m.name, m.verdict) for m in results] == [("check:orders", "error")]
     assert "did not answer" in results[0].summary and "ConnectError" in results[0].summary
@@ -175,7 +177,8 @@ def stats(agreed: int, compared: int) -> ShadowStats:
     (5, 5, "inconclusive"),  # below MIN_COMPARISONS, whatever the share
     (0, MIN_COMPARISONS - 1, "inconclusive"),
     (0, MIN_COMPARISONS, "fail"),  # the upper bound is far below 0.9
-    (80, 100, "fail"),  # upper 99% bound ~0.88 < 0.9
+    (75, 100, "fail"),  # anytime-valid evidence past 1/alpha (alpha: the gate's share of the budget)
+    (80, 100, "inconclusive"),  # a fixed-sample 99% bound (~0.88) failed it; looked at every interval, not yet
     (88, 100, "inconclusive"),  # 0.88 raw, but the bound cannot tell at 100
     (92, 100, "inconclusive"),  # 0.92 raw, lower bound ~0.86: not yet a pass
     (100, 100, "pass"),  # lower 95% bound ~0.971
@@ -263,3 +266,27 @@ def test_rollout_status_shows_each_checks_name_value_limit_and_verdict() -> None
     assert "FAIL check orders failed: 0.25, limit min 1" in shown
     assert "ERROR check c: no value (no data), limit max 1" in shown
     assert "NOT_JUDGED shadow agreement: not judged, version 3 is not the model's shadow (min 90% set)" in shown
+
+
+def test_the_shadow_gate_is_anytime_valid_over_sixty_looks() -> None:
+    """An agreement rate exactly at the limit, looked at every interval (20 more comparisons a
+    look, 60 looks): the gate ever fails at most alpha of the time. A fixed-sample
+    Clopper-Pearson bound at 1 - alpha, repeated every look, failed ~1.2% of such paths (8x alpha)."""
+    alpha, looks, paths = 0.01 / 7, 60, 5_000
+    sizes = np.arange(1, looks + 1) * 20
+    # at each look, the fewest agreements that do not fail (failing is monotone in agreements)
+    least = np.array([_least_passing(int(n), alpha) for n in sizes])
+    agreed = np.cumsum(np.random.default_rng(7).random((paths, looks * 20)) < 0.9, axis=1)[:, sizes - 1]
+    ever_failed = float(np.mean((agreed < least).any(axis=1)))
+    assert ever_failed <= alpha * 2, ever_failed  # 14 of 5,000 at most (expected <= 7; the old test ~60)
+
+
+def _least_passing(n: int, alpha: float) -> int:
+    low, high = 0, n  # _decide(high) does not fail
+    while low < high:
+        middle = (low + high) // 2
+        if _decide(middle, n, 0.9, alpha) == "fail":
+            low = middle + 1
+        else:
+            high = middle
+    return low
