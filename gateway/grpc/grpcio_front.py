@@ -9,6 +9,7 @@ every other unary method passes through unchanged. Deadlines and cancellation pr
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,7 +20,7 @@ import grpc.aio
 from gateway.client_address import grpcio_peer
 from gateway.control_surface import ControlGate
 from gateway.grpc.health import HEALTH, Health, grpcio_handlers
-from gateway.grpc.router import SERVICE, GrpcRouter
+from gateway.grpc.router import SERVICE, GrpcRouter, StreamLedger, client_deadline_ran_out
 from gateway.grpc.wire import WireError
 from gateway.http2.client import NOT_CONNECTED
 from gateway.pipeline import SEQUENCED
@@ -101,33 +102,40 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
     async def _stream(self, upstream: Any, requests: AsyncIterator[bytes],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         metadata = context.invocation_metadata() or ()
-        last: dict[str, Any] = {"model": None, "decision": None, "sent": time.perf_counter(), "replied": 0.0}
         wire = _wire(metadata)
-        client = self.router.pipeline.clients.of(grpcio_peer(context.peer()), wire)
+        # each reply charged to its own request's decision, and to the stream's client
+        ledger = StreamLedger(self.router.pipeline.clients.of(grpcio_peer(context.peer()), wire))
+        remaining = context.time_remaining()
+        opened = time.monotonic()
 
         async def routed() -> AsyncIterator[bytes]:
             async for raw in requests:
                 fields, policy, decision = self.router.route(raw, wire)
                 if decision is SEQUENCED:
                     decision = await self.router.settle(fields, policy, wire)
-                last.update(model=fields.model_name, decision=decision, sent=time.perf_counter(), replied=0.0)
+                ledger.sent(fields.model_name, decision)
                 yield self.router.routed_message(raw, decision)
 
-        call = upstream(routed(), metadata=_forwarded(context, metadata), timeout=context.time_remaining())
+        call = upstream(routed(), metadata=_forwarded(context, metadata), timeout=remaining)
         announced = False
         try:
             async for response in call:
-                decision = last["decision"]
-                if not announced and decision is not None:
-                    await context.send_initial_metadata(self.router.announced(decision))
+                last = ledger.last
+                if not announced and last is not None:
+                    await context.send_initial_metadata(self.router.announced(last.decision))
                 announced = True
-                last["replied"] = self.router.record_stream_reply(last["model"], decision, response, last["sent"],
-                                                                  last["replied"], client)
+                self.router.record_stream_reply(ledger, response)
                 yield response
         except grpc.aio.AioRpcError as exc:
             code = exc.code().value[0]
-            self.router.record(last["model"], last["decision"], code, last["sent"], client=client)
+            past = client_deadline_ran_out(code, remaining, time.monotonic() - opened)
+            self.router.record_stream_end(ledger, code, past)
             await context.abort(exc.code(), self.router.details(code, _own_words(exc.details() or "")))
+        except asyncio.CancelledError:  # the client went away, or grpcio ended the call at the client's deadline
+            cancelled = grpc.StatusCode.CANCELLED.value[0]
+            self.router.record_stream_end(ledger, cancelled,
+                                          client_deadline_ran_out(cancelled, remaining, time.monotonic() - opened))
+            raise
 
     async def aclose(self) -> None:
         await self.channel.close()
