@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 
 OWN_ANSWER = "gateway: "  # the first words of every answer the gateway gives instead of Triton
 
@@ -46,7 +47,12 @@ def own_answer(message: str) -> str:
 
 
 def os_reason(exc: OSError) -> str:
-    """What went wrong with a socket, without the address asyncio puts in its message."""
+    """What went wrong with a socket, without the address asyncio puts in its message.
+
+    A resolver failure (``socket.gaierror``) has a negative EAI_* number that ``os.strerror``
+    only knows as "Unknown error -2"; its own text may name the host: neither reaches a client."""
+    if isinstance(exc, socket.gaierror):
+        return "cannot resolve Triton's address"
     return os.strerror(exc.errno) if exc.errno else "cannot connect"
 
 

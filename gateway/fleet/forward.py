@@ -186,7 +186,7 @@ class FleetGrpc(GrpcUpstream):
 
     @property
     def address(self) -> str:  # type: ignore[override]
-        """Named in error details; grpcio's front opens its stream channel to the first server."""
+        """Named in error details: the first server in service."""
         servers = self.fleet.in_service() or list(self.fleet.servers.values())
         return servers[0].grpc.address if servers else f"fleet '{self.fleet.name}'"
 

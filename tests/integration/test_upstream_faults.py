@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import signal
 import socket
@@ -69,6 +70,40 @@ def grpc_infer(address: str, message: bytes, timeout: float | None = None) -> tu
         except grpc.FutureTimeoutError:
             future.cancel()
             return "HUNG", "", time.monotonic() - started
+
+
+STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
+
+
+def stream_until_fault(address: str, message: bytes, fault: Callable[[], None]) -> tuple[str, str, float]:
+    """One ModelStreamInfer with no client deadline: a message answered, then ``fault()``, then a
+    second message: (status code name, details, seconds from the fault to the stream's end).
+    "HUNG" if nothing ended it within 15 s (the test's own limit, which is the failure)."""
+    requests: queue.Queue[bytes | None] = queue.Queue()
+
+    def sent() -> Iterator[bytes]:
+        while (request := requests.get()) is not None:
+            yield request
+
+    with grpc.insecure_channel(address) as channel, ThreadPoolExecutor(1) as pool:
+        call = channel.stream_stream(STREAM_INFER)(sent())
+        requests.put(message)
+        assert pool.submit(next, call).result(timeout=15)  # a reply: the stream works
+        fault()
+        started = time.monotonic()
+        requests.put(message)
+        pending = pool.submit(list, call)
+        try:
+            pending.result(timeout=15)
+            code, details = "OK", ""
+        except grpc.RpcError as exc:
+            code, details = exc.code().name, exc.details() or ""
+        except TimeoutError:
+            code, details = "HUNG", ""
+        finally:
+            requests.put(None)
+            call.cancel()
+        return code, details, time.monotonic() - started
 
 
 def said_by_the_gateway(text: str) -> bool:
@@ -133,6 +168,44 @@ def test_a_stopped_triton_fails_calls_within_the_deadline_gives_slots_back_and_r
             os.kill(pid, signal.SIGCONT)
         wait_for(lambda: server.in_service, 15, what="the server to return after SIGCONT")
         assert grpc_infer(address, message)[0] == "OK" and post(f"{gw.url}/v2/models/qc/infer")[0] == 200
+
+
+@pytest.mark.parametrize("grpc_server", ["lean", "grpcio"])
+def test_a_stream_on_a_stopped_triton_ends_unavailable_within_the_keepalive_bound(own_triton: LocalTriton,
+                                                                                 grpc_server: str) -> None:
+    """SIGSTOP under an open ModelStreamInfer without a client deadline: keepalive PINGs find it
+    (grpcio's front once streamed through a grpc.aio channel without keepalive: it hung for ever)."""
+    settings = fleet_settings(own_triton, grpc_server=grpc_server, upstream_keepalive_s=1,
+                              upstream_keepalive_timeout_s=2, fleet_health_interval_s=0.5, connect_timeout_s=1)
+    pid = own_triton.pid
+    assert pid is not None
+    with GatewayThread(settings) as gw:
+        server = gw.app.fleets.default.servers[own_triton.http_url.removeprefix("http://")]
+        try:
+            code, details, seconds = stream_until_fault(f"127.0.0.1:{gw.settings.grpc_port}", infer_message("qc", "2"),
+                                                        lambda: os.kill(pid, signal.SIGSTOP))
+            assert code == "UNAVAILABLE" and said_by_the_gateway(details), (code, details, seconds)
+            assert seconds < 1 + 2 + 1 + 3, seconds  # keepalive_s + keepalive_timeout_s, PING timing, ticks
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        wait_for(lambda: server.in_service, 15, what="the server to return after SIGCONT")
+
+
+@pytest.mark.parametrize("grpc_server", ["lean", "grpcio"])
+def test_a_stream_to_an_unresolvable_triton_names_no_host(own_triton: LocalTriton, grpc_server: str) -> None:
+    """Triton's gRPC address does not resolve (DNS): the client hears the gateway's words, not
+    the internal host name (grpcio's channel put it in the status of a stream)."""
+    hidden = "triton-internal.invalid"
+    fleet = {"default": {"servers": [{"http": own_triton.http_url, "grpc": f"{hidden}:8001"}]}}
+    settings = fleet_settings(own_triton, fleets=fleet, grpc_server=grpc_server, connect_timeout_s=2)
+    with GatewayThread(settings) as gw, grpc.insecure_channel(f"127.0.0.1:{gw.settings.grpc_port}") as channel:
+        call = channel.stream_stream(STREAM_INFER)(iter([infer_message("qc", "2")]), timeout=15)
+        with pytest.raises(grpc.RpcError) as raised:
+            list(call)
+        details = raised.value.details() or ""
+        assert raised.value.code() == grpc.StatusCode.UNAVAILABLE, (raised.value.code(), details)
+        assert said_by_the_gateway(details) and hidden not in details and "8001" not in details, details
+        assert "resolve" in details and "Unknown error" not in details, details
 
 
 class SilentPath:
