@@ -271,3 +271,35 @@ def test_a_silent_connection_is_dropped_by_keepalive_and_counts_toward_ejection(
             wait_for(lambda: grpc_infer(address, message, 5)[0] == "OK", 15, what="gRPC through the path again")
     finally:
         path.close()
+
+
+def test_readyz_answers_from_the_live_server_while_another_hangs(own_triton: LocalTriton) -> None:
+    """Fleet of two: the first server's HTTP behind a relay that goes silent (a fake: a hung node
+    that keeps its connections), the second the real Triton. /readyz once asked them one after
+    another and waited the first one's whole ``connect_timeout_s``; now all at once, within 1 s."""
+    path = SilentPath(own_triton.http_port)
+    fleet = {"default": {"servers": [{"http": f"http://{path.address}", "grpc": own_triton.grpc_url},
+                                     {"http": own_triton.http_url, "grpc": own_triton.grpc_url}]}}
+    # health checks far apart: the silent server stays in service, so /readyz asks it too
+    settings = fleet_settings(own_triton, fleets=fleet, connect_timeout_s=5, fleet_health_interval_s=60)
+    pid = own_triton.pid
+    assert pid is not None
+    try:
+        with GatewayThread(settings) as gw:
+            wait_for(lambda: len(gw.app.fleets.default.in_service()) == 2, 15, what="both servers in service")
+            assert get_json(f"{gw.url}/readyz")[0] == 200
+            path.silent.set()
+            for _ in range(3):
+                started = time.monotonic()
+                status, answer = get_json(f"{gw.url}/readyz")
+                assert status == 200 and time.monotonic() - started < 2.5, (status, answer)  # was 5 s
+            os.kill(pid, signal.SIGSTOP)  # now neither answers: unready within the budget, not 2 x 5 s
+            try:
+                started = time.monotonic()
+                status, answer = get_json(f"{gw.url}/readyz")
+                seconds = time.monotonic() - started
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert status == 503 and seconds < 2.5 and "127.0.0.1" not in answer["error"], (status, answer, seconds)
+    finally:
+        path.close()
