@@ -39,6 +39,9 @@ class Sessions:
         self._open: OrderedDict[str, Session] = OrderedDict()  # oldest first: every session has the same TTL
         self._of: dict[Identity, OrderedDict[str, None]] = {}  # each login's session ids, oldest first
 
+    def __len__(self) -> int:
+        return len(self._open)
+
     def open(self, who: Identity) -> Session:
         self._purge_expired()
         mine = self._of.setdefault(who, OrderedDict())

@@ -81,9 +81,9 @@ def test_expired_sessions_go_before_anyone_live_is_dropped() -> None:
     now[0] += 61  # all of them expired, none read since
     live = sessions.open(Identity("alice", "operator"))
     newcomers = [sessions.open(Identity(f"new{n}", "viewer")) for n in range(5)]
+    assert len(sessions) == 6, "the expired ones were purged, not kept until the table overflowed"
     assert sessions.get(live.id) is live and all(sessions.get(s.id) is s for s in newcomers)
     assert all(sessions.get(s.id) is None for s in stale)
-    assert len(sessions._open) == 6, "the expired ones were purged, not kept until the table overflowed"
 
 
 def test_failed_logins_from_one_address_back_off_and_are_forgotten() -> None:
