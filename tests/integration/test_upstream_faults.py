@@ -303,3 +303,27 @@ def test_readyz_answers_from_the_live_server_while_another_hangs(own_triton: Loc
             assert status == 503 and seconds < 2.5 and "127.0.0.1" not in answer["error"], (status, answer, seconds)
     finally:
         path.close()
+
+
+@pytest.mark.parametrize("grpc_server", ["lean", "grpcio"])
+def test_a_stream_opens_on_another_server_when_the_picked_one_refuses(own_triton: LocalTriton,
+                                                                      grpc_server: str) -> None:
+    """Fleet of two whose first server's gRPC port refuses connections (a closed port: nothing
+    of Triton's), the second the real Triton: every stream opens, on the second when the first
+    is picked (grpcio's front once sent every stream to the first server)."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: connections to it are refused
+    relay = SilentPath(own_triton.http_port)  # never silenced: only gives the second server its own name
+    fleet = {"default": {"servers": [{"http": own_triton.http_url, "grpc": f"127.0.0.1:{closed.getsockname()[1]}"},
+                                     {"http": f"http://{relay.address}", "grpc": own_triton.grpc_url}]}}
+    settings = fleet_settings(own_triton, fleets=fleet, grpc_server=grpc_server, fleet_eject_after=100)
+    try:
+        with GatewayThread(settings) as gw, grpc.insecure_channel(f"127.0.0.1:{gw.settings.grpc_port}") as channel:
+            for _ in range(10):
+                replies = list(channel.stream_stream(STREAM_INFER)(iter([infer_message("qc", "2")]), timeout=15))
+                assert len(replies) == 1
+            refused = gw.app.fleets.default.servers[own_triton.http_url.removeprefix("http://")]
+            assert refused.errors > 0, "the closed server was picked (and counted) at least once"
+    finally:
+        relay.close()
+        closed.close()
