@@ -1,12 +1,9 @@
 """The HTTP port's front: uvicorn's httptools protocol, bounded against what one client can send.
 
-Two changes that the hot path measured as worth it (loopback send() calls dominate a proxy's
-CPU here):
-
-- writes made in one event-loop iteration go out as one ``send()``: uvicorn writes the
-  status line + headers and the body separately, two syscalls per response;
-- the proxy can register a callback for "client connection lost" instead of running a
-  watcher task per request to notice a client that went away.
+Two changes that the hot path measured as worth it: writes made in one event-loop iteration go
+out as one ``send()`` (``gateway.http_output``), and the proxy can register a callback for
+"client connection lost" instead of running a watcher task per request to notice a client that
+went away.
 
 What one client can make the port hold or do is bounded, and every refusal is answered in
 Triton's JSON error shape ``{"error": "..."}`` (uvicorn answers text/plain or nothing):
@@ -40,57 +37,16 @@ The head bounds cost a comparison per read and per header line.
 from __future__ import annotations
 
 import asyncio
-import json
 import urllib.parse
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gateway.http_output import CoalescingTransport, GatewayCycle, error_response
 from gateway.proxy.http import CONNECTION_KEY
 from gateway.settings import Settings
-
-
-class _CoalescingTransport:
-    """The client transport, but writes of one loop iteration are joined into one send(), and a
-    close while the client is still sending its request becomes a lingering close."""
-
-    __slots__ = ("_transport", "_loop", "_pending", "_protocol", "shut")
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
-                 protocol: GatewayHttpProtocol) -> None:
-        self._transport = transport
-        self._loop = loop
-        self._pending: list[bytes] | None = None
-        self._protocol = protocol
-        self.shut = False  # the connection is lingering: nothing more is written
-
-    def write(self, data: bytes) -> None:
-        if self.shut:
-            return
-        if self._pending is None:
-            self._pending = [data]
-            self._loop.call_soon(self._flush)
-        else:
-            self._pending.append(data)
-
-    def _flush(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending and not self._transport.is_closing():
-            self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
-
-    def close(self) -> None:
-        self._flush()
-        self._protocol.closing()
-
-    def write_eof(self) -> None:
-        self._flush()
-        self._transport.write_eof()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
 
 _IDLE, _HEADERS, _BODY = 0, 1, 2  # what the connection waits for from the client
 # how a connection ends: normally; refused at a connection cap; no more requests read (a parse
@@ -111,43 +67,6 @@ class _HeadRefused(Exception):
 
 def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:
     return any(name == b"transfer-encoding" or name == b"content-length" and value != b"0" for name, value in headers)
-
-
-def error_response(status: bytes, message: str, *extra: bytes) -> bytes:
-    """A whole HTTP/1.1 answer in Triton's error shape, closing the connection."""
-    body = json.dumps({"error": message}).encode()
-    return b"".join([b"HTTP/1.1 ", status, b"\r\ncontent-type: application/json\r\ncontent-length: ",
-                     str(len(body)).encode(), b"\r\n", *extra, b"connection: close\r\n\r\n", body])
-
-
-class GatewayCycle(RequestResponseCycle):
-    """uvicorn's request/response cycle, but an answer it cannot write becomes a JSON 500."""
-
-    replaced = False  # the handler's answer could not be written: the JSON 500 went instead
-
-    async def send(self, message: Any) -> None:
-        if self.replaced:
-            return  # the rest of the answer that could not be written
-        try:
-            await RequestResponseCycle.send(self, message)
-        except (RuntimeError, ValueError) as exc:
-            if message["type"] != "http.response.start" or not self.response_started:
-                raise
-            # uvicorn checks every header before it writes any: nothing of this answer went out
-            self.response_started, self.chunked_encoding, self.expected_content_length = False, None, 0
-            self.keep_alive, self.replaced = False, True
-            await self._json_answer(500, f"the gateway could not write the answer ({exc}): nothing was sent")
-
-    async def send_500_response(self) -> None:
-        await self._json_answer(500, "the gateway failed while answering this request")
-
-    async def _json_answer(self, status: int, message: str) -> None:
-        body = json.dumps({"error": message}).encode()
-        await RequestResponseCycle.send(self, {"type": "http.response.start", "status": status, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close")]})
-        await RequestResponseCycle.send(self, {"type": "http.response.body", "body": body})
-
 
 class GatewayHttpProtocol(HttpToolsProtocol):
     on_lost: Callable[[], None] | None = None  # set by the proxy while a request is in flight
@@ -176,7 +95,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._raw = transport
-        self._out = _CoalescingTransport(transport, self.loop, self)
+        self._out = CoalescingTransport(transport, self.loop, self.closing)
         super().connection_made(self._out)  # type: ignore[arg-type]
         if len(self.connections) > self.max_connections:
             self._refuse_later(f"the gateway has {self.max_connections} client connections open "
@@ -411,7 +330,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         without the FIN."""
         raw = self._raw
         self._ending = _LINGERING
-        self._out._flush()  # what was written before goes out; nothing after
+        self._out.flush()  # what was written before goes out; nothing after
         self._out.shut = True
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:  # its handler stops: no client to answer now

@@ -24,15 +24,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
 
-from gateway.errors import ClientGone, Overloaded, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from gateway.errors import BadRequest, ClientGone, Overloaded, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from gateway.fleet.balancer import Fleet
 from gateway.fleet.members import Server
 from gateway.grpc.status import FAULTS, StatusCode
 from gateway.grpc.upstream import GrpcUpstream, Reply, StreamListener, UpstreamStream
 from gateway.grpc.upstream import Metadata as GrpcMetadata
-from gateway.grpc.wire import route_fields
+from gateway.grpc.wire import WireError, route_fields
 from gateway.http2.client import GOING_AWAY, LOST, NOT_CONNECTED
-from gateway.sequences import SequenceFields
+from gateway.sequences import SequenceFields, checked_sequence_id
 from gateway.upstream import HttpUpstream, UpstreamResponse
 
 UNAVAILABLE, RESOURCE_EXHAUSTED = StatusCode.UNAVAILABLE, StatusCode.RESOURCE_EXHAUSTED
@@ -202,7 +202,7 @@ class FleetGrpc(GrpcUpstream):
                 pinned = sequence = None
                 if parameters:  # a parameters map: read it for a sequence id (requests without one skip this)
                     fields = route_fields(message)
-                    sequence = fields.sequence_id
+                    sequence = checked_sequence_id(fields.sequence_id)  # bounded before it is pinned
                     if sequence is not None:
                         pinned = fleet.sequence_server(model, sequence, fields.sequence_start)
                 server = pinned or fleet.pick(model, version)
@@ -216,6 +216,8 @@ class FleetGrpc(GrpcUpstream):
             return RESOURCE_EXHAUSTED, exc.message, b""
         except UpstreamUnavailable as exc:
             return UNAVAILABLE, exc.message, b""
+        except (BadRequest, WireError) as exc:  # an id Triton would not take, or not a message at all
+            return StatusCode.INVALID_ARGUMENT, str(exc), b""
         reply = await self._call(server, path, message, metadata, timeout)
         if reply[0] == UNAVAILABLE and reply[1].startswith(_NOT_SENT):
             try:

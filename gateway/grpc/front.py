@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-import time
 from collections.abc import Callable, Coroutine
 from functools import lru_cache
 from typing import Any
@@ -30,7 +29,7 @@ from typing import Any
 from gateway.control_surface import ControlGate
 from gateway.errors import GatewayError
 from gateway.grpc.health import CHECK, WATCH, Health, HealthCall
-from gateway.grpc.router import INFER, SERVICE, STREAM_INFER, GrpcRouter
+from gateway.grpc.router import INFER, SERVICE, STREAM_INFER, GrpcRouter, StreamLedger, client_deadline_ran_out
 from gateway.grpc.status import StatusCode, status_for
 from gateway.grpc.upstream import UpstreamStream
 from gateway.grpc.wire import RouteFields, WireError, metadata_block, split_messages
@@ -73,13 +72,14 @@ def deadline_of(headers: Headers) -> float | None:
 class _Call:
     """What every call has: its stream, its deadline, and the task doing its upstream work."""
 
-    __slots__ = ("front", "connection", "stream", "deadline", "task", "timer", "client")
+    __slots__ = ("front", "connection", "stream", "opened", "deadline", "task", "timer", "client")
     streaming = False  # a unary request is held until END_STREAM (StreamHandler.streaming)
 
     def __init__(self, front: GrpcFront, connection: Http2ServerConnection, stream: ServerStream) -> None:
         self.front = front
         self.connection = connection
         self.stream = stream
+        self.opened = asyncio.get_running_loop().time()
         self.deadline = deadline_of(stream.headers)
         self.client = client_of(front, connection, stream)  # for the rollout judge's per-client shares
         self.task: asyncio.Task[None] | None = None
@@ -188,8 +188,7 @@ class UnaryCall(_Call):
 class StreamCall(_Call):
     """ModelStreamInfer: client messages routed and sent up one stream, answers relayed back."""
 
-    __slots__ = ("upstream", "waiting", "ended", "model", "decision", "sent", "replies", "replied", "settling",
-                 "settler")
+    __slots__ = ("upstream", "waiting", "ended", "decision", "ledger", "replies", "settling", "settler")
     streaming = True
 
     def __init__(self, front: GrpcFront, connection: Http2ServerConnection, stream: ServerStream) -> None:
@@ -197,10 +196,8 @@ class StreamCall(_Call):
         self.upstream: UpstreamStream | None = None
         self.waiting: list[bytes] = []  # routed requests that arrived before the upstream stream opened
         self.ended = False
-        self.model: str | None = None
-        self.decision: Decision | None = None
-        self.sent = time.perf_counter()
-        self.replied = 0.0  # when the last reply since the last request went out; 0.0: none yet
+        self.decision: Decision | None = None  # the last message's: the routing metadata the stream announces
+        self.ledger = StreamLedger(self.client)  # each reply charged to its own request's decision
         self.replies = bytearray()
         # Messages behind one whose sequence pin is being read or written (store I/O): sent in
         # their order by the settler task; None when nothing waits.
@@ -268,7 +265,8 @@ class StreamCall(_Call):
 
     def _send(self, message: bytes, fields: RouteFields, decision: Decision) -> None:
         router = self.front.router
-        self.model, self.decision, self.sent, self.replied = fields.model_name, decision, time.perf_counter(), 0.0
+        self.decision = decision
+        self.ledger.sent(fields.model_name, decision)
         routed = router.routed_message(message, decision)
         if self.upstream is not None:
             self.upstream.send(routed)
@@ -313,14 +311,15 @@ class StreamCall(_Call):
         replies += payload
         messages, used = split_messages(replies)  # Triton compresses nothing: we never ask it to
         for _, response in messages:
-            self.replied = self.front.router.record_stream_reply(self.model, self.decision, response, self.sent,
-                                                                 self.replied, self.client)
+            self.front.router.record_stream_reply(self.ledger, response)
             self.connection.send_message(self.stream, response)
         del replies[:used]
 
     def on_close(self, code: int, details: str) -> None:
         if code:
-            self.front.router.record(self.model, self.decision, code, self.sent, client=self.client)
+            timeout = None if self.deadline is None else self.deadline - self.opened
+            past = client_deadline_ran_out(code, timeout, asyncio.get_running_loop().time() - self.opened)
+            self.front.router.record_stream_end(self.ledger, code, past)
         self.finish(code, self.front.router.details(code, details) if code else "", self._routing_block())
 
 

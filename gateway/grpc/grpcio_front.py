@@ -26,7 +26,7 @@ from gateway.client_address import grpcio_peer
 from gateway.control_surface import ControlGate
 from gateway.errors import GatewayError
 from gateway.grpc.health import HEALTH, Health, grpcio_handlers
-from gateway.grpc.router import SERVICE, GrpcRouter
+from gateway.grpc.router import SERVICE, GrpcRouter, StreamLedger, client_deadline_ran_out
 from gateway.grpc.status import StatusCode, status_for
 from gateway.grpc.upstream import UpstreamStream
 from gateway.grpc.wire import WireError, split_messages
@@ -109,43 +109,49 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
                       context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         router = self.router
         metadata = context.invocation_metadata() or ()
-        last: dict[str, Any] = {"model": None, "decision": None, "sent": time.perf_counter(), "replied": 0.0}
         wire = _wire(metadata)
-        client = router.pipeline.clients.of(grpcio_peer(context.peer()), wire)
+        # each reply charged to its own request's decision, and to the stream's client
+        ledger = StreamLedger(router.pipeline.clients.of(grpcio_peer(context.peer()), wire))
+        remaining = context.time_remaining()
+        opened = time.monotonic()
         relay = _StreamRelay()
         try:
-            upstream = await router.upstream.open(method, relay, _forwarded(context, metadata),
-                                                  context.time_remaining())
+            upstream = await router.upstream.open(method, relay, _forwarded(context, metadata), remaining)
         except GatewayError as exc:  # no server could take it: the gateway's own words, no address
             refusal = status_for(exc)
             await context.abort(_STATUS.get(refusal, grpc.StatusCode.UNKNOWN), router.details(refusal, exc.message))
             raise
-        pump = asyncio.get_running_loop().create_task(self._pump(requests, upstream, relay, wire, last))
+        pump = asyncio.get_running_loop().create_task(self._pump(requests, upstream, relay, wire, ledger))
         announced = False
         try:
             while True:
                 response = await relay.replies.get()
                 if response is None:
                     break
-                decision = last["decision"]
-                if not announced and decision is not None:
-                    await context.send_initial_metadata(router.announced(decision))
+                last = ledger.last
+                if not announced and last is not None:
+                    await context.send_initial_metadata(router.announced(last.decision))
                 announced = True
-                last["replied"] = router.record_stream_reply(last["model"], decision, response, last["sent"],
-                                                             last["replied"], client)
+                router.record_stream_reply(ledger, response)
                 yield response
             code, details = relay.closed or (int(StatusCode.UNKNOWN), "")
             if code:
                 if code != StatusCode.INVALID_ARGUMENT:  # a malformed message is the client's, not a version's
-                    router.record(last["model"], last["decision"], code, last["sent"], client=client)
+                    router.record_stream_end(ledger, code,
+                                             client_deadline_ran_out(code, remaining, time.monotonic() - opened))
                 await context.abort(_STATUS.get(code, grpc.StatusCode.UNKNOWN), router.details(code, details))
-        finally:  # the client went away, or the call ended: nothing of it may stay open upstream
+        except asyncio.CancelledError:  # the client went away, or grpcio ended the call at the client's deadline
+            cancelled = grpc.StatusCode.CANCELLED.value[0]
+            router.record_stream_end(ledger, cancelled,
+                                     client_deadline_ran_out(cancelled, remaining, time.monotonic() - opened))
+            raise
+        finally:  # the call ended, or the client went away: nothing of it may stay open upstream
             pump.cancel()
             if relay.closed is None:
                 upstream.cancel()
 
     async def _pump(self, requests: AsyncIterator[bytes], upstream: UpstreamStream, relay: _StreamRelay,
-                    wire: list[tuple[bytes, bytes]], last: dict[str, Any]) -> None:
+                    wire: list[tuple[bytes, bytes]], ledger: StreamLedger) -> None:
         """The client's messages, routed, up the stream; paused while Triton's window is full."""
         router = self.router
         try:
@@ -153,7 +159,7 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
                 fields, policy, decision = router.route(raw, wire)
                 if decision is SEQUENCED:
                     decision = await router.settle(fields, policy, wire)
-                last.update(model=fields.model_name, decision=decision, sent=time.perf_counter(), replied=0.0)
+                ledger.sent(fields.model_name, decision)
                 upstream.send(router.routed_message(raw, decision))
                 while upstream.backlog > STREAM_BACKLOG and relay.closed is None:
                     relay.drained.clear()

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 
 from gateway.errors import BadRequest
-from gateway.grpc.status import FAULTS, StatusCode, classify, status_name
+from gateway.grpc.status import StatusCode, classify, status_name
 from gateway.grpc.upstream import GrpcUpstream
 from gateway.grpc.upstream import Metadata as Forwarded
-from gateway.grpc.wire import RouteFields, WireError, route_fields, with_version
+from gateway.grpc.wire import RouteFields, StreamReply, WireError, route_fields, stream_reply, with_version
 from gateway.pipeline import SEQUENCED, Pipeline, Target, checked_model
 from gateway.proxy.shadow import GrpcMirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
@@ -39,7 +40,7 @@ class GrpcInfer:
     client itself once the pipeline is done, so ``deliver`` has nothing to do."""
 
     __slots__ = ("upstream", "fleets", "method", "raw", "versioned", "metadata", "timeout", "code", "details",
-                 "response", "status")
+                 "response", "status", "sent_at")
 
     def __init__(self, upstream: GrpcUpstream, method: str, raw: bytes, versioned: bool, metadata: Forwarded,
                  timeout: float | None, fleets: Mapping[str, GrpcUpstream] | None = None) -> None:
@@ -49,7 +50,8 @@ class GrpcInfer:
         self.raw = raw
         self.versioned = versioned  # the client named the version itself
         self.metadata = metadata
-        self.timeout = timeout
+        self.timeout = timeout  # what is left of the client's grpc-timeout (None: it set none)
+        self.sent_at = time.perf_counter()
         self.code = StatusCode.UNKNOWN.value
         self.details = ""
         self.response = b""
@@ -80,10 +82,16 @@ class GrpcInfer:
         return None
 
     def outcome(self) -> Outcome:
+        if self.code and self.past_client_deadline(self.code):
+            return Outcome.CLIENT_DEADLINE
         return classify(self.code, self.details)
 
+    def past_client_deadline(self, code: int = StatusCode.CANCELLED) -> bool:
+        """The call ended (``code``) because the deadline the client set ran out."""
+        return client_deadline_ran_out(code, self.timeout, time.perf_counter() - self.sent_at)
+
     def fault(self) -> str | None:
-        return self.status if self.code in FAULTS and QUEUE_FULL not in self.details else None
+        return self.status if self.outcome() is Outcome.UPSTREAM_ERROR else None
 
     def mirrorable(self) -> bool:
         return self.code == StatusCode.OK
@@ -143,8 +151,12 @@ class GrpcRouter:
         started = time.perf_counter()
         try:
             return await self.pipeline.forward(exchange, model, policy, decision, started, "grpc", client)
-        except asyncio.CancelledError:  # the client went away: the upstream stream was reset with us
-            self.pipeline.record(model, decision, Outcome.CANCELLED, "CANCELLED", "grpc", started, client=client)
+        except asyncio.CancelledError:  # the client went away, or its deadline ran out: the upstream stream was reset
+            if exchange.past_client_deadline():  # a latency of at least the client's deadline (censored)
+                self.pipeline.record(model, decision, Outcome.CLIENT_DEADLINE, "DEADLINE_EXCEEDED", "grpc", started,
+                                     client=client)
+            else:
+                self.pipeline.record(model, decision, Outcome.CANCELLED, "CANCELLED", "grpc", started, client=client)
             raise
 
     def announced(self, decision: Decision, response: bytes = b"") -> tuple[tuple[str, str], ...]:
@@ -156,21 +168,44 @@ class GrpcRouter:
         so themselves (``gateway: ...``) and name no address."""
         return details or ""
 
-    def record_stream_reply(self, model: str | None, decision: Decision | None, response: bytes,
-                            started: float, replied: float = 0.0, client: str = "") -> float:
-        """One ModelStreamInferResponse: a failed request inside a stream comes back as a message
-        with error_message (field 1) set, and the stream stays open. A successful one is also
-        timed (``record_stream``): from ``started``, the stream's last request, when it is the
-        first reply since (``replied`` 0.0), else from ``replied``. Returns the new ``replied``."""
-        failed = response[:1] == b"\x0a" and len(response) > 1 and response[1] != 0
-        if failed and _QUEUE_FULL in response[:256]:  # Triton's full queue: overload, not the version's fault
-            self.record(model, decision, StatusCode.RESOURCE_EXHAUSTED, started, client=client)
-            return replied
-        self.record(model, decision, StatusCode.INTERNAL if failed else StatusCode.OK, started, client=client)
-        if failed or model is None or decision is None:
-            return replied
-        return self.pipeline.recorder.stream_response(model, decision.version or "", started, replied,
-                                                      decision.reason not in STEERED_ROUTES)
+    def record_stream_reply(self, ledger: StreamLedger, response: bytes) -> None:
+        """One ModelStreamInferResponse, charged to the request it answers (``ledger``). A failed
+        request inside a stream comes back as a message with error_message (field 1) set, and
+        the stream stays open; its words say whose fault it was (Triton's full queue: overload;
+        a request Triton could not accept: the client's; anything else: the version's). A
+        successful one is also timed (``record_stream``): from when its request was sent for
+        its first reply, else from its previous reply."""
+        try:
+            reply = stream_reply(response)
+        except WireError:  # not a reply we can read: charged as the version's answer, as Triton sent it
+            reply = StreamReply(b"unreadable reply" if response[:1] == b"\x0a" else b"", b"", True)
+        request = ledger.answered(reply.model.decode(errors="replace"), reply.final or bool(reply.error))
+        if request is None:
+            return
+        model, decision = request.model, request.decision
+        if reply.error:
+            code = StatusCode.RESOURCE_EXHAUSTED if _QUEUE_FULL in reply.error else StatusCode.INTERNAL
+            self.record(model, decision, code, request.sent, reply.error.decode(errors="replace"), ledger.client)
+            return
+        self.record(model, decision, StatusCode.OK, request.sent, client=ledger.client)
+        request.replied = self.pipeline.recorder.stream_response(model, decision.version or "", request.sent,
+                                                                 request.replied,
+                                                                 decision.reason not in STEERED_ROUTES)
+
+    def record_stream_end(self, ledger: StreamLedger, code: int, past_client_deadline: bool) -> None:
+        """The stream failed with ``code``. After the deadline the client set (Triton's
+        DEADLINE_EXCEEDED, the client's reset at its deadline, Triton's reset at its own copy of
+        it): every request still unanswered ran out of it, a latency of at least that deadline
+        each. Before it, the failure is charged once, to the oldest unanswered request (else
+        the last one sent)."""
+        if past_client_deadline:
+            for request in ledger.unanswered():
+                self.pipeline.record(request.model, request.decision, Outcome.CLIENT_DEADLINE, "DEADLINE_EXCEEDED",
+                                     "grpc", request.sent, client=ledger.client)
+            return
+        oldest = ledger.oldest()
+        if oldest is not None:
+            self.record(oldest.model, oldest.decision, code, oldest.sent, client=ledger.client)
 
     def record(self, model: str | None, decision: Decision | None, code: int, started: float,
                details: str = "", client: str = "") -> None:
@@ -180,6 +215,67 @@ class GrpcRouter:
         name = status_name(code)
         self.pipeline.record(model, decision, outcome, name, "grpc", started,
                              name if outcome is Outcome.UPSTREAM_ERROR else None, client)
+
+
+def client_deadline_ran_out(code: int, timeout: float | None, elapsed: float) -> bool:
+    """A call that failed with ``code`` after ``elapsed`` seconds ran out of the deadline its
+    client set (``timeout``; None: it set none): Triton's DEADLINE_EXCEEDED (no deadline of
+    the gateway's own applies to gRPC: Triton got the client's, the gateway enforces the same
+    one), or any other failure (a reset, a cancel) once that deadline has passed (within the
+    clocks' rounding: the grpc-timeout header is rounded, Triton counts from its receipt)."""
+    if timeout is None:
+        return False
+    return code == StatusCode.DEADLINE_EXCEEDED or elapsed >= timeout * 0.95 - 0.002
+
+
+class SentRequest:
+    """A request of a stream not fully answered yet."""
+
+    __slots__ = ("model", "decision", "sent", "replied")
+
+    def __init__(self, model: str, decision: Decision) -> None:
+        self.model = model
+        self.decision = decision
+        self.sent = time.perf_counter()
+        self.replied = 0.0  # when its last reply went out; 0.0: none yet
+
+
+class StreamLedger:
+    """The requests of one ModelStreamInfer in the order they were sent, until answered: each
+    reply is charged to the decision that routed its own request, never to the stream's last
+    one (a pinned message's reply to the pinned decision, a canary-routed message's to the
+    canary). Triton answers one model's requests in order (a decoupled model: several replies,
+    the last marked final), so a reply answers the oldest request of its model."""
+
+    __slots__ = ("pending", "last", "client")
+
+    def __init__(self, client: str = "") -> None:
+        self.pending: deque[SentRequest] = deque()
+        self.last: SentRequest | None = None
+        self.client = client  # the stream's client (peer, or a trusted proxy's x-forwarded-for), for the judge
+
+    def sent(self, model: str, decision: Decision) -> None:
+        self.last = SentRequest(model, decision)
+        self.pending.append(self.last)
+
+    def answered(self, model: str, final: bool) -> SentRequest | None:
+        """The request a reply of ``model`` answers (it leaves the ledger on its ``final`` reply)."""
+        pending = self.pending
+        if not pending:
+            return None
+        index = next((i for i, request in enumerate(pending) if request.model == model), 0)
+        request = pending[index]
+        if final:
+            del pending[index]
+        return request
+
+    def unanswered(self) -> list[SentRequest]:
+        requests = list(self.pending)
+        self.pending.clear()
+        return requests
+
+    def oldest(self) -> SentRequest | None:
+        return self.pending[0] if self.pending else self.last
 
 
 def _answered_version(response: bytes) -> str | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from enum import IntEnum
 
 from gateway.errors import ClientGone, GatewayError, UpstreamTimeout, UpstreamUnavailable
-from gateway.telemetry.recorder import QUEUE_FULL, Outcome
+from gateway.telemetry.recorder import QUEUE_FULL, Outcome, client_caused
 
 
 class StatusCode(IntEnum):
@@ -50,15 +50,19 @@ def status_name(code: int) -> str:
 
 
 def classify(code: int, details: str = "") -> Outcome:
-    """gRPC answers HTTP 200 even on failure: the status code says whose fault it was (and for
-    UNAVAILABLE, the message: Triton's full queue is overload, not a broken version)."""
+    """gRPC answers HTTP 200 even on failure: the status code says whose fault it was, and for
+    some the message: Triton's full queue (UNAVAILABLE) is overload, not a broken version, and
+    Triton's words for a request it could not accept (``client_caused``) are the client's error
+    whatever the code."""
     if code == StatusCode.OK:
         return Outcome.SUCCESS
     if code == StatusCode.CANCELLED:
         return Outcome.CANCELLED
     if code == StatusCode.RESOURCE_EXHAUSTED or (code == StatusCode.UNAVAILABLE and QUEUE_FULL in details):
         return Outcome.OVERLOAD
-    return Outcome.UPSTREAM_ERROR if code in FAULTS else Outcome.CLIENT_ERROR
+    if code not in FAULTS or (code != StatusCode.DEADLINE_EXCEEDED and details and client_caused(details.encode())):
+        return Outcome.CLIENT_ERROR
+    return Outcome.UPSTREAM_ERROR
 
 
 def status_for(error: GatewayError) -> StatusCode:

@@ -130,6 +130,57 @@ def _parameter(raw: bytes, start: int, stop: int, out: dict[bytes, object]) -> N
             out[key] = raw[value[0]:value[1]].decode(errors="replace")
 
 
+_FINAL = b"triton_final_response"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamReply:
+    """What a ModelStreamInferResponse says about the request it answers: Triton's error message
+    (field 1; empty on success), the model (infer_response.model_name) and whether it is the
+    request's last reply (``triton_final_response``; a decoupled model's replies before its
+    last say false; without the parameter a reply is the only one)."""
+
+    error: bytes
+    model: bytes
+    final: bool
+
+
+def stream_reply(raw: bytes) -> StreamReply:
+    """Read, never decode: the tensors are skipped by their length."""
+    error, span = b"", None
+    for number, wire, value in _fields(raw):
+        if wire == 2 and number == 1:
+            error = raw[value[0]:value[1]]
+        elif wire == 2 and number == 2:
+            span = value
+    model, final = b"", True
+    if span is not None:
+        for number, wire, value in _fields(raw, *span):
+            if wire != 2:
+                continue
+            if number == 1:
+                model = raw[value[0]:value[1]]
+            elif number == 4 and raw.find(_FINAL, value[0], value[1]) >= 0:
+                final = _bool_parameter(raw, value, _FINAL, final)
+    return StreamReply(error, model, final)
+
+
+def _bool_parameter(raw: bytes, span: tuple[int, int], key: bytes, default: bool) -> bool:
+    """The bool_param of one map<string, InferParameter> entry when its key is ``key``."""
+    name, value_span = b"", None
+    for number, wire, value in _fields(raw, *span):
+        if number == 1 and wire == 2:
+            name = raw[value[0]:value[1]]
+        elif number == 2 and wire == 2:
+            value_span = value
+    if name != key or value_span is None:
+        return default
+    for number, wire, value in _fields(raw, *value_span):
+        if number == 1 and wire == 0:
+            return bool(value)
+    return default
+
+
 def top_level_field(raw: bytes, number: int) -> bytes | None:
     """The last length-delimited value of top-level field ``number`` (proto3: the last one wins), or None."""
     found = None

@@ -203,14 +203,14 @@ class HttpProxy:
     async def _sequence(self, headers: list[tuple[bytes, bytes]], body: bytes) -> SequenceFields | None:
         """The request's sequence fields, read once (BadRequest for an id Triton would not take).
         An uncompressed body whose JSON header lacks the word ``sequence_id`` is not parsed at all."""
-        end = len(body)
+        header_end = len(body)
         for name, value in headers:
             if name == b"content-encoding":
-                end = -1  # compressed: the word cannot be looked for without inflating
+                header_end = -1  # compressed: the word cannot be looked for without inflating
                 break
             if name == b"inference-header-content-length" and value.isdigit():
-                end = min(int(value) or end, end)  # only the JSON header, not the tensors after it
-        if end >= 0 and body.find(b"sequence_id", 0, end) < 0:
+                header_end = min(int(value) or header_end, header_end)  # the JSON header, not the tensors after it
+        if header_end >= 0 and body.find(b"sequence_id", 0, header_end) < 0:
             return None
         sequence_id, start, end = sequence_fields(await self._json_header(headers, body))
         checked = checked_sequence_id(sequence_id)
@@ -332,8 +332,9 @@ class HttpExchange:
 
     def outcome(self) -> Outcome:
         response = self.response
-        # A 503's short body tells Triton's queue-full (overload) from a failing version.
-        body = response.body() if self.status == 503 and response is not None and response.complete else b""
+        # A 503's short body tells Triton's queue-full (overload) from a failing version, a 500's
+        # a body Triton could not parse (the client's error) from a failing version.
+        body = response.body() if self.status in (500, 503) and response is not None and response.complete else b""
         return http_outcome(self.status, body)
 
     def fault(self) -> str | None:

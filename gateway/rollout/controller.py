@@ -56,6 +56,7 @@ log = logging.getLogger("gateway.rollout")
 ACTOR = "rollout-controller"
 LEASE = "rollout-controller"
 PHASES = tuple(phase.value for phase in Phase)
+COMMAND_ATTEMPTS = 5  # an admin command re-read and re-applied after a concurrent write, at most
 LEASE_PROBE_S = 0.25  # a renewal's budget while the store is away (an answering store takes milliseconds)
 
 
@@ -116,9 +117,9 @@ class RolloutController:
             raise Conflict(refused_checks)
         versions = {stable, spec.canary} | ({spec.baseline} if spec.baseline else set())
         await self.triton.require_ready(model, versions)
-        self.fast.baseline(model, *versions)  # only failures from now on count
         rollout = dataclasses.replace(steps.begin(model, spec, stable, self.clock()),
                                       policy_revision=policy.revision if policy else 0)
+        self.fast.count_from(rollout)  # only failures from now on count (the lease holder's: see FastPath.check)
         refused = await self.hooks.refusal(rollout, ("pre_rollout",), self.call_timeout_s)
         if refused is not None:
             raise Conflict(f"the pre_rollout gate {refused[0].url} refused the rollout: {refused[1]}")
@@ -146,21 +147,29 @@ class RolloutController:
         return rollout
 
     async def command(self, model: str, command: str, actor: str) -> Rollout:
-        stored, rollout = await self._load(model)
-        try:
-            changed = steps.on_command(rollout, command, self.clock(), actor)
-        except TransitionError as exc:
-            raise Conflict(str(exc)) from None
-        policy = await self.store.get_policy(model)
-        if command == "resume":  # the SRE's resume re-asserts the rollout's weights over theirs
-            changed = dataclasses.replace(changed, policy_revision=policy.revision if policy else 0)
-            self.fast.baseline(model, *changed.weights())
-        try:
-            result = await self._commit(stored, changed, policy, None, actor)
-        except PolicyMoved:
-            raise Conflict(f"the policy of '{model}' changed while the command ran: try again") from None
-        await self.policies.audit(model, actor, f"rollout_{command}", result.reason, at=self.clock())
-        return result
+        """An SRE's promote / pause / resume / abort, on whichever replica received it: a
+        compare-and-set on the rollout record (and, for its weights, on the policy; see
+        :mod:`gateway.rollout.driver`). When the lease holder's tick wrote in between, the
+        command reads both records again and is applied to what the tick left."""
+        for _ in range(COMMAND_ATTEMPTS):
+            stored, rollout = await self._load(model)
+            policy = await self.store.get_policy(model)
+            rollout = adopt_own_write(rollout, policy)  # a tick's policy write that just landed is the rollout's
+            try:
+                changed = steps.on_command(rollout, command, self.clock(), actor)
+            except TransitionError as exc:
+                raise Conflict(str(exc)) from None
+            if command == "resume":  # the SRE's resume re-asserts the rollout's weights over theirs
+                changed = dataclasses.replace(changed, policy_revision=policy.revision if policy else 0)
+            try:
+                result = await self._commit(stored, changed, policy, None, actor)
+            except (PolicyMoved, StaleRevision):
+                continue  # someone wrote in between: read both records again
+            if command == "resume":  # here at once; on the lease holder when it reads the record
+                self.fast.count_from(result)
+            await self.policies.audit(model, actor, f"rollout_{command}", result.reason, at=self.clock())
+            return result
+        raise Conflict(f"the rollout of '{model}' kept changing while the {command} ran: try again")
 
     async def status(self, model: str) -> dict[str, Any]:
         _, rollout = await self._load(model)

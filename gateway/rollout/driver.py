@@ -11,8 +11,13 @@ crash between two of them is recognised on the next tick:
 3. the rollout again, ``applied`` with the revision written.
 
 A crash after (2) leaves a policy at ``pending_revision`` with our weights: adopted as ours,
-the rollout goes on at the same step. A rollback moves traffic off the canary in this
-replica's policy book *before* the first write, so it takes effect even when the store is down.
+the rollout goes on at the same step. (1) is a compare-and-set on the policy's revision as
+well, and (2) on the rollout record's (a store ``Guard``): an admin command served by any
+replica and the lease holder's tick write through this same path, and whichever of the two
+comes second is refused and reads both records again, so neither is lost.
+
+A rollback moves traffic off the canary in this replica's policy book *before* the first
+write, so it takes effect even when the store is down.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from gateway.rollout.phases import Phase
 from gateway.rollout.steps import Rollout
 from gateway.services.policies import PolicyService
 from gateway.services.triton_control import TritonControl
-from gateway.store.base import EventDraft, Fence, StateStore, StoredPolicy, StoredRollout
+from gateway.store.base import EventDraft, Fence, Guard, StateStore, StoredPolicy, StoredRollout
 
 
 class PolicyMoved(Exception):
@@ -50,14 +55,15 @@ class PolicyDriver:
         self.overridden: set[str] = set()  # models whose book holds a rollback the store has not seen yet
         self.known: dict[str, StoredRollout] = {}  # the newest record per model: the controller's memory
 
-    async def save(self, base: StoredRollout, rollout: Rollout, fence: Fence | None) -> StoredRollout:
+    async def save(self, base: StoredRollout, rollout: Rollout, fence: Fence | None,
+                   guard: Guard | None = None) -> StoredRollout:
         document = rollout.document()
         if document == base.document:
             return base
         if fence is None:
-            saved = await self.store.put_rollout(rollout.model, document, base.revision)
+            saved = await self.store.put_rollout(rollout.model, document, base.revision, guard)
         else:
-            saved = await self.store.put_rollout_fenced(rollout.model, document, base.revision, fence)
+            saved = await self.store.put_rollout_fenced(rollout.model, document, base.revision, fence, guard)
         self.known[rollout.model] = saved
         return saved
 
@@ -92,7 +98,11 @@ class PolicyDriver:
         expected = revision_of(fresh)
         intent = dataclasses.replace(rollout, applied=False, pending_revision=expected + 1,
                                      apply_reason=f"writing policy revision {expected + 1}")
-        saved = await self.save(base, intent, fence)
+        # Announced only while the policy is still at `expected`, and written only while the
+        # announcement is the newest rollout record: an admin command on another replica and
+        # this tick (or the other way round) cannot interleave so that one's record stands
+        # beside the other's weights; the one that loses reads both again (StaleRevision).
+        saved = await self.save(base, intent, fence, Guard("policy", expected))
         if not urgent:  # moving traffic *away* from a broken version never waits on its health
             try:
                 async with asyncio.timeout(self.fast.call_timeout_s):
@@ -100,10 +110,11 @@ class PolicyDriver:
             except TimeoutError:
                 raise UpstreamTimeout(f"Triton did not answer within {self.fast.call_timeout_s:g}s") from None
         event = EventDraft(actor, "rollout_weights", rollout.reason)
+        announced = Guard("rollout", saved.revision)
         if fence is None:
-            written = await self.store.put_policy(rollout.model, spec, expected, event)
+            written = await self.store.put_policy(rollout.model, spec, expected, event, announced)
         else:
-            written = await self.store.put_policy_fenced(rollout.model, spec, expected, event, fence)
+            written = await self.store.put_policy_fenced(rollout.model, spec, expected, event, fence, announced)
         self.policies.apply(written)
         self.overridden.discard(rollout.model)
         done = _applied(intent, written.revision, f"policy revision {written.revision} written")

@@ -44,13 +44,22 @@ class FastPath:
         self.triton = triton
         self.call_timeout_s = call_timeout_s
         self._seen: dict[tuple[str, str, str], int] = {}
+        self._counting_from: dict[str, float] = {}  # model -> the rollout's fast_path_from counted from here
         self.troubled_at: dict[str, float] = {}  # model -> last time Triton itself could not serve it
 
     def baseline(self, model: str, *versions: str) -> None:
-        """Only failures from now on count (a new rollout, or after a pause)."""
+        """Only failures from now on count."""
         for version in versions:
             for kind in VERSION_SPECIFIC_KINDS:
                 self._new_failures(model, version, kind)
+
+    def count_from(self, rollout: Rollout) -> None:
+        """Only failures from now on count, for the rollout's ``fast_path_from`` (its start, its
+        last resume). :meth:`check` calls it when the record names a moment this replica has not
+        counted from yet: the lease holder resets its own counts, whichever replica served the
+        command (failures seen during a pause must not roll a resumed canary back)."""
+        self._counting_from[rollout.model] = rollout.fast_path_from
+        self.baseline(rollout.model, *dict.fromkeys((rollout.canary, rollout.stable, rollout.reference)))
 
     async def states(self, model: str, *keys: str) -> tuple[dict[str, VersionState], bool] | None:
         """One snapshot of the repository index of the fleets the target keys (``version`` or
@@ -72,6 +81,8 @@ class FastPath:
     async def check(self, rollout: Rollout) -> tuple[str | None, str | None]:
         """From one snapshot of Triton's index: why the canary must be rolled back at once, and
         why the rollout must pause (its baseline cannot serve); (None, None) when neither."""
+        if self._counting_from.get(rollout.model) != rollout.fast_path_from:
+            self.count_from(rollout)
         if rollout.canary_percent == 0:
             return None, None
         failures = {kind: self._new_failures(rollout.model, rollout.canary, kind) for kind in VERSION_SPECIFIC_KINDS}

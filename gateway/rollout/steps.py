@@ -50,6 +50,9 @@ class Rollout:
     # (each step's reason repeats it). Defaults, so a rollout stored before them still loads.
     rollback_step: int = 0
     rollback_reason: str = ""
+    # The fast path counts the canary's failures from this moment (the start, the last resume):
+    # in the record, so the lease holder resets its counts whichever replica took the command.
+    fast_path_from: float = 0.0
 
     @property
     def settled(self) -> bool:
@@ -107,7 +110,7 @@ class Rollout:
             "evidence": self.evidence, "consecutive_inconclusive": self.consecutive_inconclusive,
             "applied": self.applied, "apply_reason": self.apply_reason, "pending_revision": self.pending_revision,
             "manual_revision": self.manual_revision, "rollback_step": self.rollback_step,
-            "rollback_reason": self.rollback_reason,
+            "rollback_reason": self.rollback_reason, "fast_path_from": self.fast_path_from,
             # derived, for status readers: the percents of a gradual rollback under way
             "descent": [_number(p) for p in self.descent] if self.phase is Phase.ROLLING_BACK else None,
         }
@@ -127,6 +130,7 @@ class Rollout:
             applied=doc.get("applied", False), apply_reason=doc.get("apply_reason", "not written yet"),
             pending_revision=doc.get("pending_revision", 0), manual_revision=doc.get("manual_revision", 0),
             rollback_step=doc.get("rollback_step", 0), rollback_reason=doc.get("rollback_reason", ""),
+            fast_path_from=doc.get("fast_path_from", 0.0),
         )
 
 
@@ -148,7 +152,7 @@ def begin(model: str, spec: RolloutSpec, stable: str, now: float) -> Rollout:
     if spec.baseline is not None:
         reason += f", judged against baseline {spec.baseline} at the same weight"
     return Rollout(model=model, spec=spec, stable=stable, phase=Phase.PROGRESSING, step=0, started_at=now,
-                   step_started_at=now, last_transition_at=now, reason=reason,
+                   step_started_at=now, last_transition_at=now, reason=reason, fast_path_from=now,
                    history=({"at": now, "from": None, "to": Phase.PROGRESSING.value, "step": 0, "reason": reason},))
 
 
@@ -272,7 +276,7 @@ def on_command(rollout: Rollout, command: str, now: float, actor: str) -> Rollou
         if rollout.phase is not Phase.PAUSED:
             raise TransitionError(f"the rollout is {rollout.phase.value}, not paused")
         return _move(rollout, Phase.PROGRESSING, now, f"resumed by {actor}", step_started_at=now,
-                     consecutive_errors=0, consecutive_inconclusive=0)
+                     consecutive_errors=0, consecutive_inconclusive=0, fast_path_from=now)
     if command == "abort":
         return _move(rollout, Phase.ABORTED, now, f"aborted by {actor}: back to {rollout.stable}",
                      awaiting_promote=False)

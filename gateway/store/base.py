@@ -45,6 +45,19 @@ class Fence:
 
 
 @dataclass(frozen=True)
+class Guard:
+    """A second compare-and-set, checked atomically with a write: the model's ``kind`` record
+    (``"policy"`` or ``"rollout"``) must still be at ``revision`` (0: no record), else the write
+    raises StaleRevision and changes nothing. It ties a model's two records together: a rollout
+    announces the policy revision it is about to write only while the policy is still the one
+    it read, and the policy write lands only while that announcement is the newest rollout
+    record, so an admin command and a controller tick can never interleave into a lost write."""
+
+    kind: str
+    revision: int
+
+
+@dataclass(frozen=True)
 class StoredPolicy:
     model: str
     spec: PolicySpec | None  # None: deleted (tombstone), the model is back to passthrough
@@ -167,10 +180,10 @@ class StateStore(Protocol):
         """Every policy record with the store's generation, unreadable records named apart."""
 
     async def put_policy(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
-                         event: EventDraft) -> StoredPolicy:
+                         event: EventDraft, guard: Guard | None = None) -> StoredPolicy:
         """Compare-and-set: write ``spec`` (None deletes) as revision+1 and append the event,
-        atomically and durably. ``expected_revision`` None skips the check; a mismatch raises
-        StaleRevision and changes nothing."""
+        atomically and durably. ``expected_revision`` None skips the check; a mismatch (or a
+        ``guard`` that does not hold) raises StaleRevision and changes nothing."""
 
     async def append_event(self, model: str, event: Event) -> None:
         """Append one audit event."""
@@ -184,8 +197,10 @@ class StateStore(Protocol):
     async def list_rollouts(self) -> dict[str, StoredRollout]:
         """Every rollout record."""
 
-    async def put_rollout(self, model: str, document: dict[str, Any], expected_revision: int | None) -> StoredRollout:
-        """Compare-and-set a rollout document (revision+1); StaleRevision on mismatch."""
+    async def put_rollout(self, model: str, document: dict[str, Any], expected_revision: int | None,
+                          guard: Guard | None = None) -> StoredRollout:
+        """Compare-and-set a rollout document (revision+1); StaleRevision on mismatch (or when
+        ``guard`` does not hold)."""
 
     async def delete_rollout(self, model: str, expected_revision: int) -> None:
         """Remove the model's rollout record if it is still at ``expected_revision``
@@ -217,12 +232,12 @@ class StateStore(Protocol):
         gives the previous epoch + 1, durably, so epochs never repeat for a name."""
 
     async def put_policy_fenced(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
-                                event: EventDraft, fence: Fence) -> StoredPolicy:
+                                event: EventDraft, fence: Fence, guard: Guard | None = None) -> StoredPolicy:
         """:meth:`put_policy`, done only if ``fence`` is still the lease's current holder and epoch,
         checked atomically with the write; LeaseLost otherwise (nothing changes)."""
 
     async def put_rollout_fenced(self, model: str, document: dict[str, Any], expected_revision: int | None,
-                                 fence: Fence) -> StoredRollout:
+                                 fence: Fence, guard: Guard | None = None) -> StoredRollout:
         """:meth:`put_rollout`, fenced like :meth:`put_policy_fenced`."""
 
     # -- the versions the gateway wants loaded, restored after a Triton restart ----------------

@@ -17,6 +17,7 @@ from gateway.store.base import (
     Event,
     EventDraft,
     Fence,
+    Guard,
     PolicyScan,
     ReplicaReport,
     StoredPolicy,
@@ -67,9 +68,10 @@ class InMemoryStore:
         return PolicyScan(self._generation, dict(self._policies), {})
 
     async def put_policy(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
-                         event: EventDraft) -> StoredPolicy:
+                         event: EventDraft, guard: Guard | None = None) -> StoredPolicy:
         current = self._policies.get(model)
         check_revision("policy", model, current.revision if current else 0, expected_revision)
+        self._check_guard(model, guard)
         stored = StoredPolicy(model, spec, (current.revision if current else 0) + 1, time.time(), self._generation,
                               event.actor)
         self._policies[model] = stored
@@ -95,9 +97,11 @@ class InMemoryStore:
     async def list_rollouts(self) -> dict[str, StoredRollout]:
         return dict(self._rollouts)
 
-    async def put_rollout(self, model: str, document: dict[str, Any], expected_revision: int | None) -> StoredRollout:
+    async def put_rollout(self, model: str, document: dict[str, Any], expected_revision: int | None,
+                          guard: Guard | None = None) -> StoredRollout:
         current = self._rollouts.get(model)
         check_revision("rollout", model, current.revision if current else 0, expected_revision)
+        self._check_guard(model, guard)
         stored = StoredRollout(model, document, (current.revision if current else 0) + 1)
         self._rollouts[model] = stored
         self._publish(model)
@@ -192,21 +196,32 @@ class InMemoryStore:
         if current is None or (current[0], current[2]) != (fence.holder, fence.epoch):
             raise LeaseLost(fence_message(fence, current[2] if current else 0))
 
+    def _check_guard(self, model: str, guard: Guard | None) -> None:
+        if guard is not None:
+            record = (self._policies if guard.kind == "policy" else self._rollouts).get(model)
+            check_guard(model, guard, record.revision if record is not None else 0)
+
     async def put_policy_fenced(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
-                                event: EventDraft, fence: Fence) -> StoredPolicy:
+                                event: EventDraft, fence: Fence, guard: Guard | None = None) -> StoredPolicy:
         self._check_fence(fence)  # no await before the write: atomic on the event loop
-        return await self.put_policy(model, spec, expected_revision, event)
+        return await self.put_policy(model, spec, expected_revision, event, guard)
 
     async def put_rollout_fenced(self, model: str, document: dict[str, Any], expected_revision: int | None,
-                                 fence: Fence) -> StoredRollout:
+                                 fence: Fence, guard: Guard | None = None) -> StoredRollout:
         self._check_fence(fence)
-        return await self.put_rollout(model, document, expected_revision)
+        return await self.put_rollout(model, document, expected_revision, guard)
 
     async def put_loaded_versions(self, model: str, versions: list[str]) -> None:
         self._loaded[model] = sorted(versions, key=int)
 
     async def loaded_versions(self) -> dict[str, list[str]]:
         return dict(self._loaded)
+
+
+def check_guard(model: str, guard: Guard, current: int) -> None:
+    if current != guard.revision:
+        raise StaleRevision(f"the {guard.kind} of model '{model}' moved to revision {current} (from "
+                            f"{guard.revision}) while this write was prepared: read both again and retry")
 
 
 def fence_message(fence: Fence, current_epoch: int) -> str:

@@ -30,13 +30,14 @@ from gateway.store.base import (
     Event,
     EventDraft,
     Fence,
+    Guard,
     PolicyScan,
     ReplicaReport,
     StoredPolicy,
     StoredRollout,
     new_generation,
 )
-from gateway.store.memory import fence_message
+from gateway.store.memory import check_guard, fence_message
 from gateway.store.records import load_json, record_field, spec_from_document, stored_spec
 
 # Drops audit events older than the cutoff from the list's tail (the oldest end), a bounded
@@ -60,10 +61,23 @@ local function revision_of(raw)
 end
 """
 
-# KEYS: record, events list, changes channel, generation. ARGV: expected revision ('' = any),
-# record JSON template (revision filled in here), event JSON ('' = none), model, max events,
-# a fresh generation id (used only if the store has none), oldest event time to keep.
-_CAS = _TRIM + """
+
+
+def _guarded(key: int, revision: int) -> str:
+    """The Guard check (base.Guard) of a CAS script: KEYS[key] must be at ARGV[revision] ('' = no guard)."""
+    return f"""
+if ARGV[{revision}] ~= '' then
+  local guarded = revision_of(redis.call('GET', KEYS[{key}]))
+  if guarded ~= tonumber(ARGV[{revision}]) then return {{-3, guarded, ''}} end
+end
+"""
+
+
+# KEYS: record, events list, changes channel, generation, guarded record. ARGV: expected
+# revision ('' = any), record JSON template (revision filled in here), event JSON ('' = none),
+# model, max events, a fresh generation id (used only if the store has none), oldest event time
+# to keep, the guarded record's revision ('' = no guard).
+_CAS_BODY = """
 redis.call('SET', KEYS[4], ARGV[6], 'NX')
 local generation = redis.call('GET', KEYS[4])
 local current = redis.call('GET', KEYS[1])
@@ -79,6 +93,7 @@ end
 redis.call('PUBLISH', KEYS[3], ARGV[4])
 return {revision + 1, revision, generation}
 """
+_CAS = _TRIM + _guarded(5, 8) + _CAS_BODY
 
 # KEYS: events list. ARGV: event JSON, max events, oldest event time to keep.
 _APPEND = _TRIM + """
@@ -185,17 +200,19 @@ class RedisStore:
         return PolicyScan(generation, policies, corrupt)
 
     async def put_policy(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
-                         event: EventDraft) -> StoredPolicy:
+                         event: EventDraft, guard: Guard | None = None) -> StoredPolicy:
         now, record, finished = await self._policy_write(model, spec, event)
         revision, current, generation = await self._call(self._scripts["cas"](
-            keys=[self._key("policy", model), self._key("events"), self._key("changes"), self._key("generation")],
+            keys=[self._key("policy", model), self._key("events"), self._key("changes"), self._key("generation"),
+                  self._guard_key(model, guard)],
             args=["" if expected_revision is None else expected_revision, json.dumps(record),
                   json.dumps(_event_doc(finished)), model, self.audit.max_events, new_generation(),
-                  now - self.audit.max_age_s]))
-        if revision == -1:
-            raise StaleRevision(f"policy of model '{model}' is at revision {current}, not {expected_revision}: "
-                                "read it again and retry")
+                  now - self.audit.max_age_s, "" if guard is None else guard.revision]))
+        _refused(revision, current, "policy", model, expected_revision, guard)
         return StoredPolicy(model, spec, int(revision), now, str(generation), event.actor)
+
+    def _guard_key(self, model: str, guard: Guard | None) -> str:
+        return self._key(guard.kind if guard is not None else "policy", model)
 
     async def append_event(self, model: str, event: Event) -> None:
         await self._call(self._scripts["append"](keys=[self._key("events")], args=[
@@ -237,14 +254,15 @@ class RedisStore:
                 continue
         return out
 
-    async def put_rollout(self, model: str, document: dict[str, Any], expected_revision: int | None) -> StoredRollout:
+    async def put_rollout(self, model: str, document: dict[str, Any], expected_revision: int | None,
+                          guard: Guard | None = None) -> StoredRollout:
         record = {"model": model, "document": document}
         revision, current, _ = await self._call(self._scripts["cas"](
-            keys=[self._key("rollout", model), self._key("events"), self._key("changes"), self._key("generation")],
+            keys=[self._key("rollout", model), self._key("events"), self._key("changes"), self._key("generation"),
+                  self._guard_key(model, guard)],
             args=["" if expected_revision is None else expected_revision, json.dumps(record), "", model,
-                  self.audit.max_events, new_generation(), 0]))
-        if revision == -1:
-            raise StaleRevision(f"rollout of model '{model}' is at revision {current}, not {expected_revision}")
+                  self.audit.max_events, new_generation(), 0, "" if guard is None else guard.revision]))
+        _refused(revision, current, "rollout", model, expected_revision, guard)
         return StoredRollout(model, document, int(revision))
 
     async def delete_rollout(self, model: str, expected_revision: int) -> None:
@@ -327,31 +345,29 @@ class RedisStore:
         return None if int(epoch) < 0 else int(epoch)
 
     async def put_policy_fenced(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
-                                event: EventDraft, fence: Fence) -> StoredPolicy:
+                                event: EventDraft, fence: Fence, guard: Guard | None = None) -> StoredPolicy:
         now, record, finished = await self._policy_write(model, spec, event)
         revision, generation = await self._fenced_cas("policy", model, expected_revision, record,
-                                                      json.dumps(_event_doc(finished)), fence, now)
+                                                      json.dumps(_event_doc(finished)), fence, now, guard)
         return StoredPolicy(model, spec, revision, now, generation, event.actor)
 
     async def put_rollout_fenced(self, model: str, document: dict[str, Any], expected_revision: int | None,
-                                 fence: Fence) -> StoredRollout:
+                                 fence: Fence, guard: Guard | None = None) -> StoredRollout:
         revision, _ = await self._fenced_cas("rollout", model, expected_revision,
-                                             {"model": model, "document": document}, "", fence, 0.0)
+                                             {"model": model, "document": document}, "", fence, 0.0, guard)
         return StoredRollout(model, document, revision)
 
     async def _fenced_cas(self, kind: str, model: str, expected_revision: int | None, record: dict[str, Any],
-                          event: str, fence: Fence, now: float) -> tuple[int, str]:
+                          event: str, fence: Fence, now: float, guard: Guard | None) -> tuple[int, str]:
         revision, current, generation = await self._call(self._scripts["fenced_cas"](
             keys=[self._key(kind, model), self._key("events"), self._key("changes"), self._key("generation"),
-                  self._key("fence", fence.name)],
+                  self._key("fence", fence.name), self._guard_key(model, guard)],
             args=["" if expected_revision is None else expected_revision, json.dumps(record), event, model,
                   self.audit.max_events, new_generation(), now - self.audit.max_age_s if event else 0,
-                  fence.holder, fence.epoch]))
+                  fence.holder, fence.epoch, "" if guard is None else guard.revision]))
         if revision == -2:
             raise LeaseLost(fence_message(fence, int(current)))
-        if revision == -1:
-            raise StaleRevision(f"{kind} of model '{model}' is at revision {current}, not {expected_revision}: "
-                                "read it again and retry")
+        _refused(revision, current, kind, model, expected_revision, guard)
         return int(revision), str(generation)
 
     async def put_loaded_versions(self, model: str, versions: list[str]) -> None:
@@ -428,6 +444,15 @@ class RedisStore:
 _EVENT_FIELDS = ("id", "at", "actor", "action", "model", "before", "after", "reason")
 
 
+def _refused(revision: int, current: int, kind: str, model: str, expected: int | None, guard: Guard | None) -> None:
+    """StaleRevision for a CAS script's refusal: -1 the record's own revision, -3 the guard's."""
+    if revision == -1:
+        raise StaleRevision(f"{kind} of model '{model}' is at revision {current}, not {expected}: "
+                            "read it again and retry")
+    if revision == -3 and guard is not None:
+        check_guard(model, guard, int(current))
+
+
 def _policy(model: str, raw: str, generation: str) -> StoredPolicy:
     what = f"stored policy of model '{model}'"
     doc = load_json(raw, what)
@@ -467,10 +492,11 @@ end
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 return epoch
 """
-# _CAS behind a fence check: KEYS[5] is the fence record, ARGV[8] the holder, ARGV[9] the epoch.
+# _CAS behind a fence check: KEYS[5] is the fence record, ARGV[8] the holder, ARGV[9] the epoch;
+# the guarded record is KEYS[6], its revision ARGV[10].
 _FENCED_CAS = """
 local fence = redis.call('HMGET', KEYS[5], 'holder', 'epoch')
 if fence[1] ~= ARGV[8] or tonumber(fence[2]) ~= tonumber(ARGV[9]) then
   return {-2, tonumber(fence[2]) or 0, ''}
 end
-""" + _CAS
+""" + _TRIM + _guarded(6, 10) + _CAS_BODY

@@ -30,6 +30,7 @@ from gateway.store.base import (
     Event,
     EventDraft,
     Fence,
+    Guard,
     PolicyScan,
     ReplicaReport,
     StoredPolicy,
@@ -37,7 +38,7 @@ from gateway.store.base import (
     new_generation,
 )
 from gateway.store.budget import CALL_BUDGET_S
-from gateway.store.memory import check_revision, fence_message
+from gateway.store.memory import check_guard, check_revision, fence_message
 from gateway.store.records import load_json, spec_from_document, stored_spec
 
 T = TypeVar("T")
@@ -163,16 +164,17 @@ class SQLiteStore:
         return PolicyScan(self._generation, policies, corrupt)
 
     async def put_policy(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
-                         event: EventDraft) -> StoredPolicy:
+                         event: EventDraft, guard: Guard | None = None) -> StoredPolicy:
         return await self._run(lambda db: self._transaction(
-            db, lambda: self._write_policy(db, model, spec, expected_revision, event)))
+            db, lambda: self._write_policy(db, model, spec, expected_revision, event, guard)))
 
     def _write_policy(self, db: sqlite3.Connection, model: str, spec: PolicySpec | None,
-                      expected_revision: int | None, event: EventDraft) -> StoredPolicy:
+                      expected_revision: int | None, event: EventDraft, guard: Guard | None) -> StoredPolicy:
         """put_policy's statements, inside a transaction (the fenced write checks its fence first)."""
         rows = db.execute(f"SELECT {POLICY_COLUMNS} FROM policies WHERE model = ?", (model,)).fetchall()
         revision = rows[0][2] if rows else 0
         check_revision("policy", model, revision, expected_revision)
+        _check_guard(db, model, guard)
         try:
             current = _policy(rows[0], self._generation) if rows else None
         except CorruptRecord:  # overwriting a corrupt record is how it gets repaired
@@ -227,9 +229,10 @@ class SQLiteStore:
                 log.warning("%s: skipped", exc.message)
         return out
 
-    async def put_rollout(self, model: str, document: dict[str, Any], expected_revision: int | None) -> StoredRollout:
+    async def put_rollout(self, model: str, document: dict[str, Any], expected_revision: int | None,
+                          guard: Guard | None = None) -> StoredRollout:
         return await self._run(lambda db: self._transaction(
-            db, lambda: _write_rollout(db, model, document, expected_revision)))
+            db, lambda: _write_rollout(db, model, document, expected_revision, guard)))
 
     async def delete_rollout(self, model: str, expected_revision: int) -> None:
         def work(db: sqlite3.Connection) -> None:
@@ -311,22 +314,22 @@ class SQLiteStore:
         return await self._run(work)
 
     async def put_policy_fenced(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
-                                event: EventDraft, fence: Fence) -> StoredPolicy:
+                                event: EventDraft, fence: Fence, guard: Guard | None = None) -> StoredPolicy:
         def work(db: sqlite3.Connection) -> StoredPolicy:
             def body() -> StoredPolicy:
                 _check_fence(db, fence)
-                return self._write_policy(db, model, spec, expected_revision, event)
+                return self._write_policy(db, model, spec, expected_revision, event, guard)
 
             return self._transaction(db, body)
 
         return await self._run(work)
 
     async def put_rollout_fenced(self, model: str, document: dict[str, Any], expected_revision: int | None,
-                                 fence: Fence) -> StoredRollout:
+                                 fence: Fence, guard: Guard | None = None) -> StoredRollout:
         def work(db: sqlite3.Connection) -> StoredRollout:
             def body() -> StoredRollout:
                 _check_fence(db, fence)
-                return _write_rollout(db, model, document, expected_revision)
+                return _write_rollout(db, model, document, expected_revision, guard)
 
             return self._transaction(db, body)
 
@@ -432,11 +435,19 @@ def _check_fence(db: sqlite3.Connection, fence: Fence) -> None:
         raise LeaseLost(fence_message(fence, row[1] if row else 0))
 
 
+def _check_guard(db: sqlite3.Connection, model: str, guard: Guard | None) -> None:
+    if guard is not None:
+        table = "policies" if guard.kind == "policy" else "rollouts"
+        row = db.execute(f"SELECT revision FROM {table} WHERE model = ?", (model,)).fetchone()
+        check_guard(model, guard, row[0] if row else 0)
+
+
 def _write_rollout(db: sqlite3.Connection, model: str, document: dict[str, Any],
-                   expected_revision: int | None) -> StoredRollout:
+                   expected_revision: int | None, guard: Guard | None) -> StoredRollout:
     """put_rollout's statements, inside a transaction (the fenced write checks its fence first)."""
     rows = db.execute("SELECT revision FROM rollouts WHERE model = ?", (model,)).fetchall()
     current = rows[0][0] if rows else 0
     check_revision("rollout", model, current, expected_revision)
+    _check_guard(db, model, guard)
     db.execute("INSERT OR REPLACE INTO rollouts VALUES (?, ?, ?)", (model, json.dumps(document), current + 1))
     return StoredRollout(model, document, current + 1)

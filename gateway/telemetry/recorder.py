@@ -17,6 +17,7 @@ collector, the analysis, the drain) get read-only views. Nothing outside mutates
 
 from __future__ import annotations
 
+import re
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Mapping
@@ -66,15 +67,53 @@ class Outcome(str, Enum):
 
 OUTCOMES = tuple(Outcome)
 _QUEUE_FULL = QUEUE_FULL.encode()
+# Triton's own words for a request it could not accept, found by sending malformed requests to
+# the real Triton (tests/integration/test_client_errors_classified.py). Some come with HTTP 500
+# or gRPC INTERNAL (a body it could not parse, JSON of the wrong shape), and a ModelStreamInfer
+# reply carries only the words: whatever the status, an error that starts with one of them is
+# the client's, not the version's. The one table; both protocols and streams use it.
+CLIENT_ERROR_MESSAGES = (
+    "failed to parse the request JSON buffer",  # HTTP 500: the body is not JSON
+    "Unable to parse '",  # HTTP 500: 'inputs', 'data', 'shape' missing or of the wrong type
+    "unexpected inference input ",
+    "unexpected inference output ",
+    "unexpected shape for input ",
+    "input byte size mismatch for input ",
+    r"expected \d+ inputs but got \d+ inputs",
+    "inference request batch-size must be <= ",
+    "unable to find data for input tensor ",
+    "invalid datatype for input ",
+    "inference input '[^']*' data-type is ",
+)
+_CLIENT_ERROR = re.compile("|".join(f"(?:{pattern})" for pattern in CLIENT_ERROR_MESSAGES).encode())  # regexes
+_REQUEST_ID = b"[request id: "
+_JSON_ERROR = b'{"error":"'
+
+
+def client_caused(message: bytes) -> bool:
+    """Triton's error ``message`` (or an HTTP error body) says the request could not be accepted
+    (:data:`CLIENT_ERROR_MESSAGES`). Triton starts some of them with ``[request id: <id>] ``:
+    the id is the client's own, so dressing a message up that way can only relabel the errors
+    of the client's own requests."""
+    if message.startswith(_JSON_ERROR):
+        message = message[len(_JSON_ERROR):]
+    if message.startswith(_REQUEST_ID):
+        end = message.find(b"] ")
+        if end >= 0:
+            message = message[end + 2:]
+    return _CLIENT_ERROR.match(message) is not None
 
 
 def http_outcome(status: int, body: bytes = b"") -> Outcome:
-    """Whose fault an HTTP answer was. ``body`` matters only for a 503 (a short error body)."""
+    """Whose fault an HTTP answer was. ``body`` (a short error body) matters only for a 503
+    (Triton's full queue) and a 500 (Triton's words for a body it could not parse)."""
     if status < 400:
         return Outcome.SUCCESS
     if status == 429 or (status == 503 and _QUEUE_FULL in body):
         return Outcome.OVERLOAD
-    return Outcome.CLIENT_ERROR if status < 500 else Outcome.UPSTREAM_ERROR
+    if status < 500 or (status == 500 and client_caused(body)):
+        return Outcome.CLIENT_ERROR
+    return Outcome.UPSTREAM_ERROR
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import asyncio
 import pickle
 import socket
 import struct
+import time
 from typing import Any
 
 REPORT_S = 0.25  # a worker reports at least this often: the judge and /metrics lag by at most this
@@ -37,6 +38,7 @@ class Channel:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
+        self.decode_s = 0.0  # CPU spent unpickling what came in: the control plane's cost, for the benchmark
 
     @classmethod
     async def connect(cls, path: str) -> Channel:
@@ -57,7 +59,9 @@ class Channel:
             body = await self.reader.readexactly(size)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             raise ChannelClosed(str(exc)) from exc
+        started = time.perf_counter()
         message: tuple[Any, ...] = pickle.loads(body)
+        self.decode_s += time.perf_counter() - started
         return message
 
     def close(self) -> None:

@@ -26,7 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from gateway.telemetry.recorder import LATENCY_BOUNDS, OUTCOMES, Outcome, Recorder, ShadowStats
+from gateway.telemetry.recorder import (
+    LATENCY_BOUNDS,
+    MAX_CLIENTS,
+    OUTCOMES,
+    OVERFLOW_CLIENT,
+    Outcome,
+    Recorder,
+    ShadowStats,
+)
 from gateway.telemetry.reservoir import DEFAULT_SIZE
 
 _BUCKETS = len(LATENCY_BOUNDS) + 1
@@ -58,6 +66,8 @@ class Delta:
     streams: dict[tuple[str, str, bool], tuple[int, float, list[int]]] = field(default_factory=dict)
     samples: dict[tuple[str, str], Sample] = field(default_factory=dict)
     stream_samples: dict[tuple[str, str, bool], Sample] = field(default_factory=dict)
+    # per watched version, each client's (answered, upstream errors, 4xx): the judge caps each client's share
+    clients: dict[tuple[str, str], dict[str, tuple[int, int, int]]] = field(default_factory=dict)
     inflight: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def requests(self) -> int:
@@ -102,6 +112,9 @@ class DeltaRecorder(Recorder):
             if reservoir.seen:
                 seen = reservoir.seen
                 delta.samples[watched] = (seen, reservoir.take())
+            clients = self.take_clients(*watched)
+            if clients:
+                delta.clients[watched] = clients
         for (model, version), stream in list(self._streams.items()):
             if stream.samples is not None:
                 for first, part in zip((True, False), stream.samples):
@@ -247,7 +260,7 @@ class MergedRecorder(Recorder):
         self.watch_changed()
 
     def forget_worker(self, worker: int) -> None:
-        """A worker is gone: its requests in flight are no longer in flight."""
+        """A worker (by process id) is gone: its requests in flight are no longer in flight."""
         self._worker_inflight.pop(worker, None)
         self._sum_inflight()
 
@@ -286,6 +299,8 @@ class MergedRecorder(Recorder):
             sample = self._reservoirs.get(watched)
             if isinstance(sample, MergedSample):
                 sample.merge(seen, values)
+        for watched, clients in delta.clients.items():
+            self._merge_clients(watched, clients)
         for (model, version, first), (seen, values) in delta.stream_samples.items():
             streamed = self._streams.get((model, version))
             if streamed is not None and streamed.samples is not None:
@@ -294,6 +309,22 @@ class MergedRecorder(Recorder):
                     part.merge(seen, values)
         self._worker_inflight[worker] = delta.inflight
         self._sum_inflight()
+
+    def _merge_clients(self, watched: tuple[str, str], clients: dict[str, tuple[int, int, int]]) -> None:
+        table = self._clients.get(watched)
+        if table is None:
+            return  # no longer watched here: the judge will not read it
+        for client, (answered, errors, client_errors) in clients.items():
+            counts = table.get(client)
+            if counts is None:
+                if len(table) >= MAX_CLIENTS:
+                    client = OVERFLOW_CLIENT
+                counts = table.get(client)
+                if counts is None:
+                    counts = table[client] = [0, 0, 0]
+            counts[0] += answered
+            counts[1] += errors
+            counts[2] += client_errors
 
     def _merge_seconds(self, delta: Delta) -> None:
         for (model, version, second), change in delta.seconds.items():

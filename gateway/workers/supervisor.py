@@ -182,18 +182,23 @@ class Supervisor:
         channel = Channel(reader, writer)
         slot: WorkerSlot | None = None
         try:
-            hello = await channel.receive()
-            slot = self.slots[hello[1]]
-            if slot.process is None or slot.process.pid != hello[2]:
+            _, index, pid = await channel.receive()
+            slot = self.slots[index]
+            if slot.process is None or slot.process.pid != pid:
                 return  # a worker this supervisor already replaced
             slot.channel = channel
             slot.last_report = time.monotonic()
             channel.send(*self._policies())
             while True:
                 message = await channel.receive()
+                # A replaced worker (SIGHUP) still drains and reports: its counts are merged, but
+                # the slot's liveness and policy are its successor's.
+                current = slot.process is not None and slot.process.pid == pid
                 if message[0] == "delta":
-                    self._merge(slot, message[1], message[2], message[3])
-                elif message[0] == "ack":
+                    self.cost.seconds += channel.decode_s  # reading the report is part of its cost
+                    channel.decode_s = 0.0
+                    self._merge(slot, pid, current, message[1], message[2], message[3])
+                elif message[0] == "ack" and current:
                     slot.push = message[1]
         except ChannelClosed:
             pass
@@ -205,18 +210,19 @@ class Supervisor:
                 slot.ready.clear()
             channel.close()
 
-    def _merge(self, slot: WorkerSlot, delta: Delta, lag_s: float, push: int) -> None:
+    def _merge(self, slot: WorkerSlot, pid: int, current: bool, delta: Delta, lag_s: float, push: int) -> None:
         started = time.perf_counter()
-        self.recorder.merge(slot.index, delta)
+        self.recorder.merge(pid, delta)
         self.cost.seconds += time.perf_counter() - started
         self.cost.reports += 1
         self.cost.requests += delta.requests()
-        slot.last_report = time.monotonic()
-        slot.lag_s = lag_s
-        slot.push = push
-        slot.reports += 1
         slot.requests += delta.requests()
-        slot.ready.set()
+        if current:
+            slot.last_report = time.monotonic()
+            slot.lag_s = lag_s
+            slot.push = push
+            slot.reports += 1
+            slot.ready.set()
 
     # -- processes ------------------------------------------------------------------------------
     def _process(self, settings: Settings) -> tuple[BaseProcess, Connection]:
@@ -253,9 +259,9 @@ class Supervisor:
     def _exited(self, slot: WorkerSlot, process: BaseProcess) -> None:
         asyncio.get_running_loop().remove_reader(process.sentinel)
         process.join(0.05)  # it has exited (its sentinel says so): reap it, for its exit code
+        self.recorder.forget_worker(process.pid or 0)  # its requests are no longer in flight
         if slot.process is not process:
             return  # an old process of a slot that already has its replacement (SIGHUP)
-        self.recorder.forget_worker(slot.index)
         if self._stopping:
             return
         slot.restarts += 1
@@ -391,8 +397,8 @@ class WorkersCollector:
         cost = self.supervisor.cost
         merged = CounterMetricFamily("gateway_worker_reports", "Worker reports merged by the control plane")
         merged.add_metric([], cost.reports)
-        seconds = CounterMetricFamily("gateway_worker_merge_seconds", "CPU seconds the control plane spent "
-                                      "merging worker reports")
+        seconds = CounterMetricFamily("gateway_worker_merge_seconds", "Seconds the control plane spent "
+                                      "decoding and merging worker reports")
         seconds.add_metric([], cost.seconds)
         yield from (up, restarts, lag, current, merged, seconds)
 

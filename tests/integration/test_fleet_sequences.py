@@ -66,3 +66,31 @@ def test_a_sequence_stays_on_one_server_however_its_body_is_framed(triton_pair: 
                     and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert sorted(served) == [0, STEPS], (framing, sequence_id, served)
+
+
+def test_a_grpc_sequence_id_past_the_bound_is_refused_before_the_fleet_pins_it(
+        triton_pair: tuple[LocalTriton, LocalTriton]) -> None:
+    """No sequence affinity policy: the fleet reads the id itself, and used to pin any string
+    (up to the message size) in its table. Now: INVALID_ARGUMENT past 128 characters."""
+    import grpc
+    from tritonclient.grpc import service_pb2
+
+    settings = fleet_settings(*triton_pair, policies={"qc": {"weights": {"2": 100}}})
+    with GatewayThread(settings) as gw:
+        channel = grpc.insecure_channel(f"127.0.0.1:{settings.grpc_port}")
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        codes = []
+        for sequence_id in ("s" * 128, "s" * 129, "x" * 100_000):
+            request = service_pb2.ModelInferRequest(model_name="qc")
+            request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4])
+            request.raw_input_contents.append(bytes(16))
+            request.parameters["sequence_id"].string_param = sequence_id
+            request.parameters["sequence_start"].bool_param = True
+            try:
+                infer(request.SerializeToString(), timeout=10)
+                codes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as exc:
+                codes.append(exc.code())
+        channel.close()
+        assert codes == [grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.INVALID_ARGUMENT]
+        assert len(gw.app.fleets.default.sequences) == 1  # only the id within the bound was pinned

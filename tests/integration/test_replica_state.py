@@ -61,7 +61,9 @@ def test_after_a_store_reset_a_put_reaches_both_replicas_within_a_second(triton:
         assert admin_call(a.url, "PATCH", "/admin/models/qc/policy/weights", {"weights": {"3": 100}})[0] == 200
         assert admin_call(a.url, "PUT", "/admin/models/tok/policy", {"weights": {"2": 100}})[0] == 200
         routes_to(b, "3", within_s=1)
-        assert b.app.book.revision("qc") == 2 and "tok" in b.app.book.snapshot()
+        # tok's PUT came after qc's PATCH: its change may reach b a moment later
+        wait_for(lambda: "tok" in b.app.book.snapshot(), 1, interval=0.02, what="tok in b's book")
+        assert b.app.book.revision("qc") == 2
 
         client = redis.Redis.from_url(redis_url)
         client.flushall()  # the shipped k8s Redis has no volume: a restart is this

@@ -49,11 +49,15 @@ class Supervised(GatewayProcess):
     N+1 Python processes start at once (the spare too): on a loaded 2-core machine that takes
     longer than GatewayProcess' 20 s, so the wait is longer, and a failed start kills it."""
 
+    def __init__(self, env: dict[str, str], *args: str) -> None:
+        super().__init__(env)
+        self.args = args
+
     def start(self) -> Supervised:
         import subprocess
         import sys
 
-        self.process = subprocess.Popen([sys.executable, "-m", "gateway", "serve"], env=self.env)
+        self.process = subprocess.Popen([sys.executable, "-m", "gateway", "serve", *self.args], env=self.env)
         try:
             wait_for(self._all_up, 90, interval=0.2, what="every worker up")
         except BaseException:
@@ -313,3 +317,46 @@ def test_admission_at_three_times_the_limit_refuses_the_share_one_process_would(
         together = refused_in_bursts(gw.url, 3, 12)
     assert alone == 3 * 8, alone
     assert abs(together - alone) <= 3, (together, alone)
+
+
+def test_a_stalled_worker_is_replaced_and_sighup_applies_the_config_file_worker_by_worker(
+        triton: LocalTriton, tmp_path: Path) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text('policies:\n  qc: {weights: {"2": 100}}\n')
+    env = workers_env(triton, tmp_path, 2, worker_stall_s="1")
+    del env["GATEWAY_POLICIES"]  # from the file, so that SIGHUP can change them
+    gw = Supervised(env, "--config", str(config)).start()
+    try:
+        stalled = workers(gw.url)["workers"][1]
+        os.kill(stalled["pid"], signal.SIGSTOP)  # its event loop stops: no reports, no requests
+        stopped_at = time.time()
+
+        def replaced() -> dict[str, Any] | None:
+            try:
+                slot = dict(workers(gw.url)["workers"][1])
+            except OSError:  # this call's connection went to the stalled worker: reset when it is killed
+                return None
+            return slot if slot["pid"] != stalled["pid"] else None
+
+        slot = wait_for(replaced, 10, interval=0.05, what="the stalled worker replaced")
+        assert 1.0 <= slot["started_at"] - stopped_at <= 3.0, slot  # worker_stall_s, then at once
+        assert slot["restarts"] == 1
+        wait_for(lambda: all(w["up"] for w in workers(gw.url)["workers"]), 60, what="every worker up again")
+        before = {w["pid"] for w in workers(gw.url)["workers"]}
+        assert asyncio.run(drive(gw.url, 20, concurrency=4)).versions == Counter({"2": 20})
+
+        config.write_text('policies:\n  qc: {weights: {"3": 100}}\n')
+        gw.process.send_signal(signal.SIGHUP)
+
+        def reloaded() -> bool:
+            try:
+                doc = workers(gw.url)
+            except OSError:  # a connection to an old worker as it drains
+                return False
+            return doc["all_current"] and all(w["up"] and w["pid"] not in before for w in doc["workers"])
+
+        wait_for(reloaded, 90, interval=0.2, what="every worker replaced with the new settings")
+        assert asyncio.run(drive(gw.url, 20, concurrency=4)).versions == Counter({"3": 20})
+        assert [w["restarts"] for w in workers(gw.url)["workers"]] == [0, 1]  # a reload is no restart
+    finally:
+        gw.stop()

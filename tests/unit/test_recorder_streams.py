@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from gateway.grpc.router import GrpcRouter
+import pytest
+
+from gateway.grpc.router import GrpcRouter, StreamLedger
 from gateway.grpc.upstream import GrpcUpstream
 from gateway.pipeline import DEFAULT, Pipeline
 from gateway.policy import PolicySpec
 from gateway.policy_book import PolicyBook
 from gateway.routing import Decision, Reason
 from gateway.telemetry.prometheus import GatewayCollector, make_registry
-from gateway.telemetry.recorder import LATENCY_BOUNDS, MAX_SERIES, UNKNOWN_MODEL, Recorder
+from gateway.telemetry.recorder import LATENCY_BOUNDS, MAX_SERIES, UNKNOWN_MODEL, Outcome, Recorder
 
 
 def test_stream_timings_are_sampled_only_while_the_version_is_watched() -> None:
@@ -60,32 +62,106 @@ def test_prometheus_shows_stream_histograms_per_version_of_streaming_models_only
     assert registry.get_sample_value(f"{first}_count", {"model": "qc", "version": "2"}) is None
 
 
-def test_grpc_stream_replies_are_timed_from_the_request_then_from_each_other() -> None:
+def reply(model: str = "tok", error: str = "", final: bool | None = True, request_id: str = "") -> bytes:
+    """A ModelStreamInferResponse as Triton sends it (tritonclient's protos)."""
+    from tritonclient.grpc import service_pb2
+
+    response = service_pb2.ModelStreamInferResponse(error_message=error)
+    response.infer_response.model_name = model
+    response.infer_response.id = request_id
+    if final is not None:
+        response.infer_response.parameters["triton_final_response"].bool_param = final
+    return bytes(response.SerializeToString())
+
+
+def new_router() -> tuple[GrpcRouter, Recorder]:
     recorder = Recorder()
-    router = GrpcRouter(Pipeline(PolicyBook(), recorder), GrpcUpstream("127.0.0.1:1"))
+    return GrpcRouter(Pipeline(PolicyBook(), recorder), GrpcUpstream("127.0.0.1:1")), recorder
+
+
+def test_grpc_stream_replies_are_timed_from_the_request_then_from_each_other() -> None:
+    router, recorder = new_router()
     decision = Decision("2", Reason.WEIGHTED)
     recorder.watch_latencies("tok", "2")
-    ok, failed = b"\x12\x00", b"\x0a\x04boom"  # ModelStreamInferResponse: infer_response / error_message
-    replied = router.record_stream_reply("tok", decision, ok, started=0.0)
-    assert replied > 0
-    again = router.record_stream_reply("tok", decision, ok, 0.0, replied)
-    assert router.record_stream_reply("tok", decision, failed, 0.0, again) == again, "a failed reply is not timed"
+    ledger = StreamLedger()
+    ledger.sent("tok", decision)
+    router.record_stream_reply(ledger, reply(final=False))
+    router.record_stream_reply(ledger, reply(final=False))
+    router.record_stream_reply(ledger, reply(error="injected fault in version 2"))
+    assert not ledger.pending, "the failed reply was the request's last"
     first, gaps = recorder.take_stream("tok", "2")
-    assert first == [replied] and len(gaps) == 1 and 0 < gaps[0] == again - replied
-    router.record_stream_reply("tok", DEFAULT, ok, 0.0)  # Triton's default version: recorded under ""
+    assert len(first) == 1 and len(gaps) == 1 and first[0] > 0 and gaps[0] > 0, "a failed reply is not timed"
+    ledger.sent("tok", DEFAULT)
+    router.record_stream_reply(ledger, reply())  # Triton's default version: recorded under ""
     assert recorder.streams[("tok", "")].first.count == 1
 
 
 def test_stream_replies_to_a_version_the_client_chose_are_shown_but_not_judged() -> None:
-    recorder = Recorder()
-    router = GrpcRouter(Pipeline(PolicyBook(), recorder), GrpcUpstream("127.0.0.1:1"))
+    router, recorder = new_router()
     recorder.watch_latencies("tok", "2")
-    ok = b"\x12\x00"
+    ledger = StreamLedger()
     for reason in (Reason.PINNED, Reason.RULE):
-        replied = router.record_stream_reply("tok", Decision("2", reason), ok, started=0.0)
-        router.record_stream_reply("tok", Decision("2", reason), ok, 0.0, replied)
+        ledger.sent("tok", Decision("2", reason))
+        router.record_stream_reply(ledger, reply(final=False))
+        router.record_stream_reply(ledger, reply())
     assert recorder.take_stream("tok", "2") == ([], []), "never in the judge's samples"
     stream = recorder.streams[("tok", "2")]
     assert (stream.first.count, stream.gap.count) == (2, 2), "in /metrics all the same"
-    router.record_stream_reply("tok", Decision("2", Reason.STICKY), ok, started=0.0)
+    ledger.sent("tok", Decision("2", Reason.STICKY))
+    router.record_stream_reply(ledger, reply())
     assert len(recorder.take_stream("tok", "2")[0]) == 1
+
+
+def test_each_stream_reply_is_charged_to_the_decision_that_routed_its_own_request() -> None:
+    """Issue 23: a canary-routed request, a pinned one and a stable-routed one on one stream,
+    answered in order. Before, every reply was charged to the stream's last routed message (the
+    stable's here), and replies to pinned messages with it."""
+    router, recorder = new_router()
+    router.book.put("qc", PolicySpec.model_validate({"weights": {"2": 90, "3": 10}}), 1)
+    ledger = StreamLedger()
+    ledger.sent("qc", Decision("3", Reason.WEIGHTED))
+    ledger.sent("qc", Decision("3", Reason.PINNED))
+    ledger.sent("qc", Decision("2", Reason.WEIGHTED))
+    router.record_stream_reply(ledger, reply("qc", error="injected fault in version 3"))
+    router.record_stream_reply(ledger, reply("qc", error="injected fault in version 3"))
+    router.record_stream_reply(ledger, reply("qc"))
+    outcomes = recorder.outcome_totals()
+    assert outcomes[("qc", "3")][Outcome.UPSTREAM_ERROR] == 1, "the canary's own failure, judged"
+    assert outcomes[("qc", "2")][Outcome.SUCCESS] == 1 and outcomes[("qc", "2")][Outcome.UPSTREAM_ERROR] == 0
+    pinned = recorder.steered_outcome_totals()[("qc", "3")]
+    assert pinned[Outcome.UPSTREAM_ERROR] == 1, "the pinned reply: shown, not judged"
+    assert not ledger.pending
+
+
+def test_a_reply_answers_the_oldest_request_of_its_own_model() -> None:
+    """Triton answers one model's requests in order, not a stream's: a fast model's reply may
+    overtake a slow one's."""
+    router, recorder = new_router()
+    ledger = StreamLedger()
+    ledger.sent("tok", Decision("1", Reason.WEIGHTED))
+    ledger.sent("qc", Decision("3", Reason.WEIGHTED))
+    router.record_stream_reply(ledger, reply("qc", error="injected fault in version 3"))
+    router.record_stream_reply(ledger, reply("tok"))
+    outcomes = recorder.outcome_totals()
+    assert outcomes[("qc", "3")][Outcome.UPSTREAM_ERROR] == 1 and outcomes[("tok", "1")][Outcome.SUCCESS] == 1
+
+
+@pytest.mark.parametrize(("error", "request_id", "outcome"), [
+    ("injected fault in version 3", "", Outcome.UPSTREAM_ERROR),
+    # Triton's own words for input it could not accept, as a real Triton sends them in a stream
+    ("unexpected inference input 'X' for model 'qc'", "", Outcome.CLIENT_ERROR),
+    ("[request id: <id_unknown>] unexpected shape for input 'INPUT0' for model 'qc'. Expected [-1,4], got [1,5].",
+     "", Outcome.CLIENT_ERROR),
+    ("[request id: r1] expected 1 inputs but got 0 inputs for model 'qc'.", "r1", Outcome.CLIENT_ERROR),
+    ("Exceeds maximum queue size", "", Outcome.OVERLOAD),
+    # words in the client's own request id (echoed in the reply) classify nothing
+    ("injected fault in version 3", "Exceeds maximum queue size", Outcome.UPSTREAM_ERROR),
+    ("injected fault in version 3", "unexpected inference input 'X'", Outcome.UPSTREAM_ERROR),
+])
+def test_in_stream_errors_are_classified_by_triton_s_words(error: str, request_id: str, outcome: Outcome) -> None:
+    router, recorder = new_router()
+    ledger = StreamLedger()
+    ledger.sent("qc", Decision("3", Reason.WEIGHTED))
+    router.record_stream_reply(ledger, reply("qc", error=error, request_id=request_id, final=None))
+    counts = recorder.outcome_totals()[("qc", "3")]
+    assert {name: n for name, n in counts.items() if n} == {outcome: 1}

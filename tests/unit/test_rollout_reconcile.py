@@ -223,6 +223,77 @@ async def test_a_silent_store_holds_no_tick_and_the_rollback_reaches_the_book_wi
     assert await h.weights() == {"2": 100}
 
 
+async def test_a_resume_served_by_another_replica_resets_the_lease_holders_fast_path(h: Harness) -> None:
+    """Issue 23: two replicas on one store, each with its own data path (recorder). The lease
+    holder saw the canary fail (version unavailable) while the rollout was paused; the SRE's
+    resume reaches the other replica. The holder counts from the resume (the moment is in the
+    record): the resumed canary is not rolled back for failures seen during the pause. Before,
+    only the replica that served the resume reset its counts, and the holder rolled back at once."""
+    from gateway.policy_book import PolicyBook
+    from gateway.telemetry.recorder import Recorder
+
+    holder = h.controller
+    other_policies = PolicyService(h.store, PolicyBook(), h.triton)  # type: ignore[arg-type]
+    other = RolloutController(h.store, h.triton, other_policies, h.source, Recorder(),  # type: ignore[arg-type]
+                              clock=h.clock)
+    await holder.begin("qc", SPEC, "alice")
+    await holder.lead()
+    assert holder.fence is not None
+    h.source.windows = {"3": (100, 0, 0.004), "2": (1000, 0, 0.004)}
+    await holder.lead()  # the holder's fast path has looked at the canary
+    await other.command("qc", "pause", "bob")
+    h.recorder.upstream_error("qc", "3", "VersionUnavailable")  # on the holder's data path, during the pause
+    h.clock.now += 1
+    await holder.lead()
+    assert (await h.state())["state"] == "paused"
+    await other.command("qc", "resume", "bob")
+    assert other.fence is None, "the resume was served by the replica without the lease"
+    h.clock.now += 0.5
+    await holder.lead()
+    state = await h.state()
+    assert state["state"] == "progressing", state["reason"]
+    h.recorder.upstream_error("qc", "3", "VersionUnavailable")  # after the resume: counted
+    await holder.lead()
+    state = await h.state()
+    assert state["state"] == "rolled_back" and "VersionUnavailable" in state["reason"], state["reason"]
+
+
+async def test_an_abort_whose_first_write_meets_the_holders_advance_is_applied_to_what_the_tick_left(
+        h: Harness) -> None:
+    """Issue 23, the other order of the abort race (the integration test forces the first): the
+    lease holder's tick advances and writes its policy after the abort (served by another
+    replica) read both records, before the abort announced its own write. The announcement is
+    refused (the policy moved), and the abort reads both records again and is applied on top
+    of the advance."""
+    from gateway.policy_book import PolicyBook
+
+    holder = h.controller
+    other = RolloutController(h.store, h.triton, PolicyService(h.store, PolicyBook(), h.triton),  # type: ignore[arg-type]
+                              h.source, h.recorder, clock=h.clock)
+    await holder.begin("qc", SPEC, "alice")
+    await holder.lead()
+    h.source.windows = {"3": (100, 0, 0.004), "2": (1000, 0, 0.004)}
+    h.clock.now += 10  # the holder's next tick advances
+    write = h.store.put_rollout
+    raced: list[int] = []
+
+    async def holder_ticks_first(*args: Any, **kwargs: Any) -> Any:
+        if not raced:
+            raced.append((await h.weights())["3"])
+            await holder.lead()
+            raced.append((await h.weights())["3"])
+        return await write(*args, **kwargs)
+
+    h.store.put_rollout = holder_ticks_first  # type: ignore[method-assign]
+    result = await other.command("qc", "abort", "bob")
+    assert raced == [5, 20], "the holder advanced between the abort's reads and its write"
+    assert result.phase.value == "aborted" and result.applied
+    assert await h.weights() == {"2": 100}
+    await holder.lead()
+    state = await h.state()
+    assert (state["state"], state["applied"]) == ("aborted", True) and await h.weights() == {"2": 100}
+
+
 async def test_a_deposed_holders_writes_are_refused(h: Harness) -> None:
     other = RolloutController(h.store, h.triton, h.policies, h.source, h.recorder,  # type: ignore[arg-type]
                               clock=h.clock, lease_ttl_s=0.2)

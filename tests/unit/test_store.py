@@ -11,7 +11,7 @@ import pytest
 
 from gateway.errors import LeaseLost, StaleRevision
 from gateway.policy import PolicySpec
-from gateway.store.base import RESYNC, AppliedIntent, AuditBounds, EventDraft, Fence, StateStore, make_store
+from gateway.store.base import RESYNC, AppliedIntent, AuditBounds, EventDraft, Fence, Guard, StateStore, make_store
 
 SPEC_A = PolicySpec.model_validate({"weights": {"2": 80, "3": 20}, "rules": []})
 SPEC_B = PolicySpec.model_validate({"weights": {"2": 50, "3": 50},
@@ -312,6 +312,41 @@ async def test_sequence_pins_are_kept_until_idle(store: StateStore) -> None:
     assert await store.load_pins(0.5) == {'["qc", 7]': ("3", now), '["qc", "s-1"]': ("2", now - 0.2)}
     await asyncio.sleep(0.35)
     assert list(await store.load_pins(0.5)) == ['["qc", 7]'], "s-1 was last used 0.55 s ago: idle, gone"
+
+
+@pytest.mark.parametrize("fenced", [False, True], ids=["plain", "fenced"])
+async def test_a_guarded_write_lands_only_while_the_other_record_is_where_it_was_read(
+        store: StateStore, fenced: bool) -> None:
+    """A rollout record announces a policy write only while the policy is the one it read, and
+    the policy write lands only while that announcement is the newest rollout record (issue 23:
+    an abort and a controller tick must not interleave into a lost abort). A refused write
+    changes neither record."""
+    epoch = await store.acquire_fenced_lease("controller", "a", 5)
+    assert epoch is not None
+    fence = Fence("controller", "a", epoch)
+
+    async def put_rollout(document: dict[str, object], expected: int, guard: Guard) -> object:
+        if fenced:
+            return await store.put_rollout_fenced("qc", document, expected, fence, guard)
+        return await store.put_rollout("qc", document, expected, guard)
+
+    async def put_policy(spec: PolicySpec, expected: int, guard: Guard) -> object:
+        if fenced:
+            return await store.put_policy_fenced("qc", spec, expected, EventDraft("a", "put"), fence, guard)
+        return await store.put_policy("qc", spec, expected, EventDraft("a", "put"), guard)
+
+    await put_rollout({"state": "progressing"}, 0, Guard("policy", 0))  # no policy yet: revision 0
+    await put_policy(SPEC_A, 0, Guard("rollout", 1))
+    with pytest.raises(StaleRevision, match="policy of model 'qc' moved to revision 1"):
+        await put_rollout({"state": "aborted"}, 1, Guard("policy", 0))
+    with pytest.raises(StaleRevision, match="rollout of model 'qc' moved to revision 1"):
+        await put_policy(SPEC_B, 1, Guard("rollout", 0))
+    rollout, policy = await store.get_rollout("qc"), await store.get_policy("qc")
+    assert rollout is not None and rollout.revision == 1 and rollout.document == {"state": "progressing"}
+    assert policy is not None and policy.revision == 1 and policy.spec == SPEC_A
+    assert len(await store.events("qc")) == 1, "a refused policy write appends no audit event"
+    await put_rollout({"state": "aborted"}, 1, Guard("policy", 1))
+    assert (await store.get_rollout("qc")).revision == 2  # type: ignore[union-attr]
 
 
 async def test_fenced_lease_epoch_grows_only_when_the_lease_changes_hands(store: StateStore) -> None:

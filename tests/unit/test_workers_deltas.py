@@ -84,6 +84,20 @@ def test_latency_samples_reach_the_control_plane_only_for_watched_versions() -> 
     assert worker.watched() == []
 
 
+def test_each_client_s_counts_of_a_watched_version_reach_the_judge_summed_over_workers() -> None:
+    workers, merged, single = [DeltaRecorder(), DeltaRecorder()], MergedRecorder(), Recorder()
+    for recorder in (*workers, merged, single):
+        recorder.watch_latencies("qc", "3")
+    for step in range(60):
+        outcome = (Outcome.SUCCESS, Outcome.UPSTREAM_ERROR, Outcome.CLIENT_ERROR)[step % 3]
+        client = f"10.0.0.{step % 4}"
+        for recorder in (workers[step % 2], single):
+            recorder.record("qc", "3", outcome, 0.01, "weighted", "http", "200", client=client)
+    for index, recorder in enumerate(workers):
+        merged.merge(index, recorder.take_delta())
+    assert merged.take_clients("qc", "3") == single.take_clients("qc", "3")
+
+
 def test_merged_sample_is_uniform_over_every_worker_s_values() -> None:
     """Two workers with 10x different traffic: each value must be kept with the same
     probability, wherever it came from (chi-square over many merges)."""

@@ -1,0 +1,90 @@
+"""What the HTTP port writes: the client transport that joins one loop iteration's writes into
+one ``send()`` (loopback send() calls dominate a proxy's CPU here; uvicorn writes the status
+line + headers and the body separately), the request/response cycle that turns an answer
+uvicorn cannot write into a JSON 500, and the front's own whole answers in Triton's error shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+
+class CoalescingTransport:
+    """The client transport, but writes of one loop iteration are joined into one send(), and a
+    close while the client is still sending its request becomes a lingering close."""
+
+    __slots__ = ("_transport", "_loop", "_pending", "_on_close", "shut")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
+                 on_close: Callable[[], None]) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] | None = None
+        self._on_close = on_close  # the protocol decides how: at once, or lingering
+        self.shut = False  # the connection is lingering: nothing more is written
+
+    def write(self, data: bytes) -> None:
+        if self.shut:
+            return
+        if self._pending is None:
+            self._pending = [data]
+            self._loop.call_soon(self.flush)
+        else:
+            self._pending.append(data)
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending and not self._transport.is_closing():
+            self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+
+    def close(self) -> None:
+        self.flush()
+        self._on_close()
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def error_response(status: bytes, message: str, *extra: bytes) -> bytes:
+    """A whole HTTP/1.1 answer in Triton's error shape, closing the connection."""
+    body = json.dumps({"error": message}).encode()
+    return b"".join([b"HTTP/1.1 ", status, b"\r\ncontent-type: application/json\r\ncontent-length: ",
+                     str(len(body)).encode(), b"\r\n", *extra, b"connection: close\r\n\r\n", body])
+
+
+class GatewayCycle(RequestResponseCycle):
+    """uvicorn's request/response cycle, but an answer it cannot write becomes a JSON 500."""
+
+    replaced = False  # the handler's answer could not be written: the JSON 500 went instead
+
+    async def send(self, message: Any) -> None:
+        if self.replaced:
+            return  # the rest of the answer that could not be written
+        try:
+            await RequestResponseCycle.send(self, message)
+        except (RuntimeError, ValueError) as exc:
+            if message["type"] != "http.response.start" or not self.response_started:
+                raise
+            # uvicorn checks every header before it writes any: nothing of this answer went out
+            self.response_started, self.chunked_encoding, self.expected_content_length = False, None, 0
+            self.keep_alive, self.replaced = False, True
+            await self._json_answer(500, f"the gateway could not write the answer ({exc}): nothing was sent")
+
+    async def send_500_response(self) -> None:
+        await self._json_answer(500, "the gateway failed while answering this request")
+
+    async def _json_answer(self, status: int, message: str) -> None:
+        body = json.dumps({"error": message}).encode()
+        await RequestResponseCycle.send(self, {"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close")]})
+        await RequestResponseCycle.send(self, {"type": "http.response.body", "body": body})
