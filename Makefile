@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # command:package pairs
-SYSTEM_TOOLS := redis-server:redis-server wrk:wrk prometheus:prometheus promtool:prometheus h2load:nghttp2-client chromium:chromium
+SYSTEM_TOOLS := redis-server:redis-server wrk:wrk prometheus:prometheus promtool:prometheus h2load:nghttp2-client chromium:chromium curl:curl
 # the benchmark also needs nginx, its yardstick (it starts its own on loopback ports)
 BENCH_TOOLS := $(SYSTEM_TOOLS) nginx:nginx
 

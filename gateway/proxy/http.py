@@ -212,7 +212,10 @@ class HttpProxy:
                 header_end = min(int(value) or header_end, header_end)  # the JSON header, not the tensors after it
         if header_end >= 0 and body.find(b"sequence_id", 0, header_end) < 0:
             return None
-        sequence_id, start, end = sequence_fields(await self._json_header(headers, body))
+        header = await self._json_header(headers, body)
+        copied = 0 if header is None or header is body else len(header)  # inflated, or cut from the body
+        with self.bodies.budget.charged(copied):  # held while it is parsed (GatewayBusy if it does not fit)
+            sequence_id, start, end = sequence_fields(header)
         checked = checked_sequence_id(sequence_id)
         return None if checked is None else SequenceFields(checked, start, end)
 

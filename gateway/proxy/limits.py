@@ -17,7 +17,8 @@
 - **Bounded decompression.** Wherever the gateway itself decompresses a body (sequence
   affinity reads the JSON header; shadow comparison reads outputs), it inflates at most
   ``max_body_bytes``, or only the prefix it needs, always with an explicit bound (zlib reads a
-  bound of 0 as "no bound"), and charges it, so a gzip bomb costs bounded memory and CPU.
+  bound of 0 as "no bound"), one at a time, and charges the result while it keeps it, so a
+  gzip bomb costs bounded memory and CPU.
 - **Hop-by-hop headers** (RFC 9110 §7.6.1) are not forwarded either way: the fixed set, and
   whatever a ``Connection`` header names.
 """
@@ -107,14 +108,13 @@ class BodyReader:
     async def decoded(self, body: bytes, encoding: bytes | None, prefix: int | None = None) -> bytes:
         """:func:`inflate` within ``max_body``, off the event loop: inflating 64 MiB takes 0.1-0.8 s
         of CPU here, which would stall every other client. One at a time, so a queue of bombs
-        takes one core at most (zlib releases the GIL while it works). What it may inflate to is
-        charged to the budget while it works; the caller is done with the result when it returns
-        to the loop, before the next inflation."""
+        takes one core at most (zlib releases the GIL while it works): what inflates at a time is
+        one ``max_body`` at most, whatever the number of requests. The caller charges the result
+        while it keeps it (:meth:`ByteBudget.charged`)."""
         if encoding not in _COMPRESSED:
             return body
         async with self._inflating:
-            with self.budget.charged(inflate_bound(self.max_body, prefix)):
-                return await asyncio.to_thread(inflate, body, encoding, self.max_body, prefix)
+            return await asyncio.to_thread(inflate, body, encoding, self.max_body, prefix)
 
     def take(self, size: int) -> None:
         """A body that came whole with its headers is held as well (GatewayBusy if it does not fit)."""
@@ -173,11 +173,6 @@ def inflate(body: bytes, encoding: bytes | None, limit: int, prefix: int | None 
     if len(data) > limit:
         raise PayloadTooLarge(f"request body decompresses to more than the limit of {limit} bytes")
     return data
-
-
-def inflate_bound(limit: int, prefix: int | None) -> int:
-    """The most :func:`inflate` can return (plus the byte that tells it passed the limit)."""
-    return prefix if prefix is not None and 0 < prefix <= limit else limit + 1
 
 
 def end_to_end(headers: Headers) -> Headers:

@@ -56,6 +56,12 @@ checks both with generated clients). Over a rollout the cap grows with the media
 client aiming failures at one version for many intervals gets no more counted than an ordinary
 client. Which of a capped client's requests count is a uniform random draw among them
 (multivariate hypergeometric over its successes, errors and 4xx), independent of outcomes.
+Two guards on top: a client's counted errors (and 4xx) over the rollout are clipped at what an
+ordinary client would plausibly have (the 1 - OUTLIER_TAIL binomial quantile of its counted
+requests at the other clients' rate), and the judge (:mod:`gateway.rollout.judge`) fails a rate
+only if the effect stays past the floor without the canary's worst client, and passes it only
+if the bound stays below the floor without the reference's worst client: no single client
+flips a verdict.
 
 **Why the tests stay anytime-valid under it.** The rate e-process conditions on each interval's
 counted totals: under H0 (the router's per-request draw decides the version, independently of
@@ -64,9 +70,12 @@ is the hypergeometric law the e-process's factors are likelihood ratios against,
 factor has conditional expectation 1 and their product is a test martingale (Ville: crosses
 1/alpha with probability <= alpha, whenever we look). Dropping requests by a rule that reads
 only which client sent them and how many (never their outcome) keeps that conditional law for
-the kept ones. What the cap buys is the other half: requests NOT drawn by the router (sticky
-keys a client computed to land on one version) break H0's premise, and the cap bounds how many
-of those can enter the counts at all; the effect floor then has to be crossed on top.
+the kept ones. The outlier clip does read outcomes, but only of a client far past every other
+(an honest client is clipped at a look with probability ~OUTLIER_TAIL), and it only lowers
+counts. What the cap and the clip buy is the other half: requests NOT drawn by the router
+(sticky keys a client computed to land on one version) break H0's premise, and they bound how
+many of those can enter the counts at all; the effect floor, without the worst client, then
+has to be crossed on top. bench/judge.py measures the result ((a)-(e) in the README).
 
 **The alpha budget** (:func:`gateway.rollout.judge.alpha_split`): ``false_rollback_rate`` is split once, at the
 rollout's start, evenly over every test the spec lets run: the five metrics (streaming ones

@@ -186,6 +186,7 @@ def test_http_sequences_oldest_strategy(triton: LocalTriton, gateway: GatewayThr
 
 CONTROL = [
     ("POST", "/v2/repository/models/tok/load", b"{}"),
+    ("POST", "/v2/repository/models/nope/unload", b"{}"),
     ("POST", "/v2/trace/setting", body({"trace_level": ["OFF"]})),
     ("POST", "/v2/logging", body({"log_verbose_level": 0})),
     ("POST", "/v2/systemsharedmemory/region/nope/unregister", b""),

@@ -137,14 +137,24 @@ def test_the_budget_is_released_on_every_way_out() -> None:
     assert budget.held == 0
 
 
-def test_inflating_charges_the_budget_while_it_works() -> None:
-    budget = ByteBudget(2 << 20)
-    reader = BodyReader(max_body=1 << 20, budget=budget)
-    with pytest.raises(GatewayBusy):  # room for the body is not room for what it may inflate to
-        budget.take(1 << 20)
-        asyncio.run(reader.decoded(gzip.compress(b"{}"), b"gzip"))
-    budget.release(1 << 20)
-    assert asyncio.run(reader.decoded(gzip.compress(b"{}"), b"gzip")) == b"{}" and budget.held == 0
+def test_a_json_header_is_charged_while_it_is_parsed() -> None:
+    """The inflated (or cut) JSON header of a sequence request counts against the budget while the
+    front parses it; a budget without room answers 503."""
+    from gateway.pipeline import Pipeline
+    from gateway.policy_book import PolicyBook
+    from gateway.proxy.http import HttpProxy
+
+    budget = ByteBudget(1 << 20)
+    proxy = HttpProxy(Pipeline(PolicyBook(), Recorder()), HttpUpstream("http://127.0.0.1:9"),
+                      bodies=BodyReader(max_body=1 << 20, budget=budget))
+    header = json.dumps({"parameters": {"sequence_id": 7, "sequence_start": True}}).encode()
+    headers = [(b"content-encoding", b"gzip")]
+    assert asyncio.run(proxy._sequence(headers, gzip.compress(header))) is not None and budget.held == 0
+    budget.take((1 << 20) - 10)  # the header is 50 bytes: no room for it
+    with pytest.raises(GatewayBusy):
+        asyncio.run(proxy._sequence(headers, gzip.compress(header)))
+    budget.release((1 << 20) - 10)
+    assert budget.held == 0
 
 
 def test_shadow_copies_are_charged_until_their_worker_is_done() -> None:
