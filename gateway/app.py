@@ -186,8 +186,7 @@ class Gateway(Dispatch):
         named = {fleet.name: FleetGrpc(fleet) for fleet in self.fleets if fleet is not self.fleets.default}
         self.grpc_router = GrpcRouter(self.pipeline, upstream, named)
         if settings.grpc_server == "grpcio":
-            self.grpc = GrpcProxy(self.grpc_router, self.gate, tls.grpcio_channel_credentials(settings),
-                                  Health(self.probes.problem))
+            self.grpc = GrpcProxy(self.grpc_router, self.gate, Health(self.probes.problem))
             self.grpc_server = await start_grpc(self.grpc, settings.host, settings.grpc_port,
                                                 tls.grpcio_server_credentials(settings))
         else:

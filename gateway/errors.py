@@ -9,6 +9,7 @@
     │   └── LeaseLost              409   a fenced write from a deposed lease holder, refused
     ├── PayloadTooLarge            413   a request body (or its decompressed form) over max_body_bytes
     ├── Overloaded                 429   the gateway's admission control: Retry-After; never a version's fault
+    ├── TooManyAttempts            429   failed console logins from one address: Retry-After
     ├── PreconditionFailed         412   stale If-Match revision
     │   └── StaleRevision          412   a store compare-and-set lost the race
     ├── LoadFailed                 422   Triton refused or failed to load a version
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 
 OWN_ANSWER = "gateway: "  # the first words of every answer the gateway gives instead of Triton
 
@@ -46,7 +48,12 @@ def own_answer(message: str) -> str:
 
 
 def os_reason(exc: OSError) -> str:
-    """What went wrong with a socket, without the address asyncio puts in its message."""
+    """What went wrong with a socket, without the address asyncio puts in its message.
+
+    A resolver failure (``socket.gaierror``) has a negative EAI_* number that ``os.strerror``
+    only knows as "Unknown error -2"; its own text may name the host: neither reaches a client."""
+    if isinstance(exc, socket.gaierror):
+        return "cannot resolve Triton's address"
     return os.strerror(exc.errno) if exc.errno else "cannot connect"
 
 
@@ -170,5 +177,16 @@ class Overloaded(GatewayError):
 
     def __init__(self, message: str, retry_after_s: int = 1) -> None:
         super().__init__(own_answer(message))
+        self.retry_after_s = retry_after_s
+        self.headers = ((b"retry-after", str(retry_after_s).encode()),)
+
+
+class TooManyAttempts(GatewayError):
+    """One client address failed too many console logins in a row: it waits ``retry_after_s``."""
+
+    status = 429
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
         self.retry_after_s = retry_after_s
         self.headers = ((b"retry-after", str(retry_after_s).encode()),)

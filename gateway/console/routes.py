@@ -22,6 +22,7 @@ from gateway.admin.deps import ModelName
 from gateway.console import guard
 from gateway.console.assets import IMMUTABLE, Assets
 from gateway.console.sessions import Sessions
+from gateway.console.throttle import LoginThrottle
 from gateway.console.views import Views, console_actor
 from gateway.errors import Forbidden, NotFound, Unauthorized
 from gateway.policy import Version
@@ -55,12 +56,13 @@ def install_console(app: FastAPI, views: Views, lifecycle: ModelLifecycle, auth:
                     session_ttl_s: float) -> None:
     """The console's routes on the control app (so whatever serves /admin serves /console too: the
     HTTP port, or the control plane behind ``--workers``), and its security headers."""
-    app.include_router(console_router(views, lifecycle, auth, Sessions(session_ttl_s), session_ttl_s))
+    app.include_router(console_router(views, lifecycle, auth, Sessions(session_ttl_s), session_ttl_s,
+                                      LoginThrottle()))
     app.add_middleware(guard.SecureHeaders)
 
 
 def console_router(views: Views, lifecycle: ModelLifecycle, auth: Authenticator, sessions: Sessions,
-                   session_ttl_s: float) -> APIRouter:
+                   session_ttl_s: float, throttle: LoginThrottle) -> APIRouter:
     app = APIRouter(include_in_schema=False)  # not part of the admin API's OpenAPI document
     assets = Assets()
 
@@ -81,12 +83,14 @@ def console_router(views: Views, lifecycle: ModelLifecycle, auth: Authenticator,
     @app.post("/console/login")
     async def login(request: Request, body: Login) -> JSONResponse:
         guard.same_origin(request)
+        client = request.client.host if request.client else "unknown"
+        throttle.check(client)  # 429 while this address is locked out: the token is not even compared
         try:
             who = auth.token_identity(body.token.strip())
         except Unauthorized:
-            client = request.client.host if request.client else "unknown"
-            log.warning("console login refused: invalid token from %s", client)  # never the token itself
+            throttle.failed(client)  # logs the first failure and each lockout, not every guess
             raise
+        throttle.succeeded(client)
         session = sessions.open(who)
         log.info("console login: %s (%s)", who.name, who.role)
         response = JSONResponse(_session(session.who.name, session.who.role, session.csrf, views))

@@ -14,6 +14,7 @@ swapping in an empty dict; readers never see a half-built list.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import ssl
@@ -24,6 +25,8 @@ from gateway.fleet.config import ServerSpec
 from gateway.fleet.members import Server
 from gateway.sequences import SequencePins
 
+# /readyz's answer on Triton's liveness comes within this, under a probe's usual 1 s budget.
+LIVE_BUDGET_S = 0.8
 _NO_VERSION = ""  # cache key for unversioned requests (Triton picks its default version)
 Key = str | bytes
 _CACHE_LIMIT = 4096  # distinct (model, version) pairs cached between two health changes
@@ -183,21 +186,34 @@ class Fleet:
             self.changed()
 
     async def live(self, timeout_s: float) -> str | None:
-        """None when a server of the fleet answers ``/v2/health/live`` (in-service ones asked first),
-        else why not. Over each server's probe connection: never queued behind inference, never
-        counted against ``max_inflight_per_server``. The reason names no address."""
+        """None when a server of the fleet answers ``/v2/health/live`` (in-service ones asked),
+        else why not. Every server is asked at once and the first 200 answers, all within
+        ``LIVE_BUDGET_S`` (a probe's budget is about 1 s: one after another, a hung first server
+        once held /readyz for ``connect_timeout_s``). Over each server's probe connection: never
+        queued behind inference, never counted against ``max_inflight_per_server``. The reason
+        names no address."""
         servers = self.in_service() or list(self._all)
-        reason = "it has no servers"
-        for server in servers:
-            try:
-                response = await server.probe.request(b"GET", b"/v2/health/live", [], timeout_s=timeout_s)
-                await response.read()
-            except GatewayError as exc:
-                reason = exc.message
-                continue
-            if response.status == 200:
-                return None
-            reason = f"/v2/health/live answered {response.status}"
+        if not servers:
+            return f"fleet '{self.name}': no Triton server is live (it has no servers)"
+        budget = min(timeout_s, LIVE_BUDGET_S)
+        loop = asyncio.get_running_loop()
+        pending = {loop.create_task(_live(server, budget)) for server in servers}
+        deadline = loop.time() + budget
+        reason = f"none answered within {budget:g} s"
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, timeout=max(deadline - loop.time(), 0),
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    break
+                for task in done:
+                    answer = task.result()
+                    if answer is None:
+                        return None
+                    reason = answer
+        finally:
+            for task in pending:
+                task.cancel()
         return f"fleet '{self.name}': no Triton server is live ({reason})"
 
     # -- views -------------------------------------------------------------------------------
@@ -216,3 +232,13 @@ class Fleet:
         for server in [*self._all, *self.retired]:
             await server.aclose()
         self.retired.clear()
+
+
+async def _live(server: Server, timeout_s: float) -> str | None:
+    """None if ``server`` answers ``/v2/health/live`` with 200, else why not (no address)."""
+    try:
+        response = await server.probe.request(b"GET", b"/v2/health/live", [], timeout_s=timeout_s)
+        await response.read()
+    except GatewayError as exc:
+        return exc.message
+    return None if response.status == 200 else f"/v2/health/live answered {response.status}"

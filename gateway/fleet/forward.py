@@ -186,7 +186,7 @@ class FleetGrpc(GrpcUpstream):
 
     @property
     def address(self) -> str:  # type: ignore[override]
-        """Named in error details; grpcio's front opens its stream channel to the first server."""
+        """Named in error details: the first server in service."""
         servers = self.fleet.in_service() or list(self.fleet.servers.values())
         return servers[0].grpc.address if servers else f"fleet '{self.fleet.name}'"
 
@@ -256,12 +256,24 @@ class FleetGrpc(GrpcUpstream):
                    timeout: float | None = None) -> UpstreamStream:
         """A ModelStreamInfer stream may carry requests for any model: it goes to a server
         picked for no particular version, and stays there (no admission slot: it is long-lived).
-        UpstreamUnavailable if none could start."""
-        server = self.fleet.pick("", None)
+        UpstreamUnavailable if none could start; a server that could not be reached (nothing was
+        sent) is counted, and the stream is tried once on another."""
+        fleet = self.fleet
+        server = fleet.pick("", None)
         try:
             return await server.grpc.open(path, listener, metadata, timeout)
         except UpstreamUnavailable as exc:
-            self.fleet.failed(server, exc.message)
+            fleet.failed(server, exc.message)
+            try:
+                other = fleet.pick("", None, avoid=server)
+            except UpstreamUnavailable:
+                raise exc from None
+            if other is server:
+                raise
+        try:
+            return await other.grpc.open(path, listener, metadata, timeout)
+        except UpstreamUnavailable as exc:
+            fleet.failed(other, exc.message)
             raise
 
     async def aclose(self) -> None:

@@ -12,8 +12,8 @@ data the client gets), and are raised as ``UpstreamUnavailable`` by ``open``; th
 is reopened on the next call. A unary call the client gave no deadline gets
 ``request_timeout_s`` (sent as ``grpc-timeout``, and enforced by the connection's tick), so a
 hung Triton cannot hold it for ever; streams get none (they are long-lived: keepalive PINGs
-find a dead server under them). ``open`` starts a streaming call (``ModelStreamInfer`` behind our own
-server); with ``grpc_server: grpcio`` streams use a grpc.aio channel instead.
+find a dead server under them). ``open`` starts a streaming call (``ModelStreamInfer`` behind either
+gRPC server: ours, or grpcio's).
 """
 
 from __future__ import annotations

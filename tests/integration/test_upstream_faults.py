@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import signal
 import socket
@@ -69,6 +70,40 @@ def grpc_infer(address: str, message: bytes, timeout: float | None = None) -> tu
         except grpc.FutureTimeoutError:
             future.cancel()
             return "HUNG", "", time.monotonic() - started
+
+
+STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
+
+
+def stream_until_fault(address: str, message: bytes, fault: Callable[[], None]) -> tuple[str, str, float]:
+    """One ModelStreamInfer with no client deadline: a message answered, then ``fault()``, then a
+    second message: (status code name, details, seconds from the fault to the stream's end).
+    "HUNG" if nothing ended it within 15 s (the test's own limit, which is the failure)."""
+    requests: queue.Queue[bytes | None] = queue.Queue()
+
+    def sent() -> Iterator[bytes]:
+        while (request := requests.get()) is not None:
+            yield request
+
+    with grpc.insecure_channel(address) as channel, ThreadPoolExecutor(1) as pool:
+        call = channel.stream_stream(STREAM_INFER)(sent())
+        requests.put(message)
+        assert pool.submit(next, call).result(timeout=15)  # a reply: the stream works
+        fault()
+        started = time.monotonic()
+        requests.put(message)
+        pending = pool.submit(list, call)
+        try:
+            pending.result(timeout=15)
+            code, details = "OK", ""
+        except grpc.RpcError as exc:
+            code, details = exc.code().name, exc.details() or ""
+        except TimeoutError:
+            code, details = "HUNG", ""
+        finally:
+            requests.put(None)
+            call.cancel()
+        return code, details, time.monotonic() - started
 
 
 def said_by_the_gateway(text: str) -> bool:
@@ -135,6 +170,44 @@ def test_a_stopped_triton_fails_calls_within_the_deadline_gives_slots_back_and_r
         assert grpc_infer(address, message)[0] == "OK" and post(f"{gw.url}/v2/models/qc/infer")[0] == 200
 
 
+@pytest.mark.parametrize("grpc_server", ["lean", "grpcio"])
+def test_a_stream_on_a_stopped_triton_ends_unavailable_within_the_keepalive_bound(own_triton: LocalTriton,
+                                                                                 grpc_server: str) -> None:
+    """SIGSTOP under an open ModelStreamInfer without a client deadline: keepalive PINGs find it
+    (grpcio's front once streamed through a grpc.aio channel without keepalive: it hung for ever)."""
+    settings = fleet_settings(own_triton, grpc_server=grpc_server, upstream_keepalive_s=1,
+                              upstream_keepalive_timeout_s=2, fleet_health_interval_s=0.5, connect_timeout_s=1)
+    pid = own_triton.pid
+    assert pid is not None
+    with GatewayThread(settings) as gw:
+        server = gw.app.fleets.default.servers[own_triton.http_url.removeprefix("http://")]
+        try:
+            code, details, seconds = stream_until_fault(f"127.0.0.1:{gw.settings.grpc_port}", infer_message("qc", "2"),
+                                                        lambda: os.kill(pid, signal.SIGSTOP))
+            assert code == "UNAVAILABLE" and said_by_the_gateway(details), (code, details, seconds)
+            assert seconds < 1 + 2 + 1 + 3, seconds  # keepalive_s + keepalive_timeout_s, PING timing, ticks
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        wait_for(lambda: server.in_service, 15, what="the server to return after SIGCONT")
+
+
+@pytest.mark.parametrize("grpc_server", ["lean", "grpcio"])
+def test_a_stream_to_an_unresolvable_triton_names_no_host(own_triton: LocalTriton, grpc_server: str) -> None:
+    """Triton's gRPC address does not resolve (DNS): the client hears the gateway's words, not
+    the internal host name (grpcio's channel put it in the status of a stream)."""
+    hidden = "triton-internal.invalid"
+    fleet = {"default": {"servers": [{"http": own_triton.http_url, "grpc": f"{hidden}:8001"}]}}
+    settings = fleet_settings(own_triton, fleets=fleet, grpc_server=grpc_server, connect_timeout_s=2)
+    with GatewayThread(settings) as gw, grpc.insecure_channel(f"127.0.0.1:{gw.settings.grpc_port}") as channel:
+        call = channel.stream_stream(STREAM_INFER)(iter([infer_message("qc", "2")]), timeout=15)
+        with pytest.raises(grpc.RpcError) as raised:
+            list(call)
+        details = raised.value.details() or ""
+        assert raised.value.code() == grpc.StatusCode.UNAVAILABLE, (raised.value.code(), details)
+        assert said_by_the_gateway(details) and hidden not in details and "8001" not in details, details
+        assert "resolve" in details and "Unknown error" not in details, details
+
+
 class SilentPath:
     """A TCP relay that can go silent: bytes either way are then dropped, nothing is closed or
     reset. A fake, for a fault a real Triton cannot produce (a blackholed address, a lost node)."""
@@ -198,3 +271,59 @@ def test_a_silent_connection_is_dropped_by_keepalive_and_counts_toward_ejection(
             wait_for(lambda: grpc_infer(address, message, 5)[0] == "OK", 15, what="gRPC through the path again")
     finally:
         path.close()
+
+
+def test_readyz_answers_from_the_live_server_while_another_hangs(own_triton: LocalTriton) -> None:
+    """Fleet of two: the first server's HTTP behind a relay that goes silent (a fake: a hung node
+    that keeps its connections), the second the real Triton. /readyz once asked them one after
+    another and waited the first one's whole ``connect_timeout_s``; now all at once, within 1 s."""
+    path = SilentPath(own_triton.http_port)
+    fleet = {"default": {"servers": [{"http": f"http://{path.address}", "grpc": own_triton.grpc_url},
+                                     {"http": own_triton.http_url, "grpc": own_triton.grpc_url}]}}
+    # health checks far apart: the silent server stays in service, so /readyz asks it too
+    settings = fleet_settings(own_triton, fleets=fleet, connect_timeout_s=5, fleet_health_interval_s=60)
+    pid = own_triton.pid
+    assert pid is not None
+    try:
+        with GatewayThread(settings) as gw:
+            wait_for(lambda: len(gw.app.fleets.default.in_service()) == 2, 15, what="both servers in service")
+            assert get_json(f"{gw.url}/readyz")[0] == 200
+            path.silent.set()
+            for _ in range(3):
+                started = time.monotonic()
+                status, answer = get_json(f"{gw.url}/readyz")
+                assert status == 200 and time.monotonic() - started < 2.5, (status, answer)  # was 5 s
+            os.kill(pid, signal.SIGSTOP)  # now neither answers: unready within the budget, not 2 x 5 s
+            try:
+                started = time.monotonic()
+                status, answer = get_json(f"{gw.url}/readyz")
+                seconds = time.monotonic() - started
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert status == 503 and seconds < 2.5 and "127.0.0.1" not in answer["error"], (status, answer, seconds)
+    finally:
+        path.close()
+
+
+@pytest.mark.parametrize("grpc_server", ["lean", "grpcio"])
+def test_a_stream_opens_on_another_server_when_the_picked_one_refuses(own_triton: LocalTriton,
+                                                                      grpc_server: str) -> None:
+    """Fleet of two whose first server's gRPC port refuses connections (a closed port: nothing
+    of Triton's), the second the real Triton: every stream opens, on the second when the first
+    is picked (grpcio's front once sent every stream to the first server)."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: connections to it are refused
+    relay = SilentPath(own_triton.http_port)  # never silenced: only gives the second server its own name
+    fleet = {"default": {"servers": [{"http": own_triton.http_url, "grpc": f"127.0.0.1:{closed.getsockname()[1]}"},
+                                     {"http": f"http://{relay.address}", "grpc": own_triton.grpc_url}]}}
+    settings = fleet_settings(own_triton, fleets=fleet, grpc_server=grpc_server, fleet_eject_after=100)
+    try:
+        with GatewayThread(settings) as gw, grpc.insecure_channel(f"127.0.0.1:{gw.settings.grpc_port}") as channel:
+            for _ in range(10):
+                replies = list(channel.stream_stream(STREAM_INFER)(iter([infer_message("qc", "2")]), timeout=15))
+                assert len(replies) == 1
+            refused = gw.app.fleets.default.servers[own_triton.http_url.removeprefix("http://")]
+            assert refused.errors > 0, "the closed server was picked (and counted) at least once"
+    finally:
+        relay.close()
+        closed.close()

@@ -4,6 +4,7 @@ cookie over TLS, the rollout history it keeps, the one-sentence 'why', and the v
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import httpx
@@ -13,10 +14,11 @@ from gateway.admin.auth import Authenticator, Identity
 from gateway.app import Gateway
 from gateway.console import vendor
 from gateway.console.assets import Assets
-from gateway.console.sessions import MAX_SESSIONS, Sessions
+from gateway.console.sessions import MAX_SESSIONS, MAX_SESSIONS_PER_LOGIN, Sessions
+from gateway.console.throttle import FORGET_AFTER_S, FREE_FAILURES, MAX_LOCKOUT_S, LoginThrottle
 from gateway.console.timeline import Timeline
 from gateway.console.views import console_actor, split_actor, why
-from gateway.errors import Forbidden, Unauthorized
+from gateway.errors import Forbidden, TooManyAttempts, Unauthorized
 from gateway.settings import Settings
 from gateway.store.memory import InMemoryStore
 from gateway.telemetry.recorder import Recorder
@@ -56,9 +58,74 @@ def test_a_session_ends_after_its_ttl_and_at_logout_and_the_oldest_goes_first() 
     sessions.close(other.id)
     assert sessions.get(other.id) is None
     first = sessions.open(Identity("a", "viewer"))
-    for _ in range(MAX_SESSIONS):
-        sessions.open(Identity("b", "viewer"))
+    for n in range(MAX_SESSIONS):  # as many logins as the table holds: the oldest session ends
+        sessions.open(Identity(f"b{n}", "viewer"))
     assert sessions.get(first.id) is None
+
+
+def test_one_login_logging_in_again_and_again_ends_only_its_own_oldest_sessions() -> None:
+    """A viewer logging in 10,050 times once ended every operator's session (one shared table)."""
+    now = [1000.0]
+    sessions = Sessions(60, clock=lambda: now[0])
+    operator = sessions.open(Identity("alice", "operator"))
+    viewer = [sessions.open(Identity("vera", "viewer")) for _ in range(MAX_SESSIONS + 50)]
+    assert sessions.get(operator.id) is operator
+    alive = [session for session in viewer if sessions.get(session.id) is not None]
+    assert alive == viewer[-MAX_SESSIONS_PER_LOGIN:], "the viewer keeps only its newest sessions"
+
+
+def test_expired_sessions_go_before_anyone_live_is_dropped() -> None:
+    now = [1000.0]
+    sessions = Sessions(60, clock=lambda: now[0])
+    stale = [sessions.open(Identity(f"old{n}", "viewer")) for n in range(MAX_SESSIONS - 1)]
+    now[0] += 61  # all of them expired, none read since
+    live = sessions.open(Identity("alice", "operator"))
+    newcomers = [sessions.open(Identity(f"new{n}", "viewer")) for n in range(5)]
+    assert len(sessions) == 6, "the expired ones were purged, not kept until the table overflowed"
+    assert sessions.get(live.id) is live and all(sessions.get(s.id) is s for s in newcomers)
+    assert all(sessions.get(s.id) is None for s in stale)
+
+
+def test_failed_logins_from_one_address_back_off_and_are_forgotten() -> None:
+    now = [1000.0]
+    throttle = LoginThrottle(clock=lambda: now[0])
+    for _ in range(FREE_FAILURES):
+        throttle.check("10.0.0.7")
+        throttle.failed("10.0.0.7")
+    throttle.check("10.0.0.7")  # the free ones cost nothing
+    waits = []
+    for _ in range(12):
+        throttle.failed("10.0.0.7")
+        with pytest.raises(TooManyAttempts) as refused:
+            throttle.check("10.0.0.7")
+        waits.append(refused.value.retry_after_s)
+        assert refused.value.headers == ((b"retry-after", str(refused.value.retry_after_s).encode()),)
+        throttle.check("10.0.0.8")  # another address is not held back
+        now[0] += refused.value.retry_after_s
+        throttle.check("10.0.0.7")  # the wait is over
+    assert waits[:4] == [1, 2, 4, 8] and max(waits) == MAX_LOCKOUT_S == waits[-1]
+    throttle.failed("10.0.0.7")
+    now[0] += FORGET_AFTER_S
+    throttle.check("10.0.0.7")
+    throttle.failed("10.0.0.7")  # forgotten: a first failure again, no wait
+    throttle.check("10.0.0.7")
+    throttle.succeeded("10.0.0.7")
+
+
+async def test_a_login_flood_gets_429_with_retry_after_and_a_few_log_lines(caplog: pytest.LogCaptureFixture) -> None:
+    headers = {"Origin": "https://gw.example"}
+    caplog.set_level(logging.DEBUG, logger="gateway.console")
+    async with client() as http:
+        codes = [(await http.post("/console/login", json={"token": f"guess-{n}"}, headers=headers)).status_code
+                 for n in range(FREE_FAILURES + 1)]
+        assert codes == [401] * (FREE_FAILURES + 1)
+        for token in ("guess-x", OPERATOR):  # while locked out, even the right token waits
+            answer = await http.post("/console/login", json={"token": token}, headers=headers)
+            assert answer.status_code == 429 and int(answer.headers["retry-after"]) >= 1
+            assert "too many failed console logins" in answer.json()["error"] and "set-cookie" not in answer.headers
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and "login refused" in r.getMessage()]
+    assert len(warnings) == 2, [r.getMessage() for r in warnings]  # the first failure, and the lockout
+    assert all("guess" not in r.getMessage() for r in caplog.records)  # never the token
 
 
 def gateway() -> Gateway:
