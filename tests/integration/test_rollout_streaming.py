@@ -160,11 +160,12 @@ def test_grpc_model_stream_infer_responses_are_timed_per_version(triton: LocalTr
     assert count(seen, FIRST, "1") == 1 and count(seen, GAP, "1") == 3
 
 
-def test_a_streaming_canary_like_the_stable_is_promoted_on_five_metrics(gateway: GatewayThread) -> None:
+def test_a_streaming_canary_like_the_stable_is_promoted_on_the_streaming_metrics(gateway: GatewayThread) -> None:
     with StreamLoad(gateway.url) as load:
         doc = streamed_rollout(gateway, load, 120)
     assert not load.failures, load.failures[:3]
     assert doc["state"] == "promoted", doc["reason"]
     metrics = {m["name"]: m["verdict"] for m in doc["verdicts"][-1]["metrics"]}
+    # the five comparisons with the stable (both streaming ones included) and the canary's own error ceiling
     assert metrics == dict.fromkeys(["error_rate", "client_error_rate", "latency", "time_to_first_response",
-                                     "response_gap"], "pass")
+                                     "response_gap", "error_ceiling"], "pass")
