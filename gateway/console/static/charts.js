@@ -69,7 +69,8 @@ function drawCharts(data) {
   // error rate per interval, with 95% (Wilson) bands and the floor above the reference
   const errC = verdicts.map((v) => wilson(v.canary_errors || 0, v.canary_requests || 0));
   const errR = verdicts.map((v) => wilson(Math.round((v.stable_error_rate || 0) * (v.stable_requests || 0)), v.stable_requests || 0));
-  const floor = r.spec.judge === "statistical" ? r.spec.max_error_rate_increase : r.spec.max_error_rate;
+  // thresholds: the ceiling the judge applies (max_error_rate, null = its default 0.01: RolloutSpec.error_rate_ceiling)
+  const floor = r.spec.judge === "statistical" ? r.spec.max_error_rate_increase : (r.spec.max_error_rate ?? 0.01);
   chart("chart-error-rate", "Error rate per interval (5xx)", "dotted: 95% interval; grey: " +
     (r.spec.judge === "statistical" ? "reference + the floor (" + pct(floor) + ")" : "the limit"),
   [line(canaryLabel, COLORS.canary, canaryDash), band(canaryLabel + " low", COLORS.canary), band(canaryLabel + " high", COLORS.canary),
