@@ -255,6 +255,23 @@ def test_a_failing_canary_is_shown_rolled_back_with_its_reason_and_error_chart(w
     expect(page.locator("#rollout-state")).to_have_text("aborted")
 
 
+def test_a_thresholds_rollout_draws_its_default_error_ceiling_on_the_error_chart(watched: Watched) -> None:
+    """max_error_rate left null: the chart draws the ceiling the judge applies (0.01), not nothing."""
+    url = watched.origin
+    with BackgroundLoad(url):
+        status, doc = admin_call(url, "POST", "/admin/models/qc/rollout",
+                                 {"canary": "3", "judge": "thresholds", "steps": [10], "interval_s": 2,
+                                  "min_requests": 5}, token=OPERATOR_TOKEN)
+        assert status == 200, doc
+        assert doc["spec"]["max_error_rate"] is None
+        wait_for(lambda: rollout_status(url)["verdicts"] or None, 30, what="a verdict of the thresholds judge")
+    page = model_page(watched)
+    chart = page.locator("#chart-error-rate")
+    drawn = wait_for(lambda: chart.get_attribute("data-drawn") or None, 10, what="the error-rate chart drawn")
+    series = dict(part.rsplit(":", 1) for part in drawn.split(","))
+    assert int(series["floor"]) >= 1 and int(series["canary 3"]) >= 1, drawn
+
+
 def test_an_identical_canary_is_promoted_from_the_promote_button(watched: Watched,
                                                                  console_gateway: GatewayThread) -> None:
     url = watched.origin
