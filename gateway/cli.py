@@ -67,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="the canary story: a bad version rolled back, a good one promoted",
                                description="Start a local Triton and the gateway, drive steady traffic, run a "
                                "rollout to a faulty version (rolled back automatically) and then to a healthy one "
-                               "(promoted), and print what happened and why.")
+                               "(promoted), both judged by the default statistical judge against a same-size "
+                               "baseline, and print what happened and the evidence each decision rested on. "
+                               "About two minutes.")
     demo.add_argument("--keep-running", action="store_true", help="leave Triton and the gateway up afterwards")
     demo.set_defaults(handler=_demo)
     return parser

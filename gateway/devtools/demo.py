@@ -1,12 +1,13 @@
-"""``gateway demo``: the whole canary story against a real local Triton, in about a minute.
+"""``gateway demo``: the whole canary story against a real local Triton, in about two minutes.
 
 1. starts tritonserver (sample repository) and ``gateway serve`` with qc at 100 % version 2;
-2. drives steady traffic over HTTP and gRPC (a third of it from signed-in users);
-3. breaks version 3 (30 % of its requests fail) and starts a rollout to it: the gateway
-   judges each interval and rolls back on its own;
+2. drives steady traffic over HTTP and gRPC (a third of it from signed-in users), paced;
+3. breaks version 3 (30 % of its requests fail) and starts a rollout to it, judged by the
+   default (statistical) judge against a same-size baseline (version 1, the stable's code):
+   the gateway judges each interval and rolls back on its own;
 4. repairs version 3 and starts a new rollout: it walks every step and is promoted;
-5. prints what happened and why, stops everything it started, and exits 0 when both
-   rollouts ended as they should.
+5. prints what happened and the evidence each decision rested on, stops everything it
+   started, and exits 0 when both rollouts ended as they should.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,19 +37,25 @@ from gateway.upstream import HttpUpstream
 
 BODY = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}).encode()
 TOKEN = "demo-admin-token"
-# The thresholds judge, whose verdicts the demo's few seconds of traffic were tuned for.
-ROLLOUT = {"canary": "3", "judge": "thresholds", "steps": [10, 25, 50, 100], "interval_s": 4, "min_requests": 20,
-           "failure_limit": 2}
+# The default judge (statistical) with every default but the interval, against a same-size baseline:
+# version 1 is the stable's code, so the canary is compared at its own share (README, "A same-size
+# baseline"). At RATE the error rates need ~300 requests of each at the 10% step and latency is
+# not judged in the first 30 s (latency_warmup_s): the healthy rollout takes about a minute.
+ROLLOUT = {"canary": "3", "baseline": "1", "steps": [10, 25, 50, 100], "interval_s": 3}
+RATE = 150.0  # req/s over all clients: steady, and leaves CPU for Triton and the gateway on 2 cores
+ROLLOUT_TIMEOUT_S = 180.0
 
 
 class Traffic:
     """Steady clients in a background thread; counts what they saw, per phase."""
 
-    def __init__(self, url: str, grpc_url: str, concurrency: int = 4, grpc_concurrency: int = 2) -> None:
+    def __init__(self, url: str, grpc_url: str, concurrency: int = 4, grpc_concurrency: int = 2,
+                 rate: float = RATE) -> None:
         self.url = url
         self.grpc_url = grpc_url
         self.concurrency = concurrency
         self.grpc_concurrency = grpc_concurrency
+        self.period = (concurrency + grpc_concurrency) / rate  # seconds between one worker's requests
         self.grpc_answered: Counter[str] = Counter()  # per phase
         self.phase = "warm-up"
         self.versions: dict[str, Counter[str]] = defaultdict(Counter)
@@ -69,7 +77,9 @@ class Traffic:
         count = iter(range(10**9))
 
         async def worker() -> None:
+            pace = self._pace()
             while not self._stop.is_set():
+                await pace()
                 n = next(count)
                 user = f"user-{n % 60}" if n % 3 == 0 else None
                 headers = [(b"x-user-id", user.encode())] if user else []
@@ -94,6 +104,19 @@ class Traffic:
                              *(self._grpc_worker(count) for _ in range(self.grpc_concurrency)))
         await client.aclose()
 
+    def _pace(self) -> Callable[[], Awaitable[None]]:
+        """One worker's schedule: a request every ``period`` (a late answer is caught up on, never
+        by sending more than the rate), so the traffic is the same whatever the machine's load."""
+        due = time.monotonic()
+
+        async def pace() -> None:
+            nonlocal due
+            wait = due - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            due += self.period
+        return pace
+
     async def _grpc_worker(self, count: Any) -> None:
         """The same requests through tritonclient's gRPC client (a new client per worker)."""
         import numpy as np
@@ -104,7 +127,9 @@ class Traffic:
         client = grpcclient.InferenceServerClient(self.grpc_url)
         tensor = InferInput("INPUT0", [1, 4], "FP32")
         tensor.set_data_from_numpy(np.array([[1, 2, 3, 4]], dtype=np.float32))
+        pace = self._pace()
         while not self._stop.is_set():
+            await pace()
             n = next(count)
             user = f"user-{n % 60}" if n % 3 == 0 else None
             phase = self.phase
@@ -156,7 +181,7 @@ def start_gateway(triton: LocalTriton, workdir: Path,
     raise RuntimeError("the gateway did not become ready")
 
 
-def watch_rollout(console: Console, url: str, timeout_s: float = 90) -> dict[str, Any]:
+def watch_rollout(console: Console, url: str, timeout_s: float = ROLLOUT_TIMEOUT_S) -> dict[str, Any]:
     doc = admin(url, "GET", "/admin/models/qc/rollout")
     deadline = time.monotonic() + timeout_s
     with Live(rollout_view(doc), console=console, refresh_per_second=4) as live:
@@ -175,22 +200,18 @@ def set_faults(path: Path, spec: dict[str, Any]) -> None:
 
 def summary(console: Console, traffic: Traffic, outcomes: list[tuple[str, dict[str, Any]]], url: str) -> None:
     table = Table(title="what the clients saw, by phase")
-    for column in ("phase", "version 2", "version 3", "via gRPC", "failed", "failures"):
+    for column in ("phase", "version 2", "version 1 (baseline)", "version 3", "via gRPC", "failed", "failures"):
         table.add_column(column, justify="right")
     for phase in ("warm-up", "faulty canary", "healthy canary", "after promotion"):
         failed = sum(traffic.failures[phase].values())
-        table.add_row(phase, str(traffic.versions[phase]["2"]), str(traffic.versions[phase]["3"]),
+        table.add_row(phase, *(str(traffic.versions[phase][version]) for version in ("2", "1", "3")),
                       str(traffic.grpc_answered[phase]), str(failed),
                       ", ".join(f"{n}x {what}" for what, n in traffic.failures[phase].most_common(2)))
     console.print(table)
     for title, doc in outcomes:
         console.print(f"[bold]{title}[/]: {doc['state']} - {doc['reason']}")
         console.print(f"  requests judged on the canary during it: {doc['canary_requests']}")
-        bad = [v for v in doc["verdicts"] if v["outcome"] == "unhealthy"]
-        if bad:
-            v = bad[-1]
-            console.print(f"  last unhealthy verdict: {v['metric']} = {v['observed']:.3f} (limit {v['threshold']}), "
-                          f"{v['canary_errors']} errors in {v['canary_requests']} canary requests")
+        console.print(evidence(doc))
     sticky = sum(1 for versions in traffic.users.values() if len(versions) == 1)
     console.print(f"stickiness during warm-up: {sticky} of {len(traffic.users)} signed-in users kept one version")
     events = admin(url, "GET", "/admin/events?model=qc&limit=50")["events"]
@@ -198,6 +219,61 @@ def summary(console: Console, traffic: Traffic, outcomes: list[tuple[str, dict[s
     for event in reversed(events):
         if event["action"].startswith("rollout_") and event["action"] != "rollout_weights":
             console.print(f"  {event['actor']:<18} {event['action']:<20} {event['reason']}")
+
+
+def deciding_verdict(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The verdict the rollout's end rested on: its last unhealthy one when rolled back, else its last."""
+    wanted = "unhealthy" if doc["state"] == "rolled_back" else "healthy"
+    chosen = [v for v in doc["verdicts"] if v["outcome"] == wanted] or doc["verdicts"]
+    return chosen[-1] if chosen else None
+
+
+def evidence(doc: dict[str, Any]) -> Table:
+    """Per metric of the deciding verdict: the effect against the reference with its 95% interval,
+    the evidence (e-value) against the one its share of the alpha budget needs, and the clients
+    counted (each metric's one-line summary is in the rollout's reason and the live view)."""
+    verdict = deciding_verdict(doc)
+    reference = f"baseline {doc['baseline']}" if doc.get("baseline") else f"stable {doc['stable']}"
+    spec = doc["spec"]
+    if verdict is None:
+        return Table(title=f"no verdict: the rollout against {reference} ended before its first interval")
+    alpha = verdict.get("alpha") or {}
+    clients = verdict.get("clients") or {}
+    sides = {"canary": f"canary {doc['canary']}", "stable": reference}  # "stable": the reference, either
+    counted = "; ".join(f"{sides.get(side, side)}: {c['counted']} of {c['requests']} requests from {c['clients']} "
+                        "client(s)" for side, c in clients.items() if c)
+    table = Table(title=f"the evidence it decided on: its last {verdict['outcome']} verdict, judge {spec['judge']}, "
+                        f"canary {doc['canary']} vs {reference}, over the whole rollout",
+                  caption=f"false_rollback_rate {alpha.get('false_rollback_rate')} split over "
+                          f"{len(alpha.get('tests', []))} tests: {alpha.get('per_test', 0):.4f} each"
+                          + (f"; counted (per client, capped): {counted}" if counted else ""),
+                  title_justify="left", caption_justify="left")
+    table.add_column("metric", no_wrap=True)  # whole names; the numbers wrap instead
+    for column in ("verdict", "effect (95% interval)", "floor", "e-value (needed)"):
+        table.add_column(column, justify="right")
+    for metric in verdict.get("metrics", []):
+        ratio = metric["name"] in ("latency", "time_to_first_response", "response_gap")
+        digits = 1 if ratio else 2
+        interval = "" if metric["low"] is None else \
+            f" ({_signed(metric['low'], digits)} .. {_signed(metric['high'], digits)})"
+        effect = metric["effect"]
+        if metric["name"] == "error_ceiling":  # the canary's own rate, not a difference
+            effect_text = "-" if effect is None else f"{effect:.2%}"
+            floor_text = f"max {metric['floor']:.0%}"
+        else:
+            effect_text = _signed(effect, digits)
+            floor_text = f"+{metric['floor']:.0%}"
+        table.add_row(metric["name"], metric["verdict"], effect_text + interval, floor_text,
+                      f"{_times(metric['e_value'])} ({_times(metric['e_threshold'])})")
+    return table
+
+
+def _signed(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:+.{digits}%}"
+
+
+def _times(value: float) -> str:
+    return f"{value:.3g}" if value < 1e6 else f"{value:.1e}"
 
 
 def split(console: Console, url: str) -> None:
