@@ -15,11 +15,22 @@ from hypothesis import strategies as st
 from gateway.client_address import ClientAddresses, grpcio_peer
 from gateway.rollout import stats
 from gateway.rollout.analysis import Outcome
-from gateway.rollout.judge import CEILING, Evidence, VersionSample, assess, client_weighted, uncensored
+from gateway.rollout.check_spec import Check
+from gateway.rollout.judge import (
+    CEILING,
+    METRICS,
+    Evidence,
+    VersionSample,
+    alpha_split,
+    assess,
+    client_weighted,
+    uncensored,
+)
 from gateway.rollout.rollback import critical_verdict
 from gateway.rollout.spec import RolloutSpec
 from gateway.settings import Settings, SettingsError
 from gateway.telemetry.recorder import Window
+from gateway.telemetry.sources import exact_increase
 
 SPEC = RolloutSpec(canary="3", stable="2", steps=[1, 5, 20, 50, 100], interval_s=30, latency_warmup_s=0)
 RNG = np.random.default_rng(0)
@@ -218,3 +229,26 @@ def test_trusted_proxies_must_be_networks(tmp_path: Path) -> None:
         Settings.load(config)
     config.write_text("trusted_proxies: [10.0.0.0/8, 192.0.2.1]\n")
     assert Settings.load(config).trusted_proxies == ["10.0.0.0/8", "192.0.2.1"]
+
+
+def test_the_alpha_budget_is_split_once_over_every_test_the_spec_allows_and_shown() -> None:
+    spec = SPEC.model_copy(update={"min_shadow_agreement": 0.99, "checks": [
+        Check(name="a", query="q", max=1.0), Check(name="b", query="q", max=1.0)]})
+    tests, alpha = alpha_split(spec)
+    assert tests == (*METRICS, "time_to_first_response", "response_gap", CEILING, "shadow_agreement",
+                     "check:a", "check:b")
+    assert alpha == pytest.approx(spec.false_rollback_rate / 9)
+    verdict, _ = assess(spec, Evidence(), VersionSample(100, 0, 0, 0, latencies(100)),
+                        VersionSample(1000, 0, 0, 0, latencies(1000)))
+    assert verdict.alpha == {"false_rollback_rate": 0.01, "tests": list(tests), "per_test": alpha}
+    assert all(m.e_threshold == pytest.approx(1 / alpha) for m in verdict.metrics)
+
+
+def test_prometheus_counts_are_exact_increases_of_the_raw_samples_with_resets() -> None:
+    """From the last scrape at or before the window's start; a drop is a restart (counted from
+    0); a series first scraped inside the window counts from 0; nothing is extrapolated."""
+    samples = [(0.0, 100.0), (5.0, 110.0), (10.0, 130.0), (15.0, 4.0), (20.0, 10.0)]
+    assert exact_increase(samples, 5.0) == 20 + 4 + 6
+    assert exact_increase(samples, 20.0) == 0
+    assert exact_increase([(12.0, 7.0), (17.0, 9.0)], 10.0) == 9  # born in the window
+    assert exact_increase([(2.0, 7.0), (8.0, 7.0)], 5.0) == 0
