@@ -83,7 +83,7 @@ def console_router(views: Views, lifecycle: ModelLifecycle, auth: Authenticator,
     @app.post("/console/login")
     async def login(request: Request, body: Login) -> JSONResponse:
         guard.same_origin(request)
-        client = request.client.host if request.client else "unknown"
+        client = _login_address(request)
         throttle.check(client)  # 429 while this address is locked out: the token is not even compared
         try:
             who = auth.token_identity(body.token.strip())
@@ -185,6 +185,16 @@ def console_router(views: Views, lifecycle: ModelLifecycle, auth: Authenticator,
 
 def _session(name: str, role: str, csrf: str, views: Views) -> dict[str, Any]:
     return {"actor": name, "role": role, "csrf": csrf, "rates_from": views.rates_from()}
+
+
+def _login_address(request: Request) -> str:
+    """Whose login this is, for the failure limit: the TCP peer; over the control plane's Unix
+    socket (``--workers``: no peer address) the address the worker's forwarder appended last to
+    ``X-Forwarded-For``. A TCP client's own ``X-Forwarded-For`` is never believed."""
+    if request.client is not None and request.client.host:
+        return request.client.host
+    forwarded = request.headers.getlist("x-forwarded-for")
+    return forwarded[-1].rpartition(",")[2].strip() or "unknown" if forwarded else "unknown"
 
 
 def _no_store(response: JSONResponse) -> JSONResponse:

@@ -220,3 +220,27 @@ def test_the_vendored_files_match_their_manifest_and_the_page_names_only_real_fi
     assets = Assets()
     assert "{{" not in assets.page and all(url in assets.page for url in assets.urls.values()
                                             if not url.endswith(".txt"))
+
+
+async def test_the_login_limit_is_per_client_behind_the_workers_forwarder_and_not_forgeable() -> None:
+    """Over the control plane's Unix socket (no peer address) each client is the address the
+    worker's forwarder appended; a TCP client's own X-Forwarded-For changes nothing."""
+    origin = {"Origin": "https://gw.example"}
+    unix = httpx.ASGITransport(app=gateway(), client=None)  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=unix, base_url="https://gw.example") as http:
+        for _ in range(FREE_FAILURES + 1):
+            await http.post("/console/login", json={"token": "guess"},
+                            headers={**origin, "X-Forwarded-For": "203.0.113.9, 10.0.0.1"})
+        locked = await http.post("/console/login", json={"token": OPERATOR},
+                                 headers={**origin, "X-Forwarded-For": "10.0.0.1"})
+        other = await http.post("/console/login", json={"token": OPERATOR},
+                                headers={**origin, "X-Forwarded-For": "10.0.0.2"})
+    assert (locked.status_code, other.status_code) == (429, 200)
+    async with client() as http:  # a TCP peer: one address whatever header it writes
+        for n in range(FREE_FAILURES + 1):
+            await http.post("/console/login", json={"token": "guess"},
+                            headers={**origin, "X-Forwarded-For": f"10.1.0.{n}"})
+        answer = await http.post("/console/login", json={"token": OPERATOR},
+                                 headers={**origin, "X-Forwarded-For": "10.1.0.99"})
+    assert answer.status_code == 429
+
