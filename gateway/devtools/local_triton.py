@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -31,7 +32,32 @@ class TritonUnavailable(RuntimeError):
     """The wheel is missing, or the server did not become ready."""
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
+    """A port that was free a moment ago, chosen below the kernel's ephemeral range.
+
+    A port the kernel hands out for bind(0) comes from the same range as the source ports of
+    outgoing connections: under a load test one of those could take it between this check and
+    the server's own bind ("address already in use", seen in loaded test runs). A random port
+    below that range can only be taken by another listener choosing it the same way.
+    """
+    low, _ = _ephemeral_range()
+    if low > 12000:
+        for _ in range(100):
+            port = random.randrange(10000, low)
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
