@@ -21,6 +21,7 @@ import pytest
 
 from gateway.devtools.local_triton import LocalTriton
 from gateway.grpc.status import StatusCode
+from gateway.workers.channel import REPORT_S
 from tests.conftest import Faults
 from tests.fleet_support import drive_grpc, successes
 from tests.support import INFER_BODY, TOKEN, BackgroundLoad, GatewayProcess, admin_call, drive, wait_for
@@ -339,7 +340,9 @@ def test_a_stalled_worker_is_replaced_and_sighup_applies_the_config_file_worker_
             return slot if slot["pid"] != stalled["pid"] else None
 
         slot = wait_for(replaced, 10, interval=0.05, what="the stalled worker replaced")
-        assert 1.0 <= slot["started_at"] - stopped_at <= 3.0, slot  # worker_stall_s, then at once
+        # worker_stall_s, then at once; the stall counts from the worker's last report, which can
+        # precede the SIGSTOP by up to one report interval (seen: replaced 0.92 s after the stop)
+        assert 1.0 - REPORT_S <= slot["started_at"] - stopped_at <= 3.0, slot
         assert slot["restarts"] == 1
         wait_for(lambda: all(w["up"] for w in workers(gw.url)["workers"]), 60, what="every worker up again")
         before = {w["pid"] for w in workers(gw.url)["workers"]}
