@@ -131,3 +131,11 @@ def test_without_model_repository_the_answer_says_the_loaded_config_was_sent_and
         assert config["version_policy"] == {"all": {}}, "as given (the old code replaced it with a version list)"
         assert config["max_batch_size"] == 2
         assert ready_versions(own_triton) == {"1", "2", "3", "5"}
+
+        given = {key: value for key, value in given.items() if key != "version_policy"} | {"max_batch_size": 3}
+        status, body = admin(gw.url, "/admin/models/qc/versions/5/load", {"config": given})
+        assert status == 200, body
+        assert body["config_sent"] == ("config override: the admin's configuration with version_policy specific "
+                                       "[1, 2, 3, 5] (it named none)"), body
+        assert triton_config(own_triton)["max_batch_size"] == 3
+        assert ready_versions(own_triton) == {"1", "2", "3", "5"}
