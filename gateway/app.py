@@ -187,9 +187,10 @@ class Gateway(Dispatch):
         named = {fleet.name: FleetGrpc(fleet) for fleet in self.fleets if fleet is not self.fleets.default}
         self.grpc_router = GrpcRouter(self.pipeline, upstream, named)
         if settings.grpc_server == "grpcio":
-            self.grpc = GrpcProxy(self.grpc_router, self.gate, Health(self.probes.problem))
+            self.grpc = GrpcProxy(self.grpc_router, self.gate, Health(self.probes.problem), self.budget,
+                                  settings.max_connections_per_client)
             self.grpc_server = await start_grpc(self.grpc, settings.host, settings.grpc_port,
-                                                tls.grpcio_server_credentials(settings))
+                                                tls.grpcio_server_credentials(settings), grpc_limits(settings))
         else:
             self.grpc_server = await start_front(self.grpc_router, settings.host, settings.grpc_port, self.gate,
                                                  tls.serving(settings, tls.H2), grpc_limits(settings),

@@ -84,7 +84,9 @@ class Settings(BaseSettings):
                             "instead of a reset")
     max_connections_per_client: int = Field(256, ge=1, le=1_000_000, description="both ports: connections one "
                                             "client address may hold; past it a connection is answered as past "
-                                            "max_client_connections / grpc_max_connections")
+                                            "max_client_connections / grpc_max_connections (grpc_server grpcio: "
+                                            "only connections with calls in flight count, its next call is "
+                                            "answered UNAVAILABLE; grpcio exposes no accept)")
     sticky_header: HeaderName = Field("x-user-id", description="default header carrying the sticky user key")
     policies: dict[str, PolicySpec] = Field(
         default_factory=dict, description="routing policies by model, as declared intent: an entry changed since "
@@ -136,7 +138,7 @@ class Settings(BaseSettings):
         "address not itself trusted): the rollout judge counts each client up to its share. Default none: the "
         "peer address is the client")
     log_level: str = Field("info", pattern="^(critical|error|warning|info|debug)$", description="log level")
-    # -- the lean gRPC server's limits for each client connection (issue 12) --
+    # -- the gRPC server's limits for each client connection (issue 12); grpcio keeps the message size and streams --
     grpc_max_message_bytes: int = Field(64 << 20, ge=1 << 10, le=1 << 30,
                                         description="largest gRPC request message, compressed and decompressed "
                                         "(RESOURCE_EXHAUSTED above)")
