@@ -70,6 +70,7 @@ class Gateway(Dispatch):
     control: FastAPI
     recorder_class: type[Recorder] = Recorder  # gateway.workers: a worker's reports deltas, the control plane's merges
     reuse_port = False  # gateway.workers: each worker listens on its own SO_REUSEPORT socket
+    grpc_socket: Any = None  # gateway.workers: the gRPC listener the supervisor bound, shared by every worker
 
     def __init__(self, settings: Settings, store: StateStore | None = None) -> None:
         self.settings = settings
@@ -194,7 +195,8 @@ class Gateway(Dispatch):
         else:
             self.grpc_server = await start_front(self.grpc_router, settings.host, settings.grpc_port, self.gate,
                                                  tls.serving(settings, tls.H2), grpc_limits(settings),
-                                                 self.budget, Health(self.probes.problem), reuse_port=self.reuse_port)
+                                                 self.budget, Health(self.probes.problem), reuse_port=self.reuse_port,
+                                                 sock=self.grpc_socket)
 
     async def _stop(self) -> None:
         await self.timeline.stop()
