@@ -15,7 +15,8 @@ The lean server's bounds, as far as grpcio lets them be kept (issue 22):
 - **Messages.** grpcio's core assembles and inflates each message before any Python code sees
   it, so ``grpc_max_message_bytes`` is its ``max_receive_message_length`` (the core applies it to
   the inflated size too) and ``grpc_max_concurrent_streams`` its ``max_concurrent_streams``:
-  those bound what the core holds. Was unbounded: four gzip messages of 200 MiB (~200 KB each on
+  those bound what the core holds (and ``grpc_preface_timeout_s``/``grpc_idle_timeout_s`` how long
+  a silent or callless connection stays). Was unbounded: four gzip messages of 200 MiB (~200 KB each on
   the wire) grew the process by ~870 MB. From the moment the handler has a message to the
   moment it lets it go (a unary request: its whole call; a stream message: until it is on its
   way upstream) it is charged to the gateway's one ``ByteBudget``, released in ``finally``;
@@ -25,7 +26,11 @@ The lean server's bounds, as far as grpcio lets them be kept (issue 22):
   close, no way to refuse one. A connection is seen only through its calls (``context.peer()``
   is address:port, one per connection), so ``max_connections_per_client`` counts, per address,
   the connections with calls in flight; a call on one more is answered UNAVAILABLE with the lean
-  server's reason. Idle connections are not counted (they hold a socket, not a call).
+  server's reason. Idle connections are not counted (they hold a socket, not a call; the idle
+  timeout closes them). ``grpc_max_connections`` is not set as grpcio's
+  ``grpc.max_allowed_incoming_connections``: with idle connections uncounted per address, one
+  client could fill it and lock every other out (measured: 3,000 idle connections from one
+  address with the per-address cap at 4, and another address was still served in 0.13 s).
 """
 
 from __future__ import annotations
@@ -366,7 +371,10 @@ async def start_server(proxy: GrpcProxy, host: str, port: int, credentials: grpc
     limits = limits or Limits()
     # what grpcio's core may hold before the handler sees it (see the module's docstring)
     options = [*CHANNEL_OPTIONS, ("grpc.max_receive_message_length", limits.max_message),
-               ("grpc.max_concurrent_streams", limits.max_concurrent_streams)]
+               ("grpc.max_concurrent_streams", limits.max_concurrent_streams),
+               # a silent connection is closed after the preface timeout, one without calls after the idle one
+               ("grpc.server_handshake_timeout_ms", int(limits.preface_timeout * 1000)),
+               ("grpc.max_connection_idle_ms", int(limits.idle_timeout * 1000))]
     server = grpc.aio.server(handlers=[proxy], options=options)
     address = f"{host}:{port}"
     bound = server.add_insecure_port(address) if credentials is None else server.add_secure_port(address, credentials)
