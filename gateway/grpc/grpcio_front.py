@@ -36,6 +36,7 @@ The lean server's bounds, as far as grpcio lets them be kept (issue 22):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -86,47 +87,23 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
 
     def _guarded(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         """Every call under the per-address cap; a unary request charged to the budget for its call."""
-        callers, budget = self.callers, self.budget
-
-        async def admit(context: grpc.aio.ServicerContext) -> str:
-            peer = context.peer() or ""
-            refusal = callers.enter(peer)
-            if refusal:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
-            return peer
-
+        admitted = self._admitted
         if handler.unary_unary is not None:
             unary = handler.unary_unary
 
             async def charged_unary(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-                peer = await admit(context)
-                try:
-                    if not budget.try_take(len(raw)):
-                        await context.abort(grpc.StatusCode.UNAVAILABLE, over_budget(budget))
-                    try:
-                        answer: bytes = await unary(raw, context)
-                        return answer
-                    finally:
-                        budget.release(len(raw))
-                finally:
-                    callers.leave(peer)
+                async with admitted(context, len(raw)):
+                    answer: bytes = await unary(raw, context)
+                    return answer
 
             return grpc.unary_unary_rpc_method_handler(charged_unary)
         if handler.unary_stream is not None:
             replies = handler.unary_stream
 
             async def charged_replies(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-                peer = await admit(context)
-                try:
-                    if not budget.try_take(len(raw)):
-                        await context.abort(grpc.StatusCode.UNAVAILABLE, over_budget(budget))
-                    try:
-                        async for answer in replies(raw, context):
-                            yield answer
-                    finally:
-                        budget.release(len(raw))
-                finally:
-                    callers.leave(peer)
+                async with admitted(context, len(raw)):
+                    async for answer in replies(raw, context):
+                        yield answer
 
             return grpc.unary_stream_rpc_method_handler(charged_replies)
         assert handler.stream_stream is not None  # the only other kind built here; its messages are charged in _pump
@@ -134,14 +111,29 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
 
         async def counted_stream(requests: AsyncIterator[bytes],
                                  context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-            peer = await admit(context)
-            try:
+            async with admitted(context, 0):
                 async for answer in streamed(requests, context):
                     yield answer
-            finally:
-                callers.leave(peer)
 
         return grpc.stream_stream_rpc_method_handler(counted_stream)
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, context: grpc.aio.ServicerContext, size: int) -> AsyncIterator[None]:
+        """The call counted on its connection and ``size`` request bytes charged, both until it ends;
+        or UNAVAILABLE (the cap's or the budget's words), nothing kept."""
+        peer = context.peer() or ""
+        refusal = self.callers.enter(peer)
+        if refusal:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
+        try:
+            if not self.budget.try_take(size):
+                await context.abort(grpc.StatusCode.UNAVAILABLE, over_budget(self.budget))
+            try:
+                yield
+            finally:
+                self.budget.release(size)
+        finally:
+            self.callers.leave(peer)
 
     def _build(self, method: str) -> grpc.RpcMethodHandler | None:
         if method.startswith(HEALTH):
