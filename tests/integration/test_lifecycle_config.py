@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from gateway.devtools.local_triton import SAMPLE_REPOSITORY, LocalTriton
-from tests.fleet_support import ready_versions
+from tests.fleet_support import fleet_settings, ready_versions
 from tests.support import TOKEN, GatewayThread, gateway_settings
 
 pytestmark = pytest.mark.triton
@@ -139,3 +139,26 @@ def test_without_model_repository_the_answer_says_the_loaded_config_was_sent_and
                                        "[1, 2, 3, 5] (it named none)"), body
         assert triton_config(own_triton)["max_batch_size"] == 3
         assert ready_versions(own_triton) == {"1", "2", "3", "5"}
+
+
+def test_a_fleet_sharing_one_repository_serves_the_new_config_on_every_server(repository: Path) -> None:
+    """Two Tritons on one repository (as pods on one volume): each gets config.pbtxt as it is now,
+    and each one that keeps an earlier override after the load without one is named."""
+    with LocalTriton.on_free_ports(repository=repository, models=("qc",)) as first, \
+            LocalTriton.on_free_ports(repository=repository, models=("qc",)) as second:
+        settings = fleet_settings(first, second, controller_enabled=False, model_repository=repository)
+        with GatewayThread(settings) as gw:
+            deploy_version_5(repository, max_batch_size=4)
+            status, body = admin(gw.url, "/admin/models/qc/versions/5/load")
+            assert status == 200, body
+            for server in (first, second):
+                assert ready_versions(server) == {"1", "2", "3", "5"}
+                assert triton_config(server)["max_batch_size"] == 4
+
+            status, body = admin(gw.url, "/admin/models/qc/versions/5/unload")
+            assert status == 200, body
+            assert body["config_sent"].startswith("no config override"), body
+            assert body["config_sent"].count("kept the configuration of an earlier override") == 2, body
+            for server in (first, second):
+                assert ready_versions(server) == {"1", "2", "3"}
+                assert triton_config(server)["max_batch_size"] == 4
