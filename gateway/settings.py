@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, FilePath, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import DirectoryPath, Field, FilePath, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gateway.fleet.config import DEFAULT_FLEET, FleetName, FleetSpec, single_server
@@ -118,6 +118,11 @@ class Settings(BaseSettings):
     triton_control: Literal["deny", "admin", "allow"] = Field(
         "deny", description="Triton model control (load/unload, shared memory, trace/log setting updates) on the "
         "data ports: deny (403 / PERMISSION_DENIED), admin (admin bearer token, audited) or allow")
+    model_repository: DirectoryPath | None = Field(
+        None, description="the default fleet's Triton model repository as this gateway can read it (a shared "
+        "volume, read only): version loads and unloads read config.pbtxt there, send no config override when its "
+        "version_policy serves the wanted versions, else config.pbtxt as it is now; unset: Triton's loaded "
+        "configuration is sent with the versions to serve")
     metrics_source: str = Field("recorder", pattern="^(recorder|prometheus)$",
                                 description="rollout analysis reads this process's recorder, or Prometheus "
                                 "(all replicas' traffic)")

@@ -15,7 +15,8 @@ The lean server's bounds, as far as grpcio lets them be kept (issue 22):
 - **Messages.** grpcio's core assembles and inflates each message before any Python code sees
   it, so ``grpc_max_message_bytes`` is its ``max_receive_message_length`` (the core applies it to
   the inflated size too) and ``grpc_max_concurrent_streams`` its ``max_concurrent_streams``:
-  those bound what the core holds. Was unbounded: four gzip messages of 200 MiB (~200 KB each on
+  those bound what the core holds (and ``grpc_preface_timeout_s``/``grpc_idle_timeout_s`` how long
+  a silent or callless connection stays). Was unbounded: four gzip messages of 200 MiB (~200 KB each on
   the wire) grew the process by ~870 MB. From the moment the handler has a message to the
   moment it lets it go (a unary request: its whole call; a stream message: until it is on its
   way upstream) it is charged to the gateway's one ``ByteBudget``, released in ``finally``;
@@ -25,12 +26,17 @@ The lean server's bounds, as far as grpcio lets them be kept (issue 22):
   close, no way to refuse one. A connection is seen only through its calls (``context.peer()``
   is address:port, one per connection), so ``max_connections_per_client`` counts, per address,
   the connections with calls in flight; a call on one more is answered UNAVAILABLE with the lean
-  server's reason. Idle connections are not counted (they hold a socket, not a call).
+  server's reason. Idle connections are not counted (they hold a socket, not a call; the idle
+  timeout closes them). ``grpc_max_connections`` is not set as grpcio's
+  ``grpc.max_allowed_incoming_connections``: with idle connections uncounted per address, one
+  client could fill it and lock every other out (measured: 3,000 idle connections from one
+  address with the per-address cap at 4, and another address was still served in 0.13 s).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -81,47 +87,23 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
 
     def _guarded(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         """Every call under the per-address cap; a unary request charged to the budget for its call."""
-        callers, budget = self.callers, self.budget
-
-        async def admit(context: grpc.aio.ServicerContext) -> str:
-            peer = context.peer() or ""
-            refusal = callers.enter(peer)
-            if refusal:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
-            return peer
-
+        admitted = self._admitted
         if handler.unary_unary is not None:
             unary = handler.unary_unary
 
             async def charged_unary(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-                peer = await admit(context)
-                try:
-                    if not budget.try_take(len(raw)):
-                        await context.abort(grpc.StatusCode.UNAVAILABLE, over_budget(budget))
-                    try:
-                        answer: bytes = await unary(raw, context)
-                        return answer
-                    finally:
-                        budget.release(len(raw))
-                finally:
-                    callers.leave(peer)
+                async with admitted(context, len(raw)):
+                    answer: bytes = await unary(raw, context)
+                    return answer
 
             return grpc.unary_unary_rpc_method_handler(charged_unary)
         if handler.unary_stream is not None:
             replies = handler.unary_stream
 
             async def charged_replies(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-                peer = await admit(context)
-                try:
-                    if not budget.try_take(len(raw)):
-                        await context.abort(grpc.StatusCode.UNAVAILABLE, over_budget(budget))
-                    try:
-                        async for answer in replies(raw, context):
-                            yield answer
-                    finally:
-                        budget.release(len(raw))
-                finally:
-                    callers.leave(peer)
+                async with admitted(context, len(raw)):
+                    async for answer in replies(raw, context):
+                        yield answer
 
             return grpc.unary_stream_rpc_method_handler(charged_replies)
         assert handler.stream_stream is not None  # the only other kind built here; its messages are charged in _pump
@@ -129,14 +111,29 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
 
         async def counted_stream(requests: AsyncIterator[bytes],
                                  context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-            peer = await admit(context)
-            try:
+            async with admitted(context, 0):
                 async for answer in streamed(requests, context):
                     yield answer
-            finally:
-                callers.leave(peer)
 
         return grpc.stream_stream_rpc_method_handler(counted_stream)
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, context: grpc.aio.ServicerContext, size: int) -> AsyncIterator[None]:
+        """The call counted on its connection and ``size`` request bytes charged, both until it ends;
+        or UNAVAILABLE (the cap's or the budget's words), nothing kept."""
+        peer = context.peer() or ""
+        refusal = self.callers.enter(peer)
+        if refusal:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
+        try:
+            if not self.budget.try_take(size):
+                await context.abort(grpc.StatusCode.UNAVAILABLE, over_budget(self.budget))
+            try:
+                yield
+            finally:
+                self.budget.release(size)
+        finally:
+            self.callers.leave(peer)
 
     def _build(self, method: str) -> grpc.RpcMethodHandler | None:
         if method.startswith(HEALTH):
@@ -366,7 +363,10 @@ async def start_server(proxy: GrpcProxy, host: str, port: int, credentials: grpc
     limits = limits or Limits()
     # what grpcio's core may hold before the handler sees it (see the module's docstring)
     options = [*CHANNEL_OPTIONS, ("grpc.max_receive_message_length", limits.max_message),
-               ("grpc.max_concurrent_streams", limits.max_concurrent_streams)]
+               ("grpc.max_concurrent_streams", limits.max_concurrent_streams),
+               # a silent connection is closed after the preface timeout, one without calls after the idle one
+               ("grpc.server_handshake_timeout_ms", int(limits.preface_timeout * 1000)),
+               ("grpc.max_connection_idle_ms", int(limits.idle_timeout * 1000))]
     server = grpc.aio.server(handlers=[proxy], options=options)
     address = f"{host}:{port}"
     bound = server.add_insecure_port(address) if credentials is None else server.add_secure_port(address, credentials)

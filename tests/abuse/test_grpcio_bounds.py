@@ -204,3 +204,20 @@ def test_grpcio_a_message_inflating_past_the_limit_is_refused_with_bounded_memor
         with pipe:
             assert gateway.state().held == 0
 
+
+
+def test_grpcio_closes_silent_and_callless_connections_after_the_ports_timeouts(triton: LocalTriton) -> None:
+    """grpc_preface_timeout_s and grpc_idle_timeout_s hold on grpcio's server too (its own defaults
+    were 120 s for the handshake and no idle limit at all)."""
+    settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url, grpc_server="grpcio",
+                                grpc_preface_timeout_s=1.0, grpc_idle_timeout_s=1.0)
+    with GatewayThread(settings) as gateway:
+        port = gateway.settings.grpc_port
+        silent = Attacker(port, preface=False, timeout=10)
+        callless = Attacker(port, timeout=10)
+        started = time.monotonic()
+        silent.frames(until=10, stop=None)
+        assert silent.closed, "a connection that never sent its preface is still open after 10 s"
+        callless.frames(until=10, stop=None)
+        assert callless.closed, "a connection without calls is still open after 10 s"
+        assert time.monotonic() - started < 10
