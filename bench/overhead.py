@@ -80,6 +80,7 @@ class Result:
     p99_us: int
     cpu_us: float | None
     errors: int
+    user_us: float = 0.0  # of cpu_us, in user space (set by bench/ab.py)
 
 
 def run_wrk(url: str, body: Path, ihcl: str, concurrency: int, seconds: float, script: Path,
