@@ -18,6 +18,7 @@ per protocol, under ``--out`` (default ``bench/profiles/``):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import html
 import os
 import shutil
@@ -34,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from overhead import LUA, POLICY, bodies, grpc_body, run_h2load, run_wrk, wait_http  # noqa: E402
 
-from gateway.devtools.local_triton import free_port  # noqa: E402
+from gateway.devtools.local_triton import LocalTriton, free_port  # noqa: E402
 
 
 def main() -> int:
@@ -44,6 +45,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=HERE / "profiles", help="where the profiles go")
     parser.add_argument("--only", choices=("all", "http", "grpc"), default="all")
     parser.add_argument("--label", default="", help="prefix of the output files (e.g. before-, after-)")
+    parser.add_argument("--triton", action="store_true",
+                        help="in front of a real Triton (the sample repository) instead of the stub: the request "
+                             "rate Triton allows, as in bench/overhead.py's nginx rows")
     args = parser.parse_args()
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(spy).exists():
@@ -53,55 +57,68 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="gateway-profile-"))
     processes: list[subprocess.Popen[bytes]] = []
     try:
-        http_port, grpc_port = free_port(), free_port()
-        processes.append(subprocess.Popen([sys.executable, str(HERE / "stub_triton.py"), "--http-port",
-                                           str(http_port), "--grpc-port", str(grpc_port)], stdout=subprocess.DEVNULL))
-        wait_http(f"http://127.0.0.1:{http_port}/v2/health/ready")
-        (workdir / "gateway.yaml").write_text(POLICY)
-        port, gport = free_port(), free_port()
-        env = dict(os.environ, PYTHONPATH=str(ROOT), GATEWAY_PORT=str(port), GATEWAY_GRPC_PORT=str(gport),
-                   GATEWAY_TRITON_URL=f"http://127.0.0.1:{http_port}",
-                   GATEWAY_TRITON_GRPC_URL=f"127.0.0.1:{grpc_port}", GATEWAY_LOG_LEVEL="warning",
-                   GATEWAY_STORE_URL="memory://")
-        command = [sys.executable, "-m", "gateway", "serve", "--config", str(workdir / "gateway.yaml")]
-        gateway = subprocess.Popen(command, cwd=ROOT, env=env)
-        processes.append(gateway)
-        wait_http(f"http://127.0.0.1:{port}/readyz")
-        script = workdir / "bench.lua"
-        script.write_text(LUA)
-        json_body, _ = bodies(workdir)["json"]
-        grpc = grpc_body(workdir)
-        url = f"http://127.0.0.1:{port}/v2/models/qc/infer"
-        loads = {
-            "http": lambda seconds, pid: run_wrk(url, json_body, "", 32, seconds, script, pid),
-            "grpc": lambda seconds, pid: run_h2load(f"127.0.0.1:{gport}", grpc, 32, int(seconds * 3000), workdir, pid),
-        }
-        for name, load in loads.items():
-            if args.only not in ("all", name):
-                continue
-            load(1.0, None)  # warm-up
-            raw = workdir / f"{name}.raw"
-            recorder = subprocess.Popen([spy, "record", "--pid", str(gateway.pid), "--rate", str(args.rate),
-                                         "--duration", str(int(args.seconds)), "--format", "raw", "--output", str(raw)],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            result = load(args.seconds, gateway.pid)
-            recorder.wait(args.seconds + 30)
-            stacks = read_collapsed(raw)
-            stem = args.out / f"{args.label}{name}"
-            (stem.with_suffix(".collapsed")).write_text("".join(f"{s} {n}\n" for s, n in stacks.items()))
-            (stem.with_suffix(".svg")).write_text(flame_svg(stacks, f"gateway {name} c=32 ({result.cpu_us or 0:.0f} "
-                                                                     f"us CPU/request, {result.rps:.0f} rps)"))
-            top = top_table(stacks)
-            (stem.with_suffix(".top.txt")).write_text(top)
-            print(f"{name}: {result.cpu_us or 0:.1f} us CPU/request (sampled, so slower), {result.rps:.0f} rps, "
-                  f"{sum(stacks.values())} samples -> {stem}.svg / .collapsed / .top.txt")
-            print("\n".join(top.splitlines()[:28]))
+        with contextlib.ExitStack() as stack:
+            if args.triton:
+                faults = workdir / "faults.json"
+                faults.write_text("{}")
+                triton = stack.enter_context(LocalTriton.on_free_ports(faults_file=faults))
+                upstream = triton.http_url, triton.grpc_url
+            else:
+                http_port, grpc_port = free_port(), free_port()
+                processes.append(subprocess.Popen([sys.executable, str(HERE / "stub_triton.py"), "--http-port",
+                                                   str(http_port), "--grpc-port", str(grpc_port)],
+                                                  stdout=subprocess.DEVNULL))
+                wait_http(f"http://127.0.0.1:{http_port}/v2/health/ready")
+                upstream = f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
+            profile(args, spy, workdir, upstream, processes)
     finally:
         for process in reversed(processes):
             process.terminate()
             process.wait(10)
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
+
+
+def profile(args: argparse.Namespace, spy: str, workdir: Path, upstream: tuple[str, str],
+            processes: list[subprocess.Popen[bytes]]) -> None:
+    (workdir / "gateway.yaml").write_text(POLICY)
+    port, gport = free_port(), free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GATEWAY_PORT=str(port), GATEWAY_GRPC_PORT=str(gport),
+               GATEWAY_TRITON_URL=upstream[0], GATEWAY_TRITON_GRPC_URL=upstream[1], GATEWAY_LOG_LEVEL="warning",
+               GATEWAY_STORE_URL="memory://")
+    command = [sys.executable, "-m", "gateway", "serve", "--config", str(workdir / "gateway.yaml")]
+    gateway = subprocess.Popen(command, cwd=ROOT, env=env)
+    processes.append(gateway)
+    wait_http(f"http://127.0.0.1:{port}/readyz")
+    script = workdir / "bench.lua"
+    script.write_text(LUA)
+    json_body, _ = bodies(workdir)["json"]
+    grpc = grpc_body(workdir)
+    url = f"http://127.0.0.1:{port}/v2/models/qc/infer"
+    loads = {
+        "http": lambda seconds, pid: run_wrk(url, json_body, "", 32, seconds, script, pid),
+        "grpc": lambda seconds, pid: run_h2load(f"127.0.0.1:{gport}", grpc, 32, int(seconds * 3000), workdir, pid),
+    }
+    for name, load in loads.items():
+        if args.only not in ("all", name):
+            continue
+        load(1.0, None)  # warm-up
+        raw = workdir / f"{name}.raw"
+        recorder = subprocess.Popen([spy, "record", "--pid", str(gateway.pid), "--rate", str(args.rate),
+                                     "--duration", str(int(args.seconds)), "--format", "raw", "--output", str(raw)],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        result = load(args.seconds, gateway.pid)
+        recorder.wait(args.seconds + 30)
+        stacks = read_collapsed(raw)
+        stem = args.out / f"{args.label}{name}"
+        (stem.with_suffix(".collapsed")).write_text("".join(f"{s} {n}\n" for s, n in stacks.items()))
+        (stem.with_suffix(".svg")).write_text(flame_svg(stacks, f"gateway {name} c=32 ({result.cpu_us or 0:.0f} "
+                                                                 f"us CPU/request, {result.rps:.0f} rps)"))
+        top = top_table(stacks)
+        (stem.with_suffix(".top.txt")).write_text(top)
+        print(f"{name}: {result.cpu_us or 0:.1f} us CPU/request (sampled, so slower), {result.rps:.0f} rps, "
+              f"{sum(stacks.values())} samples -> {stem}.svg / .collapsed / .top.txt")
+        print("\n".join(top.splitlines()[:28]))
 
 
 def read_collapsed(raw: Path) -> Counter[str]:

@@ -37,6 +37,7 @@ The head bounds cost a comparison per read and per header line.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import urllib.parse
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -96,6 +97,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     _reason = ""  # why a connection at a cap is refused
     _forwarded = False  # the request carries X-Forwarded-* (uvicorn's proxy-headers middleware may act)
     _inference: Callable[..., Any] | None = None  # the data-plane handler, served without the app's wrappers
+    task: asyncio.Task[None] | None = None  # the task serving the current request
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._raw = transport
@@ -262,6 +264,15 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         else:  # pipelined: queued until the previous answer is out
             self.flow.pause_reading()
             self.pipeline.appendleft((self.cycle, app))
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        """uvicorn's, and the task is kept: the proxy cancels it when the client leaves (asking
+        asyncio.current_task() costs a Python call per request in 3.11). A pipelined request's task
+        starts only once the previous answer is out, so ``task`` is always the request being served."""
+        context = contextvars.Context() if getattr(self.config, "reset_contextvars", False) else None
+        task = self.task = self.loop.create_task(cycle.run_asgi(app), context=context)
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
 
     def on_message_complete(self) -> None:
         self._phase = _IDLE

@@ -143,9 +143,9 @@ class HttpProxy:
         exchange.sequence = sequence
         if model is not None and scope["path"].endswith("/generate_stream"):  # its responses are timed as they go out
             exchange.stream_of, exchange.started = model, started
-        task = exchange.task = asyncio.current_task()
-        watcher = None
         connection = scope.get(CONNECTION_KEY)
+        task = exchange.task = connection.task if connection is not None else asyncio.current_task()
+        watcher = None
         if decision is not None:
             if connection is not None:  # our server protocol tells us when the client leaves
                 connection.on_lost = exchange.client_lost
