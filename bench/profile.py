@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -33,7 +34,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
-from overhead import LUA, POLICY, bodies, grpc_body, run_h2load, run_wrk, wait_http  # noqa: E402
+from overhead import LUA, POLICY, Result, bodies, grpc_body, run_h2load, run_wrk, wait_http  # noqa: E402
 
 from gateway.devtools.local_triton import LocalTriton, free_port  # noqa: E402
 
@@ -95,7 +96,7 @@ def profile(args: argparse.Namespace, spy: str, workdir: Path, upstream: tuple[s
     json_body, _ = bodies(workdir)["json"]
     grpc = grpc_body(workdir)
     url = f"http://127.0.0.1:{port}/v2/models/qc/infer"
-    loads = {
+    loads: dict[str, Callable[[float, int | None], Result]] = {
         "http": lambda seconds, pid: run_wrk(url, json_body, "", 32, seconds, script, pid),
         "grpc": lambda seconds, pid: run_h2load(f"127.0.0.1:{gport}", grpc, 32, int(seconds * 3000), workdir, pid),
     }
