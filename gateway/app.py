@@ -9,6 +9,7 @@ plane. No module-level singletons: tests build as many gateways as they like.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -156,6 +157,11 @@ class Gateway(Dispatch):
         elif self.auth.insecure:
             log.warning("admin API runs WITHOUT authentication (--insecure-admin): anyone can change routing")
         await self._start()
+        # What startup built (modules, FastAPI's routes, protos) lives as long as the process: frozen,
+        # the collector stops walking it. Each full collection under load walked all of it (~150 ms,
+        # tens of µs per request); requests' objects still in flight get promoted and trigger them.
+        gc.collect()
+        gc.freeze()
         self.probes.started = True
         try:
             yield
