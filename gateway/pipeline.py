@@ -89,7 +89,10 @@ def checked_model(model: str) -> str:
 class Target:
     """Where one request goes: a version (None: Triton's default) on a fleet (None: the default
     fleet). The server of the fleet is chosen per request by the fleet's balancer when the
-    request is sent (``gateway.fleet``), where admission, retry and sequence pins live too."""
+    request is sent (``gateway.fleet``), where admission, retry and sequence pins live too. It
+    chooses by what the exchange carries, read once by its front (the model, the version sent,
+    the sequence fields): a Target is shared by every request to its version, so those stay
+    with the exchange, and the fleet never reads the request again."""
 
     version: str | None
     fleet: str | None = None

@@ -31,6 +31,7 @@ from gateway.grpc.status import FAULTS, StatusCode
 from gateway.grpc.upstream import GrpcUpstream, Metadata
 from gateway.pipeline import ShadowCopy
 from gateway.proxy.limits import MIB, ByteBudget, inflate
+from gateway.sequences import SequenceFields
 from gateway.telemetry.recorder import LATENCY_BOUNDS, Recorder, ShadowStats
 from gateway.upstream import HttpUpstream
 
@@ -65,6 +66,7 @@ class GrpcMirror:
     message: bytes
     metadata: Metadata
     primary: bytes  # the primary's ModelInferResponse
+    sequence: SequenceFields | None = None  # the primary's, as its front read them: a fleet pins on them
 
 
 def held_bytes(mirror: Mirror | GrpcMirror) -> int:
@@ -162,7 +164,9 @@ class ShadowMirror:
     async def _send_grpc(self, mirror: GrpcMirror) -> None:
         stats = self._stats(mirror.model, mirror.version)
         started = time.perf_counter()
-        code, _, answer = await mirror.upstream.unary(mirror.path, mirror.message, mirror.metadata, SHADOW_TIMEOUT_S)
+        code, _, answer = await mirror.upstream.unary(mirror.path, mirror.message, mirror.metadata, SHADOW_TIMEOUT_S,
+                                                      model=mirror.model, version=mirror.version,
+                                                      sequence=mirror.sequence)
         latency = time.perf_counter() - started
         stats.requests += 1
         stats.latency_sum += latency
