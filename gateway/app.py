@@ -72,6 +72,7 @@ class Gateway(Dispatch):
     control: FastAPI
     recorder_class: type[Recorder] = Recorder  # gateway.workers: a worker's reports deltas, the control plane's merges
     reuse_port = False  # gateway.workers: each worker listens on its own SO_REUSEPORT socket
+    grpc_socket: Any = None  # gateway.workers: the gRPC listener the supervisor bound, shared by every worker
 
     def __init__(self, settings: Settings, store: StateStore | None = None) -> None:
         self.settings = settings
@@ -98,7 +99,8 @@ class Gateway(Dispatch):
         self.store = store or make_store(settings.store_url, AuditBounds(
             settings.audit_max_events, settings.audit_max_age_days * 86400))
         named = [fleet for fleet in self.fleets if fleet is not self.fleets.default]
-        self.triton = TritonControl(self.fleets.default, {fleet.name: TritonControl(fleet) for fleet in named})
+        self.triton = TritonControl(self.fleets.default, {fleet.name: TritonControl(fleet) for fleet in named},
+                                    repository=settings.model_repository)
         self.fleets.on_join(self.triton.sync_server)
         self.policies = PolicyService(self.store, self.book, self.triton)
         self.sync = StateSync(self.store, self.policies, settings.resync_interval_s, settings.sync_unready_after_s,
@@ -195,13 +197,15 @@ class Gateway(Dispatch):
         named = {fleet.name: FleetGrpc(fleet) for fleet in self.fleets if fleet is not self.fleets.default}
         self.grpc_router = GrpcRouter(self.pipeline, upstream, named)
         if settings.grpc_server == "grpcio":
-            self.grpc = GrpcProxy(self.grpc_router, self.gate, Health(self.probes.problem))
+            self.grpc = GrpcProxy(self.grpc_router, self.gate, Health(self.probes.problem), self.budget,
+                                  settings.max_connections_per_client)
             self.grpc_server = await start_grpc(self.grpc, settings.host, settings.grpc_port,
-                                                tls.grpcio_server_credentials(settings))
+                                                tls.grpcio_server_credentials(settings), grpc_limits(settings))
         else:
             self.grpc_server = await start_front(self.grpc_router, settings.host, settings.grpc_port, self.gate,
                                                  tls.serving(settings, tls.H2), grpc_limits(settings),
-                                                 self.budget, Health(self.probes.problem), reuse_port=self.reuse_port)
+                                                 self.budget, Health(self.probes.problem), reuse_port=self.reuse_port,
+                                                 sock=self.grpc_socket)
 
     async def _stop(self) -> None:
         await self.timeline.stop()

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, FilePath, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import DirectoryPath, Field, FilePath, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gateway.fleet.config import DEFAULT_FLEET, FleetName, FleetSpec, single_server
@@ -83,7 +84,9 @@ class Settings(BaseSettings):
                             "instead of a reset")
     max_connections_per_client: int = Field(256, ge=1, le=1_000_000, description="both ports: connections one "
                                             "client address may hold; past it a connection is answered as past "
-                                            "max_client_connections / grpc_max_connections")
+                                            "max_client_connections / grpc_max_connections (grpc_server grpcio: "
+                                            "only connections with calls in flight count, its next call is "
+                                            "answered UNAVAILABLE; grpcio exposes no accept)")
     sticky_header: HeaderName = Field("x-user-id", description="default header carrying the sticky user key")
     policies: dict[str, PolicySpec] = Field(
         default_factory=dict, description="routing policies by model, as declared intent: an entry changed since "
@@ -115,6 +118,11 @@ class Settings(BaseSettings):
     triton_control: Literal["deny", "admin", "allow"] = Field(
         "deny", description="Triton model control (load/unload, shared memory, trace/log setting updates) on the "
         "data ports: deny (403 / PERMISSION_DENIED), admin (admin bearer token, audited) or allow")
+    model_repository: DirectoryPath | None = Field(
+        None, description="the default fleet's Triton model repository as this gateway can read it (a shared "
+        "volume, read only): version loads and unloads read config.pbtxt there, send no config override when its "
+        "version_policy serves the wanted versions, else config.pbtxt as it is now; unset: Triton's loaded "
+        "configuration is sent with the versions to serve")
     metrics_source: str = Field("recorder", pattern="^(recorder|prometheus)$",
                                 description="rollout analysis reads this process's recorder, or Prometheus "
                                 "(all replicas' traffic)")
@@ -135,7 +143,7 @@ class Settings(BaseSettings):
         "address not itself trusted): the rollout judge counts each client up to its share. Default none: the "
         "peer address is the client")
     log_level: str = Field("info", pattern="^(critical|error|warning|info|debug)$", description="log level")
-    # -- the lean gRPC server's limits for each client connection (issue 12) --
+    # -- the gRPC server's limits for each client connection (issue 12); grpcio keeps the message size and streams --
     grpc_max_message_bytes: int = Field(64 << 20, ge=1 << 10, le=1 << 30,
                                         description="largest gRPC request message, compressed and decompressed "
                                         "(RESOURCE_EXHAUSTED above)")
@@ -279,6 +287,10 @@ class Settings(BaseSettings):
         "own SO_REUSEPORT listeners and one control plane (admin, controller, /metrics) runs in the supervisor")
     worker_stall_s: float = Field(5.0, gt=0, le=600, description="a worker whose event loop has not reported for "
                                   "this long is killed and replaced (workers above 1)")
+    worker_listeners: Literal["auto", "reuse_port", "shared"] = Field(
+        "auto", description="workers above 1: reuse_port gives each worker its own SO_REUSEPORT listeners (the kernel "
+        "spreads connections); shared binds one socket per port in the supervisor and hands it to every worker; auto "
+        "is reuse_port where the OS has SO_REUSEPORT (Linux), else shared")
 
     def worker_count(self) -> int:
         """``workers`` as a number: ``auto`` is the cores the process may use (its CPU affinity)."""
@@ -288,6 +300,12 @@ class Settings(BaseSettings):
             except AttributeError:  # not Linux
                 return max(1, os.cpu_count() or 1)
         return self.workers
+
+    def worker_reuse_port(self) -> bool:
+        """Whether each worker binds its own ``SO_REUSEPORT`` listeners (else they share the supervisor's)."""
+        if self.worker_listeners == "auto":
+            return hasattr(socket, "SO_REUSEPORT")
+        return self.worker_listeners == "reuse_port"
 
     def fleet_specs(self) -> dict[str, FleetSpec]:
         """Every fleet, ``default`` always among them."""

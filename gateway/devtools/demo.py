@@ -162,7 +162,9 @@ def start_gateway(triton: LocalTriton, workdir: Path,
     env = dict(os.environ, GATEWAY_PORT=str(port), GATEWAY_TRITON_URL=triton.http_url, GATEWAY_LOG_LEVEL="warning",
                GATEWAY_ADMIN_TOKEN=TOKEN, GATEWAY_STORE_URL=f"sqlite:///{workdir}/state.db",
                GATEWAY_CONTROLLER_TICK_S="0.5", GATEWAY_GRPC_PORT=str(grpc_port),
-               GATEWAY_TRITON_GRPC_URL=triton.grpc_url)
+               GATEWAY_TRITON_GRPC_URL=triton.grpc_url,
+               # the gateway reads config.pbtxt itself, so a version load sends no stale config override
+               GATEWAY_MODEL_REPOSITORY=str(triton.repository))
     if fleet:  # every request balanced across these servers (the fleet 'default')
         servers = [{"http": server.http_url, "grpc": server.grpc_url} for server in fleet]
         env["GATEWAY_FLEETS"] = json.dumps({"default": {"servers": servers}})

@@ -1,15 +1,24 @@
 """A fleet: its servers, and the per-request choice among them.
 
 The choice is power-of-two-choices on outstanding requests: draw two servers among those
-where the routed version is READY, take the one with fewer requests in flight (a random one
-of the two on a tie, so light traffic still spreads). Compared with round-robin it steers
-away from a slow or overloaded server at once; compared with a full least-outstanding scan
-it costs the same for 2 servers or 200.
+where the routed version is READY, take the one with clearly fewer requests in flight
+(``STEER_GAP`` fewer), else the first drawn. Compared with round-robin it steers away from a
+slow or overloaded server at once; compared with a full least-outstanding scan it costs the
+same for 2 servers or 200.
+
+Why a gap, not "fewer": under a closed loop (N clients, each sending when its answer
+comes), steering on every difference of one makes each server's share follow its momentary
+speed. Two equal Tritons on a busy node differ by 20-30% for seconds at a time (which one the
+scheduler runs), and a strict comparison turned that into 55/45 splits. A difference of one
+request in flight is arrival-timing noise; a slow or hung server builds a gap of two within a
+few requests and is steered from. With two servers the "draw" is a strict alternation, so
+equal servers get equal shares exactly.
 
 The candidate lists per (model, version) are computed once after every health change and
-kept in a dict of dicts: the hot path does two dict lookups, two random draws and a compare,
-and allocates nothing. Health changes (control plane, ~1/s at most) drop the whole cache by
-swapping in an empty dict; readers never see a half-built list.
+kept in a dict of dicts: the hot path does two dict lookups, a draw (a flip for two servers,
+a random number past two) and a compare, and allocates nothing. Health changes (control
+plane, ~1/s at most) drop the whole cache by swapping in an empty dict; readers never see a
+half-built list.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from gateway.sequences import SequencePins
 LIVE_BUDGET_S = 0.8
 _NO_VERSION = ""  # cache key for unversioned requests (Triton picks its default version)
 Key = str | bytes
+STEER_GAP = 2  # the other server must have this many fewer requests in flight to be preferred
 _CACHE_LIMIT = 4096  # distinct (model, version) pairs cached between two health changes
 log = logging.getLogger("gateway.fleet")
 
@@ -57,6 +67,7 @@ class Fleet:
         self._all: tuple[Server, ...] = ()
         self.single: Server | None = None  # a one-server fleet: the request path skips the choice
         self._random = random.Random().random
+        self._turn = False  # two-server fleets alternate which one is drawn first
         # (model, sequence id) -> server name: Triton keeps a sequence's state in one server.
         self.sequences = SequencePins()
 
@@ -114,15 +125,16 @@ class Fleet:
         return found
 
     def pick(self, model: Key, version: Key | None, avoid: Server | None = None) -> Server:
-        """Power of two choices on in-flight requests, among the candidates (``avoid`` excluded
-        when there is another one: the retry after a failed connect)."""
+        """Power of two choices on in-flight requests (a gap of ``STEER_GAP`` steers), among the
+        candidates (``avoid`` excluded when there is another one: the retry after a failed connect)."""
         by_version = self._cache.get(model)
         servers = by_version.get(version or _NO_VERSION) if by_version is not None else None
         if servers is None:
             servers = self.candidates(model, version)
         count = len(servers)
-        if count == 2:  # the common fleet: draw the order, take the less busy (ties: the first drawn)
-            a, b = (servers[0], servers[1]) if self._random() < 0.5 else (servers[1], servers[0])
+        if count == 2:  # the common fleet: alternate the order, take the clearly less busy
+            turn = self._turn = not self._turn
+            a, b = (servers[0], servers[1]) if turn else (servers[1], servers[0])
         elif count == 1:
             only = servers[0]
             if only is avoid:
@@ -141,7 +153,7 @@ class Fleet:
             return b
         if b is avoid:
             return a
-        return b if b.inflight < a.inflight else a
+        return b if b.inflight + STEER_GAP <= a.inflight else a
 
     def sequence_server(self, model: Key, sequence_id: object, start: bool) -> Server | None:
         """The server a live sequence is pinned to (None for a new one, or when its server left:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
 from collections.abc import Callable, Coroutine
 from functools import lru_cache
@@ -379,15 +380,23 @@ class FrontServer:
 async def start_server(router: GrpcRouter, host: str, port: int, gate: ControlGate | None = None,
                        tls: ssl.SSLContext | None = None, limits: Limits | None = None,
                        budget: ByteBudget | None = None, health: Health | None = None,
-                       reuse_port: bool = False) -> FrontServer:
+                       reuse_port: bool = False, sock: socket.socket | None = None) -> FrontServer:
     """``tls``: gRPC over TLS on the same port (the context offers ALPN h2), else plaintext h2c.
-    ``reuse_port``: one of several processes' listeners on the port (gateway.workers)."""
+    ``reuse_port``: one of several processes' listeners on the port (gateway.workers);
+    ``sock``: a socket bound already (the workers' shared listener), instead of host and port."""
     front = GrpcFront(router, gate, health)
     limits = limits or Limits()
     per_client: dict[str, int] = {}  # the connections of each client address, for max_connections_per_client
     # a TLS handshake is part of getting to the preface: the same bound (asyncio's default is 60 s)
-    server = await asyncio.get_running_loop().create_server(
-        lambda: GrpcServerConnection(front.on_stream, front.connections, limits, per_client, budget), host,
-        port, reuse_address=True, reuse_port=reuse_port or None, ssl=tls,
-        ssl_handshake_timeout=limits.preface_timeout if tls is not None else None)
+    handshake = limits.preface_timeout if tls is not None else None
+    loop = asyncio.get_running_loop()
+
+    def connection() -> GrpcServerConnection:
+        return GrpcServerConnection(front.on_stream, front.connections, limits, per_client, budget)
+
+    if sock is not None:
+        server = await loop.create_server(connection, sock=sock, ssl=tls, ssl_handshake_timeout=handshake)
+    else:
+        server = await loop.create_server(connection, host, port, reuse_address=True, reuse_port=reuse_port or None,
+                                          ssl=tls, ssl_handshake_timeout=handshake)
     return FrontServer(server, front)

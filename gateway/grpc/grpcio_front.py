@@ -9,11 +9,34 @@ gateway's own words when the connection fails (a grpc.aio channel had none of th
 Triton held streams for ever, and a DNS failure put Triton's host name in the client's status).
 Every other unary method passes through unchanged. Deadlines and cancellation propagate.
 ``grpc.health.v1.Health`` is answered here from the gateway's readiness (``grpc.health``).
+
+The lean server's bounds, as far as grpcio lets them be kept (issue 22):
+
+- **Messages.** grpcio's core assembles and inflates each message before any Python code sees
+  it, so ``grpc_max_message_bytes`` is its ``max_receive_message_length`` (the core applies it to
+  the inflated size too) and ``grpc_max_concurrent_streams`` its ``max_concurrent_streams``:
+  those bound what the core holds (and ``grpc_preface_timeout_s``/``grpc_idle_timeout_s`` how long
+  a silent or callless connection stays). Was unbounded: four gzip messages of 200 MiB (~200 KB each on
+  the wire) grew the process by ~870 MB. From the moment the handler has a message to the
+  moment it lets it go (a unary request: its whole call; a stream message: until it is on its
+  way upstream) it is charged to the gateway's one ``ByteBudget``, released in ``finally``;
+  past it: UNAVAILABLE, as on the lean server. What the core holds before that is not charged:
+  grpcio says nothing of a message before it is whole and inflated.
+- **Connections per client address.** grpcio tells Python nothing of connections: no accept, no
+  close, no way to refuse one. A connection is seen only through its calls (``context.peer()``
+  is address:port, one per connection), so ``max_connections_per_client`` counts, per address,
+  the connections with calls in flight; a call on one more is answered UNAVAILABLE with the lean
+  server's reason. Idle connections are not counted (they hold a socket, not a call; the idle
+  timeout closes them). ``grpc_max_connections`` is not set as grpcio's
+  ``grpc.max_allowed_incoming_connections``: with idle connections uncounted per address, one
+  client could fill it and lock every other out (measured: 3,000 idle connections from one
+  address with the per-address cap at 4, and another address was still served in 0.13 s).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -31,10 +54,12 @@ from gateway.grpc.status import StatusCode, status_for
 from gateway.grpc.upstream import UpstreamStream
 from gateway.grpc.wire import WireError, split_messages
 from gateway.http2.endpoint import Headers
+from gateway.http2.server import Limits
 from gateway.pipeline import SEQUENCED
+from gateway.proxy.limits import ByteBudget
 
 log = logging.getLogger("gateway.grpc")
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1)]
 _STATUS = {code.value[0]: code for code in grpc.StatusCode}
 # Request bytes a stream may have waiting for Triton's flow-control window before the client's
 # next message is read: Triton reading slower than the client sends pauses the client.
@@ -42,18 +67,73 @@ STREAM_BACKLOG = 1 << 20
 
 
 class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
-    def __init__(self, router: GrpcRouter, gate: ControlGate | None = None, health: Health | None = None) -> None:
+    def __init__(self, router: GrpcRouter, gate: ControlGate | None = None, health: Health | None = None,
+                 budget: ByteBudget | None = None, max_connections_per_client: int = 256) -> None:
         self.router = router
         self.health = grpcio_handlers(health) if health is not None else {}
         self.gate = gate  # None: Triton control calls pass through (triton_control=allow)
+        # the gateway's one budget of bytes held for requests, shared with the HTTP port (proxy.limits)
+        self.budget = budget if budget is not None else ByteBudget(1 << 62)
+        self.callers = CallingConnections(max_connections_per_client)
         self._handlers: dict[str, grpc.RpcMethodHandler | None] = {}
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         method = details.method
         handler = self._handlers.get(method, False)
         if handler is False:
-            handler = self._handlers[method] = self._build(method)
+            built = self._build(method)
+            handler = self._handlers[method] = None if built is None else self._guarded(built)
         return handler
+
+    def _guarded(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """Every call under the per-address cap; a unary request charged to the budget for its call."""
+        admitted = self._admitted
+        if handler.unary_unary is not None:
+            unary = handler.unary_unary
+
+            async def charged_unary(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+                async with admitted(context, len(raw)):
+                    answer: bytes = await unary(raw, context)
+                    return answer
+
+            return grpc.unary_unary_rpc_method_handler(charged_unary)
+        if handler.unary_stream is not None:
+            replies = handler.unary_stream
+
+            async def charged_replies(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+                async with admitted(context, len(raw)):
+                    async for answer in replies(raw, context):
+                        yield answer
+
+            return grpc.unary_stream_rpc_method_handler(charged_replies)
+        assert handler.stream_stream is not None  # the only other kind built here; its messages are charged in _pump
+        streamed = handler.stream_stream
+
+        async def counted_stream(requests: AsyncIterator[bytes],
+                                 context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+            async with admitted(context, 0):
+                async for answer in streamed(requests, context):
+                    yield answer
+
+        return grpc.stream_stream_rpc_method_handler(counted_stream)
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, context: grpc.aio.ServicerContext, size: int) -> AsyncIterator[None]:
+        """The call counted on its connection and ``size`` request bytes charged, both until it ends;
+        or UNAVAILABLE (the cap's or the budget's words), nothing kept."""
+        peer = context.peer() or ""
+        refusal = self.callers.enter(peer)
+        if refusal:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
+        try:
+            if not self.budget.try_take(size):
+                await context.abort(grpc.StatusCode.UNAVAILABLE, over_budget(self.budget))
+            try:
+                yield
+            finally:
+                self.budget.release(size)
+        finally:
+            self.callers.leave(peer)
 
     def _build(self, method: str) -> grpc.RpcMethodHandler | None:
         if method.startswith(HEALTH):
@@ -136,7 +216,8 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
                 yield response
             code, details = relay.closed or (int(StatusCode.UNKNOWN), "")
             if code:
-                if code != StatusCode.INVALID_ARGUMENT:  # a malformed message is the client's, not a version's
+                # a malformed message is the client's, the budget running out the gateway's: not a version's
+                if code != StatusCode.INVALID_ARGUMENT and not relay.busy:
                     router.record_stream_end(ledger, code,
                                              client_deadline_ran_out(code, remaining, time.monotonic() - opened))
                 await context.abort(_STATUS.get(code, grpc.StatusCode.UNKNOWN), router.details(code, details))
@@ -152,18 +233,27 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
 
     async def _pump(self, requests: AsyncIterator[bytes], upstream: UpstreamStream, relay: _StreamRelay,
                     wire: list[tuple[bytes, bytes]], ledger: StreamLedger) -> None:
-        """The client's messages, routed, up the stream; paused while Triton's window is full."""
-        router = self.router
+        """The client's messages, routed, up the stream; paused while Triton's window is full. Each
+        message is charged to the budget until it is on its way (the next is not read before)."""
+        router, budget = self.router, self.budget
         try:
             async for raw in requests:
-                fields, policy, decision = router.route(raw, wire)
-                if decision is SEQUENCED:
-                    decision = await router.settle(fields, policy, wire)
-                ledger.sent(fields.model_name, decision)
-                upstream.send(router.routed_message(raw, decision))
-                while upstream.backlog > STREAM_BACKLOG and relay.closed is None:
-                    relay.drained.clear()
-                    await relay.drained.wait()
+                if not budget.try_take(len(raw)):
+                    relay.busy = True
+                    relay.on_close(StatusCode.UNAVAILABLE, over_budget(budget))
+                    upstream.cancel()
+                    return
+                try:
+                    fields, policy, decision = router.route(raw, wire)
+                    if decision is SEQUENCED:
+                        decision = await router.settle(fields, policy, wire)
+                    ledger.sent(fields.model_name, decision)
+                    upstream.send(router.routed_message(raw, decision))
+                    while upstream.backlog > STREAM_BACKLOG and relay.closed is None:
+                        relay.drained.clear()
+                        await relay.drained.wait()
+                finally:
+                    budget.release(len(raw))
             upstream.end()
         except WireError as exc:
             relay.on_close(StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}")
@@ -182,13 +272,14 @@ class _StreamRelay:
     """Triton's side of one stream (a ``StreamListener``), handed to the grpcio handler: reply
     messages in order, then None; ``closed`` holds the first final status (Triton's or ours)."""
 
-    __slots__ = ("replies", "drained", "buffer", "closed")
+    __slots__ = ("replies", "drained", "buffer", "closed", "busy")
 
     def __init__(self) -> None:
         self.replies: asyncio.Queue[bytes | None] = asyncio.Queue()
         self.drained = asyncio.Event()
         self.buffer = bytearray()
         self.closed: tuple[int, str] | None = None
+        self.busy = False  # closed by the gateway's budget running out
 
     def on_headers(self, headers: Headers) -> None:
         """Nothing to do: the routing metadata goes out with the first reply."""
@@ -211,6 +302,51 @@ class _StreamRelay:
         self.drained.set()
 
 
+class CallingConnections:
+    """The client connections with calls in flight, per client address, against ``cap`` each.
+
+    A connection is its peer string (``ipv4:10.0.0.5:5555``: address and port), the only trace
+    grpcio gives of it; it counts from its first call in flight to the end of its last."""
+
+    __slots__ = ("cap", "calls")
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.calls: dict[str, dict[str, int]] = {}  # address -> peer -> calls in flight
+
+    def enter(self, peer: str) -> str:
+        """Count one call on ``peer``; or, if that connection would be one too many for its
+        address, count nothing and say why."""
+        address = grpcio_peer(peer)
+        connections = self.calls.get(address)
+        if connections is None:
+            connections = self.calls[address] = {}
+        calls = connections.get(peer, 0)
+        if not calls and len(connections) >= self.cap:
+            if not connections:
+                del self.calls[address]
+            return (f"this client address has {self.cap} gRPC connections open (max_connections_per_client): "
+                    "retry shortly")
+        connections[peer] = calls + 1
+        return ""
+
+    def leave(self, peer: str) -> None:
+        address = grpcio_peer(peer)
+        connections = self.calls[address]
+        calls = connections[peer] - 1
+        if calls:
+            connections[peer] = calls
+            return
+        del connections[peer]
+        if not connections:
+            del self.calls[address]
+
+
+def over_budget(budget: ByteBudget) -> str:
+    """The lean server's words (http2.server) when a message does not fit the budget."""
+    return f"the gateway holds {budget.limit} bytes of requests already: retry shortly"
+
+
 def _wire(metadata: tuple[Any, ...]) -> list[tuple[bytes, bytes]]:
     """grpcio's (str, str | bytes) metadata as wire pairs, for routing on header values."""
     return [(key.encode(), value if isinstance(value, bytes) else value.encode()) for key, value in metadata]
@@ -222,9 +358,16 @@ def _forwarded(context: grpc.aio.ServicerContext, metadata: tuple[Any, ...] | No
     return tuple((key, value) for key, value in source if key != "user-agent" and not key.startswith("grpc-"))
 
 
-async def start_server(proxy: GrpcProxy, host: str, port: int,
-                       credentials: grpc.ServerCredentials | None = None) -> grpc.aio.Server:
-    server = grpc.aio.server(handlers=[proxy], options=CHANNEL_OPTIONS)
+async def start_server(proxy: GrpcProxy, host: str, port: int, credentials: grpc.ServerCredentials | None = None,
+                       limits: Limits | None = None) -> grpc.aio.Server:
+    limits = limits or Limits()
+    # what grpcio's core may hold before the handler sees it (see the module's docstring)
+    options = [*CHANNEL_OPTIONS, ("grpc.max_receive_message_length", limits.max_message),
+               ("grpc.max_concurrent_streams", limits.max_concurrent_streams),
+               # a silent connection is closed after the preface timeout, one without calls after the idle one
+               ("grpc.server_handshake_timeout_ms", int(limits.preface_timeout * 1000)),
+               ("grpc.max_connection_idle_ms", int(limits.idle_timeout * 1000))]
+    server = grpc.aio.server(handlers=[proxy], options=options)
     address = f"{host}:{port}"
     bound = server.add_insecure_port(address) if credentials is None else server.add_secure_port(address, credentials)
     if bound == 0:

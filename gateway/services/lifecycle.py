@@ -42,13 +42,14 @@ class ModelLifecycle:
         return {v for v, state in (await self.triton.versions(model)).items() if state.state == "READY"}
 
     async def load(self, model: str, version: str, actor: str, config: dict[str, Any] | None = None) -> dict[str, Any]:
-        """``config``: a model configuration the admin gives for the load (else Triton's current one)."""
+        """``config``: a model configuration the admin gives for the load; the answer's ``config_sent``
+        says what Triton was sent (:meth:`TritonControl.plan`)."""
         async with self.replicas.lock(model, self.load_timeout_s):
             serving = await self.serving(model)
             if version in serving and config is None:
                 return {"model": model, "version": version, "state": "READY", "serving": sorted(serving, key=int)}
             keep = serving | {version}
-            await self.triton.reload(model, keep, self.load_timeout_s, config)
+            sent = await self.triton.reload(model, keep, self.load_timeout_s, config)
             await self._record(model, loaded=[version])  # restored after a Triton restart
             states = await self.triton.versions(model)
             state = states.get(version)
@@ -56,7 +57,8 @@ class ModelLifecycle:
                 why = state.reason if state else "not in the repository index"
                 raise LoadFailed(f"version {version} of model '{model}' did not become READY: {why}")
         await self._event(model, actor, "version_loaded", f"version {version} loaded beside {sorted(serving)}")
-        return {"model": model, "version": version, "state": "READY", "serving": sorted(keep, key=int)}
+        return {"model": model, "version": version, "state": "READY", "serving": sorted(keep, key=int),
+                "config_sent": sent}
 
     async def unload(self, model: str, version: str, actor: str) -> dict[str, Any]:
         serving = await self.serving(model)
@@ -69,11 +71,11 @@ class ModelLifecycle:
         drained = await self.replicas.drain(model, version, self.drain_timeout_s)
         async with self.replicas.lock(model, self.load_timeout_s):
             keep = await self.serving(model) - {version}
-            await self._reload(model, keep, self.load_timeout_s)
+            sent = await self._reload(model, keep, self.load_timeout_s)
             await self._record(model, unloaded=[version])
         reason = f"version {version} drained ({drained}) and unloaded"
         await self._event(model, actor, "version_unloaded", reason)
-        return {"model": model, "version": version, "state": "UNLOADED", "drain": drained}
+        return {"model": model, "version": version, "state": "UNLOADED", "drain": drained, "config_sent": sent}
 
     async def _refuse_if_referenced(self, model: str, version: str) -> None:
         """409 naming what still needs the version: an active rollout (its stable is the rollback
@@ -112,10 +114,10 @@ class ModelLifecycle:
             if done is not None:
                 restored.append(model)
                 await self._event(model, "gateway", "versions_restored", f"Triton served {sorted(done[0], key=int)} "
-                                  f"(restarted?); versions {sorted(done[1], key=int)} loaded again")
+                                  f"(restarted?); versions {sorted(done[1], key=int)} loaded again ({done[2]})")
         return restored
 
-    async def _restore_one(self, model: str) -> tuple[set[str], set[str]] | None:
+    async def _restore_one(self, model: str) -> tuple[set[str], set[str], str] | None:
         changes = (await self.store.loaded_versions()).get(model, [])
         states = await self.triton.versions(model)
         if not changes or not states or any(s.state in ("LOADING", "UNLOADING") for s in states.values()):
@@ -124,8 +126,7 @@ class ModelLifecycle:
         wanted = restore_target(ready, changes) or ready
         if not self._mismatch_lasted(model, ready, wanted):
             return None
-        await self._reload(model, wanted, self.load_timeout_s)
-        return ready, wanted
+        return ready, wanted, await self._reload(model, wanted, self.load_timeout_s)
 
     def _mismatch_lasted(self, model: str, ready: set[str], wanted: set[str]) -> bool:
         if ready == wanted:
@@ -153,8 +154,8 @@ class ModelLifecycle:
         await self.policies.put(model, spec, stored.revision, EventDraft(actor, "drain", f"draining version {version}"),
                                 require_ready=False)
 
-    async def _reload(self, model: str, versions: set[str], timeout_s: float) -> None:
-        await self.triton.reload(model, versions, timeout_s)  # every server of the fleet, or none anew
+    async def _reload(self, model: str, versions: set[str], timeout_s: float) -> str:
+        return await self.triton.reload(model, versions, timeout_s)  # every server of the fleet, or none anew
 
     async def _event(self, model: str, actor: str, action: str, reason: str) -> None:
         log.info(json.dumps({"type": "lifecycle", "model": model, "actor": actor, "action": action,

@@ -17,10 +17,21 @@ gateway itself loaded ("3") and unloaded ("-3"). A Triton that comes back with
 ``config.pbtxt``'s list gets the gateway's loads and unloads again; loads and unloads made on
 Triton's own port (or by its config) are left as they are.
 
+What a reload sends (:meth:`TritonControl.plan`; the answer says which, in words):
+
+- an admin's ``config``: as given (with the wanted ``version_policy`` when it names none);
+- with ``model_repository`` set (the default fleet's repository, readable by the gateway):
+  no override at all when ``config.pbtxt``'s ``version_policy`` serves exactly the wanted
+  versions; otherwise ``config.pbtxt`` as it is now with the wanted ``version_policy``;
+- without it: Triton's loaded configuration with the wanted ``version_policy``, so changes
+  made to ``config.pbtxt`` since Triton last read it are not applied.
+
 Triton selects versions only through a ``config`` override of the whole model configuration
 (one that names only ``version_policy`` leaves a model with no inputs, max_batch_size 0:
-tried), so a version-level load or unload sends Triton's current configuration of the model
-with the wanted ``version_policy``, or, when an admin gives one, the admin's configuration.
+tried on 2.51), has no call that reads ``config.pbtxt`` without loading it, and keeps an
+override's configuration through later loads without override until a file of the model is
+newer than the override (see :mod:`gateway.services.model_repository`): a load without
+override that leaves another set serving is followed by ``config.pbtxt``'s override.
 """
 
 from __future__ import annotations
@@ -29,12 +40,14 @@ import asyncio
 import json
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gateway.errors import Conflict, GatewayError, LoadFailed, NotFound, UpstreamError
 from gateway.fleet.balancer import Fleet
 from gateway.fleet.members import Server
 from gateway.policy import split_target
+from gateway.services.model_repository import RepositoryUnreadable, read_model_async
 
 
 def with_change(changes: list[str], loaded: Collection[str] = (), unloaded: Collection[str] = ()) -> list[str]:
@@ -62,12 +75,24 @@ class VersionState:
     reason: str
 
 
+@dataclass(frozen=True)
+class LoadPlan:
+    """What one reload sends: ``config`` as the override, or, when ``plain``, first a load
+    without override and ``config`` only on a server that then serves another set; ``says``
+    is that, in words."""
+    config: dict[str, Any]
+    plain: bool
+    says: str
+
+
 class TritonControl:
     """Model control for one fleet; the default fleet's also answers for targets on the named
     fleets (``fleet:version`` keys) in ``require_ready`` and ``is_version_ready``."""
 
-    def __init__(self, fleet: Fleet, named: dict[str, TritonControl] | None = None, timeout_s: float = 10.0) -> None:
+    def __init__(self, fleet: Fleet, named: dict[str, TritonControl] | None = None, timeout_s: float = 10.0,
+                 repository: Path | None = None) -> None:
         self.fleet = fleet
+        self.repository = repository  # the fleet's model repository as this gateway reads it (module docstring)
         self.named = named or {}
         self.timeout_s = timeout_s
         self._lock = asyncio.Lock()  # one reload or join sync at a time per fleet
@@ -196,35 +221,62 @@ class TritonControl:
 
     # -- model control across the fleet -----------------------------------------------------------
     async def reload(self, model: str, versions: set[str], timeout_s: float,
-                     config: dict[str, Any] | None = None) -> None:
+                     config: dict[str, Any] | None = None) -> str:
         """Serve exactly ``versions`` of ``model`` on every server, or on none of them anew;
-        ``config``: the model configuration an admin gave (else Triton's current one)."""
+        ``config``: the model configuration an admin gave. Returns what was sent, in words."""
         try:
-            await self._reload(model, versions, timeout_s, config)
+            return await self._reload(model, versions, timeout_s, config)
         finally:
             for listener in self.on_reload:
                 listener(model)
 
-    async def _reload(self, model: str, versions: set[str], timeout_s: float, given: dict[str, Any] | None) -> None:
+    async def _reload(self, model: str, versions: set[str], timeout_s: float, given: dict[str, Any] | None) -> str:
         async with self._lock:
             servers = self.servers()
-            current = await self._config(servers[0], model)
-            config = given if given is not None else current
-            before = await asyncio.gather(*(self._ready_on(server, model) for server in servers))
-            results = await asyncio.gather(*(self._reload_on(server, model, config, versions, timeout_s)
+            plan = await self.plan(model, versions, given, servers[0])
+            before = await asyncio.gather(*(self._state_on(server, model) for server in servers))
+            results = await asyncio.gather(*(self._reload_on(server, model, plan, versions, timeout_s)
                                              for server in servers), return_exceptions=True)
             failed = [(server, result) for server, result in zip(servers, results, strict=True)
                       if isinstance(result, BaseException)]
             if not failed:
-                return
+                return "; ".join([plan.says, *(note for note in results if isinstance(note, str))])
             undo = [(server, previous) for server, previous, result in zip(servers, before, results, strict=True)
-                    if not isinstance(result, BaseException) and previous and previous != versions]
-            await asyncio.gather(*(self._reload_on(server, model, current, previous, timeout_s)  # as it was
+                    if not isinstance(result, BaseException) and previous[0] and previous[0] != versions]
+            await asyncio.gather(*(self._undo_on(server, model, *previous, timeout_s)  # as it was
                                    for server, previous in undo), return_exceptions=True)
             server, error = failed[0]
             if isinstance(error, GatewayError):
                 raise error
             raise LoadFailed(f"Triton server {server.name} failed to load '{model}': {error!r}") from error
+
+    async def plan(self, model: str, versions: set[str], given: dict[str, Any] | None, reference: Server) -> LoadPlan:
+        """What to send Triton so that it serves exactly ``versions`` (module docstring);
+        ``reference``: the server whose loaded configuration is used when nothing fresher is known."""
+        selection = sorted(int(v) for v in versions)
+        policy = {"specific": {"versions": selection}}
+        if given is not None:
+            if "version_policy" in given:
+                return LoadPlan(given, False, "config override: the admin's configuration, as given")
+            return LoadPlan({**given, "version_policy": policy}, False, "config override: the admin's configuration "
+                            f"with version_policy specific {selection} (it named none)")
+        why_not = "model_repository is not set"
+        if self.repository is not None:
+            try:
+                found = await read_model_async(self.repository, model)
+            except RepositoryUnreadable as exc:
+                why_not = str(exc)
+            else:
+                fresh = {**found.config, "version_policy": policy}
+                if found.versions == versions:
+                    return LoadPlan(fresh, True, f"no config override: {found.path}'s version_policy serves "
+                                    f"exactly {selection}")
+                return LoadPlan(fresh, False, f"config override: {found.path} as it is now, with version_policy "
+                                f"specific {selection} (its own serves {sorted(int(v) for v in found.versions)})")
+        loaded = await self._config(reference, model)
+        return LoadPlan({**loaded, "version_policy": policy}, False,
+                        f"config override: Triton's loaded configuration of '{model}' with version_policy specific "
+                        f"{selection}; changes to config.pbtxt since Triton last read it are not applied ({why_not})")
 
     async def sync_server(self, fleet: Fleet, server: Server) -> None:
         """Give a joining server the versions its in-service peers serve (``Fleet.on_join``)."""
@@ -242,8 +294,8 @@ class TritonControl:
                 have = {str(e["version"]) for e in own if e.get("name") == model and e.get("state") == "READY"
                         and "version" in e}
                 if have != versions:
-                    config = await self._config(reference, model)
-                    await self._reload_on(server, model, config, versions, max(self.timeout_s, 120.0))
+                    plan = await self.plan(model, versions, None, reference)
+                    await self._reload_on(server, model, plan, versions, max(self.timeout_s, 120.0))
 
     async def _config(self, server: Server, model: str) -> dict[str, Any]:
         status, config = await self.call_on(server, b"GET", f"/v2/models/{model}/config")
@@ -255,11 +307,43 @@ class TritonControl:
         return {str(e["version"]) for e in await self.server_index(server)
                 if e.get("name") == model and e.get("state") == "READY" and "version" in e}
 
-    async def _reload_on(self, server: Server, model: str, config: dict[str, Any], versions: set[str],
-                         timeout_s: float) -> None:
-        """Reload ``model`` on one server with exactly ``versions``; LoadFailed unless all are READY after."""
+    async def _reload_on(self, server: Server, model: str, plan: LoadPlan, versions: set[str],
+                         timeout_s: float) -> str | None:
+        """Make ``server`` serve exactly ``versions``; LoadFailed unless all are READY after.
+        Returns a note when the server needed more than the plan said."""
+        if plan.plain:
+            await self._load(server, model, None, versions, timeout_s)
+            if await self._ready_on(server, model) == versions:
+                return None
+            # Triton kept the configuration of its last override (no file of the model is newer)
+        await self._load(server, model, plan.config, versions, timeout_s)
+        await self._verify(server, model, versions)
+        if not plan.plain:
+            return None
+        return (f"server {server.name} kept the configuration of an earlier override after the load without one, "
+                "so config.pbtxt as it is now was sent with the version_policy")
+
+    async def _state_on(self, server: Server, model: str) -> tuple[set[str], dict[str, Any] | None]:
+        """The READY versions and the loaded configuration (None: not loaded) of ``model`` on ``server``."""
+        ready = await self._ready_on(server, model)
+        try:
+            return ready, await self._config(server, model) if ready else None
+        except NotFound:
+            return ready, None
+
+    async def _undo_on(self, server: Server, model: str, versions: set[str], config: dict[str, Any] | None,
+                       timeout_s: float) -> None:
+        """Back to ``versions`` with the configuration the server had, after the reload failed elsewhere."""
+        if config is None:
+            return
         config = {**config, "version_policy": {"specific": {"versions": sorted(int(v) for v in versions)}}}
-        body = {"parameters": {"config": json.dumps(config)}}
+        await self._load(server, model, config, versions, timeout_s)
+        await self._verify(server, model, versions)
+
+    async def _load(self, server: Server, model: str, config: dict[str, Any] | None, versions: set[str],
+                    timeout_s: float) -> None:
+        """One load call; ``config`` None: no override (Triton reads its repository)."""
+        body = {} if config is None else {"parameters": {"config": json.dumps(config)}}
         try:
             status, answer = await self.call_on(server, b"POST", f"/v2/repository/models/{model}/load", body,
                                                 timeout_s=timeout_s)
@@ -269,6 +353,8 @@ class TritonControl:
             reason = answer.get("error") if isinstance(answer, dict) else answer
             raise LoadFailed(f"Triton server {server.name} refused to load versions {sorted(versions, key=int)} "
                              f"of '{model}': {reason}")
+
+    async def _verify(self, server: Server, model: str, versions: set[str]) -> None:
         # Triton answers 200 to a version_policy naming a version its repository lacks: check.
         entries = {str(e["version"]): e for e in await self.server_index(server)
                    if e.get("name") == model and "version" in e}

@@ -69,6 +69,8 @@ class Delta:
     # per watched version, each client's (answered, upstream errors, 4xx): the judge caps each client's share
     clients: dict[tuple[str, str], dict[str, tuple[int, int, int]]] = field(default_factory=dict)
     inflight: dict[tuple[str, str], int] = field(default_factory=dict)
+    # per (fleet, server): the worker's fleet counters (gateway.workers.fleet_counts)
+    servers: dict[tuple[str, str], tuple[int, int, int, int, int]] = field(default_factory=dict)
 
     def requests(self) -> int:
         return sum(count for count, _, _ in self.totals.values())

@@ -50,8 +50,9 @@ from gateway.services.config_intent import apply_declared
 from gateway.settings import Settings, SettingsError
 from gateway.workers.channel import Channel, ChannelClosed
 from gateway.workers.deltas import Delta, MergedRecorder
+from gateway.workers.fleet_counts import FleetSums
 from gateway.workers.pins import VERSION_TABLE, PinService
-from gateway.workers.worker import worker_main
+from gateway.workers.worker import SharedListeners, listener, worker_main
 
 log = logging.getLogger("gateway.workers")
 START_GRACE_S = 60.0  # a new worker may take this long (plus worker_stall_s) to report first
@@ -108,6 +109,7 @@ class Supervisor:
         self.recorder.watch_changed = self._schedule_push
         self.control.book.on_change(lambda _model, _policy: self._schedule_push())
         self.pins = PinService(self._pin_table)
+        self.fleet_sums = FleetSums(self.control.fleets)  # /admin/fleets and gateway_fleet_server_*: the node's
         self.slots = [WorkerSlot(index) for index in range(self.count)]
         self.push = 0
         self.cost = MergeCost()
@@ -115,8 +117,18 @@ class Supervisor:
         self._stopping = False
         self._spare: tuple[BaseProcess, Connection] | None = None
         self._context = multiprocessing.get_context("spawn")
+        self.shared = None if settings.worker_reuse_port() else self._bind_shared(settings)
         self._install_routes()
         self.control.registry.register(WorkersCollector(self))
+
+    @staticmethod
+    def _bind_shared(settings: Settings) -> SharedListeners:
+        """One socket per port for every worker: where the OS has no ``SO_REUSEPORT`` (or
+        ``worker_listeners: shared``). Bound here, listening once the first worker serves; the
+        kernel hands each connection to whichever worker accepts first."""
+        grpc = settings.grpc_enabled and settings.grpc_server == "lean"  # grpcio binds its own (SO_REUSEPORT)
+        return SharedListeners(listener(settings.host, settings.port, reuse_port=False),
+                               listener(settings.host, settings.grpc_port, reuse_port=False) if grpc else None)
 
     # -- the control plane's own pieces ---------------------------------------------------------
     def _pin_table(self, table: str) -> Any:
@@ -146,7 +158,8 @@ class Supervisor:
 
     def describe(self) -> dict[str, Any]:
         now = time.monotonic()
-        return {"policy_push": self.push, "all_current": self.current() == self.count, "workers": [
+        return {"policy_push": self.push, "all_current": self.current() == self.count,
+                "listeners": "reuse_port" if self.shared is None else "shared", "workers": [
             {"index": slot.index, "pid": slot.process.pid if slot.process else None, "started_at": slot.started_at,
              "up": slot.channel is not None, "policy_push": slot.push, "current": slot.push == self.push,
              "restarts": slot.restarts, "requests": slot.requests, "loop_lag_s": round(slot.lag_s, 4),
@@ -213,6 +226,7 @@ class Supervisor:
     def _merge(self, slot: WorkerSlot, pid: int, current: bool, delta: Delta, lag_s: float, push: int) -> None:
         started = time.perf_counter()
         self.recorder.merge(pid, delta)
+        self.fleet_sums.merge(pid, delta.servers)
         self.cost.seconds += time.perf_counter() - started
         self.cost.reports += 1
         self.cost.requests += delta.requests()
@@ -229,7 +243,7 @@ class Supervisor:
         """A new worker process that builds its gateway and waits to be told which worker to be."""
         orders, theirs = self._context.Pipe(duplex=False)
         process = self._context.Process(target=worker_main, name="gateway-worker",
-                                        args=(settings, self.count, self.run_dir, orders))
+                                        args=(settings, self.count, self.run_dir, orders, self.shared))
         process.start()
         orders.close()
         return process, theirs
@@ -260,6 +274,7 @@ class Supervisor:
         asyncio.get_running_loop().remove_reader(process.sentinel)
         process.join(0.05)  # it has exited (its sentinel says so): reap it, for its exit code
         self.recorder.forget_worker(process.pid or 0)  # its requests are no longer in flight
+        self.fleet_sums.forget(process.pid or 0)
         if slot.process is not process:
             return  # an old process of a slot that already has its replacement (SIGHUP)
         if self._stopping:
@@ -350,6 +365,10 @@ class Supervisor:
         if self._spare is not None:
             self._spare[0].kill()
             self._spare = None
+        if self.shared is not None:  # the port closes when the last worker has closed its copy too
+            for sock in (self.shared.http, self.shared.grpc):
+                if sock is not None:
+                    sock.close()
         processes = [slot.process for slot in self.slots if slot.process is not None and slot.process.is_alive()]
         for process in processes:
             with contextlib.suppress(ProcessLookupError):

@@ -15,11 +15,16 @@ Shared budgets, so that N workers admit what one process would:
   slots (the total split, the remainder to the first workers, at least one each), and so
   does the queue behind them;
 - the shadow queue (1000 mirrors) and its senders are split the same way, and so are the
-  bytes held for request bodies (``max_buffered_body_bytes``; never below one largest body).
+  bytes held for request bodies (``max_buffered_body_bytes``; never below one largest body);
+- ``max_connections_per_client`` is per node too: each worker admits its share of one
+  address's connections (a compare against its own count, as with one process), so one
+  client never holds more than the cap on the node.
 
 The listeners are this process's own ``SO_REUSEPORT`` sockets (Linux), bound before the
 application starts and listening only once it is ready, so the kernel never hands a
-connection to a worker that cannot serve it.
+connection to a worker that cannot serve it. Without ``SO_REUSEPORT`` (or with
+``worker_listeners: shared``) the supervisor binds one socket per port and every worker
+accepts on it (:class:`SharedListeners`).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import logging
 import os
 import socket
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -45,6 +51,7 @@ from gateway.settings import Settings
 from gateway.store.base import make_store
 from gateway.workers.channel import REPORT_S, BlockingChannel, Channel, ChannelClosed
 from gateway.workers.deltas import DeltaRecorder
+from gateway.workers.fleet_counts import ServerCounts
 from gateway.workers.pins import VERSION_TABLE, RemotePins
 
 log = logging.getLogger("gateway.workers")
@@ -56,6 +63,15 @@ def share(total: int, index: int, count: int) -> int:
     if total <= 0:
         return total
     return max(1, total // count + (1 if index < total % count else 0))
+
+
+@dataclass
+class SharedListeners:
+    """The sockets the supervisor bound once per port, inherited by every worker (spawn passes
+    their file descriptors); gRPC's is None when the port is off or grpcio binds its own."""
+
+    http: socket.socket
+    grpc: socket.socket | None
 
 
 def listener(host: str, port: int, reuse_port: bool) -> socket.socket:
@@ -133,12 +149,13 @@ class WorkerGateway(Gateway):
     def __init__(self, settings: Settings, count: int, run_dir: str) -> None:
         self.index, self.count, self.run_dir = -1, count, run_dir
         super().__init__(settings, store=make_store("memory://"))  # the store is the control plane's
-        self.reuse_port = hasattr(socket, "SO_REUSEPORT")
+        self.reuse_port = settings.worker_reuse_port()
         pins = BlockingChannel(os.path.join(run_dir, "pins.sock"))
         self.pins = self.pipeline.pins = RemotePins(pins, VERSION_TABLE)
         for fleet in self.fleets:
             fleet.sequences = RemotePins(pins, f"fleet:{fleet.name}")
             fleet.on_join = None  # loading a joining server's versions is the control plane's
+        self.server_counts = ServerCounts(self.fleets)
         self.forwarder = ControlForwarder(os.path.join(run_dir, "control.sock"))
         self.push = 0  # the control plane's policy push this worker runs
         self.channel: Channel | None = None
@@ -149,6 +166,10 @@ class WorkerGateway(Gateway):
         """Become worker ``index``: its share of the node's budgets. Separate from construction,
         so that a spare worker, built in advance, replaces a dead one in milliseconds."""
         self.index = index
+        # the per-address connection cap: the gRPC port reads it from the settings when it starts,
+        # the HTTP port's protocol class is given it in worker_main
+        self.settings = self.settings.model_copy(update={"max_connections_per_client": share(
+            self.settings.max_connections_per_client, index, self.count)})
         for fleet in self.fleets:
             fleet.max_inflight = share(fleet.max_inflight, index, self.count)
         # the bytes held for request bodies: a share, but a body of the largest size still fits
@@ -261,7 +282,9 @@ class WorkerGateway(Gateway):
 
     def _report_now(self, lag: float = 0.0) -> None:
         if self.channel is not None and not self.channel.writer.is_closing():
-            self.channel.send("delta", self.recorder.take_delta(), lag, self.push)
+            delta = self.recorder.take_delta()
+            delta.servers = self.server_counts.take()
+            self.channel.send("delta", delta, lag, self.push)
 
 
 async def _ok(send: Send, body: bytes) -> None:
@@ -270,7 +293,8 @@ async def _ok(send: Send, body: bytes) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def worker_main(settings: Settings, count: int, run_dir: str, orders: Connection) -> None:
+def worker_main(settings: Settings, count: int, run_dir: str, orders: Connection,
+                shared: SharedListeners | None = None) -> None:
     """The spawned process' entry point: build everything, then wait for the supervisor to say
     which worker to be (at once, or later as the spare that replaces one that died)."""
     from gateway.server import uvicorn_config
@@ -288,4 +312,9 @@ def worker_main(settings: Settings, count: int, run_dir: str, orders: Connection
     logging.basicConfig(level=settings.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s %(name)s[w{index}]: %(message)s")
     app.assign(index)
-    server.run(sockets=[listener(settings.host, settings.port, app.reuse_port)])
+    config.http_protocol_class.max_per_client = app.settings.max_connections_per_client  # type: ignore[attr-defined]
+    if shared is not None:
+        app.grpc_socket = shared.grpc
+        server.run(sockets=[shared.http])
+    else:
+        server.run(sockets=[listener(settings.host, settings.port, app.reuse_port)])

@@ -1,6 +1,7 @@
-"""A differential property (issue 22 item 3): for generated valid KServe-v2 infer requests, the
-gateway's answer is Triton's own answer (status, body metadata, body: results and error
-messages alike), except what ``differences`` lists.
+"""A differential property (issue 22 item 3): for generated valid KServe-v2 infer requests, over
+HTTP and over gRPC, the gateway's answer is Triton's own answer (status, body metadata, body:
+results and error messages alike; gRPC: status, details, trailing metadata, the response
+message), except what ``differences`` lists.
 
 Valid means valid for the protocol: shapes, datatypes and values that agree with each other,
 JSON or the binary tensor extension, request parameters and requested outputs; not
@@ -21,9 +22,11 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tritonclient.grpc import service_pb2
 
 from gateway.devtools.local_triton import LocalTriton
 from tests.compat.http_compare import assert_same, both
+from tests.compat.test_grpc import SERVICE, unary
 from tests.support import GatewayThread
 
 pytestmark = [pytest.mark.triton, pytest.mark.property]
@@ -92,3 +95,51 @@ def test_generated_infer_requests_get_tritons_own_answer(triton: LocalTriton, ga
     path, data, headers = request
     direct, through = both(triton.http_url, gateway.url, "POST", path, data, headers)
     assert_same(direct, through, f"{path} {data[:300]!r}")
+
+
+# datatype -> the typed contents field of an InferTensorContents that carries it
+CONTENTS = {"FP32": "fp32_contents", "FP64": "fp64_contents", "INT32": "int_contents", "INT8": "int_contents",
+            "INT64": "int64_contents", "UINT8": "uint_contents", "BOOL": "bool_contents", "BYTES": "bytes_contents"}
+
+
+@st.composite
+def grpc_infer_requests(draw: st.DrawFn) -> bytes:
+    """A ModelInferRequest made of the same tensors, each as typed contents or in
+    ``raw_input_contents`` (mixing the two is a request Triton refuses itself)."""
+    request = service_pb2.ModelInferRequest(model_name="qc", model_version=draw(st.sampled_from(["", "1", "2", "3"])))
+    for tensor, raw in draw(st.lists(tensors(), min_size=1, max_size=2)):
+        added = request.inputs.add(name=tensor["name"], datatype=tensor["datatype"], shape=tensor["shape"])
+        if raw is not None:
+            request.raw_input_contents.append(raw)
+            continue
+        values = tensor["data"]
+        if tensor["datatype"] == "BYTES":
+            values = [value.encode() for value in values]
+        getattr(added.contents, CONTENTS[tensor["datatype"]]).extend(values)
+    if draw(st.booleans()):
+        request.id = draw(st.text(max_size=12))
+    for key in draw(st.lists(st.sampled_from(["priority", "custom", "x"]), max_size=2, unique=True)):
+        value = draw(st.one_of(st.booleans(), st.integers(0, 3), st.text(max_size=6)))
+        if isinstance(value, bool):
+            request.parameters[key].bool_param = value
+        elif isinstance(value, int):
+            request.parameters[key].int64_param = value
+        else:
+            request.parameters[key].string_param = value
+    if draw(st.booleans()):
+        request.outputs.add(name=draw(st.sampled_from(["OUTPUT0", "OUTPUT1"])))
+    serialized: bytes = request.SerializeToString()
+    return serialized
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize="FUZZ_EXAMPLES" not in os.environ, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(raw=grpc_infer_requests())
+def test_generated_grpc_infer_requests_get_tritons_own_answer(triton: LocalTriton, gateway: GatewayThread,
+                                                              raw: bytes) -> None:
+    direct = unary(triton.grpc_url, SERVICE + "ModelInfer", raw)
+    through = unary(f"127.0.0.1:{gateway.settings.grpc_port}", SERVICE + "ModelInfer", raw)
+    what = repr(service_pb2.ModelInferRequest.FromString(raw))[:300]
+    assert through[:2] == direct[:2] and through[3] == direct[3], what
+    assert service_pb2.ModelInferResponse.FromString(through[2]) == service_pb2.ModelInferResponse.FromString(
+        direct[2]), what

@@ -33,6 +33,18 @@ def test_idle_servers_share_requests_evenly() -> None:
     assert all(4_700 < count < 5_300 for count in picks.values()), picks
 
 
+def test_one_request_more_in_flight_is_noise_and_does_not_steer() -> None:
+    """A closed loop of equal servers keeps differing by one in flight; steering on it made each
+    server's share follow its momentary speed (55/45 between two equal Tritons on a busy node)."""
+    fleet, servers = fleet_of(2)
+    servers[0].inflight = 4
+    servers[1].inflight = 3
+    picks = Counter(fleet.pick("qc", "2").name for _ in range(1_000))
+    assert picks == Counter({servers[0].name: 500, servers[1].name: 500}), picks
+    servers[1].inflight = 2  # two fewer: a clear difference, always taken
+    assert {fleet.pick("qc", "2").name for _ in range(200)} == {servers[1].name}
+
+
 def test_the_less_busy_of_two_wins() -> None:
     fleet, servers = fleet_of(2)
     servers[0].inflight = 5
