@@ -164,6 +164,13 @@ class Gateway(Dispatch):
             log.error("admin API disabled: no GATEWAY_ADMIN_TOKEN / admin_tokens set (--insecure-admin to override)")
         elif self.auth.insecure:
             log.warning("admin API runs WITHOUT authentication (--insecure-admin): anyone can change routing")
+        async with self.running():
+            yield
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Started (``_start``), and ready for the probes, until the block ends (``_stop``): the one
+        lifespan of a gateway process and of a data-plane worker (whose ``_start``/``_stop`` differ)."""
         await self._start()
         self.probes.started = True
         try:

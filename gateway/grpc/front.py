@@ -27,6 +27,7 @@ from collections.abc import Callable, Coroutine
 from functools import lru_cache
 from typing import Any
 
+from gateway.client_address import PerAddress
 from gateway.control_surface import ControlGate
 from gateway.errors import GatewayError
 from gateway.grpc.health import CHECK, WATCH, Health, HealthCall
@@ -386,7 +387,7 @@ async def start_server(router: GrpcRouter, host: str, port: int, gate: ControlGa
     ``sock``: a socket bound already (the workers' shared listener), instead of host and port."""
     front = GrpcFront(router, gate, health)
     limits = limits or Limits()
-    per_client: dict[str, int] = {}  # the connections of each client address, for max_connections_per_client
+    per_client = PerAddress()  # the connections of each client address, for max_connections_per_client
     # a TLS handshake is part of getting to the preface: the same bound (asyncio's default is 60 s)
     handshake = limits.preface_timeout if tls is not None else None
     loop = asyncio.get_running_loop()

@@ -15,6 +15,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+from gateway.client_address import PerAddress
 from gateway.grpc.status import StatusCode
 from gateway.grpc.wire import MessageTooLarge, grpc_frame, split_messages, status_block
 from gateway.http2.endpoint import StreamState
@@ -30,7 +31,7 @@ _INFLATE_SLICE = 4 << 20  # inflated per loop turn (~10-20 ms)
 class GrpcServerConnection(Http2ServerConnection):
     def __init__(self, on_stream: Callable[[GrpcServerConnection, ServerStream], StreamHandler | None],
                  connections: set[GrpcServerConnection], limits: Limits | None = None,
-                 per_client: dict[str, int] | None = None, budget: ByteBudget | None = None) -> None:
+                 per_client: PerAddress | None = None, budget: ByteBudget | None = None) -> None:
         super().__init__(on_stream, connections, limits, per_client, budget)
         self._inflations: set[asyncio.Task[None]] = set()
 

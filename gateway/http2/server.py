@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gateway.client_address import PerAddress
 from gateway.http2.endpoint import (
     END_STREAM,
     FLOW_CONTROL_ERROR,
@@ -185,13 +186,13 @@ class Http2ServerConnection(Endpoint):
 
     def __init__(self, on_stream: Callable[[Any, ServerStream], StreamHandler | None],
                  connections: set[Any], limits: Limits | None = None,
-                 per_client: dict[str, int] | None = None, budget: ByteBudget | None = None) -> None:
+                 per_client: PerAddress | None = None, budget: ByteBudget | None = None) -> None:
         limits = limits or Limits()
         # a raw block can only be smaller than its header list by the few bytes of table size updates
         super().__init__(limits.max_frame, limits.max_header_list + 64, limits.max_header_list)
         self.on_stream = on_stream
         self.connections = connections
-        self.per_client = {} if per_client is None else per_client  # open connections per client address
+        self.per_client = PerAddress() if per_client is None else per_client  # open connections per client address
         self._address: str | None = None  # counted in per_client under this address
         self.limits = limits
         # The gateway's one budget of bytes held for requests (proxy.limits), shared with the HTTP
@@ -226,17 +227,15 @@ class Http2ServerConnection(Endpoint):
         loop = asyncio.get_running_loop()
         peer = transport.get_extra_info("peername")
         address = peer[0] if isinstance(peer, tuple) else ""
-        held = self.per_client.get(address, 0)
         if len(self.connections) >= limits.max_connections:
             self._refused = (f"the gateway has {limits.max_connections} gRPC client connections open "
                              "(grpc_max_connections): retry shortly")
-        elif held >= limits.max_connections_per_client:
+        elif not self.per_client.admit(address, limits.max_connections_per_client):
             self._refused = (f"this client address has {limits.max_connections_per_client} gRPC connections open "
                              "(max_connections_per_client): retry shortly")
         if self._refused:  # not counted; its first call is answered, or GOAWAY comes within 1 s
             self._timer = loop.call_later(min(limits.preface_timeout, _LINGER_S), self._refuse)
             return
-        self.per_client[address] = held + 1
         self._address = address
         self.connections.add(self)
         self._timer = loop.call_later(_TICK, self._tick)
@@ -271,11 +270,7 @@ class Http2ServerConnection(Endpoint):
         self.connections.discard(self)
         address, self._address = self._address, None
         if address is not None:
-            left = self.per_client[address] - 1
-            if left:
-                self.per_client[address] = left
-            else:
-                del self.per_client[address]
+            self.per_client.leave(address)
         for stream in list(self.streams.values()):
             self._drop(stream)  # type: ignore[arg-type]
         if not self.closed.done():
