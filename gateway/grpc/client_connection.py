@@ -103,7 +103,7 @@ class Http2Connection(Endpoint):
         self._ping_number = 0  # the SETTINGS frame whose ACK answers the outstanding ping
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.attach(transport)
         self.write(PREFACE + settings_frame(enable_push=0, initial_window=RECEIVE_WINDOW, max_frame=1 << 20)
                    + open_windows())
         self._settings_sent = 1

@@ -218,7 +218,7 @@ class Http2ServerConnection(Endpoint):
         self._refused = ""  # why this connection is one too many (a cap's reason): see _refuse
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.attach(transport)
         limits = self.limits
         transport.set_write_buffer_limits(high=limits.write_high_water)  # type: ignore[attr-defined]
         self.write(settings_frame(max_concurrent_streams=limits.max_concurrent_streams,
