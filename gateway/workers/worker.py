@@ -34,7 +34,6 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -194,7 +193,7 @@ class WorkerGateway(Gateway):
                 message = await receive()
                 if message["type"] == "lifespan.startup":
                     try:
-                        await stack.enter_async_context(self._running())
+                        await stack.enter_async_context(self.running())
                     except Exception as exc:
                         log.exception("worker %d failed to start", self.index)
                         await send({"type": "lifespan.startup.failed", "message": str(exc)})
@@ -204,16 +203,6 @@ class WorkerGateway(Gateway):
                     await stack.aclose()
                     await send({"type": "lifespan.shutdown.complete"})
                     return
-
-    @contextlib.asynccontextmanager
-    async def _running(self) -> AsyncIterator[None]:
-        await self._start()
-        self.probes.started = True
-        try:
-            yield
-        finally:
-            self.probes.started = False
-            await self._stop()
 
     async def _start(self) -> None:
         await self.fleets.start()
