@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gateway.fleet.config import FleetSpec, ServerSpec
 from gateway.fleet.registry import Fleets
+from gateway.grpc.upstream import GrpcUpstream
 from gateway.workers.fleet_counts import FleetSums, ServerCounts
 
 SPECS = [ServerSpec(http="http://127.0.0.1:18001", grpc="127.0.0.1:18002"),
@@ -12,7 +13,7 @@ SPECS = [ServerSpec(http="http://127.0.0.1:18001", grpc="127.0.0.1:18002"),
 
 def fleets(*specs: ServerSpec) -> Fleets:
     """Fleets with these servers added (as the health monitor adds them once it starts)."""
-    built = Fleets({"default": FleetSpec(servers=SPECS)})
+    built = Fleets({"default": FleetSpec(servers=SPECS)}, grpc_connect=GrpcUpstream)
     for spec in specs or SPECS:
         built.default.add(spec)
     return built
