@@ -14,7 +14,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from gateway.devtools.local_triton import LocalTriton
 from gateway.http2.endpoint import Endpoint
 from tests.conftest import Faults
-from tests.support import GatewayThread, gateway_settings
+from tests.support import GatewayThread, gateway_settings, wait_for
 
 pytestmark = pytest.mark.triton
 
@@ -109,7 +109,8 @@ def test_stopping_lets_calls_in_flight_finish(triton: LocalTriton, faults: Fault
     gateway = GatewayThread(settings).__enter__()
     channel, client = stub(gateway)
     future = client.ModelInfer.future(infer_request(), timeout=10)
-    time.sleep(0.2)  # the call is at Triton now
+    # the call is in flight before the stop (a 0.2 s sleep did not promise that on a loaded machine)
+    wait_for(lambda: gateway.app.recorder.inflight.get(("qc", "2")), 5, interval=0.01, what="the call to be forwarded")
     started = time.monotonic()
     gateway.__exit__(None, None, None)  # GOAWAY; waits up to 5 s for calls in flight
     assert future.result().model_version == "2", "the call in flight was answered, not cut off"

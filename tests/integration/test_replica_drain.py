@@ -65,8 +65,9 @@ def test_an_unload_through_a_waits_for_a_request_in_flight_on_b(delayed_triton: 
 
         sender = threading.Thread(target=slow_request)
         sender.start()
-        time.sleep(0.4)  # the request is now waiting on Triton, through B
-        assert b.app.recorder.inflight.get(("qc", "3")) == 1 and not a.app.recorder.inflight.get(("qc", "3"))
+        # the request is now waiting on Triton, through B (a 0.4 s sleep raced its arrival under load)
+        wait_for(lambda: b.app.recorder.inflight.get(("qc", "3")) == 1, 5, interval=0.01, what="B's request")
+        assert not a.app.recorder.inflight.get(("qc", "3"))
         # a version with weight cannot be unloaded (409, issue 13): take it out of the split first
         assert admin_call(a.url, "PUT", "/admin/models/qc/policy", {"weights": {"2": 100, "3": 0}},
                           headers={"If-Match": '"1"'})[0] == 200
