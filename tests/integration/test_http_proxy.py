@@ -148,7 +148,10 @@ def test_generate_stream_relays_each_event_as_it_is_produced(gateway: GatewayThr
             if line.startswith(b"data:"):
                 events.append((time.monotonic() - started, json.loads(line[5:])))
     assert [e["text_output"] for _, e in events] == ["v1:0", "v1:1", "v1:2", "v1:3"]
-    assert events[0][0] < 0.8, "the first token reached the client before the model produced the last"
+    # the model sends token 3 after three 400 ms pauses: a relay that held the events back would
+    # deliver token 0 no sooner than 1.2 s; any earlier shows it was relayed before (not 0.8 s:
+    # a bound on how fast a loaded machine answers, beyond what the property asks)
+    assert events[0][0] < 1.2, "the first token reached the client before the model produced the last"
     assert events[-1][0] >= 1.1
 
 
