@@ -50,7 +50,12 @@ def test_webhook_gets_started_each_step_and_promoted_signed(gateway: GatewayThre
                             webhooks=[{"url": receiver.url("/hook"), "secret": SECRET}])
         assert status == 200, doc
         assert doc["spec"]["webhooks"][0]["secret"] == "***", "the status never shows the secret"
-        wait_for(lambda: [b["event"] for b in receiver.bodies("/hook")][-1:] == ["promoted"], 20,
+        # the rollout's end first (60 s: intervals with too little traffic under CPU load add a
+        # second each), and its reason if it was not promoted; then the webhook it sends
+        ended = wait_for(lambda: (d := status_of(gateway.url))["state"] != "progressing" and d, 60,
+                         what="the rollout to end")
+        assert ended["state"] == "promoted", ended["reason"]
+        wait_for(lambda: [b["event"] for b in receiver.bodies("/hook")][-1:] == ["promoted"], 10,
                  what="the promoted webhook")
     assert [b["event"] for b in receiver.bodies("/hook")] == ["started", "step", "step", "promoted"]
     for _, headers, body in receiver.posts:

@@ -26,7 +26,16 @@ from gateway.grpc.status import StatusCode
 from gateway.workers.channel import REPORT_S
 from tests.conftest import Faults
 from tests.fleet_support import drive_grpc, successes
-from tests.support import INFER_BODY, TOKEN, BackgroundLoad, GatewayProcess, admin_call, drive, wait_for
+from tests.support import (
+    INFER_BODY,
+    TOKEN,
+    BackgroundLoad,
+    GatewayProcess,
+    admin_call,
+    drive,
+    infer_version,
+    wait_for,
+)
 
 pytestmark = pytest.mark.triton
 
@@ -438,6 +447,13 @@ def test_max_connections_per_client_holds_for_the_node_not_per_worker(triton: Lo
     that got an error keeps its connection until garbage collection) count against 127.0.0.1."""
     client = ("127.0.0.2", 0)
     with supervised(workers_env(triton, tmp_path, 2, max_connections_per_client="4")) as gw:
+        # a worker is "up" once it said hello, before its listeners listen: under CPU load all 16
+        # connections went to the one worker listening (2 admitted). Serving is what counts here.
+        def every_worker_served() -> bool:
+            infer_version(gw.url)
+            return all(w["requests"] for w in workers(gw.url)["workers"])
+
+        wait_for(every_worker_served, 60, interval=0.05, what="every worker to serve a request")
         held = [socket.create_connection(("127.0.0.1", gw.port), 10, client) for _ in range(16)]
         try:
             time.sleep(0.5)  # every connection counted by its worker before the first request
