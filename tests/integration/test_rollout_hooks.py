@@ -40,8 +40,12 @@ status_of = rollout_status
 
 
 def start(url: str, **spec: Any) -> tuple[int, Any]:
+    """A rollout judged on errors only: hooks and gates are what these tests are about, and a
+    p99 of 5-20 requests in 1 s measures the machine (an identical canary was rolled back at
+    4.9x the stable's p99 under CPU load). Latency verdicts: tests/integration/test_rollout.py."""
     return admin_call(url, "POST", "/admin/models/qc/rollout", {"canary": "3", "judge": "thresholds",
-                                                                  "interval_s": 1, "min_requests": 5, **spec})
+                                                                  "interval_s": 1, "min_requests": 5,
+                                                                  "max_p99_ratio": None, **spec})
 
 
 def test_webhook_gets_started_each_step_and_promoted_signed(gateway: GatewayThread, receiver: HookReceiver) -> None:
