@@ -688,6 +688,7 @@ class Http2ServerConnection(Endpoint):
             stream.finished = True
             if stream.handler is not None:
                 stream.handler.on_reset()
+        stream.handler = None  # see _forget
 
     def _on_flushed(self, stream: StreamState) -> None:
         call: ServerStream = stream  # type: ignore[assignment]
@@ -739,6 +740,9 @@ class Http2ServerConnection(Endpoint):
         """Our half is closed; the client's too, or it is told it need not send more (RFC 9113 8.1)."""
         if self.streams.pop(stream.id, None) is not None and not stream.remote_closed:
             self.reset_id(stream.id, NO_ERROR)
+        # the handler keeps its stream, not the other way round: a cycle per call would be left to
+        # the garbage collector (with the call's task, coroutine and context: a collection every ~100 calls)
+        stream.handler = None
         self._discharge(stream)
         if stream.reserved:
             self._unreserve(stream)
