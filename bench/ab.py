@@ -9,6 +9,7 @@ gateway CPU per request (from /proc, each gateway process alone) for each side.
 
     .venv/bin/python bench/ab.py --base HEAD~3            # 3 rounds each (default)
     .venv/bin/python bench/ab.py --base main --rounds 5 --only http
+    .venv/bin/python bench/ab.py --base main --stub   # against bench/stub_triton.py: the gateways' cost alone
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
-from overhead import LUA, POLICY, Result, bodies, grpc_body, run_h2load, run_wrk, wait_http  # noqa: E402
+from overhead import CLK_TCK, LUA, POLICY, Result, bodies, cpu_seconds, grpc_body, run_h2load, run_wrk, wait_http  # noqa: E402
 
 from gateway.devtools.local_triton import LocalTriton, free_port  # noqa: E402
 
@@ -39,7 +40,24 @@ def extract(commit: str, into: Path) -> Path:
     return into
 
 
-def start_gateway(tree: Path, triton: LocalTriton, config: Path) -> tuple[subprocess.Popen[bytes], int, int]:
+class StubTriton:
+    """bench/stub_triton.py on free ports, with the two URLs a gateway needs (as LocalTriton has)."""
+
+    def __enter__(self) -> StubTriton:
+        self.http_port, grpc_port = free_port(), free_port()
+        self.http_url, self.grpc_url = f"http://127.0.0.1:{self.http_port}", f"127.0.0.1:{grpc_port}"
+        self.process = subprocess.Popen([sys.executable, str(HERE / "stub_triton.py"), "--http-port",
+                                         str(self.http_port), "--grpc-port", str(grpc_port)], stdout=subprocess.DEVNULL)
+        wait_http(f"{self.http_url}/v2/health/ready")
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+
+
+def start_gateway(tree: Path, triton: LocalTriton | StubTriton,
+                  config: Path) -> tuple[subprocess.Popen[bytes], int, int]:
     port, grpc_port = free_port(), free_port()
     env = dict(os.environ, PYTHONPATH=str(tree), GATEWAY_PORT=str(port), GATEWAY_GRPC_PORT=str(grpc_port),
                GATEWAY_TRITON_URL=triton.http_url, GATEWAY_TRITON_GRPC_URL=triton.grpc_url,
@@ -56,6 +74,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds of wrk load per HTTP run (default 5)")
     parser.add_argument("--grpc-requests", type=int, default=10000, help="h2load requests per gRPC run (10000)")
     parser.add_argument("--only", choices=("all", "http", "grpc"), default="all", help="which protocol to measure")
+    parser.add_argument("--stub", action="store_true",
+                        help="both gateways in front of bench/stub_triton.py (no inference: less CPU taken from the "
+                             "gateways by Triton on a shared machine) instead of a real Triton")
     args = parser.parse_args()
     for tool in ("wrk", "h2load"):
         if not shutil.which(tool):
@@ -79,8 +100,9 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
     grpc = grpc_body(workdir)
     faults = workdir / "faults.json"
     faults.write_text("{}")
-    print(f"A = this work tree, B = {args.base}; starting tritonserver ...", flush=True)
-    with LocalTriton.on_free_ports(faults_file=faults) as triton:
+    print(f"A = this work tree, B = {args.base}; starting {'the stub' if args.stub else 'tritonserver'} ...",
+          flush=True)
+    with (StubTriton() if args.stub else LocalTriton.on_free_ports(faults_file=faults)) as triton:
         sides = {"A": start_gateway(ROOT, triton, config), "B": start_gateway(base_tree, triton, config)}
         try:
             loads: dict[str, Callable[[tuple[subprocess.Popen[bytes], int, int], bool], Result]] = {}
@@ -99,11 +121,15 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
                 for round_no in range(args.rounds):
                     order = ("A", "B") if round_no % 2 == 0 else ("B", "A")
                     for label in order:
+                        pid = sides[label][0].pid
+                        user_before, cpu_before = user_seconds(pid), cpu_seconds(pid)
                         result = load(sides[label], False)
+                        user, cpu = user_seconds(pid) - user_before, cpu_seconds(pid) - cpu_before
+                        result.user_us = (result.cpu_us or 0) * user / cpu if cpu else 0.0
                         table[name][label].append(result)
                         print(f"  {name:<15} round {round_no + 1} {label}: {result.cpu_us or 0:7.1f} us/req "
-                              f"{result.rps:8.0f} rps  p99 {result.p99_us / 1000:6.2f} ms  errors {result.errors}",
-                              flush=True)
+                              f"(user {result.user_us:5.1f}) {result.rps:8.0f} rps  p99 {result.p99_us / 1000:6.2f} ms"
+                              f"  errors {result.errors}", flush=True)
         finally:
             for process, _, _ in sides.values():
                 process.terminate()
@@ -115,11 +141,21 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
 def print_summary(table: dict[str, dict[str, list[Result]]], base: str) -> None:
     print(f"\nmean gateway CPU per request (A = this tree, B = {base}); load generator, both gateways and Triton "
           "share the machine's cores")
-    print(f"{'load':<15} | {'A us/req':>9} {'B us/req':>9} {'A/B':>7} | {'A rps':>8} {'B rps':>8}")
+    print(f"{'load':<15} | {'A us/req':>9} {'B us/req':>9} {'A/B':>7} | {'A user':>7} {'B user':>7} {'A/B':>7} | "
+          f"{'A rps':>8} {'B rps':>8}")
     for name, results in table.items():
         a, b = (mean([r.cpu_us or 0.0 for r in results[s]]) for s in ("A", "B"))
+        a_user, b_user = (mean([r.user_us for r in results[s]]) for s in ("A", "B"))
         a_rps, b_rps = (mean([r.rps for r in results[s]]) for s in ("A", "B"))
-        print(f"{name:<15} | {a:>9.1f} {b:>9.1f} {a / b - 1:>+7.1%} | {a_rps:>8.0f} {b_rps:>8.0f}")
+        print(f"{name:<15} | {a:>9.1f} {b:>9.1f} {a / b - 1:>+7.1%} | {a_user:>7.1f} {b_user:>7.1f} "
+              f"{a_user / (b_user or 1) - 1:>+7.1%} | {a_rps:>8.0f} {b_rps:>8.0f}")
+    print("user: the CPU time spent in user space (the Python work); the rest is the kernel's (syscalls, loopback TCP)")
+
+
+def user_seconds(pid: int) -> float:
+    """The process's CPU time in user space: the Python work, apart from the kernel's (syscalls, loopback TCP)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) / CLK_TCK
 
 
 def mean(values: list[float]) -> float:

@@ -80,6 +80,7 @@ class Result:
     p99_us: int
     cpu_us: float | None
     errors: int
+    user_us: float = 0.0  # of cpu_us, in user space (set by bench/ab.py)
 
 
 def run_wrk(url: str, body: Path, ihcl: str, concurrency: int, seconds: float, script: Path,
@@ -153,6 +154,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds of load per measurement (default 5)")
     parser.add_argument("--grpc-requests", type=int, default=10000, help="gRPC requests per row at c=32 (10000)")
     parser.add_argument("--only", choices=("all", "http", "grpc"), default="all", help="which rows to measure")
+    parser.add_argument("--nginx-only", action="store_true",
+                        help="only the c=32 rows against nginx (no direct-to-Triton, access-log or shadow rows)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating runs per side in the nginx rows (3)")
     args = parser.parse_args()
     if not shutil.which("wrk"):
         print("bench: wrk not found (apt-get install wrk, or run `make bench`)", file=sys.stderr)
@@ -177,9 +181,13 @@ def main() -> int:
         try:
             wait_http(f"http://127.0.0.1:{port}/readyz")
             rows = []
-            if args.only != "grpc":
+            if args.nginx_only:
+                pass
+            elif args.only != "grpc":
                 rows = http_rows(env, port, gateway, triton, workdir, kinds, script, args, faults)
-            if args.only != "http" and shutil.which("h2load"):
+            if args.nginx_only:
+                pass
+            elif args.only != "http" and shutil.which("h2load"):
                 body = grpc_body(workdir)
                 for concurrency in (1, 32):
                     label = f"grpc   c={concurrency:<3}"
@@ -197,8 +205,9 @@ def main() -> int:
         finally:
             gateway.terminate()
             gateway.wait(10)
-    print_table(rows, args.seconds)
-    print_versus_nginx(versus)
+    if rows:
+        print_table(rows, args.seconds)
+    print_versus_nginx(versus, args.rounds)
     shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
@@ -263,22 +272,23 @@ def nginx_rows(triton: LocalTriton, port: int, grpc_port: int, gateway: subproce
                 partial(run_wrk, f"http://127.0.0.1:{http_port}/v2/models/qc/infer", body, ihcl, 32, args.seconds,
                         script, worker),
                 partial(run_wrk, f"http://127.0.0.1:{port}/v2/models/qc/infer", body, ihcl, 32, args.seconds,
-                        script, gateway.pid)))
+                        script, gateway.pid), args.rounds))
         if args.only != "http" and shutil.which("h2load"):
             body = grpc_body(workdir)
             print("  grpc   c=32  nginx and the gateway, alternating ...", flush=True)
             run_h2load(f"127.0.0.1:{h2_port}", body, 32, 500, workdir, None)
             rows.append(("grpc   c=32",) + alternate(
                 partial(run_h2load, f"127.0.0.1:{h2_port}", body, 32, args.grpc_requests, workdir, worker),
-                partial(run_h2load, f"127.0.0.1:{grpc_port}", body, 32, args.grpc_requests, workdir, gateway.pid)))
+                partial(run_h2load, f"127.0.0.1:{grpc_port}", body, 32, args.grpc_requests, workdir, gateway.pid),
+                args.rounds))
     return rows
 
 
-def print_versus_nginx(rows: list[tuple[str, Result, Result]]) -> None:
+def print_versus_nginx(rows: list[tuple[str, Result, Result]], rounds: int = 3) -> None:
     if not rows:
         return
     print("\nThe gateway against nginx (one worker, keep-alive / grpc_pass, no access log) in front of the same "
-          "Triton; medians of 3 alternating runs.")
+          f"Triton; medians of {rounds} alternating runs.")
     head = (f"{'load':<12} | {'nginx rps':>9} {'p99 ms':>7} {'cpu us/req':>10} | {'gateway rps':>11} {'p99 ms':>7} "
             f"{'cpu us/req':>10} | {'rps ratio':>9} {'cpu ratio':>9}")
     print(head)

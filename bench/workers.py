@@ -9,7 +9,11 @@ minus its CPU over as long without traffic (its fixed cost: health checks, sync,
 divided by (workers x seconds); its decode + merge time per report is
 ``gateway_worker_merge_seconds_total`` / ``gateway_worker_reports_total``.
 
-    .venv/bin/python bench/workers.py --seconds 10 --rounds 3 --connections 64
+    .venv/bin/python bench/workers.py --seconds 10 --rounds 6 --connections 64
+
+Each configuration's figures are printed as min / median / max over the rounds, and so is
+the same-round ratio of N workers to one: on a loaded machine the spread shows whether a
+difference is a cost or noise.
 """
 
 from __future__ import annotations
@@ -186,7 +190,7 @@ def merge_cost(requests_per_report: int = 2500, reports: int = 400) -> tuple[flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds (order flipped every round)")
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--workers", type=int, default=2, help="compared with 1")
     parser.add_argument("--merge-only", action="store_true", help="only the report decode + merge micro-measure")
@@ -208,7 +212,9 @@ def main() -> None:
         rows: dict[int, list[dict[str, float]]] = {1: [], args.workers: []}
         try:
             for round_ in range(args.rounds):
-                for count in (1, args.workers):
+                # ABBA: the order flips every round, so a drift of the machine's load over the run
+                # weighs on both configurations alike
+                for count in (1, args.workers) if round_ % 2 == 0 else (args.workers, 1):
                     gateway = Gateway(count, stub_port, tmp)
                     try:
                         row = measure(gateway, args.seconds, args.connections, script)
@@ -220,20 +226,38 @@ def main() -> None:
         finally:
             stub.terminate()
             stub.wait(10)
-    one = median(r["cpu_us_per_request"] for r in rows[1])
-    many = median(r["cpu_us_per_request"] for r in rows[args.workers])
-    print(f"\nmedians over {args.rounds} rounds, wrk -c{args.connections}, {args.seconds:g} s each:")
-    print(f"  workers=1: {one:.1f} us CPU/request, {median(r['rps'] for r in rows[1]):.0f} req/s")
-    print(f"  workers={args.workers}: {many:.1f} us CPU/request ({many / one - 1:+.1%}), "
-          f"{median(r['rps'] for r in rows[args.workers]):.0f} req/s")
-    cp = median(r["control_plane_cpu_us_per_worker_second"] for r in rows[args.workers])
-    merge = median(r["merge_us_per_report"] for r in rows[args.workers])
-    reports = median(r["reports_per_worker_second"] for r in rows[args.workers])
-    print(f"  control plane: {cp:.0f} us CPU per worker per second above idle "
-          f"({reports:.1f} reports/worker/s, {merge:.0f} us to decode and merge one)")
-    print(f"  32 workers: {32 * cp / 1e6:.3f} CPU seconds per second on the control plane "
-          f"(decoding and merging alone {32 * reports * merge / 1e6:.3f}); a report's size follows the label "
-          "sets touched in 250 ms, not the request rate")
+    summarize(rows, args)
+
+
+def spread(values: list[float], unit: str = "", digits: int = 1) -> str:
+    """min / median / max: a reader tells noise (a wide spread) from a cost (a shifted one)."""
+    return f"{min(values):.{digits}f} / {median(values):.{digits}f} / {max(values):.{digits}f}{unit}"
+
+
+def summarize(rows: dict[int, list[dict[str, float]]], args: argparse.Namespace) -> None:
+    many = rows[args.workers]
+    cpu_one = [r["cpu_us_per_request"] for r in rows[1]]
+    cpu_many = [r["cpu_us_per_request"] for r in many]
+    # each round's two runs are neighbours in time: their ratio cancels the load both saw
+    ratios = [(m / o - 1) * 100 for m, o in zip(cpu_many, cpu_one)]
+    print(f"\n{args.rounds} interleaved rounds (ABBA), wrk -c{args.connections}, {args.seconds:g} s each; "
+          "min / median / max over rounds:")
+    print(f"  workers=1: {spread(cpu_one)} us CPU/request, {spread([r['rps'] for r in rows[1]], digits=0)} req/s")
+    print(f"  workers={args.workers}: {spread(cpu_many)} us CPU/request, "
+          f"{spread([r['rps'] for r in many], digits=0)} req/s")
+    print(f"  workers={args.workers} vs 1, the same round: {spread(ratios, ' %', digits=1)} CPU/request "
+          "(a spread wider than the median is noise, not a cost)")
+    errors = sum(r["errors"] for rs in rows.values() for r in rs)
+    if errors:
+        print(f"  WARNING: wrk counted {errors:.0f} errors: the figures above include them")
+    cp = [r["control_plane_cpu_us_per_worker_second"] for r in many]
+    merge = [r["merge_us_per_report"] for r in many]
+    reports = median(r["reports_per_worker_second"] for r in many)
+    print(f"  control plane: {spread(cp, digits=0)} us CPU per worker per second above idle "
+          f"({reports:.1f} reports/worker/s, {spread(merge, digits=0)} us to decode and merge one)")
+    print(f"  32 workers: {32 * median(cp) / 1e6:.3f} CPU seconds per second on the control plane "
+          f"(decoding and merging alone {32 * reports * median(merge) / 1e6:.3f}); a report's size follows the "
+          "label sets touched in 250 ms, not the request rate")
 
 
 if __name__ == "__main__":

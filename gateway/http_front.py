@@ -37,13 +37,17 @@ The head bounds cost a comparison per read and per header line.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import urllib.parse
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import httptools
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gateway.asgi import Dispatch
+from gateway.client_address import PerAddress
 from gateway.http_output import CoalescingTransport, GatewayCycle, error_response
 from gateway.proxy.http import CONNECTION_KEY
 from gateway.settings import Settings
@@ -80,7 +84,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     max_header_count: ClassVar[int] = 100
     linger_s: ClassVar[float] = 2.0
     linger_bytes: ClassVar[int] = 64 << 20
-    per_client: ClassVar[dict[str, int]] = {}  # open connections per client address (one dict per gateway)
+    per_client: ClassVar[PerAddress] = PerAddress()  # open connections per client address (one per gateway)
     _phase = _IDLE
     _timer_phase = _IDLE
     _timer: asyncio.TimerHandle | None = None
@@ -92,22 +96,28 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     _refusal: _HeadRefused | None = None
     _lingered = 0
     _reason = ""  # why a connection at a cap is refused
+    _forwarded = False  # the request carries X-Forwarded-* (uvicorn's proxy-headers middleware may act)
+    _inference: Callable[..., Any] | None = None  # the data-plane handler, served without the app's wrappers
+    task: asyncio.Task[None] | None = None  # the task serving the current request
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._raw = transport
         self._out = CoalescingTransport(transport, self.loop, self.closing)
         super().connection_made(self._out)  # type: ignore[arg-type]
+        app = self.app
+        if isinstance(app, ProxyHeadersMiddleware):
+            app = app.app
+        if isinstance(app, Dispatch):
+            self._inference = app.proxy
         if len(self.connections) > self.max_connections:
             self._refuse_later(f"the gateway has {self.max_connections} client connections open "
                                "(max_client_connections): retry shortly")
             return
         address = self.client[0] if self.client else ""
-        held = self.per_client.get(address, 0)
-        if held >= self.max_per_client:
+        if not self.per_client.admit(address, self.max_per_client):
             self._refuse_later(f"this client address has {self.max_per_client} connections open "
                                "(max_connections_per_client): retry shortly")
             return
-        self.per_client[address] = held + 1
         self._address = address
         self._phase = _HEADERS
         self._watch()
@@ -185,6 +195,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         self._phase = _HEADERS
         self._header_bytes = self._header_count = 0
+        self._forwarded = False
         super().on_message_begin()
 
     def on_url(self, url: bytes) -> None:
@@ -207,6 +218,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         value = value.rstrip(b" \t")  # llhttp keeps trailing whitespace, which RFC 9110 5.5 excludes
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_100_continue = True
+        elif name.startswith(b"x-forwarded-"):
+            self._forwarded = True
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -240,11 +253,25 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             default_headers=self.server_state.default_headers, message_event=asyncio.Event(),
             expect_100_continue=self.expect_100_continue,
             keep_alive=http_version != "1.0" and parser.should_keep_alive(), on_response=self.on_response_complete)
+        # Inference goes straight to the data-plane handler: what the app's wrappers (uvicorn's
+        # proxy-headers middleware, the /v2 dispatch) would do to it is nothing, unless it carries
+        # X-Forwarded-* headers (then the middleware may name another client).
+        app = self._inference if self._inference is not None and path.startswith("/v2") and not self._forwarded \
+            else self.app
         if existing is None or existing.response_complete:
-            self._start_asgi_task(self.cycle, self.app)
+            self._start_asgi_task(self.cycle, app)
         else:  # pipelined: queued until the previous answer is out
             self.flow.pause_reading()
-            self.pipeline.appendleft((self.cycle, self.app))
+            self.pipeline.appendleft((self.cycle, app))
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        """uvicorn's, and the task is kept: the proxy cancels it when the client leaves (asking
+        asyncio.current_task() costs a Python call per request in 3.11). A pipelined request's task
+        starts only once the previous answer is out, so ``task`` is always the request being served."""
+        context = contextvars.Context() if getattr(self.config, "reset_contextvars", False) else None
+        task = self.task = self.loop.create_task(cycle.run_asgi(app), context=context)
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
 
     def on_message_complete(self) -> None:
         self._phase = _IDLE
@@ -263,11 +290,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self._timer = None
         address, self._address = self._address, None
         if address is not None:
-            left = self.per_client[address] - 1
-            if left:
-                self.per_client[address] = left
-            else:
-                del self.per_client[address]
+            self.per_client.leave(address)
         super().connection_lost(exc)
         if callback is not None:
             callback()
@@ -361,6 +384,6 @@ def protocol_for(settings: Settings) -> type[GatewayHttpProtocol]:
         max_header_count = settings.max_header_count
         linger_s = settings.linger_s
         linger_bytes = max(settings.max_body_bytes, LINGER_BYTES)
-        per_client: ClassVar[dict[str, int]] = {}
+        per_client: ClassVar[PerAddress] = PerAddress()
 
     return BoundedHttpProtocol

@@ -22,6 +22,8 @@ _STATIC_LEN = len(_STATIC)
 _HUFFMAN_CACHE_LIMIT = 256  # entries per connection
 _HUFFMAN_CACHE_STRING = 64  # longer strings are decoded every time: the cache stays under ~40 KB
 _ENTRY_OVERHEAD = 32  # RFC 7541 4.1: what one entry costs on top of its name and value
+_BLOCK_CACHE_LIMIT = 64  # decoded header blocks remembered per connection
+_BLOCK_CACHE_BYTES = 256  # longer blocks are decoded every time: the cache stays under ~20 KB of keys
 
 
 class HpackError(ValueError):
@@ -64,8 +66,28 @@ class Decoder:
         self._dynamic: list[tuple[bytes, bytes]] = []  # newest first
         self._size = 0
         self._huffman: dict[bytes, bytes] = {}
+        # Blocks that left the table as it was, decoded: once a peer's encoder has indexed its fields,
+        # every call's block is the same few bytes (a lookup instead of a parse). Any change to the
+        # table (an insertion shifts every dynamic index, a size update may evict) forgets them all.
+        self._blocks: dict[bytes, tuple[tuple[bytes, bytes], ...]] = {}
+        self._changes = 0  # table changes so far
 
     def decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
+        known = self._blocks.get(block)
+        if known is not None:
+            return list(known)
+        changes = self._changes
+        try:
+            headers = self._decode(block)
+        finally:
+            if self._changes != changes:
+                self._blocks.clear()
+        if self._changes == changes and len(block) <= _BLOCK_CACHE_BYTES \
+                and len(self._blocks) < _BLOCK_CACHE_LIMIT:
+            self._blocks[block] = tuple(headers)
+        return headers
+
+    def _decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
         headers: list[tuple[bytes, bytes]] = []
         pos, end = 0, len(block)
         size, limit = 0, self.max_list_size
@@ -84,6 +106,7 @@ class Decoder:
                 if table_size > self.max_table_size:
                     raise HpackError(f"table size {table_size} above the advertised {self.max_table_size}")
                 self._table_limit = table_size
+                self._changes += 1
                 self._evict()
                 continue
             else:  # literal without indexing (0000) or never indexed (0001)
@@ -134,6 +157,7 @@ class Decoder:
         return decoded, pos
 
     def _add(self, name: bytes, value: bytes) -> None:
+        self._changes += 1
         self._dynamic.insert(0, (name, value))
         self._size += len(name) + len(value) + _ENTRY_OVERHEAD
         self._evict()

@@ -30,7 +30,7 @@ Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
-CONNECTION_KEY = "gateway.connection"  # set by gateway.server.GatewayHttpProtocol
+CONNECTION_KEY = "gateway.connection"  # set by gateway.http_front.GatewayHttpProtocol
 ROUTED_ACTIONS = frozenset(["infer", "generate", "generate_stream"])
 _JSON = [(b"content-type", b"application/json")]
 _UNAVAILABLE = frozenset([404, 503])
@@ -143,9 +143,9 @@ class HttpProxy:
         exchange.sequence = sequence
         if model is not None and scope["path"].endswith("/generate_stream"):  # its responses are timed as they go out
             exchange.stream_of, exchange.started = model, started
-        task = exchange.task = asyncio.current_task()
-        watcher = None
         connection = scope.get(CONNECTION_KEY)
+        task = exchange.task = connection.task if connection is not None else asyncio.current_task()
+        watcher = None
         if decision is not None:
             if connection is not None:  # our server protocol tells us when the client leaves
                 connection.on_lost = exchange.client_lost
@@ -313,6 +313,12 @@ class HttpExchange:
             self.handed = True
             if version is not None:  # the whole stream at once: one delivery
                 self._timed(version)
+            # our front's cycle (gateway.http_output) writes a whole answer at once; found through the
+            # send callable, as the scope must not hold the cycle (a reference cycle per request: GC work)
+            answer = getattr(getattr(send, "__self__", None), "answer", None)
+            if answer is not None:
+                await answer(response.status, headers, body)
+                return
             await send({"type": "http.response.start", "status": response.status, "headers": headers})
             await send({"type": "http.response.body", "body": body})
             return

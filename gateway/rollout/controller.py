@@ -18,6 +18,10 @@ the lease) has its writes refused by the store. Each tick, per rollout not yet s
 
 While the store is down, the last lease holder keeps judging from memory; a rollback then
 goes into this replica's policy book at once and into the store when it is back.
+
+The SREs' commands (:mod:`gateway.rollout.commands`) run on any replica and write through the
+same fenced commit as the tick; what the tick reads of telemetry is in
+:mod:`gateway.rollout.readings`.
 """
 
 from __future__ import annotations
@@ -32,31 +36,31 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.background import Background
-from gateway.errors import Conflict, GatewayError, LeaseLost, MetricsUnavailable, NotFound, StaleRevision, StoreError
-from gateway.policy import PolicySpec, heaviest
+from gateway.errors import GatewayError, LeaseLost, NotFound, StaleRevision, StoreError
 from gateway.rollout import steps
 from gateway.rollout.analysis import Outcome, Verdict, judge
 from gateway.rollout.checks import Checks
+from gateway.rollout.commands import RolloutCommands
 from gateway.rollout.driver import PolicyDriver, PolicyMoved, adopt_own_write, manual_change
 from gateway.rollout.fast_path import FastPath
 from gateway.rollout.hooks import PHASE_EVENTS, Hooks
 from gateway.rollout.judge import Evidence, VersionSample, assess, client_weighted, fold
-from gateway.rollout.phases import Phase, TransitionError
+from gateway.rollout.phases import Phase
+from gateway.rollout.readings import Samples, take_samples, watch, windows
 from gateway.rollout.rollback import critical_verdict
-from gateway.rollout.spec import RolloutSpec, newest_first
+from gateway.rollout.spec import RolloutSpec
 from gateway.rollout.steps import Rollout
 from gateway.services.policies import PolicyService
 from gateway.services.triton_control import TritonControl
 from gateway.store.base import Fence, StateStore, StoredPolicy, StoredRollout
 from gateway.store.budget import Budget, bounded, call_budget
-from gateway.telemetry.recorder import Recorder, Window
-from gateway.telemetry.sources import MetricsSource, RecorderSource
+from gateway.telemetry.recorder import Recorder
+from gateway.telemetry.sources import MetricsSource
 
 log = logging.getLogger("gateway.rollout")
 ACTOR = "rollout-controller"
 LEASE = "rollout-controller"
 PHASES = tuple(phase.value for phase in Phase)
-COMMAND_ATTEMPTS = 5  # an admin command re-read and re-applied after a concurrent write, at most
 LEASE_PROBE_S = 0.25  # a renewal's budget while the store is away (an answering store takes milliseconds)
 
 
@@ -89,102 +93,19 @@ class RolloutController:
         self.hooks = Hooks(clock)  # webhooks (queued, sent off the tick) and gates (asked in the tick)
         self.checks = Checks(prometheus_url, call_timeout_s, recorder.shadow,  # custom checks, shadow agreement
                              lambda model: getattr(self.policies.book.get(model), "shadow_version", None))
+        self.commands = RolloutCommands(self)
 
-    # -- commands from the admin API -----------------------------------------------------
+    # -- commands from the admin API (gateway.rollout.commands) ---------------------------------
     async def begin(self, model: str, spec: RolloutSpec, actor: str) -> Rollout:
-        existing = await self.store.get_rollout(model)
-        if existing is not None and Phase(existing.document["state"]).active:
-            raise Conflict(f"model '{model}' already has an active rollout "
-                           f"({existing.document['state']}); abort it first")
-        policy = await self.store.get_policy(model)
-        stable = spec.stable or await self._default_stable(model, policy.spec if policy else None)
-        if stable == spec.canary:
-            raise Conflict(f"version {stable} already takes most of the traffic: name another stable version")
-        if spec.baseline is not None:
-            if stable == spec.baseline:
-                raise Conflict(f"version {stable} takes most of the traffic, so it is the stable version: the "
-                               "baseline must be a copy of it loaded as a version of its own")
-            try:
-                newest_first(spec.canary, stable)
-            except ValueError as exc:
-                raise Conflict(str(exc)) from None
-        if existing is not None and steps.was_rolled_back(existing.document) \
-                and existing.document["canary"] == spec.canary and not spec.retry:
-            raise Conflict(f"version {spec.canary} of model '{model}' was rolled back ({existing.document['reason']}); "
-                           f'start again with "retry": true to roll it out anyway')
-        refused_checks = self.checks.refusal(spec)
-        if refused_checks is not None:
-            raise Conflict(refused_checks)
-        versions = {stable, spec.canary} | ({spec.baseline} if spec.baseline else set())
-        await self.triton.require_ready(model, versions)
-        rollout = dataclasses.replace(steps.begin(model, spec, stable, self.clock()),
-                                      policy_revision=policy.revision if policy else 0)
-        self.fast.count_from(rollout)  # only failures from now on count (the lease holder's: see FastPath.check)
-        refused = await self.hooks.refusal(rollout, ("pre_rollout",), self.call_timeout_s)
-        if refused is not None:
-            raise Conflict(f"the pre_rollout gate {refused[0].url} refused the rollout: {refused[1]}")
-        self._take_samples(rollout)  # the first interval's samples start now
-        stored = await self.store.put_rollout(model, rollout.document(), existing.revision if existing else 0)
-        self.driver.known[model] = stored  # what the commit below starts from, never an older attempt's
-        try:
-            rollout = await self._commit(stored, rollout, policy, None, actor)  # watches the latencies
-        except Exception:
-            # Refused (a version named by the policy not READY, a concurrent policy change):
-            # take the record back, or it would block every retry as an "active rollout".
-            saved = self.driver.known.get(model)
-            revision = saved.revision if saved is not None and saved.revision > stored.revision else stored.revision
-            self.driver.known.pop(model, None)
-            if existing is not None:
-                await self.store.put_rollout(model, existing.document, revision)
-            else:
-                await self.store.delete_rollout(model, revision)
-            for version in (spec.canary, rollout.reference):
-                self.recorder.unwatch_latencies(model, version)
-            raise
-        self._show_state(model, rollout.phase)
-        self.hooks.notify(rollout, "started")
-        await self.policies.audit(model, actor, "rollout_started", rollout.reason, at=self.clock())
-        return rollout
+        return await self.commands.begin(model, spec, actor)
 
     async def command(self, model: str, command: str, actor: str) -> Rollout:
-        """An SRE's promote / pause / resume / abort, on whichever replica received it: a
-        compare-and-set on the rollout record (and, for its weights, on the policy; see
-        :mod:`gateway.rollout.driver`). When the lease holder's tick wrote in between, the
-        command reads both records again and is applied to what the tick left."""
-        for _ in range(COMMAND_ATTEMPTS):
-            stored, rollout = await self._load(model)
-            policy = await self.store.get_policy(model)
-            rollout = adopt_own_write(rollout, policy)  # a tick's policy write that just landed is the rollout's
-            try:
-                changed = steps.on_command(rollout, command, self.clock(), actor)
-            except TransitionError as exc:
-                raise Conflict(str(exc)) from None
-            if command == "resume":  # the SRE's resume re-asserts the rollout's weights over theirs
-                changed = dataclasses.replace(changed, policy_revision=policy.revision if policy else 0)
-            try:
-                result = await self._commit(stored, changed, policy, None, actor)
-            except (PolicyMoved, StaleRevision):
-                continue  # someone wrote in between: read both records again
-            if command == "resume":  # here at once; on the lease holder when it reads the record
-                self.fast.count_from(result)
-            await self.policies.audit(model, actor, f"rollout_{command}", result.reason, at=self.clock())
-            return result
-        raise Conflict(f"the rollout of '{model}' kept changing while the {command} ran: try again")
+        return await self.commands.command(model, command, actor)
 
     async def status(self, model: str) -> dict[str, Any]:
-        _, rollout = await self._load(model)
-        doc = rollout.document()
-        doc["live"] = await self._live_numbers(rollout)
-        doc["hooks"] = self.hooks.status(model)
-        for hook in doc["spec"]["webhooks"]:  # a status reader may not sign as the gateway
-            if hook["secret"] is not None:
-                hook["secret"] = "***"
-        if self.shadow is not None:
-            doc["shadow"] = {version: stats.document() for (m, version), stats in self.shadow.stats.items()
-                             if m == model}
-        return doc
+        return await self.commands.status(model)
 
-    def _show_state(self, model: str, phase: Phase) -> None:
+    def show_state(self, model: str, phase: Phase) -> None:
         """/metrics shows the phase through the recorder (the collector knows no rollout types)."""
         self.recorder.set_rollout_state(model, phase.value, PHASES)
 
@@ -204,8 +125,8 @@ class RolloutController:
                 log.error("rollout of %s: stored record cannot be read (%s: %s): skipped", model,
                           type(exc).__name__, exc)
                 continue
-            self._show_state(model, rollout.phase)
-            self._watch(rollout)
+            self.show_state(model, rollout.phase)
+            watch(self.recorder, rollout)
             if rollout.settled:
                 continue
             try:
@@ -246,7 +167,7 @@ class RolloutController:
         if metric is None and unsaved is not None and unsaved[1] == rollout:
             metric = unsaved[2]  # decided on an earlier tick, while the store was down
         try:
-            await self._commit(stored, decided, policy, fence, ACTOR, metric)
+            await self.commit(stored, decided, policy, fence, ACTOR, metric)
         except PolicyMoved as moved:  # a human wrote during this tick: theirs stands
             await self._yield(stored, rollout, moved.policy, now, fence)
         except StoreError:
@@ -278,7 +199,7 @@ class RolloutController:
             if self.fast.troubled_within(rollout.model, rollout.spec.interval_s + self.tick_s):
                 verdict = Verdict(Outcome.INCONCLUSIVE, "Triton could not serve the model during this interval "
                                   "(down, restarting or reloading): its errors are no version's fault")
-                self._take_samples(rollout)  # nor are its latencies: drop them
+                self.take_samples(rollout)  # nor are its latencies: drop them
                 return steps.on_verdict(rollout, verdict, now), None
             verdict, evidence = await self._judge(rollout)
             judged = steps.on_verdict(rollout, verdict, now, evidence)
@@ -299,7 +220,7 @@ class RolloutController:
             return rollout
         critical = None
         if not self.fast.troubled_within(rollout.model, rollout.spec.interval_s + self.tick_s):
-            critical = critical_verdict(rollout.spec, *await self._windows(rollout))
+            critical = critical_verdict(rollout.spec, *await windows(self.source, rollout, self.call_timeout_s * 2))
         if critical is None and not rollout.applied:
             return rollout  # the next step down waits for this one's weights; a critical failure does not
         return steps.descend(rollout, now, None if critical is None else critical.reason)
@@ -320,14 +241,14 @@ class RolloutController:
         else:
             changed = dataclasses.replace(rollout, applied=False, manual_revision=revision, apply_reason=(
                 f"manual policy change by {who} at revision {revision}: left as set"))
-        await self._commit(stored, changed, policy, fence, ACTOR)
+        await self.commit(stored, changed, policy, fence, ACTOR)
 
     async def _judge(self, rollout: Rollout) -> tuple[Verdict, dict[str, Any] | None]:
         """The spec's judge on this interval, the canary against its reference (the baseline, or the
         stable); the statistical one also returns its evidence."""
-        canary, reference = await self._windows(rollout)
+        canary, reference = await windows(self.source, rollout, self.call_timeout_s * 2)
         # taken even when the windows are unreadable, so the next interval's sample is its own
-        canary_samples, reference_samples = self._take_samples(rollout)
+        canary_samples, reference_samples = self.take_samples(rollout)
         # whatever the judge: no waiting on it; each client counted up to the interval's median client's share
         critical = critical_verdict(rollout.spec, canary and client_weighted(canary, canary_samples[2]),
                                     reference and client_weighted(reference, reference_samples[2]))
@@ -343,39 +264,12 @@ class RolloutController:
                                    VersionSample.of(reference, *reference_samples), extra)
         return verdict, evidence.document()
 
-    def _take_samples(self, rollout: Rollout) -> list[tuple[list[float], tuple[list[float], list[float]],
-                                                            dict[str, tuple[int, int, int]] | None]]:
-        """The canary's and its reference's (the baseline, or the stable) per-request samples since
-        the last take (latencies; streaming first responses and gaps; per-client counts, which only
-        the recorder source has: Prometheus does not know clients); taking them starts the next
-        interval's."""
-        take_latencies, take_stream = self.recorder.take_latencies, self.recorder.take_stream
-        local = isinstance(self.source, RecorderSource)
-        return [(take_latencies(rollout.model, version), take_stream(rollout.model, version),
-                 self.recorder.take_clients(rollout.model, version) if local else None)
-                for version in (rollout.canary, rollout.reference)]
-
-    def _watch(self, rollout: Rollout) -> None:
-        """Latency samples for the statistical judge, only while a rollout needs them."""
-        for version in (rollout.canary, rollout.reference):
-            if rollout.phase in (Phase.PROGRESSING, Phase.PAUSED) and rollout.spec.judge == "statistical":
-                self.recorder.watch_latencies(rollout.model, version)
-            else:
-                self.recorder.unwatch_latencies(rollout.model, version)
-
-    async def _windows(self, rollout: Rollout) -> tuple[Window | None, Window | None]:
-        seconds = rollout.spec.interval_s
-        try:
-            async with asyncio.timeout(self.call_timeout_s * 2):
-                canary = await self.source.window(rollout.model, rollout.canary, seconds)
-                reference = await self.source.window(rollout.model, rollout.reference, seconds)
-        except (MetricsUnavailable, TimeoutError) as exc:
-            log.warning("rollout of %s: metrics unavailable: %s", rollout.model, exc or "timed out")
-            return None, None
-        return canary, reference
+    def take_samples(self, rollout: Rollout) -> list[Samples]:
+        """The interval's samples of the canary and its reference (:func:`readings.take_samples`)."""
+        return take_samples(self.recorder, self.source, rollout)
 
     # -- persistence -------------------------------------------------------------------------
-    async def _commit(self, stored: StoredRollout, rollout: Rollout, policy: StoredPolicy | None,
+    async def commit(self, stored: StoredRollout, rollout: Rollout, policy: StoredPolicy | None,
                       fence: Fence | None, actor: str, metric: str | None = None) -> Rollout:
         before = Phase(stored.document["state"])
         stepped = rollout.phase is Phase.PROGRESSING and before is Phase.PROGRESSING \
@@ -390,7 +284,7 @@ class RolloutController:
                 elif stepped:
                     self.hooks.notify(rollout, "step")
             raise
-        self._watch(rollout)
+        watch(self.recorder, rollout)
         self.recorder.set_rollback_blocked(rollout.model, rollout.canary_percent == 0 and not rollout.applied
                                            and not rollout.manual_revision and "not READY" in rollout.apply_reason)
         if rollout.phase is not before:
@@ -407,7 +301,7 @@ class RolloutController:
         """A phase change the store has taken: metrics, log line, audit trail (once). A gradual
         rollback is counted and sent as ``rolled_back`` when it starts (the decision), so the
         end of its descent is only logged and audited."""
-        self._show_state(rollout.model, rollout.phase)
+        self.show_state(rollout.model, rollout.phase)
         descent_over = before is Phase.ROLLING_BACK
         if rollout.phase in (Phase.ROLLED_BACK, Phase.ROLLING_BACK) and not descent_over:
             self.recorder.count_rollback(rollout.model, metric or "unhealthy")
@@ -453,31 +347,11 @@ class RolloutController:
         previous = sorted((v for v in serving if v != rollout.canary and v not in used), key=int, reverse=True)
         return previous[rollout.spec.keep_previous:]
 
-    async def _load(self, model: str) -> tuple[StoredRollout, Rollout]:
+    async def load(self, model: str) -> tuple[StoredRollout, Rollout]:
         stored = await self.store.get_rollout(model)
         if stored is None:
             raise NotFound(f"model '{model}' has no rollout")
         return stored, Rollout.from_document(stored.document)
-
-    async def _default_stable(self, model: str, policy: PolicySpec | None) -> str:
-        if policy is not None:
-            return heaviest(policy.weights)
-        ready = [v for v, state in (await self.triton.versions(model)).items() if state.state == "READY"]
-        if not ready:
-            raise Conflict(f"model '{model}' has no READY version on Triton")
-        return max(ready, key=int)  # Triton's own default for unversioned requests
-
-    async def _live_numbers(self, rollout: Rollout) -> dict[str, Any]:
-        live = {}
-        for version in dict.fromkeys((rollout.stable, rollout.reference, rollout.canary)):
-            try:
-                window = await self.source.window(rollout.model, version, rollout.spec.interval_s)
-            except MetricsUnavailable:
-                continue
-            p99 = window.quantile(0.99)
-            live[version] = {"requests": window.requests, "errors": window.errors,
-                             "error_rate": window.error_rate, "p99_ms": None if p99 is None else round(p99 * 1000, 3)}
-        return live
 
     def _restore_loaded_versions(self) -> None:
         """In the background (a reload takes seconds): the versions the gateway itself loaded or

@@ -69,26 +69,67 @@ async def exchange(port: int, request: bytes) -> Answer:
         writer.close()
 
 
-async def slowloris(port: int, talkers: int, silent: int) -> list[tuple[int, str, float]]:
-    """``talkers`` connections send a request's headers a byte every 0.25 s; ``silent`` ones send
-    nothing. Each: (status, error, seconds until the answer)."""
+SLOW_HEAD = HEAD[:40]  # a slowloris talker's unfinished head: 40 bytes, one every 0.25 s (10 s)
 
-    async def one(bytes_to_send: bytes) -> tuple[int, str, float]:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+class _Talker(asyncio.Protocol):
+    """A slowloris connection's receiving side. What the gateway sent is kept even when a
+    later write of ours fails (a StreamReader raises that write's error before the answer it
+    holds: a talker that lagged past the gateway's lingering close lost its 408 so)."""
+
+    def __init__(self) -> None:
+        self.received = bytearray()
+        self.lost = False
+        self.changed = asyncio.Event()
+
+    def data_received(self, data: bytes) -> None:
+        self.received += data
+        self.changed.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self.changed.set()
+
+    async def answer(self, timeout: float) -> tuple[int, dict[str, str], Any]:
+        """The gateway's answer: status, headers, JSON body."""
+        async with asyncio.timeout(timeout):
+            while True:
+                head, found, body = bytes(self.received).partition(b"\r\n\r\n")
+                if found:
+                    lines = head.decode("latin-1").split("\r\n")
+                    headers = dict(line.lower().split(": ", 1) for line in lines[1:] if line)
+                    length = int(headers.get("content-length", "0"))
+                    if len(body) >= length:
+                        return int(lines[0].split()[1]), headers, json.loads(body[:length]) if length else None
+                if self.lost:
+                    raise ConnectionError(f"closed after {bytes(self.received)!r}")
+                self.changed.clear()
+                await self.changed.wait()
+
+
+async def slowloris(port: int, talkers: int, silent: int) -> list[tuple[int, str, int, float]]:
+    """``talkers`` connections send :data:`SLOW_HEAD` a byte every 0.25 s, until answered;
+    ``silent`` ones send nothing. Each: (status, error, bytes sent before the answer came,
+    seconds until it was read). A talker sends no byte once any of the answer has arrived."""
+    loop = asyncio.get_running_loop()
+
+    async def one(bytes_to_send: bytes) -> tuple[int, str, int, float]:
+        transport, talker = await loop.create_connection(_Talker, "127.0.0.1", port)
         started = time.monotonic()
-        answer = asyncio.ensure_future(read_answer(reader, 6))
+        sent = 0
         try:
             for byte in bytes_to_send:
-                if answer.done():
+                if talker.received or talker.lost:
                     break
-                writer.write(bytes([byte]))
+                transport.write(bytes([byte]))
+                sent += 1
                 await asyncio.sleep(0.25)
-            status, _, body = await answer
-            return status, body["error"], time.monotonic() - started
+            status, _, body = await talker.answer(6)
+            return status, body["error"], sent, time.monotonic() - started
         finally:
-            writer.close()
+            transport.close()
 
-    return list(await asyncio.gather(*(one(HEAD[:40]) for _ in range(talkers)), *(one(b"") for _ in range(silent))))
+    return list(await asyncio.gather(*(one(SLOW_HEAD) for _ in range(talkers)), *(one(b"") for _ in range(silent))))
 
 
 async def trickling_bodies(port: int, clients: int) -> list[tuple[int, str]]:

@@ -29,6 +29,23 @@ def test_decoder_follows_the_encoders_dynamic_table(huffman: bool) -> None:
     assert len(encoder.encode(RESPONSE, huffman=huffman)) < 8, "the encoder should be reusing entries"
 
 
+def test_a_repeated_block_means_what_the_table_says_now() -> None:
+    """Decoded blocks are remembered while the table stays as it was; the same bytes after an
+    insertion name another entry (every dynamic index shifts) and must be decoded afresh."""
+    decoder = Decoder()
+    newest = b"\xbe"  # indexed field 62: the newest dynamic entry
+    for value in (b"a", b"b", b"c"):
+        decoder.decode(b"\x40\x07x-value" + bytes([len(value)]) + value)  # literal with incremental indexing
+        assert decoder.decode(newest) == [(b"x-value", value)]
+        assert decoder.decode(newest) == [(b"x-value", value)]  # remembered: the table did not change
+    repeated = decoder.decode(newest)
+    repeated.append((b"x-added", b"by the caller"))  # a caller's list is its own
+    assert decoder.decode(newest) == [(b"x-value", b"c")]
+    decoder.decode(b"\x20")  # a size update to 0 empties the table: index 62 names nothing now
+    with pytest.raises(HpackError):
+        decoder.decode(newest)
+
+
 def test_never_indexed_and_table_size_updates() -> None:
     encoder, decoder = hpack.Encoder(), Decoder()
     secret = hpack.HeaderTuple(b"authorization", b"Bearer abc")
