@@ -36,28 +36,24 @@ from overhead import LUA, POLICY, Result, bodies, grpc_body, run_h2load, run_wrk
 from gateway.devtools.local_triton import LocalTriton, free_port  # noqa: E402
 from gateway.fleet.balancer import Fleet  # noqa: E402
 from gateway.fleet.config import ServerSpec  # noqa: E402
-from gateway.fleet.forward import message_model_version, target_model_version  # noqa: E402
+from gateway.fleet.forward import target_model_version  # noqa: E402
+from gateway.grpc.upstream import GrpcUpstream  # noqa: E402
 
 
 def micro(servers: int, calls: int = 1_000_000) -> tuple[float, float]:
     """µs per request of the balancer's work on the HTTP and the gRPC path, no I/O (the same
     statements as FleetHttp.request / FleetGrpc.unary around the send)."""
-    fleet = Fleet("bench", max_inflight=64)
+    fleet = Fleet("bench", grpc_connect=GrpcUpstream, max_inflight=64)
     members = [fleet.add(ServerSpec(http=f"http://10.0.0.{i}:8000", grpc=f"10.0.0.{i}:8001")) for i in range(servers)]
     for member in members:
         member.in_service = True
         member.ready = {"qc": frozenset({"2", "3"})}
     fleet.changed()
-    from tritonclient.grpc import service_pb2
-
-    request = service_pb2.ModelInferRequest(model_name="qc")
-    request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4])
-    request.raw_input_contents.append(b"\x00" * 16)
-    message = request.SerializeToString() + b"\x12\x012"  # the router appends the routed version
     target = b"/v2/models/qc/versions/2/infer"
+    routed_model, routed_version = "qc", "2"  # what the gRPC router read of the message and routed it to
 
-    model: bytes = b""
-    version: bytes | None = None
+    model: str | bytes = b""
+    version: str | bytes | None = None
 
     async def http_path() -> float:
         nonlocal model, version
@@ -85,8 +81,8 @@ def micro(servers: int, calls: int = 1_000_000) -> tuple[float, float]:
             single = fleet.single
             if single is not None:
                 server = single
-            else:
-                model, version, _parameters = message_model_version(message)
+            else:  # the router read the model and version once (grpc.fleet_upstream): nothing is parsed here
+                model, version = routed_model, routed_version
                 server = fleet.pick(model, version)
             if server.limit and server.inflight >= server.limit:
                 server = await fleet.admit(server, model, version)

@@ -30,13 +30,15 @@ from gateway.console.timeline import Timeline
 from gateway.console.views import Views
 from gateway.control_surface import ControlCall, ControlGate, ControlMode
 from gateway.endpoints import Probes, install_error_handlers
-from gateway.fleet.forward import FleetGrpc, FleetHttp
+from gateway.fleet.forward import FleetHttp
 from gateway.fleet.registry import Fleets
+from gateway.grpc.fleet_upstream import FleetGrpc
 from gateway.grpc.front import start_server as start_front
 from gateway.grpc.grpcio_front import GrpcProxy
 from gateway.grpc.grpcio_front import start_server as start_grpc
 from gateway.grpc.health import Health
 from gateway.grpc.router import GrpcRouter
+from gateway.grpc.upstream import GrpcUpstream
 from gateway.http2.server import Limits
 from gateway.pipeline import Pipeline
 from gateway.policy_book import PolicyBook
@@ -77,14 +79,14 @@ class Gateway(Dispatch):
         self.settings = settings
         self.book = PolicyBook(settings.sticky_header)
         self.recorder = self.recorder_class()
-        self.fleets = Fleets(settings.fleet_specs(), pool_size=settings.pool_size,
+        self._grpc_tls = tls.upstream_grpc(settings)  # one context for every server's grpcs:// connection
+        self.fleets = Fleets(settings.fleet_specs(), grpc_connect=self._grpc_connect, pool_size=settings.pool_size,
                              connect_timeout_s=settings.connect_timeout_s, request_timeout_s=settings.request_timeout_s,
                              max_inflight=settings.max_inflight_per_server,
                              queue_timeout_s=settings.queue_timeout_ms / 1000, eject_after=settings.fleet_eject_after,
                              health_interval_s=settings.fleet_health_interval_s,
                              dns_refresh_s=settings.fleet_dns_refresh_s,
-                             http_tls=tls.upstream_http(settings), grpc_tls=tls.upstream_grpc(settings),
-                             keepalive=(settings.upstream_keepalive_s, settings.upstream_keepalive_timeout_s))
+                             http_tls=tls.upstream_http(settings))
         self.upstream: HttpUpstream = FleetHttp(self.fleets.default)
         self.access_log = AccessLog() if settings.access_log else None
         self.pins = SequencePins()
@@ -130,6 +132,13 @@ class Gateway(Dispatch):
         self.timeline = Timeline(self.store, self.source)  # the console's rollout history (bounded)
         self.control = self._control_app()
 
+    def _grpc_connect(self, address: str) -> GrpcUpstream:
+        """A fleet server's gRPC connection (the fleet holds it; ``grpc.fleet_upstream`` calls over it)."""
+        settings = self.settings
+        return GrpcUpstream(address, settings.connect_timeout_s, self._grpc_tls,
+                            request_timeout_s=settings.request_timeout_s, keepalive_s=settings.upstream_keepalive_s,
+                            keepalive_timeout_s=settings.upstream_keepalive_timeout_s)
+
     @property
     def started(self) -> bool:
         return self.probes.started
@@ -156,6 +165,13 @@ class Gateway(Dispatch):
             log.error("admin API disabled: no GATEWAY_ADMIN_TOKEN / admin_tokens set (--insecure-admin to override)")
         elif self.auth.insecure:
             log.warning("admin API runs WITHOUT authentication (--insecure-admin): anyone can change routing")
+        async with self.running():
+            yield
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Started (``_start``), and ready for the probes, until the block ends (``_stop``): the one
+        lifespan of a gateway process and of a data-plane worker (whose ``_start``/``_stop`` differ)."""
         await self._start()
         # What startup built (modules, FastAPI's routes, protos) lives as long as the process: frozen,
         # the collector stops walking it. Each full collection under load walked all of it (~150 ms,

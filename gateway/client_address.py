@@ -61,6 +61,30 @@ def _valid(address: str) -> bool:
     return True
 
 
+class PerAddress(dict[str, int]):
+    """Open connections per client address, for ``max_connections_per_client``: one table per
+    port, shared by its connections (one event loop: no lock). The HTTP port's protocol and the
+    gRPC port's HTTP/2 connections both count here, the same way; a dict, so readers read a dict."""
+
+    __slots__ = ()
+
+    def admit(self, address: str, limit: int) -> bool:
+        """Count one more connection from ``address``; False, counting nothing, when it has ``limit`` open."""
+        held = self.get(address, 0)
+        if held >= limit:
+            return False
+        self[address] = held + 1
+        return True
+
+    def leave(self, address: str) -> None:
+        """A connection :meth:`admit` counted closed."""
+        left = self[address] - 1
+        if left:
+            self[address] = left
+        else:
+            del self[address]
+
+
 def grpcio_peer(peer: str | None) -> str:
     """The address in grpcio's ``context.peer()``: "ipv4:127.0.0.5:5555", "ipv6:[::1]:5555"."""
     if not peer:

@@ -47,6 +47,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.asgi import Dispatch
+from gateway.client_address import PerAddress
 from gateway.http_output import CoalescingTransport, GatewayCycle, error_response
 from gateway.proxy.http import CONNECTION_KEY
 from gateway.settings import Settings
@@ -83,7 +84,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     max_header_count: ClassVar[int] = 100
     linger_s: ClassVar[float] = 2.0
     linger_bytes: ClassVar[int] = 64 << 20
-    per_client: ClassVar[dict[str, int]] = {}  # open connections per client address (one dict per gateway)
+    per_client: ClassVar[PerAddress] = PerAddress()  # open connections per client address (one per gateway)
     _phase = _IDLE
     _timer_phase = _IDLE
     _timer: asyncio.TimerHandle | None = None
@@ -113,12 +114,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                                "(max_client_connections): retry shortly")
             return
         address = self.client[0] if self.client else ""
-        held = self.per_client.get(address, 0)
-        if held >= self.max_per_client:
+        if not self.per_client.admit(address, self.max_per_client):
             self._refuse_later(f"this client address has {self.max_per_client} connections open "
                                "(max_connections_per_client): retry shortly")
             return
-        self.per_client[address] = held + 1
         self._address = address
         self._phase = _HEADERS
         self._watch()
@@ -291,11 +290,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self._timer = None
         address, self._address = self._address, None
         if address is not None:
-            left = self.per_client[address] - 1
-            if left:
-                self.per_client[address] = left
-            else:
-                del self.per_client[address]
+            self.per_client.leave(address)
         super().connection_lost(exc)
         if callback is not None:
             callback()
@@ -389,6 +384,6 @@ def protocol_for(settings: Settings) -> type[GatewayHttpProtocol]:
         max_header_count = settings.max_header_count
         linger_s = settings.linger_s
         linger_bytes = max(settings.max_body_bytes, LINGER_BYTES)
-        per_client: ClassVar[dict[str, int]] = {}
+        per_client: ClassVar[PerAddress] = PerAddress()
 
     return BoundedHttpProtocol

@@ -12,6 +12,12 @@ A :class:`Target` is where one request goes. Today it is a version; when a targe
 a server of a fleet, :meth:`Pipeline.target` is the one place that changes. Targets are
 built once per version and reused, like the decisions of a compiled policy: the hot path
 allocates no new routing objects per request.
+
+Layering: the pipeline knows exchanges and the ports it is given (policy book, recorder,
+sequence pins, shadow queue), never a front's module. The shadow queue is the port
+:class:`Shadow` (implemented by ``proxy.shadow.ShadowMirror``); what an exchange mirrors is a
+:class:`ShadowCopy` the queue sends and compares. The fronts import the pipeline, not the other
+way round (``tests/unit/test_architecture.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +32,6 @@ from gateway.client_address import ClientAddresses
 from gateway.errors import BadRequest
 from gateway.policy import split_target
 from gateway.policy_book import PolicyBook
-from gateway.proxy.shadow import GrpcMirror, Mirror, ShadowMirror
 from gateway.routing import (
     MAY_SHADOW,
     Decision,
@@ -84,10 +89,33 @@ def checked_model(model: str) -> str:
 class Target:
     """Where one request goes: a version (None: Triton's default) on a fleet (None: the default
     fleet). The server of the fleet is chosen per request by the fleet's balancer when the
-    request is sent (``gateway.fleet``), where admission, retry and sequence pins live too."""
+    request is sent (``gateway.fleet``), where admission, retry and sequence pins live too. It
+    chooses by what the exchange carries, read once by its front (the model, the version sent,
+    the sequence fields): a Target is shared by every request to its version, so those stay
+    with the exchange, and the fleet never reads the request again."""
 
     version: str | None
     fleet: str | None = None
+
+
+class ShadowCopy(Protocol):
+    """A request copied for the shadow version, made by its exchange (``mirror``), with the
+    primary's answer to compare against; the shadow queue sends and compares it."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def version(self) -> str: ...
+
+
+class Shadow(Protocol):
+    """Where the pipeline offers copies: a bounded queue that never blocks (``proxy.shadow.ShadowMirror``)."""
+
+    def full(self, model: str, version: str) -> bool:
+        """True (and the drop counted) when a copy would not fit: the exchange then builds none."""
+
+    def offer(self, mirror: ShadowCopy) -> None:
+        """Queue the copy, or drop it (counted) when the queue or the byte budget has no room."""
 
 
 class Exchange(Protocol):
@@ -117,7 +145,7 @@ class Exchange(Protocol):
     def mirrorable(self) -> bool:
         """A complete success the shadow's answer can be compared with."""
 
-    def mirror(self, model: str, decision: Decision, shadow: Target) -> Mirror | GrpcMirror:
+    def mirror(self, model: str, decision: Decision, shadow: Target) -> ShadowCopy:
         """The same request, addressed to ``shadow``, with this answer to compare against."""
 
 
@@ -134,7 +162,7 @@ class Pipeline:
     """Shared by both fronts: one policy book, one draw sequence, one recorder."""
 
     def __init__(self, book: PolicyBook, recorder: Recorder, pins: SequencePins | None = None,
-                 shadow: ShadowMirror | None = None, access_log: Callable[..., None] | None = None,
+                 shadow: Shadow | None = None, access_log: Callable[..., None] | None = None,
                  expose_version_headers: bool = True, clients: ClientAddresses | None = None) -> None:
         self.book = book
         self.recorder = recorder

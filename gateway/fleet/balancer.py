@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable
 
 from gateway.errors import GatewayError, Overloaded, UpstreamUnavailable
 from gateway.fleet.config import ServerSpec
-from gateway.fleet.members import Server
+from gateway.fleet.members import GrpcConnect, Server
 from gateway.sequences import SequencePins
 
 # /readyz's answer on Triton's liveness comes within this, under a probe's usual 1 s budget.
@@ -46,13 +46,12 @@ log = logging.getLogger("gateway.fleet")
 class Fleet:
     """Named group of Triton servers; ``pick`` is the only call on the request path."""
 
-    def __init__(self, name: str, *, pool_size: int = 128, connect_timeout_s: float = 2.0,
+    def __init__(self, name: str, *, grpc_connect: GrpcConnect, pool_size: int = 128, connect_timeout_s: float = 2.0,
                  request_timeout_s: float = 60.0, max_inflight: int = 0, queue_timeout_s: float = 0.0,
-                 eject_after: int = 3, http_tls: ssl.SSLContext | None = None,
-                 grpc_tls: ssl.SSLContext | None = None, keepalive: tuple[float, float] = (10.0, 5.0)) -> None:
+                 eject_after: int = 3, http_tls: ssl.SSLContext | None = None) -> None:
         self.name = name
-        self.keepalive = keepalive  # (upstream_keepalive_s, upstream_keepalive_timeout_s) of each gRPC connection
-        self.tls = (http_tls, grpc_tls)  # to every server of the fleet, for https:// and grpcs:// URLs
+        self.grpc_connect = grpc_connect  # makes each server's gRPC connection (TLS and keepalive are its own)
+        self.http_tls = http_tls  # to every server of the fleet, for https:// URLs
         self.pool_size = pool_size
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
@@ -76,9 +75,9 @@ class Fleet:
     def add(self, spec: ServerSpec) -> Server:
         server = self.servers.get(spec.name)
         if server is None:
-            server = Server(self.name, spec, pool_size=self.pool_size, connect_timeout_s=self.connect_timeout_s,
-                            request_timeout_s=self.request_timeout_s, max_inflight=self.max_inflight,
-                            http_tls=self.tls[0], grpc_tls=self.tls[1], keepalive=self.keepalive)
+            server = Server(self.name, spec, grpc_connect=self.grpc_connect, pool_size=self.pool_size,
+                            connect_timeout_s=self.connect_timeout_s, request_timeout_s=self.request_timeout_s,
+                            max_inflight=self.max_inflight, http_tls=self.http_tls)
             self.servers[spec.name] = server
             self.changed()
         return server

@@ -3,6 +3,10 @@
 Everything the hot path touches is a plain attribute (``inflight``, ``failures``, counters):
 one event loop owns a server, so no lock is needed and a request costs a few attribute
 updates. Health flags are written by the health monitor and by passive ejection only.
+
+A server's gRPC connection is made by the factory the fleet is given (``GrpcConnect``: the app
+passes ``grpc.upstream.GrpcUpstream`` with its settings), so the fleet holds and closes it
+without importing the gRPC side; the gRPC calls over a fleet live there (``grpc.fleet_upstream``).
 """
 
 from __future__ import annotations
@@ -10,10 +14,29 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from gateway.fleet.config import ServerSpec
-from gateway.grpc.upstream import GrpcUpstream
 from gateway.upstream import HttpUpstream
+
+
+class GrpcClient(Protocol):
+    """A server's gRPC connection, as ``grpc.upstream.GrpcUpstream`` is: the fleet names and closes
+    it; the gRPC side makes the calls (a stream's listener and handle are its own types)."""
+
+    @property
+    def address(self) -> str: ...
+
+    async def unary(self, path: str, message: bytes, metadata: Any = (),
+                    timeout: float | None = None) -> tuple[int, str, bytes]: ...
+
+    async def open(self, path: str, listener: Any, metadata: Any = (), timeout: float | None = None) -> Any: ...
+
+    async def aclose(self) -> None: ...
+
+
+GrpcConnect = Callable[[str], GrpcClient]  # a server's gRPC address -> its connection
 
 
 class Server:
@@ -26,16 +49,15 @@ class Server:
                  "waiters", "failures", "probe_failures", "up", "ejected", "in_service", "ready", "requests", "errors",
                  "ejections", "refused", "last_error", "__weakref__")
 
-    def __init__(self, fleet: str, spec: ServerSpec, *, pool_size: int = 128, connect_timeout_s: float = 2.0,
-                 request_timeout_s: float = 60.0, max_inflight: int = 0, http_tls: ssl.SSLContext | None = None,
-                 grpc_tls: ssl.SSLContext | None = None, keepalive: tuple[float, float] = (10.0, 5.0)) -> None:
+    def __init__(self, fleet: str, spec: ServerSpec, *, grpc_connect: GrpcConnect, pool_size: int = 128,
+                 connect_timeout_s: float = 2.0, request_timeout_s: float = 60.0, max_inflight: int = 0,
+                 http_tls: ssl.SSLContext | None = None) -> None:
         self.fleet = fleet
         self.spec = spec
         self.name = spec.name
         self.http = HttpUpstream(spec.http, max_connections=pool_size, connect_timeout_s=connect_timeout_s,
                                  request_timeout_s=request_timeout_s, tls=http_tls)
-        self.grpc = GrpcUpstream(spec.grpc, connect_timeout_s, grpc_tls, request_timeout_s=request_timeout_s,
-                                 keepalive_s=keepalive[0], keepalive_timeout_s=keepalive[1])
+        self.grpc = grpc_connect(spec.grpc)
         self.control = HttpUpstream(spec.http, max_connections=4, connect_timeout_s=connect_timeout_s,
                                     request_timeout_s=request_timeout_s, tls=http_tls)
         self.probe = HttpUpstream(spec.http, max_connections=2, connect_timeout_s=connect_timeout_s,

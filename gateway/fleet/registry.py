@@ -8,21 +8,21 @@ from collections.abc import Awaitable, Callable, Iterator
 from gateway.fleet.balancer import Fleet
 from gateway.fleet.config import DEFAULT_FLEET, FleetSpec
 from gateway.fleet.health import FleetMonitor, Resolver, resolve_ipv4
-from gateway.fleet.members import Server
+from gateway.fleet.members import GrpcConnect, Server
 
 
 class Fleets:
-    def __init__(self, specs: dict[str, FleetSpec], *, pool_size: int = 128, connect_timeout_s: float = 2.0,
-                 request_timeout_s: float = 60.0, max_inflight: int = 0, queue_timeout_s: float = 0.0,
-                 eject_after: int = 3, health_interval_s: float = 1.0, dns_refresh_s: float = 5.0,
-                 resolve: Resolver = resolve_ipv4, http_tls: ssl.SSLContext | None = None,
-                 grpc_tls: ssl.SSLContext | None = None, keepalive: tuple[float, float] = (10.0, 5.0)) -> None:
+    def __init__(self, specs: dict[str, FleetSpec], *, grpc_connect: GrpcConnect, pool_size: int = 128,
+                 connect_timeout_s: float = 2.0, request_timeout_s: float = 60.0, max_inflight: int = 0,
+                 queue_timeout_s: float = 0.0, eject_after: int = 3, health_interval_s: float = 1.0,
+                 dns_refresh_s: float = 5.0, resolve: Resolver = resolve_ipv4,
+                 http_tls: ssl.SSLContext | None = None) -> None:
         assert DEFAULT_FLEET in specs, "the default fleet is always configured (Settings.fleet_specs)"
         self.specs = specs
-        self.fleets = {name: Fleet(name, pool_size=pool_size, connect_timeout_s=connect_timeout_s,
-                                   request_timeout_s=request_timeout_s, max_inflight=max_inflight,
-                                   queue_timeout_s=queue_timeout_s, eject_after=eject_after, http_tls=http_tls,
-                                   grpc_tls=grpc_tls, keepalive=keepalive)
+        self.fleets = {name: Fleet(name, grpc_connect=grpc_connect, pool_size=pool_size,
+                                   connect_timeout_s=connect_timeout_s, request_timeout_s=request_timeout_s,
+                                   max_inflight=max_inflight, queue_timeout_s=queue_timeout_s,
+                                   eject_after=eject_after, http_tls=http_tls)
                        for name in specs}
         self.monitors = {name: FleetMonitor(self.fleets[name], spec, interval_s=health_interval_s,
                                             dns_refresh_s=dns_refresh_s, resolve=resolve)

@@ -27,15 +27,17 @@ from collections.abc import Callable, Coroutine
 from functools import lru_cache
 from typing import Any
 
+from gateway.client_address import PerAddress
 from gateway.control_surface import ControlGate
 from gateway.errors import GatewayError
 from gateway.grpc.health import CHECK, WATCH, Health, HealthCall
 from gateway.grpc.router import INFER, SERVICE, STREAM_INFER, GrpcRouter, StreamLedger, client_deadline_ran_out
+from gateway.grpc.server_connection import GrpcServerConnection
 from gateway.grpc.status import StatusCode, status_for
 from gateway.grpc.upstream import UpstreamStream
 from gateway.grpc.wire import RouteFields, WireError, metadata_block, split_messages
 from gateway.http2.endpoint import Headers
-from gateway.http2.server import Http2ServerConnection, Limits, ServerStream, StreamHandler
+from gateway.http2.server import Limits, ServerStream, StreamHandler
 from gateway.pipeline import SEQUENCED
 from gateway.proxy.limits import ByteBudget
 from gateway.routing import Decision, Policy
@@ -76,7 +78,7 @@ class _Call:
     __slots__ = ("front", "connection", "stream", "opened", "deadline", "task", "timer", "client")
     streaming = False  # a unary request is held until END_STREAM (StreamHandler.streaming)
 
-    def __init__(self, front: GrpcFront, connection: Http2ServerConnection, stream: ServerStream) -> None:
+    def __init__(self, front: GrpcFront, connection: GrpcServerConnection, stream: ServerStream) -> None:
         self.front = front
         self.connection = connection
         self.stream = stream
@@ -133,7 +135,7 @@ class _Call:
 class UnaryCall(_Call):
     __slots__ = ("message", "routed")
 
-    def __init__(self, front: GrpcFront, connection: Http2ServerConnection, stream: ServerStream,
+    def __init__(self, front: GrpcFront, connection: GrpcServerConnection, stream: ServerStream,
                  routed: bool) -> None:
         super().__init__(front, connection, stream)
         self.message: bytes | None = None
@@ -178,8 +180,8 @@ class UnaryCall(_Call):
             if refused:
                 self.finish(refused, details)
                 return
-        code, details, answer = await router.upstream.unary(self.stream.path, self.message, metadata,
-                                                            self.remaining())
+        code, details, answer = await router.pass_through(self.stream.path, self.message, metadata,
+                                                          self.remaining())
         if code:
             self.finish(code, router.details(code, details))
         else:
@@ -192,7 +194,7 @@ class StreamCall(_Call):
     __slots__ = ("upstream", "waiting", "ended", "decision", "ledger", "replies", "settling", "settler")
     streaming = True
 
-    def __init__(self, front: GrpcFront, connection: Http2ServerConnection, stream: ServerStream) -> None:
+    def __init__(self, front: GrpcFront, connection: GrpcServerConnection, stream: ServerStream) -> None:
         super().__init__(front, connection, stream)
         self.upstream: UpstreamStream | None = None
         self.waiting: list[bytes] = []  # routed requests that arrived before the upstream stream opened
@@ -324,7 +326,7 @@ class StreamCall(_Call):
         self.finish(code, self.front.router.details(code, details) if code else "", self._routing_block())
 
 
-def client_of(front: GrpcFront, connection: Http2ServerConnection, stream: ServerStream) -> str:
+def client_of(front: GrpcFront, connection: GrpcServerConnection, stream: ServerStream) -> str:
     """The call's client: the connection's peer address, or whom a trusted proxy forwarded."""
     transport = connection.transport
     peer = transport.get_extra_info("peername") if transport is not None else None
@@ -336,9 +338,9 @@ class GrpcFront:
         self.router = router
         self.gate = gate  # None: Triton control calls pass through (triton_control=allow)
         self.health = health
-        self.connections: set[Http2ServerConnection] = set()
+        self.connections: set[GrpcServerConnection] = set()
 
-    def on_stream(self, connection: Http2ServerConnection, stream: ServerStream) -> StreamHandler | None:
+    def on_stream(self, connection: GrpcServerConnection, stream: ServerStream) -> StreamHandler | None:
         path = stream.path
         try:  # the calls read grpc-timeout first thing
             if path == INFER:
@@ -385,13 +387,13 @@ async def start_server(router: GrpcRouter, host: str, port: int, gate: ControlGa
     ``sock``: a socket bound already (the workers' shared listener), instead of host and port."""
     front = GrpcFront(router, gate, health)
     limits = limits or Limits()
-    per_client: dict[str, int] = {}  # the connections of each client address, for max_connections_per_client
+    per_client = PerAddress()  # the connections of each client address, for max_connections_per_client
     # a TLS handshake is part of getting to the preface: the same bound (asyncio's default is 60 s)
     handshake = limits.preface_timeout if tls is not None else None
     loop = asyncio.get_running_loop()
 
-    def connection() -> Http2ServerConnection:
-        return Http2ServerConnection(front.on_stream, front.connections, limits, per_client, budget)
+    def connection() -> GrpcServerConnection:
+        return GrpcServerConnection(front.on_stream, front.connections, limits, per_client, budget)
 
     if sock is not None:
         server = await loop.create_server(connection, sock=sock, ssl=tls, ssl_handshake_timeout=handshake)

@@ -158,8 +158,8 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
                 refused, details, forwarded = await self.gate.admit_grpc(method, raw, forwarded)
                 if refused:
                     await context.abort(_STATUS[refused], details)
-            code, details, answer = await self.router.upstream.unary(method, raw, forwarded,
-                                                                     context.time_remaining())
+            code, details, answer = await self.router.pass_through(method, raw, forwarded,
+                                                                   context.time_remaining())
             if code:
                 await context.abort(_STATUS.get(code, grpc.StatusCode.UNKNOWN), self.router.details(code, details))
             return answer

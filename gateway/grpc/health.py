@@ -21,8 +21,9 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from gateway.grpc.server_connection import GrpcServerConnection
 from gateway.grpc.status import StatusCode
-from gateway.http2.server import Http2ServerConnection, ServerStream
+from gateway.http2.server import ServerStream
 
 log = logging.getLogger("gateway.grpc")
 HEALTH = "/grpc.health.v1.Health/"
@@ -117,7 +118,7 @@ class HealthCall:
 
     streaming = False  # the request is one small message: held until END_STREAM
 
-    def __init__(self, health: Health, connection: Http2ServerConnection, stream: ServerStream) -> None:
+    def __init__(self, health: Health, connection: GrpcServerConnection, stream: ServerStream) -> None:
         self.health = health
         self.connection = connection
         self.stream = stream

@@ -15,13 +15,21 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from gateway.errors import BadRequest
 from gateway.grpc.status import StatusCode, classify, status_name
-from gateway.grpc.upstream import GrpcUpstream
+from gateway.grpc.upstream import GrpcUpstream, Reply
 from gateway.grpc.upstream import Metadata as Forwarded
-from gateway.grpc.wire import RouteFields, StreamReply, WireError, route_fields, stream_reply, with_version
+from gateway.grpc.wire import (
+    RouteFields,
+    StreamReply,
+    WireError,
+    message_model_version,
+    route_fields,
+    stream_reply,
+    with_version,
+)
 from gateway.pipeline import SEQUENCED, Pipeline, Target, checked_model
 from gateway.proxy.shadow import GrpcMirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
-from gateway.sequences import checked_sequence_id
+from gateway.sequences import SequenceFields, checked_sequence_id
 from gateway.telemetry.recorder import QUEUE_FULL, STEERED_ROUTES, Outcome
 
 _QUEUE_FULL = QUEUE_FULL.encode()
@@ -39,16 +47,21 @@ class GrpcInfer:
     """One unary ``ModelInfer`` and its reply (see ``pipeline.Exchange``). The server answers the
     client itself once the pipeline is done, so ``deliver`` has nothing to do."""
 
-    __slots__ = ("upstream", "fleets", "method", "raw", "versioned", "metadata", "timeout", "code", "details",
-                 "response", "status", "sent_at")
+    __slots__ = ("upstream", "fleets", "method", "raw", "model", "version", "sequence", "metadata", "timeout", "code",
+                 "details", "response", "status", "sent_at")
 
-    def __init__(self, upstream: GrpcUpstream, method: str, raw: bytes, versioned: bool, metadata: Forwarded,
+    def __init__(self, upstream: GrpcUpstream, method: str, raw: bytes, fields: RouteFields, metadata: Forwarded,
                  timeout: float | None, fleets: Mapping[str, GrpcUpstream] | None = None) -> None:
         self.upstream = upstream
         self.fleets = fleets  # named fleets, for targets such as "green:3"
         self.method = method
         self.raw = raw
-        self.versioned = versioned  # the client named the version itself
+        # What the router read of the message, read once: a fleet picks the server by them
+        # (the sequence pins it) without reading the message again.
+        self.model = fields.model_name
+        self.version = fields.model_version  # the client named the version itself ("": the route decides)
+        self.sequence = None if fields.sequence_id is None else SequenceFields(
+            fields.sequence_id, fields.sequence_start, fields.sequence_end)
         self.metadata = metadata
         self.timeout = timeout  # what is left of the client's grpc-timeout (None: it set none)
         self.sent_at = time.perf_counter()
@@ -58,7 +71,8 @@ class GrpcInfer:
         self.status = "UNKNOWN"
 
     async def send(self, target: Target) -> None:
-        message = self.raw if self.versioned or target.version is None else with_version(self.raw, target.version)
+        version = self.version or target.version
+        message = self.raw if self.version or version is None else with_version(self.raw, version)
         upstream = self.upstream
         if target.fleet is not None:
             named = self.fleets.get(target.fleet) if self.fleets is not None else None
@@ -68,8 +82,9 @@ class GrpcInfer:
                 self.status = status_name(self.code)
                 return
             upstream = named
-        self.code, self.details, self.response = await upstream.unary(self.method, message, self.metadata,
-                                                                      self.timeout)
+        self.code, self.details, self.response = await upstream.unary(
+            self.method, message, self.metadata, self.timeout, model=self.model, version=version,
+            sequence=self.sequence)
         self.status = status_name(self.code)
 
     def unavailable(self) -> bool:
@@ -99,7 +114,7 @@ class GrpcInfer:
     def mirror(self, model: str, decision: Decision, shadow: Target) -> GrpcMirror:
         assert shadow.version is not None
         return GrpcMirror(model, shadow.version, self.upstream, self.method, with_version(self.raw, shadow.version),
-                          self.metadata, self.response)
+                          self.metadata, self.response, self.sequence)
 
 
 class GrpcRouter:
@@ -142,7 +157,17 @@ class GrpcRouter:
 
     def new_infer(self, method: str, raw: bytes, fields: RouteFields, forwarded: Forwarded,
                   timeout: float | None) -> GrpcInfer:
-        return GrpcInfer(self.upstream, method, raw, bool(fields.model_version), forwarded, timeout, self.fleets)
+        return GrpcInfer(self.upstream, method, raw, fields, forwarded, timeout, self.fleets)
+
+    async def pass_through(self, path: str, message: bytes, metadata: Forwarded, timeout: float | None) -> Reply:
+        """A call the gateway does not route (metadata, health, model control the gate admitted):
+        sent as it is to the default fleet, which picks a server by the model and version the
+        message names (read here, once, and only when the fleet has a choice to make)."""
+        upstream = self.upstream
+        if not upstream.chooses_server:
+            return await upstream.unary(path, message, metadata, timeout)
+        model, version = message_model_version(message)
+        return await upstream.unary(path, message, metadata, timeout, model=model, version=version)
 
     async def infer(self, exchange: GrpcInfer, model: str, policy: Policy | None, decision: Decision,
                     client: str = "") -> Decision:

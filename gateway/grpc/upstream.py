@@ -1,4 +1,4 @@
-"""gRPC calls to Triton over our own HTTP/2 connection (``gateway.http2``).
+"""gRPC calls to Triton over our own HTTP/2 connection (``grpc.client_connection``).
 
 Why not ``grpc.aio``'s channel for these: the proxy has the request and the response as raw
 bytes already, and grpc.aio's client spends its CPU on call objects, metadata conversion and
@@ -34,9 +34,10 @@ import errno
 import ssl
 
 from gateway.errors import UpstreamUnavailable, os_reason
+from gateway.grpc.client_connection import GOING_AWAY, NOT_CONNECTED, Http2Connection, Reply, StreamListener, _Call
 from gateway.grpc.status import StatusCode
-from gateway.http2.client import GOING_AWAY, NOT_CONNECTED, Http2Connection, Reply, StreamListener, _Call
 from gateway.http2.hpack_codec import literal, literal_indexed_name
+from gateway.sequences import SequenceFields
 
 __all__ = ["GrpcUpstream", "Reply", "StreamListener", "UpstreamStream", "grpc_timeout"]
 _METADATA_CACHE_LIMIT = 1024
@@ -58,6 +59,8 @@ def grpc_timeout(seconds: float) -> bytes:
 
 class GrpcUpstream:
     """Unary calls over one multiplexed HTTP/2 connection, reopened when it goes away."""
+
+    chooses_server = False  # one server: a call's model and version choose nothing (see FleetGrpc)
 
     def __init__(self, address: str, connect_timeout: float = 2.0, tls: ssl.SSLContext | None = None, *,
                  request_timeout_s: float | None = None, keepalive_s: float = 10.0,
@@ -105,7 +108,10 @@ class GrpcUpstream:
         return prefix + extra + self._default_timeout
 
     async def unary(self, path: str, message: bytes, metadata: Metadata = (),
-                    timeout: float | None = None) -> Reply:
+                    timeout: float | None = None, *, model: str | bytes = "", version: str | bytes | None = None,
+                    sequence: SequenceFields | None = None) -> Reply:
+        """``model``, ``version``, ``sequence``: what the front read of the message, for a fleet's
+        choice of server (``grpc.fleet_upstream``); one server has nothing to choose."""
         # A deadline below the floor: Triton is told the floor, and this call is left to finish
         # there (its answer dropped) when its caller gives up, never reset, so no cancellation
         # of this client's making reaches Triton (see the module's docstring).

@@ -9,7 +9,9 @@ re-encoding it per request would copy every tensor twice. Routing needs only
 ``model_name`` (1), ``model_version`` (2) and, for sequences, three entries of
 ``parameters`` (4). :func:`route_fields` walks the top-level fields, skipping the others by
 their length, and :func:`with_version` appends a new field 2: proto3 says the last value on
-the wire wins, so the tensors are forwarded as the client sent them.
+the wire wins, so the tensors are forwarded as the client sent them. A call the gateway does
+not route (``ModelMetadata`` & co.) is read even less: :func:`message_model_version` takes its
+first two fields for the fleet's choice of server, once, by the front.
 """
 
 from __future__ import annotations
@@ -188,6 +190,47 @@ def top_level_field(raw: bytes, number: int) -> bytes | None:
         if field == number and wire == 2:
             found = value
     return None if found is None else raw[found[0]:found[1]]
+
+
+def message_model_version(message: bytes) -> tuple[bytes, bytes | None]:
+    """Fields 1 and 2 (model name and version) of a ModelInferRequest, ModelMetadataRequest and
+    the like: what a fleet picks a server by, for a call the router does not route.
+
+    The last occurrence wins, as in protobuf. Only field headers are read; every field of these
+    messages is length-delimited, so the scan skips what it does not need without touching it
+    and never raises: (b"", None) if absent, what was read before anything it cannot follow.
+    """
+    model = version = b""
+    pos, size = 0, len(message)
+    while pos < size:
+        tag = message[pos]
+        if tag & 7 != 2 or tag > 0x7F:
+            break  # not a field these messages have: keep what was read
+        length = message[pos + 1] if pos + 1 < size else 0
+        if length < 0x80:
+            pos += 2
+        else:
+            length, pos = _varint_or_end(message, pos + 1)
+        end = pos + length
+        if tag == 0x0A:
+            model = message[pos:end]
+        elif tag == 0x12:
+            version = message[pos:end]
+        pos = end
+    return model, version or None
+
+
+def _varint_or_end(data: bytes, pos: int) -> tuple[int, int]:
+    """A varint, or what of it there is before the end (never raises: see message_model_version)."""
+    value = shift = 0
+    while pos < len(data):
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            break
+        shift += 7
+    return value, pos
 
 
 def with_version(raw: bytes, version: str) -> bytes:

@@ -1,11 +1,17 @@
-"""The server end of an HTTP/2 connection speaking gRPC (the gateway's gRPC port).
+"""The server end of an HTTP/2 connection facing clients: plain RFC 9113, no gRPC.
 
 Each request stream gets a handler from the application (``on_stream``); the connection
-splits the request DATA into gRPC messages (decompressing gzip/deflate ones) and hands them
-over, tells the handler when the client half-closes or resets, and offers the three ways a
-gRPC response goes out: a whole unary answer in one write, or headers, messages and a status
-one by one for streams. A client that breaks the protocol gets the RFC's error: RST_STREAM
-for a stream error, GOAWAY and the close for a connection error.
+enforces flow control, stream states and the client's bounds, tells the handler when the
+client half-closes or resets, and holds back stream credit while a request message is being
+assembled (its reservation) or its upstream is full (``hold``). A client that breaks the
+protocol gets the RFC's error: RST_STREAM for a stream error, GOAWAY and the close for a
+connection error.
+
+Layering: what the request DATA carries and how an answer is framed belong to the protocol
+on top. ``grpc.server_connection.GrpcServerConnection`` adds gRPC's length-prefixed messages
+(inflating compressed ones), its statuses and trailers, and the answers this layer asks of it
+(``_answer_refused``, ``_answer_too_large``, ``_over_budget``, ``_on_data``), so this module
+imports nothing of gRPC (``tests/unit/test_architecture.py``).
 
 The port faces every client, so every resource a client can make this hold has a bound
 (``Limits``): header list, message size before and after decompression, concurrent streams,
@@ -17,13 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import struct
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gateway.grpc.status import StatusCode
-from gateway.grpc.wire import MessageTooLarge, grpc_frame, split_messages, status_block
+from gateway.client_address import PerAddress
 from gateway.http2.endpoint import (
     END_STREAM,
     FLOW_CONTROL_ERROR,
@@ -44,12 +48,9 @@ from gateway.http2.endpoint import (
     settings_frame,
     unpad,
 )
-from gateway.http2.hpack_codec import HeaderListTooLarge, literal, literal_indexed_name
+from gateway.http2.hpack_codec import HeaderListTooLarge
 from gateway.proxy.limits import ByteBudget
 
-_RESPONSE_HEADERS = b"\x88" + literal_indexed_name(31, b"application/grpc")  # :status 200, content-type
-_OK_TRAILER = literal(b"grpc-status", b"0")
-_INFLATE_SLICE = 4 << 20  # inflated per loop turn (~10-20 ms)
 _RESET_MEMORY = 64  # streams we reset whose late frames are ignored
 _TICK = 1.0  # seconds between the checks of timeouts and flood counters (one timer per connection)
 # After a connection error the socket stays half-open this long, reading and dropping, so the
@@ -183,15 +184,15 @@ class Http2ServerConnection(Endpoint):
     expects_preface = True
     frames_per_slice = 500  # ~10-20 ms of work at most before other clients get the loop
 
-    def __init__(self, on_stream: Callable[[Http2ServerConnection, ServerStream], StreamHandler | None],
-                 connections: set[Http2ServerConnection], limits: Limits | None = None,
-                 per_client: dict[str, int] | None = None, budget: ByteBudget | None = None) -> None:
+    def __init__(self, on_stream: Callable[[Any, ServerStream], StreamHandler | None],
+                 connections: set[Any], limits: Limits | None = None,
+                 per_client: PerAddress | None = None, budget: ByteBudget | None = None) -> None:
         limits = limits or Limits()
         # a raw block can only be smaller than its header list by the few bytes of table size updates
         super().__init__(limits.max_frame, limits.max_header_list + 64, limits.max_header_list)
         self.on_stream = on_stream
         self.connections = connections
-        self.per_client = {} if per_client is None else per_client  # open connections per client address
+        self.per_client = PerAddress() if per_client is None else per_client  # open connections per client address
         self._address: str | None = None  # counted in per_client under this address
         self.limits = limits
         # The gateway's one budget of bytes held for requests (proxy.limits), shared with the HTTP
@@ -214,7 +215,6 @@ class Http2ServerConnection(Endpoint):
         self._timer: asyncio.TimerHandle | None = None
         self._reset_ids: dict[int, None] = {}
         self._write_paused = False
-        self._inflations: set[asyncio.Task[None]] = set()
         self._refused = ""  # why this connection is one too many (a cap's reason): see _refuse
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -227,32 +227,40 @@ class Http2ServerConnection(Endpoint):
         loop = asyncio.get_running_loop()
         peer = transport.get_extra_info("peername")
         address = peer[0] if isinstance(peer, tuple) else ""
-        held = self.per_client.get(address, 0)
         if len(self.connections) >= limits.max_connections:
             self._refused = (f"the gateway has {limits.max_connections} gRPC client connections open "
                              "(grpc_max_connections): retry shortly")
-        elif held >= limits.max_connections_per_client:
+        elif not self.per_client.admit(address, limits.max_connections_per_client):
             self._refused = (f"this client address has {limits.max_connections_per_client} gRPC connections open "
                              "(max_connections_per_client): retry shortly")
         if self._refused:  # not counted; its first call is answered, or GOAWAY comes within 1 s
             self._timer = loop.call_later(min(limits.preface_timeout, _LINGER_S), self._refuse)
             return
-        self.per_client[address] = held + 1
         self._address = address
         self.connections.add(self)
         self._timer = loop.call_later(_TICK, self._tick)
 
     def _refuse(self, stream_id: int = 0) -> None:
-        """One connection too many. Its first call gets UNAVAILABLE with the reason, then GOAWAY
-        and the lingering close, as after a connection error. A GOAWAY alone (no call yet) makes
-        gRPC clients such as tritonclient reconnect and retry quietly until their deadline
-        (measured: DEADLINE_EXCEEDED after 5 s, where an answered call says why at once)."""
+        """One connection too many. Its first request is answered with the reason
+        (``_answer_refused``), then GOAWAY and the lingering close, as after a connection error."""
         reason = self._refused
         if stream_id:
             self._new_stream_id(stream_id)  # a bad id is a connection error like any other
-            self.write(self.headers_frames(stream_id, _RESPONSE_HEADERS + status_block(StatusCode.UNAVAILABLE, reason),
-                                           end_stream=True))
+            self._answer_refused(stream_id, reason)
         self._connection_error(NO_ERROR, reason)
+
+    # -- what the protocol on top answers (grpc.server_connection) --------------------------------
+    def _answer_refused(self, stream_id: int, reason: str) -> None:
+        """A whole answer, ending the stream, to the first request of a connection one too many."""
+        raise NotImplementedError
+
+    def _answer_too_large(self, stream_id: int, reason: str) -> None:
+        """A whole answer, ending the stream, to a request whose header list is past the bound."""
+        raise NotImplementedError
+
+    def _over_budget(self, stream: ServerStream) -> None:
+        """Answer the stream: the gateway's budget of held request bytes has no room for it."""
+        raise NotImplementedError
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing, self.reading = True, False
@@ -262,11 +270,7 @@ class Http2ServerConnection(Endpoint):
         self.connections.discard(self)
         address, self._address = self._address, None
         if address is not None:
-            left = self.per_client[address] - 1
-            if left:
-                self.per_client[address] = left
-            else:
-                del self.per_client[address]
+            self.per_client.leave(address)
         for stream in list(self.streams.values()):
             self._drop(stream)  # type: ignore[arg-type]
         if not self.closed.done():
@@ -382,8 +386,7 @@ class Http2ServerConnection(Endpoint):
         stream: ServerStream | None = self.streams.get(stream_id)  # type: ignore[assignment]
         if stream is None:
             self._new_stream_id(stream_id)
-            answer = _RESPONSE_HEADERS + status_block(StatusCode.RESOURCE_EXHAUSTED, str(error))
-            self.write(self.headers_frames(stream_id, answer, end_stream=True))
+            self._answer_too_large(stream_id, str(error))
             if not end_stream:
                 self.reset_id(stream_id, NO_ERROR)  # the answer is complete: the client need not send more
             return
@@ -478,81 +481,9 @@ class Http2ServerConnection(Endpoint):
         if not stream.remote_closed and not stream.inflating and (stream.admitted or not stream.reserved):
             self._stream_credit(stream, 1)
 
-    def _over_budget(self, stream: ServerStream) -> None:
-        self.finish(stream, StatusCode.UNAVAILABLE,
-                    f"the gateway holds {self.budget.limit} bytes of requests already: retry shortly")
-
-    def _charge(self, stream: ServerStream, size: int) -> bool:
-        """Charge ``size`` held bytes to the stream until it ends; False (and the call answered) if they do not fit."""
-        if not self.budget.try_take(size):
-            self._over_budget(stream)
-            return False
-        stream.charged += size
-        return True
-
     def _discharge(self, stream: ServerStream) -> None:
         self.budget.release(stream.charged)
         stream.charged = 0
-
-    def _hand(self, call: ServerStream, handler: StreamHandler, message: bytes) -> None:
-        """A whole message to the handler. A unary handler holds it until the call ends: charged till then."""
-        if handler.streaming or self._charge(call, len(message)):
-            handler.on_message(message)
-
-    def _on_data(self, stream: StreamState, payload: bytes, end_stream: bool) -> None:
-        call: ServerStream = stream  # type: ignore[assignment]
-        handler = call.handler
-        if call.finished or handler is None:
-            if call.reserved:
-                self._unreserve(call)  # answered already: the rest of the request is dropped
-            if end_stream:
-                call.remote_closed = True
-            return
-        if call.inflating:  # what follows waits, in order, for the message being inflated
-            call.buffer += payload
-            if end_stream:
-                call.remote_closed = call.end_pending = True
-            return
-        buffer = call.buffer
-        if buffer:  # a message split over DATA frames; usually not, and then payload is parsed as it is
-            buffer += payload
-        data = buffer or payload
-        try:
-            messages, used = split_messages(data, self.limits.max_message)
-        except MessageTooLarge as exc:
-            self.finish(call, StatusCode.RESOURCE_EXHAUSTED, str(exc))
-            return
-        for index, (compressed, message) in enumerate(messages):
-            if compressed:
-                inflated = self._decompress(call, message)
-                if inflated is None:  # answered, or inflating in slices: what follows it waits
-                    if call.inflating:
-                        rest = b"".join((b"\x01" if flag else b"\x00") + len(later).to_bytes(4, "big") + later
-                                        for flag, later in messages[index + 1:])
-                        call.buffer[:] = rest + data[used:]
-                        call.remote_closed = call.end_pending = end_stream
-                    return
-                message = inflated
-            self._hand(call, handler, message)
-            if call.finished:
-                return
-        if buffer:
-            del buffer[:used]
-        elif used < len(payload):
-            buffer += payload[used:]
-        if messages and handler.streaming and call.reserved and not call.handed:
-            if call.held:
-                call.handed = True  # the upstream has not taken it yet: the reservation stays until release
-            else:
-                self._unreserve(call)  # on its way upstream
-        if end_stream:
-            if buffer:
-                self.finish(call, StatusCode.INTERNAL, "the request ended inside a message")
-            else:
-                self._end_of_request(call)
-            return
-        if len(buffer) >= 5 and not call.reserved:  # a message spread over frames: it reserves its size
-            self._reserve(call, int.from_bytes(buffer[1:5], "big") + 5)
 
     def _end_of_request(self, stream: ServerStream) -> None:
         """END_STREAM: exactly once per stream, so one request stream starts one upstream call."""
@@ -561,75 +492,6 @@ class Http2ServerConnection(Endpoint):
             self._unreserve(stream)  # the upstream call takes it from here
         if stream.handler is not None and not stream.finished:
             stream.handler.on_end()
-
-    def _decompress(self, call: ServerStream, message: bytes) -> bytes | None:
-        """The inflated message, if one slice inflates all of it; else None: the call was answered
-        (RESOURCE_EXHAUSTED past the limit, a deflate bomb included) or inflation goes on a slice
-        per loop turn, so one large message never holds the other clients for long."""
-        if call.compression == b"gzip":
-            inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        elif call.compression == b"deflate":
-            inflater = zlib.decompressobj()
-        else:
-            self.finish(call, StatusCode.UNIMPLEMENTED,
-                        f"compression {call.compression[:40].decode(errors='replace')!r} is not supported")
-            return None
-        limit = self.limits.max_message
-        first = min(_INFLATE_SLICE, limit + 1)  # a limit below one slice is the bound of the first one too
-        try:
-            inflated = inflater.decompress(message, first)
-        except zlib.error as exc:
-            self.finish(call, StatusCode.INTERNAL, f"cannot decompress the request message: {exc}")
-            return None
-        if len(inflated) > limit:
-            self.finish(call, StatusCode.RESOURCE_EXHAUSTED, f"the request message inflates above {limit} bytes")
-            return None
-        if inflater.eof or len(inflated) < first and not inflater.unconsumed_tail:
-            return inflated
-        call.inflating = True
-        task = asyncio.get_running_loop().create_task(self._inflate(call, inflater, bytearray(inflated)))
-        self._inflations.add(task)  # the loop keeps only a weak reference
-        task.add_done_callback(self._inflations.discard)
-        return None
-
-    async def _inflate(self, call: ServerStream, inflater: Any, inflated: bytearray) -> None:
-        """The rest of a large message, a slice per loop turn; what it inflates to is charged to the
-        budget as it grows (RSS follows the budget, not the number of streams inflating at once)."""
-        limit, budget = self.limits.max_message, self.budget
-        charged = 0
-        try:
-            while len(inflated) <= limit:
-                if not budget.try_take(len(inflated) + _INFLATE_SLICE - charged):
-                    self._over_budget(call)
-                    return
-                charged = len(inflated) + _INFLATE_SLICE  # what the next slice may grow it to
-                await asyncio.sleep(0)
-                if call.finished:
-                    return
-                piece = inflater.decompress(inflater.unconsumed_tail, _INFLATE_SLICE)
-                inflated += piece
-                if inflater.eof or not piece and not inflater.unconsumed_tail:
-                    break
-            if call.finished:
-                return
-            if len(inflated) > limit:
-                self.finish(call, StatusCode.RESOURCE_EXHAUSTED, f"the request message inflates above {limit} bytes")
-                return
-            call.inflating = False
-            assert call.handler is not None
-            self._hand(call, call.handler, bytes(inflated))
-        except zlib.error as exc:
-            self.finish(call, StatusCode.INTERNAL, f"cannot decompress the request message: {exc}")
-            return
-        finally:
-            del inflated[:]  # the handler has its own copy
-            budget.release(charged)
-        if not call.finished:
-            call.remote_closed = False  # set again, now in order, by what waited
-            self._on_data(call, b"", call.end_pending)
-            if not call.remote_closed and not call.finished and not call.held \
-                    and (call.admitted or not call.reserved):
-                self._stream_credit(call, 1)
 
     def _on_reset(self, stream: StreamState, code: int) -> None:
         self._drop(stream)  # type: ignore[arg-type]
@@ -695,46 +557,6 @@ class Http2ServerConnection(Endpoint):
             self._forget(call)
 
     # -- frames out -----------------------------------------------------------------------------
-    def reply(self, stream: ServerStream, message: bytes, metadata: bytes = b"") -> None:
-        """A whole unary answer: headers, the message and an OK status, in one write."""
-        if stream.finished:
-            return
-        stream.responded = stream.finished = True
-        self._pings = 0
-        before = self.headers_frames(stream.id, _RESPONSE_HEADERS + metadata)
-        trailer = self.headers_frames(stream.id, _OK_TRAILER, end_stream=True)
-        self.send(stream, grpc_frame(message), trailer=trailer, before=before)
-        if stream.pending is None:
-            self._forget(stream)
-
-    def send_headers(self, stream: ServerStream, metadata: bytes = b"") -> None:
-        if not stream.responded and not stream.finished:
-            stream.responded = True
-            self._pings = 0
-            self.write(self.headers_frames(stream.id, _RESPONSE_HEADERS + metadata))
-
-    def send_message(self, stream: ServerStream, message: bytes) -> None:
-        if stream.finished:
-            return
-        self.send_headers(stream)
-        self.send(stream, grpc_frame(message))
-
-    def finish(self, stream: ServerStream, code: int, details: str = "", metadata: bytes = b"") -> None:
-        """The status; a trailers-only response when no headers went out yet."""
-        if stream.finished:
-            return
-        stream.finished = True
-        self._pings = 0
-        if stream.responded:
-            trailer = self.headers_frames(stream.id, status_block(code, details), end_stream=True)
-        else:
-            stream.responded = True
-            trailer = self.headers_frames(stream.id, _RESPONSE_HEADERS + metadata + status_block(code, details),
-                                          end_stream=True)
-        self.send(stream, b"", trailer=trailer)
-        if stream.pending is None:
-            self._forget(stream)
-
     def _forget(self, stream: ServerStream) -> None:
         """Our half is closed; the client's too, or it is told it need not send more (RFC 9113 8.1)."""
         if self.streams.pop(stream.id, None) is not None and not stream.remote_closed:

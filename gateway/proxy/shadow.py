@@ -7,6 +7,10 @@ answer with the primary's: same output names, shapes and datatypes, numbers with
 tolerance. Per (model, shadow version) it keeps agreement, errors and latency, which the
 rollout status and ``/metrics`` show, so an SRE can judge a version before it takes real
 traffic.
+
+This is the pipeline's shadow port (``pipeline.Shadow``): the pipeline offers the copies its
+exchanges make (``pipeline.ShadowCopy``: a :class:`Mirror` from the HTTP front, a
+:class:`GrpcMirror` from the gRPC one) and knows nothing of this module.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from gateway.background import Background
 from gateway.errors import GatewayError, PayloadTooLarge
 from gateway.grpc.status import FAULTS, StatusCode
 from gateway.grpc.upstream import GrpcUpstream, Metadata
+from gateway.pipeline import ShadowCopy
 from gateway.proxy.limits import MIB, ByteBudget, inflate
+from gateway.sequences import SequenceFields
 from gateway.telemetry.recorder import LATENCY_BOUNDS, Recorder, ShadowStats
 from gateway.upstream import HttpUpstream
 
@@ -60,6 +66,7 @@ class GrpcMirror:
     message: bytes
     metadata: Metadata
     primary: bytes  # the primary's ModelInferResponse
+    sequence: SequenceFields | None = None  # the primary's, as its front read them: a fleet pins on them
 
 
 def held_bytes(mirror: Mirror | GrpcMirror) -> int:
@@ -91,8 +98,9 @@ class ShadowMirror:
             return True
         return False
 
-    def offer(self, mirror: Mirror | GrpcMirror) -> None:
+    def offer(self, mirror: ShadowCopy) -> None:
         """Never blocks: a full queue, or a budget without room for the copy, drops the mirror and counts it."""
+        assert isinstance(mirror, (Mirror, GrpcMirror)), "the fronts' exchanges make these two kinds only"
         size = held_bytes(mirror)
         if self._queue.full() or not self.budget.try_take(size):
             self._stats(mirror.model, mirror.version).dropped += 1
@@ -156,7 +164,9 @@ class ShadowMirror:
     async def _send_grpc(self, mirror: GrpcMirror) -> None:
         stats = self._stats(mirror.model, mirror.version)
         started = time.perf_counter()
-        code, _, answer = await mirror.upstream.unary(mirror.path, mirror.message, mirror.metadata, SHADOW_TIMEOUT_S)
+        code, _, answer = await mirror.upstream.unary(mirror.path, mirror.message, mirror.metadata, SHADOW_TIMEOUT_S,
+                                                      model=mirror.model, version=mirror.version,
+                                                      sequence=mirror.sequence)
         latency = time.perf_counter() - started
         stats.requests += 1
         stats.latency_sum += latency

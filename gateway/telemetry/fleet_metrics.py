@@ -3,19 +3,51 @@
 Read at scrape time from the servers' plain counters (the hot path only bumps attributes).
 Labels: fleet and server (its HTTP host:port); a DNS fleet's servers come and go with the
 pods behind its name, so the series are bounded by the fleet sizes.
+
+Telemetry reads the fleets through the two small views below (what it exports, nothing more);
+it does not import the fleet package, which sits on the data plane's upstream side.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sized
+from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gateway.fleet.registry import Fleets
+
+class ServerCounters(Protocol):
+    """One server's plain counters, as ``gateway.fleet.members.Server`` keeps them."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def in_service(self) -> bool: ...
+    @property
+    def inflight(self) -> int: ...
+    @property
+    def waiters(self) -> Sized: ...
+    @property
+    def requests(self) -> int: ...
+    @property
+    def errors(self) -> int: ...
+    @property
+    def ejections(self) -> int: ...
+    @property
+    def refused(self) -> int: ...
+
+
+class FleetView(Protocol):
+    """A fleet's name and servers, as ``gateway.fleet.balancer.Fleet`` has them."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def servers(self) -> Mapping[str, ServerCounters]: ...
 
 
 class FleetCollector:
-    def __init__(self, fleets: Fleets) -> None:
+    def __init__(self, fleets: Iterable[FleetView]) -> None:
         self.fleets = fleets
 
     def collect(self) -> Iterator[Metric]:

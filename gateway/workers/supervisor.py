@@ -308,6 +308,10 @@ class Supervisor:
             return
         if settings.grpc_enabled and settings.grpc_port == 0:
             settings = settings.model_copy(update={"grpc_port": self.settings.grpc_port})
+        moved = (settings.host, settings.port, settings.grpc_port) != (self.settings.host, self.settings.port,
+                                                                     self.settings.grpc_port)
+        if self.shared is not None and moved:  # the shared sockets are bound once, at start
+            log.warning("SIGHUP: host and ports stay as they are with shared listeners: a restart moves them")
         await apply_declared(self.control.store, settings.policies)
         self.settings = settings
         for slot in self.slots:

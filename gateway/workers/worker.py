@@ -34,7 +34,6 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -166,8 +165,7 @@ class WorkerGateway(Gateway):
         """Become worker ``index``: its share of the node's budgets. Separate from construction,
         so that a spare worker, built in advance, replaces a dead one in milliseconds."""
         self.index = index
-        # the per-address connection cap: the gRPC port reads it from the settings when it starts,
-        # the HTTP port's protocol class is given it in worker_main
+        # the per-address connection cap: both ports read it from these settings as they start
         self.settings = self.settings.model_copy(update={"max_connections_per_client": share(
             self.settings.max_connections_per_client, index, self.count)})
         for fleet in self.fleets:
@@ -195,7 +193,7 @@ class WorkerGateway(Gateway):
                 message = await receive()
                 if message["type"] == "lifespan.startup":
                     try:
-                        await stack.enter_async_context(self._running())
+                        await stack.enter_async_context(self.running())
                     except Exception as exc:
                         log.exception("worker %d failed to start", self.index)
                         await send({"type": "lifespan.startup.failed", "message": str(exc)})
@@ -205,16 +203,6 @@ class WorkerGateway(Gateway):
                     await stack.aclose()
                     await send({"type": "lifespan.shutdown.complete"})
                     return
-
-    @contextlib.asynccontextmanager
-    async def _running(self) -> AsyncIterator[None]:
-        await self._start()
-        self.probes.started = True
-        try:
-            yield
-        finally:
-            self.probes.started = False
-            await self._stop()
 
     async def _start(self) -> None:
         await self.fleets.start()
@@ -300,11 +288,7 @@ def worker_main(settings: Settings, count: int, run_dir: str, orders: Connection
     from gateway.server import uvicorn_config
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per forwarded admin call otherwise
-    app = WorkerGateway(settings, count, run_dir)
-    config = uvicorn_config(settings, app)
-    config.timeout_graceful_shutdown = int(max(1, settings.drain_timeout_s))
-    config.load()
-    server = uvicorn.Server(config)
+    app = WorkerGateway(settings, count, run_dir)  # the slow part (imports, the gateway): done in advance
     try:
         index = orders.recv()
     except (EOFError, KeyboardInterrupt):
@@ -312,7 +296,11 @@ def worker_main(settings: Settings, count: int, run_dir: str, orders: Connection
     logging.basicConfig(level=settings.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s %(name)s[w{index}]: %(message)s")
     app.assign(index)
-    config.http_protocol_class.max_per_client = app.settings.max_connections_per_client  # type: ignore[attr-defined]
+    # built once the worker's shares are in its settings (the HTTP port's per-address cap is read here)
+    config = uvicorn_config(app.settings, app)
+    config.timeout_graceful_shutdown = int(max(1, settings.drain_timeout_s))
+    config.load()
+    server = uvicorn.Server(config)
     if shared is not None:
         app.grpc_socket = shared.grpc
         server.run(sockets=[shared.http])

@@ -26,7 +26,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from gateway.devtools.local_triton import LocalTriton
-from gateway.http2.server import Http2ServerConnection
+from gateway.grpc.server_connection import GrpcServerConnection
 from tests.support import GatewayThread
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -144,16 +144,16 @@ class Attacker:
 
 
 
-def server_side(gateway: GatewayThread, attacker: Attacker) -> Http2ServerConnection | None:
+def server_side(gateway: GatewayThread, attacker: Attacker) -> GrpcServerConnection | None:
     """The gateway's side of the attacker's gRPC connection, while the gateway counts it open."""
     port = attacker.sock.getsockname()[1]
 
-    async def find() -> Http2ServerConnection | None:
-        connections: set[Http2ServerConnection] = gateway.app.grpc_server.front.connections
+    async def find() -> GrpcServerConnection | None:
+        connections: set[GrpcServerConnection] = gateway.app.grpc_server.front.connections
         return next((c for c in connections
                      if c.transport is not None and c.transport.get_extra_info("peername")[1] == port), None)
 
-    found: Http2ServerConnection | None = gateway.call(find())
+    found: GrpcServerConnection | None = gateway.call(find())
     return found
 
 

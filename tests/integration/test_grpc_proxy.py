@@ -18,6 +18,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from gateway.devtools.local_triton import LocalTriton, free_port
+from gateway.grpc.upstream import GrpcUpstream
 from tests.conftest import Faults
 from tests.support import TOKEN, GatewayThread, admin_call, gateway_settings
 
@@ -219,6 +220,7 @@ def test_a_cancelled_call_resets_its_upstream_stream(gateway: GatewayThread, fau
     assert gateway.app.grpc_router is not None
     server = gateway.app.fleets.default.single  # the one Triton server of the default fleet
     assert server is not None
+    assert isinstance(server.grpc, GrpcUpstream)  # the app's grpc_connect makes them
     connection = server.grpc._connection
     assert connection is not None and len(connection.streams) == 1, "the call should be in flight upstream"
     assert gateway.app.recorder.inflight[("qc", "3")] == 1, "an unload's drain has to see gRPC calls too"

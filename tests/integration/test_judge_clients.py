@@ -35,10 +35,10 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from gateway.devtools.local_triton import LocalTriton
+from gateway.grpc.client_connection import Http2Connection
 from gateway.grpc.router import INFER
 from gateway.grpc.status import StatusCode
 from gateway.grpc.upstream import GrpcUpstream
-from gateway.http2.client import Http2Connection
 from gateway.routing import choose
 from gateway.telemetry.recorder import Outcome
 from tests.conftest import Faults

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import select
 import signal
 import socket
 import threading
@@ -428,12 +429,16 @@ def test_one_shared_socket_per_port_serves_on_every_worker_and_fleets_show_the_n
 
 
 def test_max_connections_per_client_holds_for_the_node_not_per_worker(triton: LocalTriton, tmp_path: Path) -> None:
-    """A cap of 4 connections per client address over two workers: each worker admits its share
-    (2), so the client holds at most 4 on the node (8 when each worker counted the whole cap).
+    """A cap of 4 connections per client address over two workers, on both ports: each worker
+    admits its share (2), so the client holds at most 4 on the node (8 when each worker counted
+    the whole cap).
     16 connections held open at once: the kernel spreads them over the workers, and fewer than
-    2 on one worker (3 admitted instead of 4) happens with p ~ 0.05%; 2 with p ~ 0.003%."""
+    2 on one worker (3 admitted instead of 4) happens with p ~ 0.05%; 2 with p ~ 0.003%.
+    The client is 127.0.0.2, an address of its own: this test's earlier calls (a polling call
+    that got an error keeps its connection until garbage collection) count against 127.0.0.1."""
+    client = ("127.0.0.2", 0)
     with supervised(workers_env(triton, tmp_path, 2, max_connections_per_client="4")) as gw:
-        held = [socket.create_connection(("127.0.0.1", gw.port), timeout=10) for _ in range(16)]
+        held = [socket.create_connection(("127.0.0.1", gw.port), 10, client) for _ in range(16)]
         try:
             time.sleep(0.5)  # every connection counted by its worker before the first request
             for sock in held:
@@ -445,3 +450,22 @@ def test_max_connections_per_client_holds_for_the_node_not_per_worker(triton: Lo
         refused = [answer for answer in answers if b"max_connections_per_client" in answer]
         assert all(answer.startswith(b"HTTP/1.1 503 ") for answer in refused), refused[:1]
         assert 3 <= 16 - len(refused) <= 4, answers
+        # the gRPC port: a connection past the cap gets GOAWAY with the reason within a second
+        held = [socket.create_connection(("127.0.0.1", gw.grpc_port), 10, client) for _ in range(16)]
+        try:
+            for sock in held:
+                sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+            received = dict.fromkeys(held, b"")
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline:
+                readable, _, _ = select.select(list(received), [], [], 0.2)
+                for sock in readable:
+                    try:
+                        received[sock] += sock.recv(65536) or b""
+                    except OSError:
+                        pass
+        finally:
+            for sock in held:
+                sock.close()
+        goaway = sum(1 for data in received.values() if b"max_connections_per_client" in data)
+        assert 3 <= 16 - goaway <= 4, goaway

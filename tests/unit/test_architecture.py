@@ -5,7 +5,13 @@
   policy book and the recorder;
 - routing imports no transport (it stays pure);
 - the store imports no admin, rollout or service code;
-- no control-plane service imports admin (admin is only the HTTP surface over the services).
+- no control-plane service imports admin (admin is only the HTTP surface over the services);
+- the pipeline imports no front (it knows exchanges; the shadow queue is a port it is given);
+- telemetry imports nothing of the data plane (the fleet collector reads its own small views);
+- HTTP/2 imports nothing of gRPC (``grpc.server_connection`` and ``grpc.client_connection`` put
+  gRPC on top of it);
+- the fleet imports no front, no gRPC and no HTTP/2: the front hands over the model, version and
+  sequence fields it read once, and the gRPC calls over a fleet live on the gRPC side.
 
 Checked to fail: adding ``from gateway.store.base import StateStore`` to ``gateway/routing.py``
 (and, separately, ``from gateway.admin.deps import Actor`` to ``gateway/services/policies.py``)
@@ -26,12 +32,21 @@ DATA_PLANE = ("gateway.proxy", "gateway.grpc", "gateway.pipeline", "gateway.rout
 CONTROL_PLANE = ("gateway.store", "gateway.admin", "gateway.rollout", "gateway.services")
 TRANSPORT = ("gateway.proxy", "gateway.grpc", "gateway.pipeline", "gateway.upstream", "gateway.http2",
              "gateway.asgi", "gateway.server", "asyncio", "socket", "httptools", "httpx", "grpc", "uvicorn")
+# The modules that speak a client's wire format (and the shadow queue the HTTP front's package holds).
+FRONTS = ("gateway.proxy", "gateway.grpc", "gateway.http_front", "gateway.http_output", "gateway.asgi",
+          "gateway.server")
 # (who, may not import, why)
 RULES = [
     (DATA_PLANE, CONTROL_PLANE, "the data plane meets the control plane only at the policy book and the recorder"),
     (("gateway.routing",), TRANSPORT, "routing is pure: no transport, no I/O"),
     (("gateway.store",), ("gateway.admin", "gateway.rollout", "gateway.services"), "the store knows no callers"),
     (("gateway.services",), ("gateway.admin",), "admin is the HTTP surface over the services, not below them"),
+    (("gateway.pipeline",), FRONTS, "the pipeline knows exchanges and the ports it is given, not a front's module"),
+    (("gateway.telemetry",), DATA_PLANE, "telemetry reads the data plane through small views of its own"),
+    (("gateway.http2",), ("gateway.grpc", "gateway.pipeline", "gateway.fleet"),
+     "HTTP/2 is a plain layer: gRPC's framing, statuses and trailers live in grpc/, on top of it"),
+    (("gateway.fleet",), (*FRONTS, "gateway.http2", "gateway.pipeline"),
+     "the fleet is the upstream side: what it chooses by comes with the request, it reads no front's wire"),
 ]
 
 

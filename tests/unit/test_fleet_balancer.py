@@ -10,13 +10,14 @@ import pytest
 from gateway.errors import Overloaded, UpstreamUnavailable
 from gateway.fleet.balancer import Fleet
 from gateway.fleet.config import ServerSpec
-from gateway.fleet.forward import message_model_version, target_model_version
+from gateway.fleet.forward import target_model_version
 from gateway.fleet.members import Server
-from gateway.grpc.wire import with_version
+from gateway.grpc.upstream import GrpcUpstream
+from gateway.grpc.wire import message_model_version, with_version
 
 
 def fleet_of(count: int, **kwargs: object) -> tuple[Fleet, list[Server]]:
-    fleet = Fleet("f", **kwargs)  # type: ignore[arg-type]
+    fleet = Fleet("f", grpc_connect=GrpcUpstream, **kwargs)  # type: ignore[arg-type]
     servers = [fleet.add(ServerSpec(http=f"http://10.0.0.{i}:8000", grpc=f"10.0.0.{i}:8001")) for i in range(count)]
     for server in servers:
         server.up = server.in_service = True
@@ -106,11 +107,11 @@ def test_paths_and_messages_name_their_model_and_version() -> None:
     assert target_model_version(b"/v2/models/qc/infer?x=1") == (b"qc", None)
     assert target_model_version(b"/v2/health/ready") == (b"", None)
     message = bytes([0x0A, 2]) + b"qc" + bytes([0x3A, 1, 0])  # model_name, then a field 7
-    assert message_model_version(message) == (b"qc", None, False)
-    assert message_model_version(with_version(message, "12")) == (b"qc", b"12", False)
+    assert message_model_version(message) == (b"qc", None)
+    assert message_model_version(with_version(message, "12")) == (b"qc", b"12")
     pinned = bytes([0x0A, 2]) + b"qc" + bytes([0x12, 1]) + b"3" + bytes([0x22, 1, 0]) + bytes([0x3A, 1, 0])
-    assert message_model_version(pinned) == (b"qc", b"3", True)
-    assert message_model_version(b"") == (b"", None, False)
+    assert message_model_version(pinned) == (b"qc", b"3")
+    assert message_model_version(b"") == (b"", None)
 
 
 def test_wire_keys_and_names_reach_the_same_servers() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from gateway.fleet.balancer import Fleet
 from gateway.fleet.config import DnsSpec, FleetSpec
 from gateway.fleet.health import FleetMonitor
+from gateway.grpc.upstream import GrpcUpstream
 
 
 async def test_servers_come_and_go_with_the_records_and_a_failed_lookup_keeps_them() -> None:
@@ -18,7 +19,7 @@ async def test_servers_come_and_go_with_the_records_and_a_failed_lookup_keeps_th
             raise answer
         return answer
 
-    fleet = Fleet("green")
+    fleet = Fleet("green", grpc_connect=GrpcUpstream)
     monitor = FleetMonitor(fleet, FleetSpec(dns=DnsSpec(name="triton-pods.ns.svc", http_port=8000, grpc_port=9001)),
                            resolve=resolve)
     await monitor.rediscover()

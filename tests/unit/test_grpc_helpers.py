@@ -10,7 +10,7 @@ import pytest
 from gateway.grpc.front import client_metadata, deadline_of
 from gateway.grpc.router import GrpcInfer
 from gateway.grpc.status import StatusCode, classify, status_name
-from gateway.grpc.wire import grpc_message, status_block
+from gateway.grpc.wire import RouteFields, grpc_message, status_block
 from gateway.pipeline import route_metadata
 from gateway.routing import Reason
 from gateway.telemetry.recorder import Outcome
@@ -80,7 +80,7 @@ def test_route_metadata_names_route_and_version_for_every_route() -> None:
 
 
 def test_a_full_triton_queue_is_overload_and_no_fault_while_not_ready_stays_one() -> None:
-    infer = GrpcInfer(None, "ModelInfer", b"", True, (), None)  # type: ignore[arg-type]
+    infer = GrpcInfer(None, "ModelInfer", b"", RouteFields("m", "1"), (), None)  # type: ignore[arg-type]
     infer.code, infer.status = StatusCode.UNAVAILABLE.value, "UNAVAILABLE"
     infer.details = "Exceeds maximum queue size"
     assert infer.outcome() is Outcome.OVERLOAD and infer.fault() is None

@@ -15,14 +15,15 @@ import hpack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gateway.grpc.server_connection import GrpcServerConnection
 from gateway.http2.endpoint import PREFACE, frame
-from gateway.http2.server import Http2ServerConnection, Limits, ServerStream
+from gateway.http2.server import Limits, ServerStream
 
 LIMITS = Limits(max_concurrent_streams=4, stream_window=65535, connection_window=65535 * 2, max_frame=16384,
                 max_header_list=1024, max_message=4096)
 
 
-class Connection(Http2ServerConnection):
+class Connection(GrpcServerConnection):
     """The server, noting a GOAWAY from the client (after which closing is its right)."""
 
     peer_said_goodbye = False
@@ -79,7 +80,7 @@ class Handler:
 
     streaming = False
 
-    def __init__(self, connection: Http2ServerConnection, stream: ServerStream) -> None:
+    def __init__(self, connection: GrpcServerConnection, stream: ServerStream) -> None:
         self.connection, self.stream, self.messages = connection, stream, 0
 
     def on_message(self, message: bytes) -> None:

@@ -1,5 +1,9 @@
 """The client end of one HTTP/2 connection to Triton, carrying gRPC calls.
 
+gRPC on top of the plain HTTP/2 layer: ``gateway.http2.endpoint`` does RFC 9113 (frames,
+HPACK, flow control, stream states); this adds the calls, gRPC's message framing and its
+status codes, so ``gateway.http2`` imports nothing of gRPC (``tests/unit/test_architecture.py``).
+
 A unary call is one stream whose request goes out in a single ``write()`` (HEADERS + DATA)
 when the windows allow, and whose reply is collected into ``(grpc status, message, response
 bytes)``. A streaming call (``open``) hands every frame of the reply to a ``StreamListener``

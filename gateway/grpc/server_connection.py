@@ -1,0 +1,228 @@
+"""gRPC on the gateway's HTTP/2 server connections (the gRPC port's own server, ``grpc.front``).
+
+``http2.server`` is plain RFC 9113; this adds what gRPC puts on it: the request DATA split into
+length-prefixed messages (gzip/deflate ones inflated, a large one a slice per loop turn, within
+the message bound and the gateway's budget of held request bytes), and the three ways a gRPC
+response goes out: a whole unary answer in one write, or headers, messages and a status one
+by one for streams. The answers the HTTP/2 layer asks for (a connection one too many, a header
+list past the bound, no budget left) are gRPC statuses here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+from gateway.client_address import PerAddress
+from gateway.grpc.status import StatusCode
+from gateway.grpc.wire import MessageTooLarge, grpc_frame, split_messages, status_block
+from gateway.http2.endpoint import StreamState
+from gateway.http2.hpack_codec import literal, literal_indexed_name
+from gateway.http2.server import Http2ServerConnection, Limits, ServerStream, StreamHandler
+from gateway.proxy.limits import ByteBudget
+
+_RESPONSE_HEADERS = b"\x88" + literal_indexed_name(31, b"application/grpc")  # :status 200, content-type
+_OK_TRAILER = literal(b"grpc-status", b"0")
+_INFLATE_SLICE = 4 << 20  # inflated per loop turn (~10-20 ms)
+
+
+class GrpcServerConnection(Http2ServerConnection):
+    def __init__(self, on_stream: Callable[[GrpcServerConnection, ServerStream], StreamHandler | None],
+                 connections: set[GrpcServerConnection], limits: Limits | None = None,
+                 per_client: PerAddress | None = None, budget: ByteBudget | None = None) -> None:
+        super().__init__(on_stream, connections, limits, per_client, budget)
+        self._inflations: set[asyncio.Task[None]] = set()
+
+    def _answer_refused(self, stream_id: int, reason: str) -> None:
+        """UNAVAILABLE with the reason: a GOAWAY alone (no call answered) makes gRPC clients such as
+        tritonclient reconnect and retry quietly until their deadline (measured: DEADLINE_EXCEEDED
+        after 5 s, where an answered call says why at once)."""
+        self.write(self.headers_frames(stream_id, _RESPONSE_HEADERS + status_block(StatusCode.UNAVAILABLE, reason),
+                                       end_stream=True))
+
+    def _answer_too_large(self, stream_id: int, reason: str) -> None:
+        answer = _RESPONSE_HEADERS + status_block(StatusCode.RESOURCE_EXHAUSTED, reason)
+        self.write(self.headers_frames(stream_id, answer, end_stream=True))
+
+    def _over_budget(self, stream: ServerStream) -> None:
+        self.finish(stream, StatusCode.UNAVAILABLE,
+                    f"the gateway holds {self.budget.limit} bytes of requests already: retry shortly")
+
+    def _charge(self, stream: ServerStream, size: int) -> bool:
+        """Charge ``size`` held bytes to the stream until it ends; False (and the call answered) if they do not fit."""
+        if not self.budget.try_take(size):
+            self._over_budget(stream)
+            return False
+        stream.charged += size
+        return True
+
+    def _hand(self, call: ServerStream, handler: StreamHandler, message: bytes) -> None:
+        """A whole message to the handler. A unary handler holds it until the call ends: charged till then."""
+        if handler.streaming or self._charge(call, len(message)):
+            handler.on_message(message)
+
+    def _on_data(self, stream: StreamState, payload: bytes, end_stream: bool) -> None:
+        call: ServerStream = stream  # type: ignore[assignment]
+        handler = call.handler
+        if call.finished or handler is None:
+            if call.reserved:
+                self._unreserve(call)  # answered already: the rest of the request is dropped
+            if end_stream:
+                call.remote_closed = True
+            return
+        if call.inflating:  # what follows waits, in order, for the message being inflated
+            call.buffer += payload
+            if end_stream:
+                call.remote_closed = call.end_pending = True
+            return
+        buffer = call.buffer
+        if buffer:  # a message split over DATA frames; usually not, and then payload is parsed as it is
+            buffer += payload
+        data = buffer or payload
+        try:
+            messages, used = split_messages(data, self.limits.max_message)
+        except MessageTooLarge as exc:
+            self.finish(call, StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            return
+        for index, (compressed, message) in enumerate(messages):
+            if compressed:
+                inflated = self._decompress(call, message)
+                if inflated is None:  # answered, or inflating in slices: what follows it waits
+                    if call.inflating:
+                        rest = b"".join((b"\x01" if flag else b"\x00") + len(later).to_bytes(4, "big") + later
+                                        for flag, later in messages[index + 1:])
+                        call.buffer[:] = rest + data[used:]
+                        call.remote_closed = call.end_pending = end_stream
+                    return
+                message = inflated
+            self._hand(call, handler, message)
+            if call.finished:
+                return
+        if buffer:
+            del buffer[:used]
+        elif used < len(payload):
+            buffer += payload[used:]
+        if messages and handler.streaming and call.reserved and not call.handed:
+            if call.held:
+                call.handed = True  # the upstream has not taken it yet: the reservation stays until release
+            else:
+                self._unreserve(call)  # on its way upstream
+        if end_stream:
+            if buffer:
+                self.finish(call, StatusCode.INTERNAL, "the request ended inside a message")
+            else:
+                self._end_of_request(call)
+            return
+        if len(buffer) >= 5 and not call.reserved:  # a message spread over frames: it reserves its size
+            self._reserve(call, int.from_bytes(buffer[1:5], "big") + 5)
+
+    def _decompress(self, call: ServerStream, message: bytes) -> bytes | None:
+        """The inflated message, if one slice inflates all of it; else None: the call was answered
+        (RESOURCE_EXHAUSTED past the limit, a deflate bomb included) or inflation goes on a slice
+        per loop turn, so one large message never holds the other clients for long."""
+        if call.compression == b"gzip":
+            inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif call.compression == b"deflate":
+            inflater = zlib.decompressobj()
+        else:
+            self.finish(call, StatusCode.UNIMPLEMENTED,
+                        f"compression {call.compression[:40].decode(errors='replace')!r} is not supported")
+            return None
+        limit = self.limits.max_message
+        first = min(_INFLATE_SLICE, limit + 1)  # a limit below one slice is the bound of the first one too
+        try:
+            inflated = inflater.decompress(message, first)
+        except zlib.error as exc:
+            self.finish(call, StatusCode.INTERNAL, f"cannot decompress the request message: {exc}")
+            return None
+        if len(inflated) > limit:
+            self.finish(call, StatusCode.RESOURCE_EXHAUSTED, f"the request message inflates above {limit} bytes")
+            return None
+        if inflater.eof or len(inflated) < first and not inflater.unconsumed_tail:
+            return inflated
+        call.inflating = True
+        task = asyncio.get_running_loop().create_task(self._inflate(call, inflater, bytearray(inflated)))
+        self._inflations.add(task)  # the loop keeps only a weak reference
+        task.add_done_callback(self._inflations.discard)
+        return None
+
+    async def _inflate(self, call: ServerStream, inflater: Any, inflated: bytearray) -> None:
+        """The rest of a large message, a slice per loop turn; what it inflates to is charged to the
+        budget as it grows (RSS follows the budget, not the number of streams inflating at once)."""
+        limit, budget = self.limits.max_message, self.budget
+        charged = 0
+        try:
+            while len(inflated) <= limit:
+                if not budget.try_take(len(inflated) + _INFLATE_SLICE - charged):
+                    self._over_budget(call)
+                    return
+                charged = len(inflated) + _INFLATE_SLICE  # what the next slice may grow it to
+                await asyncio.sleep(0)
+                if call.finished:
+                    return
+                piece = inflater.decompress(inflater.unconsumed_tail, _INFLATE_SLICE)
+                inflated += piece
+                if inflater.eof or not piece and not inflater.unconsumed_tail:
+                    break
+            if call.finished:
+                return
+            if len(inflated) > limit:
+                self.finish(call, StatusCode.RESOURCE_EXHAUSTED, f"the request message inflates above {limit} bytes")
+                return
+            call.inflating = False
+            assert call.handler is not None
+            self._hand(call, call.handler, bytes(inflated))
+        except zlib.error as exc:
+            self.finish(call, StatusCode.INTERNAL, f"cannot decompress the request message: {exc}")
+            return
+        finally:
+            del inflated[:]  # the handler has its own copy
+            budget.release(charged)
+        if not call.finished:
+            call.remote_closed = False  # set again, now in order, by what waited
+            self._on_data(call, b"", call.end_pending)
+            if not call.remote_closed and not call.finished and not call.held \
+                    and (call.admitted or not call.reserved):
+                self._stream_credit(call, 1)
+
+    def reply(self, stream: ServerStream, message: bytes, metadata: bytes = b"") -> None:
+        """A whole unary answer: headers, the message and an OK status, in one write."""
+        if stream.finished:
+            return
+        stream.responded = stream.finished = True
+        self._pings = 0
+        before = self.headers_frames(stream.id, _RESPONSE_HEADERS + metadata)
+        trailer = self.headers_frames(stream.id, _OK_TRAILER, end_stream=True)
+        self.send(stream, grpc_frame(message), trailer=trailer, before=before)
+        if stream.pending is None:
+            self._forget(stream)
+
+    def send_headers(self, stream: ServerStream, metadata: bytes = b"") -> None:
+        if not stream.responded and not stream.finished:
+            stream.responded = True
+            self._pings = 0
+            self.write(self.headers_frames(stream.id, _RESPONSE_HEADERS + metadata))
+
+    def send_message(self, stream: ServerStream, message: bytes) -> None:
+        if stream.finished:
+            return
+        self.send_headers(stream)
+        self.send(stream, grpc_frame(message))
+
+    def finish(self, stream: ServerStream, code: int, details: str = "", metadata: bytes = b"") -> None:
+        """The status; a trailers-only response when no headers went out yet."""
+        if stream.finished:
+            return
+        stream.finished = True
+        self._pings = 0
+        if stream.responded:
+            trailer = self.headers_frames(stream.id, status_block(code, details), end_stream=True)
+        else:
+            stream.responded = True
+            trailer = self.headers_frames(stream.id, _RESPONSE_HEADERS + metadata + status_block(code, details),
+                                          end_stream=True)
+        self.send(stream, b"", trailer=trailer)
+        if stream.pending is None:
+            self._forget(stream)

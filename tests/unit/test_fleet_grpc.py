@@ -1,0 +1,110 @@
+"""gRPC calls over a fleet choose their server by what the front read, once: the fleet reads nothing
+of the message again (issue 22: the second parse is gone).
+
+No sockets: each server's gRPC connection is a recorder made by the fleet's ``grpc_connect``
+factory, which is what the factory is for; what is tested is the choice, not the transport
+(tests/integration/test_fleet*.py run the same path against two real Tritons).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+
+import gateway.grpc.wire as wire
+from gateway.fleet.balancer import Fleet
+from gateway.fleet.config import ServerSpec
+from gateway.fleet.members import Server
+from gateway.grpc.fleet_upstream import FleetGrpc
+from gateway.grpc.status import StatusCode
+from gateway.sequences import SequenceFields
+
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+# Not a protobuf message at all: any attempt to read it would find no model, version or sequence.
+UNREADABLE = b"\xff\xfe\xfd not a ModelInferRequest"
+
+
+class RecordingConnection:
+    """A server's gRPC connection that answers OK and remembers the calls it carried."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.calls: list[bytes] = []
+
+    async def unary(self, path: str, message: bytes, metadata: Any = (),
+                    timeout: float | None = None) -> tuple[int, str, bytes]:
+        self.calls.append(message)
+        return StatusCode.OK, "", b"answer"
+
+    async def open(self, path: str, listener: Any, metadata: Any = (), timeout: float | None = None) -> Any:
+        raise AssertionError("not used here")
+
+    async def aclose(self) -> None:
+        return None
+
+
+@pytest.fixture
+def fleet() -> Fleet:
+    """Two servers in service: version 1 of qc is READY on the first only, version 2 on the second only."""
+    fleet = Fleet("f", grpc_connect=RecordingConnection)
+    for index, versions in enumerate(({"1"}, {"2"})):
+        server = fleet.add(ServerSpec(http=f"http://10.0.0.{index}:8000", grpc=f"10.0.0.{index}:8001"))
+        server.up = server.in_service = True
+        server.ready = {"qc": frozenset(versions)}
+    fleet.changed()
+    return fleet
+
+
+@pytest.fixture
+def parsers_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every reader of a request message fails loudly if the fleet path calls it, under whatever
+    name a gateway module imported it."""
+    def refuse(*_args: object, **_kwargs: object) -> Any:
+        raise AssertionError("the fleet read the message a second time")
+
+    readers = {wire.route_fields, wire.message_model_version}
+    for name, module in list(sys.modules.items()):
+        if name.startswith("gateway.") and module is not None:
+            for attribute, value in list(vars(module).items()):
+                if any(value is reader for reader in readers):
+                    monkeypatch.setattr(module, attribute, refuse)
+
+
+def served(server: Server) -> int:
+    connection = server.grpc
+    assert isinstance(connection, RecordingConnection)
+    return len(connection.calls)
+
+
+async def test_the_fleet_picks_by_the_version_the_front_hands_over_not_by_the_message(
+        fleet: Fleet, parsers_fail: None) -> None:
+    first, second = fleet.servers.values()
+    upstream = FleetGrpc(fleet)
+    for _ in range(40):
+        assert await upstream.unary(INFER, UNREADABLE, model="qc", version="2") == (StatusCode.OK, "", b"answer")
+    assert (served(first), served(second)) == (0, 40)  # only the second has version 2 READY
+    for _ in range(40):
+        await upstream.unary(INFER, UNREADABLE, model="qc", version="1")
+    assert (served(first), served(second)) == (40, 40)
+
+
+async def test_a_sequence_handed_over_by_the_front_stays_on_its_server(fleet: Fleet, parsers_fail: None) -> None:
+    first, second = fleet.servers.values()
+    upstream = FleetGrpc(fleet)
+    await upstream.unary(INFER, UNREADABLE, model="qc", version="2", sequence=SequenceFields(7, start=True))
+    assert (served(first), served(second)) == (0, 1)
+    for _ in range(20):  # routed to version 1 now (READY on the first only): the pin keeps it on the second
+        await upstream.unary(INFER, UNREADABLE, model="qc", version="1", sequence=SequenceFields(7))
+    assert (served(first), served(second)) == (0, 21)
+    await upstream.unary(INFER, UNREADABLE, model="qc", version="1", sequence=SequenceFields(7, end=True))
+    assert served(second) == 22 and len(fleet.sequences) == 0  # the end released the pin
+
+
+async def test_a_sequence_id_triton_would_not_take_is_refused_before_it_is_pinned(
+        fleet: Fleet, parsers_fail: None) -> None:
+    code, details, _ = await FleetGrpc(fleet).unary(INFER, UNREADABLE, model="qc", version="2",
+                                                    sequence=SequenceFields("s" * 129, start=True))
+    assert code == StatusCode.INVALID_ARGUMENT and "sequence" in details
+    assert len(fleet.sequences) == 0 and sum(served(server) for server in fleet.servers.values()) == 0
