@@ -31,7 +31,7 @@ from tests.abuse.http_attacks import (
     slowloris,
     trickling_bodies,
 )
-from tests.support import INFER_BODY, GatewayThread, gateway_settings
+from tests.support import INFER_BODY, GatewayThread, gateway_settings, wait_for
 
 pytestmark = pytest.mark.triton
 MB = 1 << 20
@@ -176,7 +176,7 @@ def test_connections_past_the_cap_get_503_with_retry_after(triton: LocalTriton) 
     with GatewayThread(settings) as gateway:
         before = triton_inferences(triton)
         with Bystander(gateway, keep_alive=True) as bystander:
-            time.sleep(0.2)  # its connection is open before the attack
+            wait_for(lambda: bystander.inferences, 10, what="the bystander's connection to open before the attack")
             with Attack(connection_flood, settings.port, 15, 40, request) as attack:
                 refused = attack.result()
         bystander.check(rss_bound=64 * MB)
@@ -185,10 +185,17 @@ def test_connections_past_the_cap_get_503_with_retry_after(triton: LocalTriton) 
             assert body == {"error": "the gateway has 16 client connections open (max_client_connections): "
                                      "retry shortly"}
         assert len(refused) == 40 and triton_inferences(triton) - before <= bystander.inferences
-        time.sleep(0.2)  # the holders are gone: new connections are served again
-        connection = http.client.HTTPConnection("127.0.0.1", settings.port, timeout=5)
+        # the holders are gone: once the gateway has seen them close (a sleep raced that on a
+        # loaded machine), new connections are served again
+        wait_for(lambda: healthz_status(settings.port) == 200, 10, what="a new connection to be served")
+
+
+def healthz_status(port: int) -> int:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
         connection.request("GET", "/healthz")
-        assert connection.getresponse().status == 200
+        return connection.getresponse().status
+    finally:
         connection.close()
 
 

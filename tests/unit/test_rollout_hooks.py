@@ -124,7 +124,9 @@ def test_gates_pass_on_2xx_and_refuse_anything_else_within_the_limit() -> None:
     assert passed is None and not_asked is None
     assert refused is not None and refused[0].url.endswith("/refuse") and refused[1] == "answered 409"
     assert timed_out is not None and timed_out[1] == "no answer within 0.3s"
-    assert took < 1.2, "the limit (the controller's call timeout) wins over the gate's own timeout"
+    # the gate's own timeout is 30 s: 10 s leaves the thread room on a loaded machine and still
+    # tells the two apart (the error above names the limit that applied, too)
+    assert took < 10, "the limit (the controller's call timeout) wins over the gate's own timeout"
     assert receiver.bodies("/ok")[0]["event"] == "gate" and receiver.bodies("/ok")[0]["at"] == "each_step"
 
 
