@@ -15,6 +15,7 @@ gateway CPU per request (from /proc, each gateway process alone) for each side.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
@@ -28,9 +29,12 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
+import nginx  # noqa: E402
 from overhead import CLK_TCK, LUA, POLICY, Result, bodies, cpu_seconds, grpc_body, run_h2load, run_wrk, wait_http  # noqa: E402
 
 from gateway.devtools.local_triton import LocalTriton, free_port  # noqa: E402
+
+Side = tuple[int, int, int]  # the pid whose CPU is counted, its HTTP port, its gRPC port
 
 
 def extract(commit: str, into: Path) -> Path:
@@ -74,11 +78,14 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds of wrk load per HTTP run (default 5)")
     parser.add_argument("--grpc-requests", type=int, default=10000, help="h2load requests per gRPC run (10000)")
     parser.add_argument("--only", choices=("all", "http", "grpc"), default="all", help="which protocol to measure")
+    parser.add_argument("--nginx", action="store_true",
+                        help="a third side, nginx (bench/nginx.py: one worker, keep-alive / grpc_pass), in the same "
+                             "rounds: the CPU ratios of both gateways to nginx's, measured together")
     parser.add_argument("--stub", action="store_true",
                         help="both gateways in front of bench/stub_triton.py (no inference: less CPU taken from the "
                              "gateways by Triton on a shared machine) instead of a real Triton")
     args = parser.parse_args()
-    for tool in ("wrk", "h2load"):
+    for tool in ("wrk", "h2load") + (("nginx",) if args.nginx else ()):
         if not shutil.which(tool):
             print(f"bench: {tool} not found (run `make bench` once: it installs wrk and nghttp2-client)",
                   file=sys.stderr)
@@ -102,40 +109,50 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
     faults.write_text("{}")
     print(f"A = this work tree, B = {args.base}; starting {'the stub' if args.stub else 'tritonserver'} ...",
           flush=True)
-    with (StubTriton() if args.stub else LocalTriton.on_free_ports(faults_file=faults)) as triton:
-        sides = {"A": start_gateway(ROOT, triton, config), "B": start_gateway(base_tree, triton, config)}
-        try:
-            loads: dict[str, Callable[[tuple[subprocess.Popen[bytes], int, int], bool], Result]] = {}
-            if args.only != "grpc":
-                loads["http json c=32"] = lambda side, warm_up: run_wrk(
-                    f"http://127.0.0.1:{side[1]}/v2/models/qc/infer", json_body, "", 32,
-                    1.0 if warm_up else args.seconds, script, side[0].pid)
-            if args.only != "http":
-                loads["grpc c=32"] = lambda side, warm_up: run_h2load(
-                    f"127.0.0.1:{side[2]}", grpc, 32, 500 if warm_up else args.grpc_requests, workdir, side[0].pid)
-            table: dict[str, dict[str, list[Result]]] = {}
-            for name, load in loads.items():
-                for side in sides.values():
-                    load(side, True)  # warm-up: connections and caches on both sides
-                table[name] = {"A": [], "B": []}
-                for round_no in range(args.rounds):
-                    order = ("A", "B") if round_no % 2 == 0 else ("B", "A")
-                    for label in order:
-                        pid = sides[label][0].pid
-                        user_before, cpu_before = user_seconds(pid), cpu_seconds(pid)
-                        result = load(sides[label], False)
-                        user, cpu = user_seconds(pid) - user_before, cpu_seconds(pid) - cpu_before
-                        result.user_us = (result.cpu_us or 0) * user / cpu if cpu else 0.0
-                        table[name][label].append(result)
-                        print(f"  {name:<15} round {round_no + 1} {label}: {result.cpu_us or 0:7.1f} us/req "
-                              f"(user {result.user_us:5.1f}) {result.rps:8.0f} rps  p99 {result.p99_us / 1000:6.2f} ms"
-                              f"  errors {result.errors}", flush=True)
-        finally:
-            for process, _, _ in sides.values():
-                process.terminate()
-                process.wait(10)
+    with contextlib.ExitStack() as stack:
+        triton: StubTriton | LocalTriton = StubTriton() if args.stub else LocalTriton.on_free_ports(faults_file=faults)
+        stack.enter_context(triton)
+        processes = [start_gateway(ROOT, triton, config), start_gateway(base_tree, triton, config)]
+        stack.callback(stop, processes)
+        sides: dict[str, Side] = {"A": (processes[0][0].pid, processes[0][1], processes[0][2]),
+                                  "B": (processes[1][0].pid, processes[1][1], processes[1][2])}
+        if args.nginx:
+            ports = free_port(), free_port()
+            proxy = stack.enter_context(nginx.Nginx(workdir, f"127.0.0.1:{triton.http_port}", triton.grpc_url, *ports))
+            sides["N"] = (proxy.worker_pids()[0], *ports)
+        loads: dict[str, Callable[[Side, bool], Result]] = {}
+        if args.only != "grpc":
+            loads["http json c=32"] = lambda side, warm_up: run_wrk(
+                f"http://127.0.0.1:{side[1]}/v2/models/qc/infer", json_body, "", 32,
+                1.0 if warm_up else args.seconds, script, side[0])
+        if args.only != "http":
+            loads["grpc c=32"] = lambda side, warm_up: run_h2load(
+                f"127.0.0.1:{side[2]}", grpc, 32, 500 if warm_up else args.grpc_requests, workdir, side[0])
+        table: dict[str, dict[str, list[Result]]] = {}
+        for name, load in loads.items():
+            for side in sides.values():
+                load(side, True)  # warm-up: connections and caches on every side
+            table[name] = {label: [] for label in sides}
+            for round_no in range(args.rounds):
+                order = list(sides) if round_no % 2 == 0 else list(reversed(sides))
+                for label in order:
+                    pid = sides[label][0]
+                    user_before, cpu_before = user_seconds(pid), cpu_seconds(pid)
+                    result = load(sides[label], False)
+                    user, cpu = user_seconds(pid) - user_before, cpu_seconds(pid) - cpu_before
+                    result.user_us = (result.cpu_us or 0) * user / cpu if cpu else 0.0
+                    table[name][label].append(result)
+                    print(f"  {name:<15} round {round_no + 1} {label}: {result.cpu_us or 0:7.1f} us/req "
+                          f"(user {result.user_us:5.1f}) {result.rps:8.0f} rps  p99 {result.p99_us / 1000:6.2f} ms"
+                          f"  errors {result.errors}", flush=True)
     print_summary(table, args.base)
     return 0
+
+
+def stop(processes: list[tuple[subprocess.Popen[bytes], int, int]]) -> None:
+    for process, _, _ in processes:
+        process.terminate()
+        process.wait(10)
 
 
 def print_summary(table: dict[str, dict[str, list[Result]]], base: str) -> None:
@@ -150,6 +167,11 @@ def print_summary(table: dict[str, dict[str, list[Result]]], base: str) -> None:
         print(f"{name:<15} | {a:>9.1f} {b:>9.1f} {a / b - 1:>+7.1%} | {a_user:>7.1f} {b_user:>7.1f} "
               f"{a_user / (b_user or 1) - 1:>+7.1%} | {a_rps:>8.0f} {b_rps:>8.0f}")
     print("user: the CPU time spent in user space (the Python work); the rest is the kernel's (syscalls, loopback TCP)")
+    for name, results in table.items():
+        if "N" in results:
+            n, a, b = (mean([r.cpu_us or 0.0 for r in results[s]]) for s in ("N", "A", "B"))
+            n_rps = mean([r.rps for r in results["N"]])
+            print(f"{name:<15} | nginx {n:6.1f} us/req ({n_rps:.0f} rps): A/nginx {a / n:4.2f}x, B/nginx {b / n:4.2f}x")
 
 
 def user_seconds(pid: int) -> float:

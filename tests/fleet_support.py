@@ -11,7 +11,7 @@ from typing import Any
 from gateway.devtools.local_triton import LocalTriton
 from gateway.grpc.upstream import GrpcUpstream
 from gateway.settings import Settings
-from tests.support import TOKEN, gateway_settings
+from tests.support import TOKEN, gateway_settings, paced
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -50,16 +50,20 @@ def infer_message(model: str = "qc", version: str = "") -> bytes:
 
 
 async def drive_grpc(address: str, requests: int, *, concurrency: int = 16, message: bytes | None = None,
-                     metadata: tuple[tuple[str, str], ...] = ()) -> Counter[int]:
-    """Send ``requests`` ModelInfer calls; count gRPC status codes. Our own lean HTTP/2 client
-    (tritonclient's would cost more CPU than the gateway under test on these 2 cores)."""
+                     metadata: tuple[tuple[str, str], ...] = (), rate: float = 0.0) -> Counter[int]:
+    """Send ``requests`` ModelInfer calls (paced at ``rate`` per second when given); count gRPC
+    status codes. Our own lean HTTP/2 client (tritonclient's would cost more CPU than the gateway
+    under test on these 2 cores)."""
     client = GrpcUpstream(address)
     body = message or infer_message()
     codes: Counter[int] = Counter()
     counter = iter(range(requests))
+    start = asyncio.get_running_loop().time()
 
     async def worker() -> None:
-        for _ in counter:
+        for index in counter:
+            if rate:
+                await paced(start, index, rate)
             code, _details, _ = await client.unary(INFER, body, metadata, 30.0)
             codes[code] += 1
 

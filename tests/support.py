@@ -122,9 +122,18 @@ class LoadResult:
         return self.versions[version] / max(1, self.total)
 
 
+async def paced(start: float, index: int, rate: float) -> None:
+    """Wait for request ``index``'s slot of an open-loop schedule at ``rate`` per second."""
+    delay = start + index / rate - asyncio.get_running_loop().time()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
 async def drive(url: str, requests: int, *, concurrency: int = 16, model: str = "qc",
-                headers_for: Any = None, body: bytes = INFER_BODY, path: str | None = None) -> LoadResult:
-    """Send ``requests`` infer calls, ``concurrency`` at a time; count versions and statuses.
+                headers_for: Any = None, body: bytes = INFER_BODY, path: str | None = None,
+                rate: float = 0.0) -> LoadResult:
+    """Send ``requests`` infer calls, ``concurrency`` at a time (request i not before i/``rate``
+    seconds from the start when a rate is given); count versions and statuses.
 
     Uses the gateway's own pooled client as a lean load generator (httpx would cost more CPU
     than the gateway under test on these 2 cores).
@@ -133,9 +142,12 @@ async def drive(url: str, requests: int, *, concurrency: int = 16, model: str = 
     result = LoadResult()
     target = (path or f"/v2/models/{model}/infer").encode()
     counter = iter(range(requests))
+    start = asyncio.get_running_loop().time()
 
     async def worker() -> None:
         for index in counter:
+            if rate:
+                await paced(start, index, rate)
             headers = list(headers_for(index).items()) if headers_for else []
             try:
                 response = await client.request(b"POST", target, [(k.encode(), v.encode()) for k, v in headers], body)

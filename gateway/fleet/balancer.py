@@ -2,17 +2,19 @@
 
 The choice is power-of-two-choices on outstanding requests: draw two servers among those
 where the routed version is READY, take the one with clearly fewer requests in flight
-(``STEER_GAP`` fewer), else the first drawn. Compared with round-robin it steers away from a
-slow or overloaded server at once; compared with a full least-outstanding scan it costs the
-same for 2 servers or 200.
+(at least ``STEER_GAP`` fewer, and the busier one has half again as many), else the first
+drawn. Compared with round-robin it steers away from a slow or overloaded server at once;
+compared with a full least-outstanding scan it costs the same for 2 servers or 200.
 
 Why a gap, not "fewer": under a closed loop (N clients, each sending when its answer
 comes), steering on every difference of one makes each server's share follow its momentary
 speed. Two equal Tritons on a busy node differ by 20-30% for seconds at a time (which one the
-scheduler runs), and a strict comparison turned that into 55/45 splits. A difference of one
-request in flight is arrival-timing noise; a slow or hung server builds a gap of two within a
-few requests and is steered from. With two servers the "draw" is a strict alternation, so
-equal servers get equal shares exactly.
+scheduler runs), and a strict comparison turned that into 55/45 splits. Alternating, a server
+k times slower holds k times the other's requests in flight; the balancer leaves shares even
+up to k = 1.5 and steers past it (a server twice as slow gets ~43% of a closed loop, a hung
+one nothing once its gap opens). A difference of one request is arrival-timing noise and
+never steers. With two servers the "draw" is a strict alternation, so equal servers get
+equal shares exactly.
 
 The candidate lists per (model, version) are computed once after every health change and
 kept in a dict of dicts: the hot path does two dict lookups, a draw (a flip for two servers,
@@ -38,7 +40,7 @@ from gateway.sequences import SequencePins
 LIVE_BUDGET_S = 0.8
 _NO_VERSION = ""  # cache key for unversioned requests (Triton picks its default version)
 Key = str | bytes
-STEER_GAP = 2  # the other server must have this many fewer requests in flight to be preferred
+STEER_GAP = 2  # the other server must have at least this many fewer requests in flight to be preferred
 _CACHE_LIMIT = 4096  # distinct (model, version) pairs cached between two health changes
 log = logging.getLogger("gateway.fleet")
 
@@ -125,7 +127,7 @@ class Fleet:
         return found
 
     def pick(self, model: Key, version: Key | None, avoid: Server | None = None) -> Server:
-        """Power of two choices on in-flight requests (a gap of ``STEER_GAP`` steers), among the
+        """Power of two choices on in-flight requests (a clear gap steers), among the
         candidates (``avoid`` excluded when there is another one: the retry after a failed connect)."""
         by_version = self._cache.get(model)
         servers = by_version.get(version or _NO_VERSION) if by_version is not None else None
@@ -153,7 +155,8 @@ class Fleet:
             return b
         if b is avoid:
             return a
-        return b if b.inflight + STEER_GAP <= a.inflight else a
+        gap = a.inflight - b.inflight
+        return b if gap >= STEER_GAP and gap + gap >= b.inflight else a
 
     def sequence_server(self, model: Key, sequence_id: object, start: bool) -> Server | None:
         """The server a live sequence is pinned to (None for a new one, or when its server left:

@@ -29,6 +29,10 @@ _INFLATE_SLICE = 4 << 20  # inflated per loop turn (~10-20 ms)
 
 
 class GrpcServerConnection(Http2ServerConnection):
+    coding_header = b"grpc-encoding"
+    protocol = "gRPC"
+    max_connections_setting = "grpc_max_connections"
+
     def __init__(self, on_stream: Callable[[GrpcServerConnection, ServerStream], StreamHandler | None],
                  connections: set[GrpcServerConnection], limits: Limits | None = None,
                  per_client: PerAddress | None = None, budget: ByteBudget | None = None) -> None:
@@ -41,6 +45,10 @@ class GrpcServerConnection(Http2ServerConnection):
         after 5 s, where an answered call says why at once)."""
         self.write(self.headers_frames(stream_id, _RESPONSE_HEADERS + status_block(StatusCode.UNAVAILABLE, reason),
                                        end_stream=True))
+
+    def _announced(self, buffer: bytearray) -> int:
+        """A length-prefixed message: 1 flag byte, 4 bytes of length, then the message."""
+        return int.from_bytes(buffer[1:5], "big") + 5 if len(buffer) >= 5 else 0
 
     def _answer_too_large(self, stream_id: int, reason: str) -> None:
         answer = _RESPONSE_HEADERS + status_block(StatusCode.RESOURCE_EXHAUSTED, reason)

@@ -14,6 +14,16 @@ is reopened on the next call. A unary call the client gave no deadline gets
 hung Triton cannot hold it for ever; streams get none (they are long-lived: keepalive PINGs
 find a dead server under them). ``open`` starts a streaming call (``ModelStreamInfer`` behind either
 gRPC server: ours, or grpcio's).
+
+A unary call's deadline goes to Triton no shorter than ``deadline_floor_s``; a shorter
+one the client set is enforced by the caller (the front answers DEADLINE_EXCEEDED), and the
+call is left to finish on Triton, its answer dropped, rather than reset.
+The Triton this project runs segfaults when its own gRPC deadline handling races the
+response: calls with a 1 ms ``grpc-timeout`` killed it within 20-100 calls, sent straight
+to it (triton-inference-server/server#7368, fixed by #7840 in r24.12); resetting such calls
+instead reaches its cancellation race (#8034, fixed by #8078 in r25.04), which killed it in
+some minute-long runs of one client resetting 15 calls a second 1 ms after sending them.
+Forwarded as is, one client's tiny deadlines would take Triton down for everyone.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ __all__ = ["GrpcUpstream", "Reply", "StreamListener", "UpstreamStream", "grpc_ti
 _METADATA_CACHE_LIMIT = 1024
 _METADATA_CACHE_ENTRY = 1024  # larger metadata is encoded per call: the cache stays under ~2 MB
 _PREFIX_CACHE_LIMIT = 256  # distinct paths (clients choose them: pass-through methods)
+TRITON_DEADLINE_FLOOR_S = 1.0  # the shortest grpc-timeout Triton is sent on a unary call (see above)
 # Client metadata: (str, str | bytes) pairs from grpcio, or (bytes, bytes) wire pairs from our server.
 Metadata = tuple[tuple[str | bytes, str | bytes], ...]
 
@@ -53,7 +64,7 @@ class GrpcUpstream:
 
     def __init__(self, address: str, connect_timeout: float = 2.0, tls: ssl.SSLContext | None = None, *,
                  request_timeout_s: float | None = None, keepalive_s: float = 10.0,
-                 keepalive_timeout_s: float = 5.0) -> None:
+                 keepalive_timeout_s: float = 5.0, deadline_floor_s: float = TRITON_DEADLINE_FLOOR_S) -> None:
         secure = address.startswith("grpcs://")
         address = address.removeprefix("grpcs://" if secure else "grpc://")
         if secure and tls is None:  # verified against the system's trust store
@@ -65,6 +76,7 @@ class GrpcUpstream:
         self.host, self.port = host.strip("[]") or "127.0.0.1", int(port)
         self.connect_timeout = connect_timeout
         self.request_timeout_s = request_timeout_s  # a unary call's deadline when its client set none
+        self.deadline_floor_s = deadline_floor_s  # the shortest grpc-timeout sent on a unary call
         self._default_timeout = b"" if request_timeout_s is None else literal(b"grpc-timeout",
                                                                               grpc_timeout(request_timeout_s))
         self.keepalive = (keepalive_s, keepalive_timeout_s)
@@ -100,6 +112,12 @@ class GrpcUpstream:
                     sequence: SequenceFields | None = None) -> Reply:
         """``model``, ``version``, ``sequence``: what the front read of the message, for a fleet's
         choice of server (``grpc.fleet_upstream``); one server has nothing to choose."""
+        # A deadline below the floor: Triton is told the floor, and this call is left to finish
+        # there (its answer dropped) when its caller gives up, never reset, so no cancellation
+        # of this client's making reaches Triton (see the module's docstring).
+        shielded = timeout is not None and timeout < self.deadline_floor_s
+        if shielded:
+            timeout = self.deadline_floor_s
         block = self.header_block(path, metadata, timeout)
         if timeout is None:
             timeout = self.request_timeout_s
@@ -115,7 +133,8 @@ class GrpcUpstream:
             try:
                 reply = await call.future
             except asyncio.CancelledError:
-                connection.cancel(call)
+                if not shielded:
+                    connection.cancel(call)
                 raise
             if reply[0] == StatusCode.UNAVAILABLE and reply[1].startswith(GOING_AWAY):
                 continue  # never processed upstream (its id was above GOAWAY's last stream): safe to resend

@@ -141,8 +141,9 @@ _LOWERCASE_KNOWN = frozenset([b"content-type", b"te", b"user-agent", b"grpc-time
                               b"grpc-accept-encoding", b"x-user-id", b"content-length", b"accept-encoding"])
 
 
-def read_request(headers: Headers) -> tuple[str, bytes] | str:
-    """(``:path``, ``grpc-encoding``) of a well-formed request (RFC 9113 8.1.1-8.3.1), else the problem."""
+def read_request(headers: Headers, coding: bytes = b"content-encoding") -> tuple[str, bytes] | str:
+    """(``:path``, the value of the ``coding`` header: how the request's messages are compressed,
+    ``grpc-encoding`` on the gRPC port) of a well-formed request (RFC 9113 8.1.1-8.3.1), else the problem."""
     path = method = scheme = None
     compression = b""
     regular = False
@@ -171,7 +172,7 @@ def read_request(headers: Headers) -> tuple[str, bytes] | str:
                 return "an uppercase header name"
             if name in _CONNECTION_SPECIFIC:
                 return f"connection-specific header {name.decode()!r}"
-        if name == b"grpc-encoding":
+        if name == coding:
             compression = value
         elif name == b"te" and value != b"trailers":
             return "TE other than 'trailers'"
@@ -182,6 +183,9 @@ def read_request(headers: Headers) -> tuple[str, bytes] | str:
 
 class Http2ServerConnection(Endpoint):
     expects_preface = True
+    coding_header = b"content-encoding"  # names how a request's messages are compressed (ServerStream.compression)
+    protocol = "HTTP/2"  # named in a refusal's reason: the port's protocol, and its setting of max_connections
+    max_connections_setting = "max_connections"
     frames_per_slice = 500  # ~10-20 ms of work at most before other clients get the loop
 
     def __init__(self, on_stream: Callable[[Any, ServerStream], StreamHandler | None],
@@ -228,11 +232,11 @@ class Http2ServerConnection(Endpoint):
         peer = transport.get_extra_info("peername")
         address = peer[0] if isinstance(peer, tuple) else ""
         if len(self.connections) >= limits.max_connections:
-            self._refused = (f"the gateway has {limits.max_connections} gRPC client connections open "
-                             "(grpc_max_connections): retry shortly")
+            self._refused = (f"the gateway has {limits.max_connections} {self.protocol} client connections open "
+                             f"({self.max_connections_setting}): retry shortly")
         elif not self.per_client.admit(address, limits.max_connections_per_client):
-            self._refused = (f"this client address has {limits.max_connections_per_client} gRPC connections open "
-                             "(max_connections_per_client): retry shortly")
+            self._refused = (f"this client address has {limits.max_connections_per_client} {self.protocol} "
+                             "connections open (max_connections_per_client): retry shortly")
         if self._refused:  # not counted; its first call is answered, or GOAWAY comes within 1 s
             self._timer = loop.call_later(min(limits.preface_timeout, _LINGER_S), self._refuse)
             return
@@ -260,6 +264,10 @@ class Http2ServerConnection(Endpoint):
 
     def _over_budget(self, stream: ServerStream) -> None:
         """Answer the stream: the gateway's budget of held request bytes has no room for it."""
+        raise NotImplementedError
+
+    def _announced(self, buffer: bytearray) -> int:
+        """The size the message begun in ``buffer`` announces, framing included (0: not known yet)."""
         raise NotImplementedError
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -354,7 +362,7 @@ class Http2ServerConnection(Endpoint):
         if len(self.streams) >= self.limits.max_concurrent_streams:
             self.stream_error(stream_id, REFUSED_STREAM)
             return
-        request = read_request(headers)
+        request = read_request(headers, self.coding_header)
         if isinstance(request, str):
             self.stream_error(stream_id, PROTOCOL_ERROR)  # a malformed request (RFC 9113 8.1.1)
             return
@@ -475,9 +483,10 @@ class Http2ServerConnection(Endpoint):
             return
         if stream.handed:
             self._unreserve(stream)
-            buffer = stream.buffer
-            if len(buffer) >= 5 and not stream.inflating:  # the next message, already begun, reserves now
-                self._reserve(stream, int.from_bytes(buffer[1:5], "big") + 5)
+            if not stream.inflating:  # the next message, if already begun, reserves now
+                size = self._announced(stream.buffer)
+                if size:
+                    self._reserve(stream, size)
         if not stream.remote_closed and not stream.inflating and (stream.admitted or not stream.reserved):
             self._stream_credit(stream, 1)
 
@@ -550,6 +559,7 @@ class Http2ServerConnection(Endpoint):
             stream.finished = True
             if stream.handler is not None:
                 stream.handler.on_reset()
+        stream.handler = None  # see _forget
 
     def _on_flushed(self, stream: StreamState) -> None:
         call: ServerStream = stream  # type: ignore[assignment]
@@ -561,6 +571,9 @@ class Http2ServerConnection(Endpoint):
         """Our half is closed; the client's too, or it is told it need not send more (RFC 9113 8.1)."""
         if self.streams.pop(stream.id, None) is not None and not stream.remote_closed:
             self.reset_id(stream.id, NO_ERROR)
+        # the handler keeps its stream, not the other way round: a cycle per call would be left to
+        # the garbage collector (with the call's task, coroutine and context: a collection every ~100 calls)
+        stream.handler = None
         self._discharge(stream)
         if stream.reserved:
             self._unreserve(stream)

@@ -41,7 +41,18 @@ def test_one_request_more_in_flight_is_noise_and_does_not_steer() -> None:
     servers[1].inflight = 3
     picks = Counter(fleet.pick("qc", "2").name for _ in range(1_000))
     assert picks == Counter({servers[0].name: 500, servers[1].name: 500}), picks
-    servers[1].inflight = 2  # two fewer: a clear difference, always taken
+    servers[1].inflight = 2  # two fewer and half as many again: a clear difference, always taken
+    assert {fleet.pick("qc", "2").name for _ in range(200)} == {servers[1].name}
+
+
+def test_a_relative_difference_below_half_again_does_not_steer() -> None:
+    """A server k times slower holds k times the other's requests in flight when they alternate:
+    up to 1.5 (the spread two equal Tritons show on a busy node) shares stay even."""
+    fleet, servers = fleet_of(2)
+    servers[0].inflight, servers[1].inflight = 11, 8  # 3 more, 1.375x: noise
+    picks = Counter(fleet.pick("qc", "2").name for _ in range(1_000))
+    assert picks == Counter({servers[0].name: 500, servers[1].name: 500}), picks
+    servers[0].inflight = 12  # 1.5x: steered from
     assert {fleet.pick("qc", "2").name for _ in range(200)} == {servers[1].name}
 
 

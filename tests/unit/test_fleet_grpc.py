@@ -18,8 +18,12 @@ from gateway.fleet.balancer import Fleet
 from gateway.fleet.config import ServerSpec
 from gateway.fleet.members import Server
 from gateway.grpc.fleet_upstream import FleetGrpc
+from gateway.grpc.router import GrpcRouter
 from gateway.grpc.status import StatusCode
+from gateway.pipeline import Pipeline
+from gateway.policy_book import PolicyBook
 from gateway.sequences import SequenceFields
+from gateway.telemetry.recorder import Recorder
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 # Not a protobuf message at all: any attempt to read it would find no model, version or sequence.
@@ -108,3 +112,35 @@ async def test_a_sequence_id_triton_would_not_take_is_refused_before_it_is_pinne
                                                     sequence=SequenceFields("s" * 129, start=True))
     assert code == StatusCode.INVALID_ARGUMENT and "sequence" in details
     assert len(fleet.sequences) == 0 and sum(served(server) for server in fleet.servers.values()) == 0
+
+
+METADATA = "/inference.GRPCInferenceService/ModelMetadata"
+
+
+def metadata_request(name: str, version: str) -> bytes:
+    from tritonclient.grpc import service_pb2
+
+    return bytes(service_pb2.ModelMetadataRequest(name=name, version=version).SerializeToString())
+
+
+async def test_a_call_the_router_does_not_route_goes_where_its_version_is_ready(fleet: Fleet) -> None:
+    """ModelMetadata & co.: the router reads the model and version once (the fleet used to read
+    them itself), so the call still reaches a server that has that version READY."""
+    first, second = fleet.servers.values()
+    router = GrpcRouter(Pipeline(PolicyBook(), Recorder()), FleetGrpc(fleet))
+    for _ in range(40):
+        assert (await router.pass_through(METADATA, metadata_request("qc", "2"), (), None))[0] == StatusCode.OK
+    assert (served(first), served(second)) == (0, 40)
+    for _ in range(40):
+        await router.pass_through(METADATA, metadata_request("qc", "1"), (), None)
+    assert (served(first), served(second)) == (40, 40)
+
+
+async def test_one_server_reads_nothing_of_a_call_it_does_not_route(parsers_fail: None) -> None:
+    """One server has no choice to make: the message is not read at all."""
+    fleet = Fleet("single", grpc_connect=RecordingConnection)
+    only = fleet.add(ServerSpec(http="http://10.0.0.9:8000", grpc="10.0.0.9:8001"))
+    fleet.changed()
+    router = GrpcRouter(Pipeline(PolicyBook(), Recorder()), FleetGrpc(fleet))
+    assert (await router.pass_through(METADATA, UNREADABLE, (), None))[0] == StatusCode.OK
+    assert served(only) == 1
