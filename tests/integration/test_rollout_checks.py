@@ -59,8 +59,12 @@ def gateway(triton: LocalTriton) -> Iterator[GatewayThread]:
 
 
 def start(url: str, **spec: Any) -> tuple[int, Any]:
+    """Judged on errors and the checks only: a p99 of 5-20 requests in 1 s measures the machine
+    (an identical canary was rolled back at 4.9x the stable's p99 under CPU load, in the hook
+    tests of the same shape). Latency verdicts: tests/integration/test_rollout.py."""
     return admin_call(url, "POST", "/admin/models/qc/rollout", {"canary": "3", "judge": "thresholds",
-                                                                  "interval_s": 1, "min_requests": 5, **spec})
+                                                                  "interval_s": 1, "min_requests": 5,
+                                                                  "max_p99_ratio": None, **spec})
 
 
 def finished(url: str, timeout: float) -> dict[str, Any]:
