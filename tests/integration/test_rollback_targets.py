@@ -103,8 +103,11 @@ def test_the_stable_is_protected_and_triton_restarts_neither_roll_back_nor_lose_
             assert status == 200, body
             assert ready_versions(own) == {"2", "3"}
             with BackgroundLoad(gw.url, concurrency=2):
-                # thresholds: a verdict each interval, so the restart's interval is judged within the test's time
-                begin(gw.url, steps=[50, 100], interval_s=2, min_requests=10, failure_limit=1, judge="thresholds")
+                # thresholds: a verdict each interval, so the restart's interval is judged within the test's time;
+                # on errors only: a restarted Triton's first p99 of 2 s measures its warm-up and the machine
+                # (an identical canary was rolled back at 1.85x under CPU load), not what this test is about
+                begin(gw.url, steps=[50, 100], interval_s=2, min_requests=10, failure_limit=1, judge="thresholds",
+                      max_p99_ratio=None)
                 for version, role in (("2", "stable"), ("3", "canary")):
                     status, body = admin_call(gw.url, "POST", f"/admin/models/qc/versions/{version}/unload")
                     assert status == 409 and role in body["error"] and "rollout" in body["error"], body
