@@ -39,9 +39,11 @@ def shares(before: tuple[int, int], pair: tuple[LocalTriton, LocalTriton]) -> tu
 
 def counted_shares(before: tuple[int, int], pair: tuple[LocalTriton, LocalTriton],
                    sent: int) -> tuple[int, int]:
-    deadline = time.monotonic() + 10
-    while sum(counted := shares(before, pair)) < sent and time.monotonic() < deadline:
-        time.sleep(0.05)
+    def all_counted() -> tuple[int, int] | None:
+        counted = shares(before, pair)
+        return counted if sum(counted) >= sent else None
+
+    counted: tuple[int, int] = wait_for(all_counted, 10, interval=0.05, what=f"Triton to count all {sent} answers")
     return counted
 
 
