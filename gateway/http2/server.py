@@ -220,6 +220,7 @@ class Http2ServerConnection(Endpoint):
         self._reset_ids: dict[int, None] = {}
         self._write_paused = False
         self._refused = ""  # why this connection is one too many (a cap's reason): see _refuse
+        self.write_closed = False  # our FIN is sent (a lingering close): the transport is shut, reads are dropped
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.attach(transport)
@@ -533,6 +534,7 @@ class Http2ServerConnection(Endpoint):
         if transport is None or transport.is_closing() or self.write_closed:
             return
         self.write_closed = True
+        transport.shut()  # the GOAWAY goes out; what dropping the streams writes (window credit) does not
         if self._timer is not None:
             self._timer.cancel()
         # the bound holds on every path: TLS's close waits for the client's close_notify (30 s by default)
