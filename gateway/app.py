@@ -40,7 +40,7 @@ from gateway.grpc.grpcio_front import start_server as start_grpc
 from gateway.grpc.health import Health
 from gateway.grpc.router import GrpcRouter
 from gateway.grpc.upstream import GrpcUpstream
-from gateway.http2.server import Limits
+from gateway.http2.server_stream import Limits
 from gateway.pipeline import Pipeline
 from gateway.policy_book import PolicyBook
 from gateway.proxy.http import HttpProxy

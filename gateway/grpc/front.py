@@ -38,7 +38,7 @@ from gateway.grpc.status import StatusCode, status_for
 from gateway.grpc.upstream import UpstreamStream
 from gateway.grpc.wire import RouteFields, WireError, metadata_block, split_messages
 from gateway.http2.endpoint import Headers
-from gateway.http2.server import Limits, ServerStream, StreamHandler
+from gateway.http2.server_stream import Limits, ServerStream, StreamHandler
 from gateway.pipeline import SEQUENCED
 from gateway.routing import Decision, Policy
 

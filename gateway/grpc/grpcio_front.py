@@ -55,7 +55,7 @@ from gateway.grpc.status import StatusCode, status_for
 from gateway.grpc.upstream import UpstreamStream
 from gateway.grpc.wire import WireError, split_messages
 from gateway.http2.endpoint import Headers
-from gateway.http2.server import Limits
+from gateway.http2.server_stream import Limits
 from gateway.pipeline import SEQUENCED
 
 log = logging.getLogger("gateway.grpc")
