@@ -12,6 +12,7 @@ from gateway.policy_book import PolicyBook
 from gateway.routing import Reason, choose_in_sequence, compile_policy
 from gateway.sequences import SequencePins
 from gateway.store.records import spec_from_document, stored_spec
+from gateway.workers.pins import VERSION_TABLE, PinService
 
 
 class Clock:
@@ -223,3 +224,14 @@ def test_choose_in_sequence_pins_a_start_for_its_client() -> None:
     assert first is not None and other is not None and first.version == other.version, "the client changes no decision"
     choose_in_sequence(policy, {}, 0, pins, 7, start=True, end=False, client="10.0.0.1")
     assert pins.lookup("seq", 5) is None and pins.lookup("seq", 6) == other.version
+
+
+def test_a_workers_start_is_held_against_its_client_in_the_nodes_table() -> None:
+    """--workers: a worker's pin call carries the client, so the quota is the node's."""
+    pins = SequencePins(max_per_client=1)
+    service = PinService(lambda table: pins if table == VERSION_TABLE else None)
+    for sequence_id in (1, 2):
+        asyncio.run(service.answer("pin", VERSION_TABLE, b"seq", sequence_id, "2", "10.0.0.1"))
+    asyncio.run(service.answer("pin", VERSION_TABLE, b"seq", 3, "1", "10.0.0.2"))
+    assert pins.held_by("10.0.0.1") == 1 and pins.lookup("seq", 1) is None
+    assert pins.lookup("seq", 2) == "2" and pins.lookup("seq", 3) == "1"
