@@ -24,6 +24,7 @@ from gateway.admin.fleets import fleets_router
 from gateway.admin.rollouts import rollout_router
 from gateway.admin.versions import versions_router
 from gateway.asgi import Dispatch
+from gateway.byte_budget import ByteBudget
 from gateway.client_address import ClientAddresses
 from gateway.console.routes import install_console
 from gateway.console.timeline import Timeline
@@ -43,7 +44,7 @@ from gateway.http2.server import Limits
 from gateway.pipeline import Pipeline
 from gateway.policy_book import PolicyBook
 from gateway.proxy.http import HttpProxy
-from gateway.proxy.limits import BodyReader, ByteBudget
+from gateway.proxy.limits import BodyReader
 from gateway.proxy.shadow import ShadowMirror
 from gateway.rollout.controller import RolloutController
 from gateway.sequences import SequencePins

@@ -27,6 +27,7 @@ from collections.abc import Callable, Coroutine
 from functools import lru_cache
 from typing import Any
 
+from gateway.byte_budget import ByteBudget
 from gateway.client_address import PerAddress
 from gateway.control_surface import ControlGate
 from gateway.errors import GatewayError
@@ -39,7 +40,6 @@ from gateway.grpc.wire import RouteFields, WireError, metadata_block, split_mess
 from gateway.http2.endpoint import Headers
 from gateway.http2.server import Limits, ServerStream, StreamHandler
 from gateway.pipeline import SEQUENCED
-from gateway.proxy.limits import ByteBudget
 from gateway.routing import Decision, Policy
 
 log = logging.getLogger("gateway.grpc")

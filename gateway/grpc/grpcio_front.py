@@ -45,6 +45,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from gateway.byte_budget import ByteBudget
 from gateway.client_address import grpcio_peer
 from gateway.control_surface import ControlGate
 from gateway.errors import GatewayError
@@ -56,7 +57,6 @@ from gateway.grpc.wire import WireError, split_messages
 from gateway.http2.endpoint import Headers
 from gateway.http2.server import Limits
 from gateway.pipeline import SEQUENCED
-from gateway.proxy.limits import ByteBudget
 
 log = logging.getLogger("gateway.grpc")
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1)]

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gateway.byte_budget import ByteBudget
 from gateway.client_address import PerAddress
 from gateway.http2.endpoint import (
     END_STREAM,
@@ -49,7 +50,6 @@ from gateway.http2.endpoint import (
     unpad,
 )
 from gateway.http2.hpack_codec import HeaderListTooLarge
-from gateway.proxy.limits import ByteBudget
 
 _RESET_MEMORY = 64  # streams we reset whose late frames are ignored
 _TICK = 1.0  # seconds between the checks of timeouts and flood counters (one timer per connection)
@@ -199,7 +199,7 @@ class Http2ServerConnection(Endpoint):
         self.per_client = PerAddress() if per_client is None else per_client  # open connections per client address
         self._address: str | None = None  # counted in per_client under this address
         self.limits = limits
-        # The gateway's one budget of bytes held for requests (proxy.limits), shared with the HTTP
+        # The gateway's one budget of bytes held for requests (byte_budget), shared with the HTTP
         # port: a message being assembled (its reservation), inflated, or held for its unary call.
         self.budget = budget if budget is not None else ByteBudget(1 << 62)
         self.closed = asyncio.get_running_loop().create_future()
@@ -220,6 +220,7 @@ class Http2ServerConnection(Endpoint):
         self._reset_ids: dict[int, None] = {}
         self._write_paused = False
         self._refused = ""  # why this connection is one too many (a cap's reason): see _refuse
+        self.write_closed = False  # our FIN is sent (a lingering close): the transport is shut, reads are dropped
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.attach(transport)
@@ -533,6 +534,7 @@ class Http2ServerConnection(Endpoint):
         if transport is None or transport.is_closing() or self.write_closed:
             return
         self.write_closed = True
+        transport.shut()  # the GOAWAY goes out; what dropping the streams writes (window credit) does not
         if self._timer is not None:
             self._timer.cancel()
         # the bound holds on every path: TLS's close waits for the client's close_notify (30 s by default)
