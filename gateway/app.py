@@ -90,7 +90,7 @@ class Gateway(Dispatch):
                              http_tls=tls.upstream_http(settings))
         self.upstream: HttpUpstream = FleetHttp(self.fleets.default)
         self.access_log = AccessLog() if settings.access_log else None
-        self.pins = SequencePins()
+        self.pins = SequencePins(settings.max_sequence_pins, max_per_client=settings.max_sequence_pins_per_client)
         self.budget = ByteBudget(settings.max_buffered_body_bytes)  # bytes held for requests, both ports and shadow
         self.shadow = ShadowMirror(self.upstream, self.recorder, budget=self.budget)
         self.pipeline = Pipeline(self.book, self.recorder, self.pins, self.shadow, self.access_log,

@@ -162,7 +162,7 @@ class UnaryCall(_Call):
             self.finish(StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}")
             return
         if decision is SEQUENCED:
-            decision = await router.settle(fields, policy, headers)
+            decision = await router.settle(fields, policy, headers, self.client)
         exchange = router.new_infer(INFER, raw, fields, client_metadata(headers), self.remaining())
         decision = await router.infer(exchange, fields.model_name, policy, decision, self.client)
         metadata = decision_block(router.announced(decision, exchange.response))  # after any fallback: who answered
@@ -252,7 +252,7 @@ class StreamCall(_Call):
             while self.settling:
                 message, fields, policy, decision = self.settling.pop(0)
                 if decision is SEQUENCED:
-                    decision = await router.settle(fields, policy, self.stream.headers)
+                    decision = await router.settle(fields, policy, self.stream.headers, self.client)
                 self._send(message, fields, decision)
         except Exception as exc:  # a bug must not leave the client waiting
             log.exception("gRPC stream routing failed")
