@@ -196,18 +196,18 @@ class Pipeline:
         return choose(policy, {name: value for name, value in headers if name in names}, self._draw())
 
     async def route_sequence(self, policy: Policy, headers: Iterable[tuple[bytes, bytes]], sequence_id: object,
-                             start: bool, end: bool) -> Decision:
+                             start: bool, end: bool, client: str | None = None) -> Decision:
         """The decision for a request of a sequence on a model with affinity: its pin (from
         this replica's table, or the store's when this one has none or an old one); a start is
         routed as usual and its pin written through to the store before it is forwarded (an
-        end's release too)."""
+        end's release too). ``client``: whose pin a start makes (its quota in the pin table)."""
         names = policy.header_names
         found = {name: value for name, value in headers if name in names}
         checked = checked_sequence_id(sequence_id)  # BadRequest before the id reaches the pin table
         draw = self._draw()
         if checked is None:
             return choose(policy, found, draw)
-        decision = choose_in_sequence(policy, found, draw, self.pins, checked, start, end)
+        decision = choose_in_sequence(policy, found, draw, self.pins, checked, start, end, client)
         if decision is None:
             version = await self.pins.resolve(policy.model, checked, end)
             decision = choose_unpinned(policy, found, draw) if version is None else Decision(version, Reason.SEQUENCE)

@@ -144,12 +144,13 @@ class GrpcRouter:
         except BadRequest as exc:
             raise WireError(exc.message) from None
 
-    async def settle(self, fields: RouteFields, policy: Policy | None, headers: Iterable[tuple[bytes, bytes]]) \
-            -> Decision:
-        """The decision for a message ``route`` answered SEQUENCED: its sequence's pin."""
+    async def settle(self, fields: RouteFields, policy: Policy | None, headers: Iterable[tuple[bytes, bytes]],
+                     client: str | None = None) -> Decision:
+        """The decision for a message ``route`` answered SEQUENCED: its sequence's pin; a start's
+        pin is held against ``client``'s quota (the call's client, as for the judge)."""
         assert policy is not None and fields.sequence_id is not None
         return await self.pipeline.route_sequence(policy, headers, fields.sequence_id, fields.sequence_start,
-                                                  fields.sequence_end)
+                                                  fields.sequence_end, client if fields.sequence_start else None)
 
     def routed_message(self, raw: bytes, decision: Decision) -> bytes:
         """A streamed request, addressed to the decision's target."""

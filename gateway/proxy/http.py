@@ -199,11 +199,12 @@ class HttpProxy:
         self.pipeline.record(model, decision, outcome, error.status, "http", started, fault, client, server)
 
     async def _route_sequence(self, policy: Policy, scope: Scope, sequence: SequenceFields | None) -> Decision:
-        """Routing for models with sequence affinity: the sequence fields live in the body."""
+        """Routing for models with sequence affinity: the sequence fields live in the body. A
+        start's pin is its client's (read for starts only: a pin table quota per client)."""
         if sequence is None:
             return self.pipeline.route(policy, scope["headers"])
         return await self.pipeline.route_sequence(policy, scope["headers"], sequence.id, sequence.start,
-                                                  sequence.end)
+                                                  sequence.end, _client(self, scope) if sequence.start else None)
 
     def _pins_sequences(self) -> bool:
         """A fleet of several servers keeps each sequence on one: it needs the requests' sequence fields."""
