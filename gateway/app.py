@@ -87,7 +87,8 @@ class Gateway(Dispatch):
                              queue_timeout_s=settings.queue_timeout_ms / 1000, eject_after=settings.fleet_eject_after,
                              health_interval_s=settings.fleet_health_interval_s,
                              dns_refresh_s=settings.fleet_dns_refresh_s,
-                             http_tls=tls.upstream_http(settings))
+                             http_tls=tls.upstream_http(settings), max_sequence_pins=settings.max_sequence_pins,
+                             max_sequence_pins_per_client=settings.max_sequence_pins_per_client)
         self.upstream: HttpUpstream = FleetHttp(self.fleets.default)
         self.access_log = AccessLog() if settings.access_log else None
         self.pins = SequencePins(settings.max_sequence_pins, max_per_client=settings.max_sequence_pins_per_client)

@@ -11,6 +11,15 @@ traffic.
 This is the pipeline's shadow port (``pipeline.Shadow``): the pipeline offers the copies its
 exchanges make (``pipeline.ShadowCopy``: a :class:`Mirror` from the HTTP front, a
 :class:`GrpcMirror` from the gRPC one) and knows nothing of this module.
+
+A copy of a request in a sequence is sent without its sequence fields to the fleet, on both
+protocols: the fleet's pin of a sequence is the primary's (the server that holds its state),
+and a copy must never make or move it. A gRPC copy carried them once, and on a fleet of
+several servers the copy of a start re-pinned the sequence to the server picked for the copy,
+so its next request failed there ("must specify the START flag"). A copy goes wherever the
+balancer picks for the shadow version; the shadow version's own sequence state is therefore
+not kept on one server, and with a percent below 100 a copy of a continuation seldom follows a
+copy of its start: for a sequence model the shadow's error count says little.
 """
 
 from __future__ import annotations
@@ -32,7 +41,6 @@ from gateway.grpc.status import FAULTS, StatusCode
 from gateway.grpc.upstream import GrpcUpstream, Metadata
 from gateway.pipeline import ShadowCopy
 from gateway.proxy.limits import MIB, inflate
-from gateway.sequences import SequenceFields
 from gateway.telemetry.recorder import LATENCY_BOUNDS, Recorder, ShadowStats
 from gateway.upstream import HttpUpstream
 
@@ -67,7 +75,6 @@ class GrpcMirror:
     message: bytes
     metadata: Metadata
     primary: bytes  # the primary's ModelInferResponse
-    sequence: SequenceFields | None = None  # the primary's, as its front read them: a fleet pins on them
 
 
 def held_bytes(mirror: Mirror | GrpcMirror) -> int:
@@ -167,8 +174,7 @@ class ShadowMirror:
         stats = self._stats(mirror.model, mirror.version)
         started = time.perf_counter()
         code, _, answer = await mirror.upstream.unary(mirror.path, mirror.message, mirror.metadata, SHADOW_TIMEOUT_S,
-                                                      model=mirror.model, version=mirror.version,
-                                                      sequence=mirror.sequence)
+                                                      model=mirror.model, version=mirror.version)
         latency = time.perf_counter() - started
         stats.requests += 1
         stats.latency_sum += latency
