@@ -115,8 +115,9 @@ class GrpcInfer:
 
     def mirror(self, model: str, decision: Decision, shadow: Target) -> GrpcMirror:
         assert shadow.version is not None
-        return GrpcMirror(model, shadow.version, self.upstream, self.method, with_version(self.raw, shadow.version),
-                          self.metadata, self.response)
+        upstream = self.upstream if shadow.fleet is None else (self.fleets or {}).get(shadow.fleet)
+        return GrpcMirror(model, shadow.version, upstream, self.method, with_version(self.raw, shadow.version),
+                          self.metadata, self.response, shadow.fleet)
 
 
 class GrpcRouter:

@@ -378,7 +378,8 @@ class HttpExchange:
         response = self.response
         assert response is not None and shadow.version is not None
         return Mirror(model, shadow.version, self.scope["method"].encode(), _with_version(self.target, shadow.version),
-                      self.scope["headers"], self.body, response.status, response.body(), response.headers)
+                      self.scope["headers"], self.body, response.status, response.body(), response.headers,
+                      shadow.fleet)
 
     def client_lost(self) -> None:
         """The client went away before the answer was out: stop the upstream work."""
