@@ -33,8 +33,10 @@ class DroppingTriton:
     "answer"; "close" (FIN, no answer); "reset" (RST, no answer); "partial" (half a status line,
     then FIN); "answer+close" (answers, then closes at once); "vanish" (stops listening, then FIN)."""
 
-    def __init__(self, *script: str) -> None:
+    def __init__(self, *script: str, max_connections: int = 128) -> None:
         self.script = list(script)
+        self.max_connections = max_connections
+        self.pool: HttpUpstream | None = None  # the pool under test, on this fake
         self.requests: list[tuple[int, bytes]] = []  # (connection number from 1, request line)
         self.connections = 0
         self.server: asyncio.Server | None = None
@@ -43,9 +45,13 @@ class DroppingTriton:
     async def __aenter__(self) -> DroppingTriton:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         self.port = self.server.sockets[0].getsockname()[1]
+        self.pool = HttpUpstream(f"http://127.0.0.1:{self.port}", max_connections=self.max_connections,
+                                 request_timeout_s=3)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            await self.pool.aclose()
         if self.server is not None and self.server.is_serving():
             self.server.close()
             await self.server.wait_closed()
@@ -82,10 +88,17 @@ class DroppingTriton:
             writer.close()
 
 
-async def infer(pool: HttpUpstream, target: bytes = LONG_URL, body: bytes | AsyncIterator[bytes] = BODY) -> bytes:
-    response = await pool.request(b"POST", target, [(b"content-type", b"application/json")], body,
-                                  content_length=len(BODY) if not isinstance(body, bytes) else None)
+async def infer(triton: DroppingTriton, body: bytes | AsyncIterator[bytes] = BODY) -> bytes:
+    """One POST of the test's long URL through the pool under test; the answer's body."""
+    assert triton.pool is not None
+    response = await triton.pool.request(b"POST", LONG_URL, [(b"content-type", b"application/json")], body,
+                                         content_length=len(BODY) if not isinstance(body, bytes) else None)
     return await response.read()
+
+
+async def stream() -> AsyncIterator[bytes]:
+    """The body streamed: consumed as it is sent."""
+    yield BODY
 
 
 @pytest.mark.parametrize("drop", ["close", "reset"])
@@ -94,12 +107,8 @@ async def test_a_post_triton_dropped_unanswered_on_a_kept_alive_connection_goes_
     without answering (as in the flaky 502). The pool sends it again, on a new connection, and
     the caller gets the answer (before: UpstreamError, a 502)."""
     async with DroppingTriton("answer", drop) as triton:
-        pool = HttpUpstream(f"http://127.0.0.1:{triton.port}", request_timeout_s=10)
-        try:
-            assert await infer(pool) == b'{"ok":true}'
-            assert await infer(pool) == b'{"ok":true}'
-        finally:
-            await pool.aclose()
+        assert await infer(triton) == b'{"ok":true}'
+        assert await infer(triton) == b'{"ok":true}'
     assert [number for number, _ in triton.requests] == [1, 1, 2], "kept alive, dropped, then a new connection"
     assert {line for _, line in triton.requests} == {b"POST " + LONG_URL + b" HTTP/1.1"}
 
@@ -107,66 +116,43 @@ async def test_a_post_triton_dropped_unanswered_on_a_kept_alive_connection_goes_
 async def test_a_drop_on_a_fresh_connection_is_not_resent() -> None:
     """A new connection closed unanswered is no idle-close race: the caller gets the error."""
     async with DroppingTriton("close") as triton:
-        pool = HttpUpstream(f"http://127.0.0.1:{triton.port}", request_timeout_s=10)
-        try:
-            with pytest.raises(UpstreamError, match="closed the connection"):
-                await infer(pool)
-        finally:
-            await pool.aclose()
+        with pytest.raises(UpstreamError, match="closed the connection"):
+            await infer(triton)
     assert len(triton.requests) == 1
 
 
 async def test_the_resend_is_not_on_another_connection_that_sat_idle() -> None:
     """Idle connections sat as long as the dropped one: the resend opens a new one."""
     async with DroppingTriton("answer", "answer", "close") as triton:
-        pool = HttpUpstream(f"http://127.0.0.1:{triton.port}", request_timeout_s=10)
-        try:
-            await asyncio.gather(infer(pool), infer(pool))  # two connections, both idle afterwards
-            assert await infer(pool) == b'{"ok":true}'
-        finally:
-            await pool.aclose()
+        await asyncio.gather(infer(triton), infer(triton))  # two connections, both idle afterwards
+        assert await infer(triton) == b'{"ok":true}'
     assert triton.connections == 3 and triton.requests[-1][0] == 3, triton.requests
 
 
 async def test_a_request_is_sent_at_most_twice() -> None:
-    """Dropped again on the new connection: the caller gets the error, and Triton saw it twice."""
+    """Dropped again on the new connection: the caller gets the error; Triton read it twice."""
     async with DroppingTriton("answer", "close", "close") as triton:
-        pool = HttpUpstream(f"http://127.0.0.1:{triton.port}", request_timeout_s=10)
-        try:
-            await infer(pool)
-            with pytest.raises(UpstreamError, match="closed the connection before the response ended"):
-                await infer(pool)
-        finally:
-            await pool.aclose()
-    assert len(triton.requests) == 3
+        await infer(triton)
+        with pytest.raises(UpstreamError, match="closed the connection before the response ended"):
+            await infer(triton)
+    assert len(triton.requests) == 3  # the first request, then the dropped one twice
 
 
 async def test_no_resend_once_a_byte_of_the_answer_came_back() -> None:
     """Half a status line means Triton was answering: it ran the request; it is not sent again."""
     async with DroppingTriton("answer", "partial") as triton:
-        pool = HttpUpstream(f"http://127.0.0.1:{triton.port}", request_timeout_s=10)
-        try:
-            await infer(pool)
-            with pytest.raises(UpstreamError):
-                await infer(pool)
-        finally:
-            await pool.aclose()
+        await infer(triton)
+        with pytest.raises(UpstreamError):
+            await infer(triton)
     assert len(triton.requests) == 2
 
 
 async def test_no_resend_of_a_streamed_body() -> None:
     """A streamed body is consumed as it goes: nothing to send again."""
-    async def stream() -> AsyncIterator[bytes]:
-        yield BODY
-
     async with DroppingTriton("answer", "close") as triton:
-        pool = HttpUpstream(f"http://127.0.0.1:{triton.port}", request_timeout_s=10)
-        try:
-            await infer(pool)
-            with pytest.raises(UpstreamError, match="closed the connection"):
-                await infer(pool, body=stream())
-        finally:
-            await pool.aclose()
+        await infer(triton)
+        with pytest.raises(UpstreamError, match="closed the connection"):
+            await infer(triton, stream())
     assert len(triton.requests) == 2
 
 
@@ -174,13 +160,9 @@ async def test_a_triton_gone_after_the_drop_gives_the_first_error_not_unavailabl
     """Nobody listens for the resend (Triton's process died with the request): the caller gets
     the drop, not UpstreamUnavailable, which a fleet would send on to another server."""
     async with DroppingTriton("answer", "vanish") as triton:
-        pool = HttpUpstream(f"http://127.0.0.1:{triton.port}", request_timeout_s=10)
-        try:
-            await infer(pool)
-            with pytest.raises(UpstreamError, match="closed the connection") as raised:
-                await infer(pool)
-        finally:
-            await pool.aclose()
+        await infer(triton)
+        with pytest.raises(UpstreamError, match="closed the connection") as raised:
+            await infer(triton)
     assert not isinstance(raised.value, UpstreamUnavailable) and len(triton.requests) == 2
 
 
@@ -190,16 +172,9 @@ def test_a_waiter_is_not_handed_a_connection_triton_closed_right_after_answering
     uvloop (the gateway's loop) the answer and the close are read together: the connection is
     handed to the waiter already closing. The waiter takes a new connection (before: it wrote
     on the dying one and got a 502 for a request Triton never saw)."""
-    async def stream() -> AsyncIterator[bytes]:
-        yield BODY
-
     async def scenario() -> list[bytes]:
-        async with DroppingTriton("answer+close") as triton:
-            pool = HttpUpstream(f"http://127.0.0.1:{triton.port}", max_connections=1, request_timeout_s=3)
-            try:
-                answers = list(await asyncio.gather(infer(pool), infer(pool, body=stream())))
-            finally:
-                await pool.aclose()
+        async with DroppingTriton("answer+close", max_connections=1) as triton:
+            answers = list(await asyncio.gather(infer(triton), infer(triton, stream())))
         assert [number for number, _ in triton.requests] == [1, 2]
         return answers
 
