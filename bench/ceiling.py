@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -58,7 +59,7 @@ LADDER = {"pipe": "byte relay, no HTTP (asyncio floor)", "bare": "raw Protocol +
           "routed": "bare + gateway routing and recorder calls",
           "pooled": "bare + task + gateway.upstream pool", "proxy": "bare + gateway HttpProxy (routing, recorder)",
           "granian": "granian RSGI + gateway.upstream pool",
-          "granian_rust": "the same, granian's Rust tasks (--task-impl rust)", "gateway": "gateway serve, 1 worker",
+          "granian_rust": "granian RSGI, Rust tasks (--task-impl rust)", "gateway": "gateway serve, 1 worker",
           "nginx": "nginx, 1 worker (yardstick)"}
 
 
@@ -135,6 +136,9 @@ def main() -> int:
     parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, of {', '.join(SIDES)}")
     parser.add_argument("--stub", action="store_true", help="in front of bench/stub_triton.py (no inference)")
     parser.add_argument("--idle", type=float, default=3.0, help="seconds of each side's idle CPU measured first (3)")
+    parser.add_argument("--syscalls", action="store_true",
+                        help="after the rounds, one more run of each side under strace -c (not measured): the system "
+                             "calls each makes per request, a count the machine's load does not blur")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="after the rounds, one more run of each Python side under py-spy (not measured): "
                              "DIR/<side>.collapsed and .top.txt, as bench/profile.py writes them")
@@ -193,15 +197,46 @@ def run(args: argparse.Namespace, names: list[str], workdir: Path) -> int:
             for side in sides[shift:] + sides[:shift]:
                 result = measure(side, body, script, args.seconds, args.connections)
                 side.runs.append(result)
-                print(f"  round {round_no + 1} {side.name:<8} {result.cpu_us or 0:7.1f} us/req "
+                print(f"  round {round_no + 1} {side.name:<12} {result.cpu_us or 0:7.1f} us/req "
                       f"(user {result.user_us:6.1f}) {result.rps:7.0f} rps  p99 {result.p99_us / 1000:6.2f} ms  "
                       f"errors {result.errors}  load {side.load[-1]:4.2f} busy {side.busy[-1]:4.0%}", flush=True)
+        counts = {side.name: syscalls(side, body, script, args) for side in sides} if args.syscalls else {}
         if args.profile is not None:
             for side in sides:
                 if side.name != "nginx":
                     sample(side, body, script, args)
     summary(sides, args)
+    if counts:
+        print_syscalls(counts)
     return 0
+
+
+def syscalls(side: Side, body: Path, script: Path, args: argparse.Namespace) -> dict[str, float]:
+    """System calls per request of ``side``'s processes (and their threads) over one wrk run under strace -c."""
+    pids = [str(pid) for pid in tree(side.pid)]
+    tracer = subprocess.Popen(["strace", "-c", "-f", *[arg for pid in pids for arg in ("-p", pid)]],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)  # attached
+    result = run_wrk(f"http://127.0.0.1:{side.port}/v2/models/qc/infer", body, "", args.connections, args.seconds,
+                     script, None)
+    tracer.send_signal(signal.SIGINT)
+    _, report = tracer.communicate(timeout=30)
+    requests = result.rps * args.seconds
+    counts: dict[str, float] = {}
+    for line in report.splitlines():
+        fields = line.split()
+        if len(fields) >= 5 and fields[3].isdigit() and fields[-1] != "total":
+            counts[fields[-1]] = int(fields[3]) / requests
+    return counts
+
+
+def print_syscalls(counts: dict[str, dict[str, float]]) -> None:
+    print("\nsystem calls per request (strace -c over one more run of each side; strace slows the sides down, so "
+          "fewer requests share each epoll_wait than in the rounds)")
+    for name, calls in counts.items():
+        top = sorted(calls.items(), key=lambda item: -item[1])
+        shown = ", ".join(f"{call} {n:.2f}" for call, n in top if n >= 0.01)
+        print(f"{name:<12} {sum(calls.values()):5.2f}: {shown}")
 
 
 def sample(side: Side, body: Path, script: Path, args: argparse.Namespace) -> None:
@@ -237,14 +272,14 @@ def summary(sides: list[Side], args: argparse.Namespace) -> None:
     print(f"\nCPU per request at HTTP c={args.connections}, summed over each side's processes; "
           f"{'bench/stub_triton.py' if args.stub else 'Triton (qc, Python backend)'} upstream; "
           f"median of {args.rounds} interleaved rounds of {args.seconds:g} s (min-max)")
-    head = (f"{'side':<8} {'what':<44} | {'us/req':>6} {'min-max':>13} | {'x nginx':>7} {'min-max':>11} | "
+    head = (f"{'side':<12} {'what':<44} | {'us/req':>6} {'min-max':>13} | {'x nginx':>7} {'min-max':>11} | "
             f"{'user':>5} | {'rps':>6} {'p99 ms':>6} | {'idle ms/s':>9} | errors")
     print(head)
     print("-" * len(head))
     for side in sides:
         cpu = [r.cpu_us or 0.0 for r in side.runs]
         ratio = "" if nginx_side is None else ratios(side, nginx_side)
-        print(f"{side.name:<8} {LADDER[side.name]:<44} | {median(cpu):6.1f} {min(cpu):6.1f}-{max(cpu):<6.1f} | "
+        print(f"{side.name:<12} {LADDER[side.name]:<44} | {median(cpu):6.1f} {min(cpu):6.1f}-{max(cpu):<6.1f} | "
               f"{ratio} | {median([r.user_us for r in side.runs]):5.1f} | {median([r.rps for r in side.runs]):6.0f} "
               f"{median([r.p99_us for r in side.runs]) / 1000:6.2f} | {side.idle_ms_per_s:9.1f} | "
               f"{sum(r.errors for r in side.runs)}")
