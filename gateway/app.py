@@ -24,6 +24,7 @@ from gateway.admin.fleets import fleets_router
 from gateway.admin.rollouts import rollout_router
 from gateway.admin.versions import versions_router
 from gateway.asgi import Dispatch
+from gateway.byte_budget import ByteBudget
 from gateway.client_address import ClientAddresses
 from gateway.console.routes import install_console
 from gateway.console.timeline import Timeline
@@ -39,11 +40,11 @@ from gateway.grpc.grpcio_front import start_server as start_grpc
 from gateway.grpc.health import Health
 from gateway.grpc.router import GrpcRouter
 from gateway.grpc.upstream import GrpcUpstream
-from gateway.http2.server import Limits
+from gateway.http2.server_stream import Limits
 from gateway.pipeline import Pipeline
 from gateway.policy_book import PolicyBook
 from gateway.proxy.http import HttpProxy
-from gateway.proxy.limits import BodyReader, ByteBudget
+from gateway.proxy.limits import BodyReader
 from gateway.proxy.shadow import ShadowMirror
 from gateway.rollout.controller import RolloutController
 from gateway.sequences import SequencePins
@@ -89,7 +90,7 @@ class Gateway(Dispatch):
                              http_tls=tls.upstream_http(settings))
         self.upstream: HttpUpstream = FleetHttp(self.fleets.default)
         self.access_log = AccessLog() if settings.access_log else None
-        self.pins = SequencePins()
+        self.pins = SequencePins(settings.max_sequence_pins, max_per_client=settings.max_sequence_pins_per_client)
         self.budget = ByteBudget(settings.max_buffered_body_bytes)  # bytes held for requests, both ports and shadow
         self.shadow = ShadowMirror(self.upstream, self.recorder, budget=self.budget)
         self.pipeline = Pipeline(self.book, self.recorder, self.pins, self.shadow, self.access_log,

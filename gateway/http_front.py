@@ -103,7 +103,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._raw = transport
         self._out = CoalescingTransport(transport, self.loop, self.closing)
-        super().connection_made(self._out)  # type: ignore[arg-type]
+        super().connection_made(self._out)
         app = self.app
         if isinstance(app, ProxyHeadersMiddleware):
             app = app.app
@@ -353,8 +353,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         without the FIN."""
         raw = self._raw
         self._ending = _LINGERING
-        self._out.flush()  # what was written before goes out; nothing after
-        self._out.shut = True
+        self._out.shut()  # what was written before goes out; nothing after
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:  # its handler stops: no client to answer now
             cycle.disconnected = True

@@ -1,7 +1,8 @@
 """What the HTTP port writes: the client transport that joins one loop iteration's writes into
-one ``send()`` (loopback send() calls dominate a proxy's CPU here; uvicorn writes the status
-line + headers and the body separately), the request/response cycle that turns an answer
-uvicorn cannot write into a JSON 500, and the front's own whole answers in Triton's error shape.
+one ``send()`` (``gateway.batched_transport``; uvicorn writes the status line + headers and
+the body separately) and leaves the close to the front, the request/response cycle that
+turns an answer uvicorn cannot write into a JSON 500, and the front's own whole answers in
+Triton's error shape.
 """
 
 from __future__ import annotations
@@ -13,55 +14,23 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE, RequestResponseCycle
 
+from gateway.batched_transport import BatchedTransport
 
-class CoalescingTransport:
-    """The client transport, but writes of one loop iteration are joined into one send(), and a
-    close while the client is still sending its request becomes a lingering close."""
 
-    __slots__ = ("_transport", "_loop", "_pending", "_on_close", "shut")
+class CoalescingTransport(BatchedTransport):
+    """The client transport, writes joined per loop iteration (``BatchedTransport``), but a close
+    is the front's to decide: at once, or a lingering close while the client still sends its request."""
+
+    __slots__ = ("_on_close",)
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
                  on_close: Callable[[], None]) -> None:
-        self._transport = transport
-        self._loop = loop
-        self._pending: list[bytes] | None = None
-        self._on_close = on_close  # the protocol decides how: at once, or lingering
-        self.shut = False  # the connection is lingering: nothing more is written
-
-    def write(self, data: bytes) -> None:
-        if self.shut:
-            return
-        if self._pending is None:
-            self._pending = [data]
-            self._loop.call_soon(self.flush)
-        else:
-            self._pending.append(data)
-
-    def write_now(self, data: bytes) -> None:
-        """A whole answer: out at once when nothing waits to be joined (no call_soon), else after it."""
-        if self.shut:
-            return
-        if self._pending is None:
-            if not self._transport.is_closing():
-                self._transport.write(data)
-        else:
-            self._pending.append(data)
-
-    def flush(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending and not self._transport.is_closing():
-            self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+        super().__init__(transport, loop)
+        self._on_close = on_close
 
     def close(self) -> None:
         self.flush()
         self._on_close()
-
-    def write_eof(self) -> None:
-        self.flush()
-        self._transport.write_eof()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
 
 
 def error_response(status: bytes, message: str, *extra: bytes) -> bytes:

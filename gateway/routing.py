@@ -196,10 +196,12 @@ class WeylDraw:
 
 
 def choose_in_sequence(policy: Policy, headers: Mapping[bytes, bytes], draw: int, pins: SequencePinsLike,
-                       sequence_id: object | None, start: bool, end: bool) -> Decision | None:
+                       sequence_id: object | None, start: bool, end: bool,
+                       client: str | None = None) -> Decision | None:
     """``choose`` with sequence affinity: a live sequence keeps its version (after header
     rules, before sticky and weighted). A pin is made only by the sequence's start (so no
-    request can pin a sequence it did not start); a sequence that ends lets its pin go.
+    request can pin a sequence it did not start), held against ``client``'s quota (the
+    decision does not depend on it); a sequence that ends lets its pin go.
     None: a continuing sequence this table has no pin for (the caller looks further, e.g. in
     the pins other replicas share, then routes it with :func:`choose_unpinned`)."""
     ruled = _by_rule(policy, headers)
@@ -212,7 +214,7 @@ def choose_in_sequence(policy: Policy, headers: Mapping[bytes, bytes], draw: int
         if end:  # a one-request sequence: nothing to keep
             pins.release(policy.model, sequence_id)
         else:
-            pins.pin(policy.model, sequence_id, decision.version)  # type: ignore[arg-type]
+            pins.pin(policy.model, sequence_id, decision.version, client)  # type: ignore[arg-type]
         return decision
     pinned = pins.recent(policy.model, sequence_id)
     if pinned is None:
@@ -230,5 +232,5 @@ def choose_unpinned(policy: Policy, headers: Mapping[bytes, bytes], draw: int) -
 
 class SequencePinsLike(Protocol):
     def recent(self, model: str, sequence_id: object) -> str | None: ...
-    def pin(self, model: str, sequence_id: object, version: str) -> None: ...
+    def pin(self, model: str, sequence_id: object, version: str, client: str | None = None) -> None: ...
     def release(self, model: str, sequence_id: object) -> None: ...

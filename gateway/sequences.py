@@ -9,6 +9,19 @@ Every key touched is noted in a set (one ``set.add`` per request), so the contro
 write the changed pins to the store in the background (:meth:`take_changes`) and a
 restarted replica can :meth:`restore` them: sequences survive a restart.
 
+One client cannot push everyone else's pins out (issue 22): a pin made by a start belongs to
+the client that sent it (its address as the front reads it: the peer, or whom a trusted proxy
+forwarded), and a client holding ``max_per_client`` pins that starts one more loses its own
+least recently used pin, never another client's. Evicting rather than refusing the start: a
+client that abandons sequences without ``sequence_end`` (a crashed session) keeps working, and
+only its own oldest sequence pays. The table's own LRU bound still holds across all clients,
+so pushing out another client's pin takes ``max_entries / max_per_client`` addresses acting
+together. Pins this replica did not see start (read back from the store after a restart, or
+found there for a sequence started on another replica) have no owner here: the store keeps
+no owner, and the replica the sequence started on holds it against its client (its eviction
+there deletes the pin from the store). The quota is per table: per replica, per node with
+``--workers`` (workers pin in the control plane's table, :mod:`gateway.workers.pins`).
+
 Shared live between replicas (a :class:`PinDirectory`, the store): a sequence's start writes
 its pin through to the store before the start is forwarded (its end deletes it the same
 way), and a replica that has no pin
@@ -84,13 +97,19 @@ class PinDirectory(Protocol):
         and the background save tries again."""
 
 
+Owner = str | None  # the client that started the sequence; None: not known here (restored, read from the store)
+
+
 class SequencePins:
     def __init__(self, max_entries: int = 100_000, idle_s: float = 300.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_per_client: int = 1_000) -> None:
         self.max_entries = max_entries
+        self.max_per_client = max_per_client
         self.idle_s = idle_s
         self._clock = clock
-        self._pins: OrderedDict[Key, tuple[str, float]] = OrderedDict()
+        self._pins: OrderedDict[Key, tuple[str, float, Owner]] = OrderedDict()  # least recently used first
+        # Each owner's pins, least recently used first: its own oldest goes when it is over its quota.
+        self._owned: dict[str, OrderedDict[Key, None]] = {}
         self._changed: set[Key] = set()  # touched since the last take_changes()
         self.directory: PinDirectory | None = None  # set by the composition root when replicas share a store
         self.revalidate_s = REVALIDATE_S
@@ -98,20 +117,22 @@ class SequencePins:
     def __len__(self) -> int:
         return len(self._pins)
 
+    def held_by(self, client: str) -> int:
+        """Live pins the client started (at most ``max_per_client``)."""
+        owned = self._owned.get(client)
+        return 0 if owned is None else len(owned)
+
     def lookup(self, model: str, sequence_id: object) -> str | None:
         key = (model, sequence_id)
         entry = self._pins.get(key)
         if entry is None:
             return None
-        version, last_used = entry
         now = self._clock()
-        if now - last_used > self.idle_s:
-            del self._pins[key]
+        if now - entry[1] > self.idle_s:
+            self._drop(key, entry[2])
             return None
-        self._pins[key] = (version, now)
-        self._pins.move_to_end(key)
-        self._changed.add(key)
-        return version
+        self._touch(key, entry[0], now, entry[2])
+        return entry[0]
 
     def recent(self, model: str, sequence_id: object) -> str | None:
         """The pinned version when this table can answer alone: without a directory, any live
@@ -126,9 +147,7 @@ class SequencePins:
         now = self._clock()
         if now - entry[1] > self.revalidate_s:
             return None
-        self._pins[key] = (entry[0], now)
-        self._pins.move_to_end(key)
-        self._changed.add(key)
+        self._touch(key, entry[0], now, entry[2])
         return entry[0]
 
     async def resolve(self, model: str, sequence_id: object, end: bool) -> str | None:
@@ -144,9 +163,11 @@ class SequencePins:
         if version is None or end:
             self.release(model, sequence_id)
         else:
-            self._pins[key] = (version, self._clock())
-            self._pins.move_to_end(key)
-            self._changed.add(key)
+            entry = self._pins.get(key)
+            if entry is not None and entry[0] == version:
+                self._touch(key, version, self._clock(), entry[2])
+            else:  # the store's pin, made on another replica: its owner is held to its quota there
+                self.pin(model, sequence_id, version)
         return version
 
     async def share(self, model: str, sequence_id: object) -> None:
@@ -157,17 +178,57 @@ class SequencePins:
             entry = self._pins.get((model, sequence_id))
             await self.directory.publish(model, sequence_id, None if entry is None else entry[0])
 
-    def pin(self, model: str, sequence_id: object, version: str) -> None:
+    def pin(self, model: str, sequence_id: object, version: str, client: Owner = None) -> None:
+        """Pin a sequence (its start) to a version, for ``client``: past its quota its own least
+        recently used pin goes, past the table's bound the least recently used of all."""
         key = (model, sequence_id)
-        self._pins[key] = (version, self._clock())
+        entry = self._pins.get(key)
+        if entry is not None and entry[2] != client:  # the id started again, by another client
+            self._disown(key, entry[2])
+        self._pins[key] = (version, self._clock(), client)
         self._pins.move_to_end(key)
         self._changed.add(key)
+        if client is not None:
+            owned = self._owned.get(client)
+            if owned is None:
+                owned = self._owned[client] = OrderedDict()
+            owned[key] = None
+            owned.move_to_end(key)
+            if len(owned) > self.max_per_client:
+                oldest = owned.popitem(last=False)[0]
+                del self._pins[oldest]
+                self._changed.add(oldest)
         while len(self._pins) > self.max_entries:
-            self._changed.add(self._pins.popitem(last=False)[0])
+            evicted, (_, _, owner) = self._pins.popitem(last=False)
+            self._disown(evicted, owner)
+            self._changed.add(evicted)
 
     def release(self, model: str, sequence_id: object) -> None:
-        self._pins.pop((model, sequence_id), None)
-        self._changed.add((model, sequence_id))
+        key = (model, sequence_id)
+        entry = self._pins.pop(key, None)
+        if entry is not None:
+            self._disown(key, entry[2])
+        self._changed.add(key)
+
+    def _touch(self, key: Key, version: str, now: float, owner: Owner) -> None:
+        self._pins[key] = (version, now, owner)
+        self._pins.move_to_end(key)
+        if owner is not None:
+            self._owned[owner].move_to_end(key)
+        self._changed.add(key)
+
+    def _drop(self, key: Key, owner: Owner) -> None:
+        """An idle pin goes (not a change: the store expires it too)."""
+        del self._pins[key]
+        self._disown(key, owner)
+
+    def _disown(self, key: Key, owner: Owner) -> None:
+        if owner is None:
+            return
+        owned = self._owned[owner]
+        del owned[key]
+        if not owned:
+            del self._owned[owner]
 
     def take_changes(self) -> dict[Key, tuple[str, float] | None]:
         """Every pin touched since the last call: key -> (version, seconds idle), or None if
@@ -185,21 +246,25 @@ class SequencePins:
         self._changed.update(keys)
 
     def restore(self, pins: dict[Key, tuple[str, float]]) -> None:
-        """Pins read back from the store after a restart: key -> (version, seconds idle)."""
+        """Pins read back from the store after a restart: key -> (version, seconds idle). The
+        store keeps no owner, so they have none: bounded by the table and their idle time."""
         now = self._clock()
         for key, (version, idle) in sorted(pins.items(), key=lambda item: -item[1][1]):  # least recent first
             if idle <= self.idle_s and key not in self._pins:
-                self._pins[key] = (version, now - idle)
+                self._pins[key] = (version, now - idle, None)
+        while len(self._pins) > self.max_entries:
+            evicted, (_, _, owner) = self._pins.popitem(last=False)
+            self._disown(evicted, owner)
 
     def open_on(self, model: str, version: str) -> int:
         """Live sequences pinned to a version (drain waits for zero)."""
         self.expire()
-        return sum(1 for (m, _), (v, _) in self._pins.items() if m == model and v == version)
+        return sum(1 for (m, _), (v, _, _) in self._pins.items() if m == model and v == version)
 
     def expire(self) -> None:
         now = self._clock()
         while self._pins:
-            key, (_, last_used) = next(iter(self._pins.items()))
+            key, (_, last_used, owner) = next(iter(self._pins.items()))
             if now - last_used <= self.idle_s:
                 return
-            del self._pins[key]
+            self._drop(key, owner)

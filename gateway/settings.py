@@ -87,6 +87,14 @@ class Settings(BaseSettings):
                                             "max_client_connections / grpc_max_connections (grpc_server grpcio: "
                                             "only connections with calls in flight count, its next call is "
                                             "answered UNAVAILABLE; grpcio exposes no accept)")
+    max_sequence_pins: int = Field(100_000, ge=1, le=100_000_000, description="sequence affinity: live sequence "
+                                   "pins kept per replica (per node with --workers); past it the least recently "
+                                   "used goes")
+    max_sequence_pins_per_client: int = Field(
+        1_000, ge=1, le=100_000_000, description="sequence affinity: live pins one client address may hold (its "
+        "sequence starts); its next start evicts its own least recently used pin, never another client's. 1% of "
+        "the default table: pushing others' pins out takes 100 addresses; behind a load balancer set "
+        "trusted_proxies, or every client shares the balancer's quota")
     sticky_header: HeaderName = Field("x-user-id", description="default header carrying the sticky user key")
     policies: dict[str, PolicySpec] = Field(
         default_factory=dict, description="routing policies by model, as declared intent: an entry changed since "

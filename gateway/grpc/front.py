@@ -27,6 +27,7 @@ from collections.abc import Callable, Coroutine
 from functools import lru_cache
 from typing import Any
 
+from gateway.byte_budget import ByteBudget
 from gateway.client_address import PerAddress
 from gateway.control_surface import ControlGate
 from gateway.errors import GatewayError
@@ -37,9 +38,8 @@ from gateway.grpc.status import StatusCode, status_for
 from gateway.grpc.upstream import UpstreamStream
 from gateway.grpc.wire import RouteFields, WireError, metadata_block, split_messages
 from gateway.http2.endpoint import Headers
-from gateway.http2.server import Limits, ServerStream, StreamHandler
+from gateway.http2.server_stream import Limits, ServerStream, StreamHandler
 from gateway.pipeline import SEQUENCED
-from gateway.proxy.limits import ByteBudget
 from gateway.routing import Decision, Policy
 
 log = logging.getLogger("gateway.grpc")
@@ -162,7 +162,7 @@ class UnaryCall(_Call):
             self.finish(StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}")
             return
         if decision is SEQUENCED:
-            decision = await router.settle(fields, policy, headers)
+            decision = await router.settle(fields, policy, headers, self.client)
         exchange = router.new_infer(INFER, raw, fields, client_metadata(headers), self.remaining())
         decision = await router.infer(exchange, fields.model_name, policy, decision, self.client)
         metadata = decision_block(router.announced(decision, exchange.response))  # after any fallback: who answered
@@ -252,7 +252,7 @@ class StreamCall(_Call):
             while self.settling:
                 message, fields, policy, decision = self.settling.pop(0)
                 if decision is SEQUENCED:
-                    decision = await router.settle(fields, policy, self.stream.headers)
+                    decision = await router.settle(fields, policy, self.stream.headers, self.client)
                 self._send(message, fields, decision)
         except Exception as exc:  # a bug must not leave the client waiting
             log.exception("gRPC stream routing failed")

@@ -45,6 +45,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from gateway.byte_budget import ByteBudget
 from gateway.client_address import grpcio_peer
 from gateway.control_surface import ControlGate
 from gateway.errors import GatewayError
@@ -54,9 +55,8 @@ from gateway.grpc.status import StatusCode, status_for
 from gateway.grpc.upstream import UpstreamStream
 from gateway.grpc.wire import WireError, split_messages
 from gateway.http2.endpoint import Headers
-from gateway.http2.server import Limits
+from gateway.http2.server_stream import Limits
 from gateway.pipeline import SEQUENCED
-from gateway.proxy.limits import ByteBudget
 
 log = logging.getLogger("gateway.grpc")
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1)]
@@ -173,10 +173,10 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
         except WireError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}")
             raise
-        if decision is SEQUENCED:
-            decision = await self.router.settle(fields, policy, _wire(metadata))
-        exchange = self.router.new_infer(method, raw, fields, _forwarded(context, metadata), context.time_remaining())
         client = self.router.pipeline.clients.of(grpcio_peer(context.peer()), _wire(metadata))
+        if decision is SEQUENCED:
+            decision = await self.router.settle(fields, policy, _wire(metadata), client)
+        exchange = self.router.new_infer(method, raw, fields, _forwarded(context, metadata), context.time_remaining())
         decision = await self.router.infer(exchange, fields.model_name, policy, decision, client)
         # after any fallback: the version that answered
         await context.send_initial_metadata(self.router.announced(decision, exchange.response))
@@ -246,7 +246,7 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
                 try:
                     fields, policy, decision = router.route(raw, wire)
                     if decision is SEQUENCED:
-                        decision = await router.settle(fields, policy, wire)
+                        decision = await router.settle(fields, policy, wire, ledger.client)
                     ledger.sent(fields.model_name, decision)
                     upstream.send(router.routed_message(raw, decision))
                     while upstream.backlog > STREAM_BACKLOG and relay.closed is None:

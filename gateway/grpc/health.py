@@ -23,7 +23,7 @@ from typing import Any
 
 from gateway.grpc.server_connection import GrpcServerConnection
 from gateway.grpc.status import StatusCode
-from gateway.http2.server import ServerStream
+from gateway.http2.server_stream import ServerStream
 
 log = logging.getLogger("gateway.grpc")
 HEALTH = "/grpc.health.v1.Health/"

@@ -48,7 +48,7 @@ class GrpcInfer:
     client itself once the pipeline is done, so ``deliver`` has nothing to do."""
 
     __slots__ = ("upstream", "fleets", "method", "raw", "model", "version", "sequence", "metadata", "timeout", "code",
-                 "details", "response", "status", "sent_at")
+                 "details", "response", "status", "sent_at", "server")
 
     def __init__(self, upstream: GrpcUpstream, method: str, raw: bytes, fields: RouteFields, metadata: Forwarded,
                  timeout: float | None, fleets: Mapping[str, GrpcUpstream] | None = None) -> None:
@@ -69,6 +69,7 @@ class GrpcInfer:
         self.details = ""
         self.response = b""
         self.status = "UNKNOWN"
+        self.server = ""  # the fleet's server it went to, noted by the fleet (pipeline.Exchange.server)
 
     async def send(self, target: Target) -> None:
         version = self.version or target.version
@@ -84,7 +85,7 @@ class GrpcInfer:
             upstream = named
         self.code, self.details, self.response = await upstream.unary(
             self.method, message, self.metadata, self.timeout, model=self.model, version=version,
-            sequence=self.sequence)
+            sequence=self.sequence, for_exchange=self)
         self.status = status_name(self.code)
 
     def unavailable(self) -> bool:
@@ -143,12 +144,13 @@ class GrpcRouter:
         except BadRequest as exc:
             raise WireError(exc.message) from None
 
-    async def settle(self, fields: RouteFields, policy: Policy | None, headers: Iterable[tuple[bytes, bytes]]) \
-            -> Decision:
-        """The decision for a message ``route`` answered SEQUENCED: its sequence's pin."""
+    async def settle(self, fields: RouteFields, policy: Policy | None, headers: Iterable[tuple[bytes, bytes]],
+                     client: str | None = None) -> Decision:
+        """The decision for a message ``route`` answered SEQUENCED: its sequence's pin; a start's
+        pin is held against ``client``'s quota (the call's client, as for the judge)."""
         assert policy is not None and fields.sequence_id is not None
         return await self.pipeline.route_sequence(policy, headers, fields.sequence_id, fields.sequence_start,
-                                                  fields.sequence_end)
+                                                  fields.sequence_end, client if fields.sequence_start else None)
 
     def routed_message(self, raw: bytes, decision: Decision) -> bytes:
         """A streamed request, addressed to the decision's target."""
@@ -179,9 +181,10 @@ class GrpcRouter:
         except asyncio.CancelledError:  # the client went away, or its deadline ran out: the upstream stream was reset
             if exchange.past_client_deadline():  # a latency of at least the client's deadline (censored)
                 self.pipeline.record(model, decision, Outcome.CLIENT_DEADLINE, "DEADLINE_EXCEEDED", "grpc", started,
-                                     client=client)
+                                     client=client, server=exchange.server)
             else:
-                self.pipeline.record(model, decision, Outcome.CANCELLED, "CANCELLED", "grpc", started, client=client)
+                self.pipeline.record(model, decision, Outcome.CANCELLED, "CANCELLED", "grpc", started, client=client,
+                                     server=exchange.server)
             raise
 
     def announced(self, decision: Decision, response: bytes = b"") -> tuple[tuple[str, str], ...]:

@@ -15,13 +15,14 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+from gateway.byte_budget import ByteBudget
 from gateway.client_address import PerAddress
 from gateway.grpc.status import StatusCode
 from gateway.grpc.wire import MessageTooLarge, grpc_frame, split_messages, status_block
 from gateway.http2.endpoint import StreamState
 from gateway.http2.hpack_codec import literal, literal_indexed_name
-from gateway.http2.server import Http2ServerConnection, Limits, ServerStream, StreamHandler
-from gateway.proxy.limits import ByteBudget
+from gateway.http2.server import Http2ServerConnection
+from gateway.http2.server_stream import Limits, ServerStream, StreamHandler
 
 _RESPONSE_HEADERS = b"\x88" + literal_indexed_name(31, b"application/grpc")  # :status 200, content-type
 _OK_TRAILER = literal(b"grpc-status", b"0")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import struct
 
+from gateway.batched_transport import BatchedTransport
 from gateway.http2.hpack_codec import Decoder, HeaderListTooLarge, HpackError
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -81,76 +82,6 @@ class StreamState:
         self.trailer: bytes | None = None  # a HEADERS frame to send after pending
 
 
-class BatchedTransport(asyncio.Transport):
-    """The connection's transport, but the frames written in one event-loop iteration go out in one
-    ``send()``. A loopback ``send()`` costs as much as the rest of a proxied call (the kernel delivers
-    to the peer inside it), and one upstream connection carries every call's stream: 32 calls whose
-    requests are written in one iteration became 32 syscalls, now one. Closing flushes first."""
-
-    __slots__ = ("raw", "_loop", "_pending")
-
-    def __init__(self, raw: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__()
-        self.raw = raw
-        self._loop = loop
-        self._pending: list[bytes] | None = None
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        pending = self._pending
-        if pending is None:
-            self._pending = [data]  # type: ignore[list-item]
-            self._loop.call_soon(self.flush)
-        else:
-            pending.append(data)  # type: ignore[arg-type]
-
-    def flush(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending and not self.raw.is_closing():
-            self.raw.write(pending[0] if len(pending) == 1 else b"".join(pending))
-
-    def close(self) -> None:
-        self.flush()
-        self.raw.close()
-
-    def write_eof(self) -> None:
-        self.flush()
-        self.raw.write_eof()
-
-    def abort(self) -> None:
-        self._pending = None
-        self.raw.abort()
-
-    def is_closing(self) -> bool:
-        return self.raw.is_closing()
-
-    def can_write_eof(self) -> bool:
-        return self.raw.can_write_eof()
-
-    def pause_reading(self) -> None:
-        self.raw.pause_reading()
-
-    def resume_reading(self) -> None:
-        self.raw.resume_reading()
-
-    def is_reading(self) -> bool:
-        return self.raw.is_reading()
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return self.raw.get_extra_info(name, default)
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        self.raw.set_write_buffer_limits(high, low)
-
-    def get_write_buffer_size(self) -> int:
-        return self.raw.get_write_buffer_size() + sum(len(piece) for piece in self._pending or ())
-
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        self.raw.set_protocol(protocol)
-
-    def get_protocol(self) -> asyncio.BaseProtocol:
-        return self.raw.get_protocol()
-
-
 class Endpoint(asyncio.Protocol):
     """Frames in, checked as RFC 9113 says, and frames out within the peer's windows.
 
@@ -164,9 +95,8 @@ class Endpoint(asyncio.Protocol):
 
     def __init__(self, max_frame: int = MAX_FRAME, max_header_block: int = MAX_HEADER_BLOCK,
                  max_header_list: int = _UNLIMITED) -> None:
-        self.transport: asyncio.Transport | None = None
+        self.transport: BatchedTransport | None = None
         self.closing = False
-        self.write_closed = False  # our FIN is sent (a lingering close): nothing more may be written
         self.reading = True  # False: frames stay in the buffer (paused for backpressure, or closed)
         self.streams: dict[int, StreamState] = {}
         self.peer_max_streams = 1 << 31
@@ -471,8 +401,8 @@ class Endpoint(asyncio.Protocol):
         self.transport = BatchedTransport(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
 
     def write(self, data: bytes) -> None:
-        if self.transport is not None and not self.transport.is_closing() and not self.write_closed:
-            self.transport.write(data)
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)  # which drops it once shut (a lingering close)
 
     def headers_frames(self, stream_id: int, block: bytes, end_stream: bool = False) -> bytes:
         """HEADERS, split into CONTINUATION frames when the block is above the peer's frame size."""

@@ -7,10 +7,10 @@
   body is bounded by ``body_idle_timeout_s`` in the server protocol (``gateway.server``).
 - **Two byte bounds.** One body: ``max_body_bytes`` (64 MiB, Triton's own default
   ``--http-max-input-size``), refused from ``Content-Length`` before a byte is read, or as soon
-  as a chunked body passes it: 413. Everything held for requests at once: one
-  :class:`ByteBudget` of ``max_buffered_body_bytes``, shared by both ports: HTTP bodies, gRPC
-  messages while they are assembled, inflated and held for their call, shadow copies, and
-  what the gateway inflates itself. Past it a request is answered 503 with ``Retry-After``
+  as a chunked body passes it: 413. Everything held for requests at once: one ``ByteBudget``
+  (``gateway.byte_budget``) of ``max_buffered_body_bytes``, shared by both ports: HTTP bodies,
+  gRPC messages while they are assembled, inflated and held for their call, shadow copies,
+  and what the gateway inflates itself. Past it a request is answered 503 with ``Retry-After``
   (gRPC: UNAVAILABLE; a shadow copy is dropped): overload, not the client's fault. Every
   charge is released by a ``finally`` (or the owner's end of life), never only on the errors
   somebody thought of.
@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import Awaitable, Callable, Iterable, Iterator, MutableMapping
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
-from gateway.errors import ClientGone, GatewayBusy, PayloadTooLarge
+from gateway.byte_budget import ByteBudget
+from gateway.errors import ClientGone, PayloadTooLarge
 from gateway.upstream import named_by_connection
 
 MIB = 1 << 20
@@ -42,44 +42,6 @@ _COMPRESSED = frozenset([b"gzip", b"deflate"])
 HOP_BY_HOP_RESPONSE = frozenset([b"connection", b"keep-alive", b"proxy-connection", b"proxy-authenticate",
                                  b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade",
                                  b"content-length"])
-
-
-class ByteBudget:
-    """The bytes the gateway holds for requests, on both ports, against one ``limit``.
-
-    Whoever takes bytes releases exactly as many when it lets them go, on every path: with
-    :meth:`charged` (a context manager), a ``finally``, or the end of the object that holds
-    them. ``held`` is 0 when no request is in the gateway."""
-
-    __slots__ = ("limit", "held")
-
-    def __init__(self, limit: int = 256 * MIB) -> None:
-        self.limit = limit
-        self.held = 0
-
-    def take(self, size: int) -> None:
-        """Charge ``size`` bytes, or raise GatewayBusy (503 + Retry-After) when they do not fit."""
-        if self.held + size > self.limit:
-            raise GatewayBusy(f"the gateway holds {self.limit} bytes of requests already: retry shortly")
-        self.held += size
-
-    def try_take(self, size: int) -> bool:
-        """Charge ``size`` bytes if they fit; False (nothing charged) if not."""
-        if self.held + size > self.limit:
-            return False
-        self.held += size
-        return True
-
-    def release(self, size: int) -> None:
-        self.held -= size
-
-    @contextmanager
-    def charged(self, size: int) -> Iterator[None]:
-        self.take(size)
-        try:
-            yield
-        finally:
-            self.held -= size
 
 
 class BodyReader:

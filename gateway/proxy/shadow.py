@@ -26,11 +26,12 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from gateway.background import Background
+from gateway.byte_budget import ByteBudget
 from gateway.errors import GatewayError, PayloadTooLarge
 from gateway.grpc.status import FAULTS, StatusCode
 from gateway.grpc.upstream import GrpcUpstream, Metadata
 from gateway.pipeline import ShadowCopy
-from gateway.proxy.limits import MIB, ByteBudget, inflate
+from gateway.proxy.limits import MIB, inflate
 from gateway.sequences import SequenceFields
 from gateway.telemetry.recorder import LATENCY_BOUNDS, Recorder, ShadowStats
 from gateway.upstream import HttpUpstream
@@ -134,7 +135,8 @@ class ShadowMirror:
         stats = self._stats(mirror.model, mirror.version)
         started = time.perf_counter()
         try:
-            response = await self.upstream.request(mirror.method, mirror.target, mirror.headers, mirror.body)
+            response = await self.upstream.request(mirror.method, mirror.target, mirror.headers, mirror.body,
+                                                   model=mirror.model, version=mirror.version)
             body = await response.read()
         except GatewayError:
             stats.requests += 1

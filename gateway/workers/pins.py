@@ -41,8 +41,8 @@ class RemotePins(SequencePins):
         answer: str | None = self._channel.call("lookup", self._table, model, sequence_id)
         return answer
 
-    def pin(self, model: str, sequence_id: object, version: str) -> None:
-        self._channel.call("pin", self._table, model, sequence_id, version)
+    def pin(self, model: str, sequence_id: object, version: str, client: str | None = None) -> None:
+        self._channel.call("pin", self._table, model, sequence_id, version, client)
 
     def release(self, model: str, sequence_id: object) -> None:
         self._channel.call("release", self._table, model, sequence_id)
@@ -56,7 +56,7 @@ class PinService:
         self.calls = 0
 
     async def answer(self, verb: str, table: str, model: Any, sequence_id: object,
-                     version: str | None = None) -> Any:
+                     version: str | None = None, client: str | None = None) -> Any:
         pins = self._tables(table)
         if pins is None:
             return None
@@ -69,7 +69,7 @@ class PinService:
             found = pins.recent(model, sequence_id)
             return found if found is not None else await pins.resolve(model, sequence_id, False)
         if verb == "pin" and version is not None:
-            pins.pin(model, sequence_id, version)
+            pins.pin(model, sequence_id, version, client)  # held against the client's quota, node-wide
         elif verb == "release":
             pins.release(model, sequence_id)
         await pins.share(model, sequence_id)  # written through to the store before the worker forwards

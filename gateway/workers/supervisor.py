@@ -41,7 +41,6 @@ from typing import Any
 
 import uvicorn
 from fastapi import Depends, Request, Response
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gateway.admin.deps import actor
 from gateway.app import Gateway
@@ -49,6 +48,7 @@ from gateway.devtools.local_triton import free_port
 from gateway.services.config_intent import apply_declared
 from gateway.settings import Settings, SettingsError
 from gateway.workers.channel import Channel, ChannelClosed
+from gateway.workers.collector import WorkersCollector
 from gateway.workers.deltas import Delta, MergedRecorder
 from gateway.workers.fleet_counts import FleetSums
 from gateway.workers.pins import VERSION_TABLE, PinService
@@ -393,37 +393,6 @@ class _QuietServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
-
-
-class WorkersCollector:
-    """Per-worker series, only where one worker means something: up, restarts, loop lag; and
-    what merging their reports cost the control plane."""
-
-    def __init__(self, supervisor: Supervisor) -> None:
-        self.supervisor = supervisor
-
-    def collect(self) -> Iterator[Metric]:
-        up = GaugeMetricFamily("gateway_worker_up", "1 while the worker reports to the control plane",
-                               labels=["worker"])
-        restarts = CounterMetricFamily("gateway_worker_restarts", "Workers replaced after exiting or stalling",
-                                       labels=["worker"])
-        lag = GaugeMetricFamily("gateway_worker_event_loop_lag_seconds", "How late the worker's last report "
-                                "timer fired: its event loop's lag", labels=["worker"])
-        current = GaugeMetricFamily("gateway_worker_policy_current", "1 when the worker runs the latest policy push",
-                                    labels=["worker"])
-        for slot in self.supervisor.slots:
-            label = [str(slot.index)]
-            up.add_metric(label, 1.0 if slot.channel is not None else 0.0)
-            restarts.add_metric(label, slot.restarts)
-            lag.add_metric(label, slot.lag_s)
-            current.add_metric(label, 1.0 if slot.push == self.supervisor.push else 0.0)
-        cost = self.supervisor.cost
-        merged = CounterMetricFamily("gateway_worker_reports", "Worker reports merged by the control plane")
-        merged.add_metric([], cost.reports)
-        seconds = CounterMetricFamily("gateway_worker_merge_seconds", "Seconds the control plane spent "
-                                      "decoding and merging worker reports")
-        seconds.add_metric([], cost.seconds)
-        yield from (up, restarts, lag, current, merged, seconds)
 
 
 def run_supervised(settings: Settings, config_file: str | Path | None = None,

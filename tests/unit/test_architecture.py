@@ -9,9 +9,11 @@
 - the pipeline imports no front (it knows exchanges; the shadow queue is a port it is given);
 - telemetry imports nothing of the data plane (the fleet collector reads its own small views);
 - HTTP/2 imports nothing of gRPC (``grpc.server_connection`` and ``grpc.client_connection`` put
-  gRPC on top of it);
+  gRPC on top of it) and no front's module;
 - the fleet imports no front, no gRPC and no HTTP/2: the front hands over the model, version and
-  sequence fields it read once, and the gRPC calls over a fleet live on the gRPC side.
+  sequence fields it read once, and the gRPC calls over a fleet live on the gRPC side;
+- the modules both ports share (the write-joining transport, the byte budget) import neither
+  port's modules nor HTTP/2: each front puts its own behaviour on top of them.
 
 Checked to fail: adding ``from gateway.store.base import StateStore`` to ``gateway/routing.py``
 (and, separately, ``from gateway.admin.deps import Actor`` to ``gateway/services/policies.py``)
@@ -35,6 +37,8 @@ TRANSPORT = ("gateway.proxy", "gateway.grpc", "gateway.pipeline", "gateway.upstr
 # The modules that speak a client's wire format (and the shadow queue the HTTP front's package holds).
 FRONTS = ("gateway.proxy", "gateway.grpc", "gateway.http_front", "gateway.http_output", "gateway.asgi",
           "gateway.server")
+# Used by both ports (the HTTP front, HTTP/2 under gRPC) and so below both.
+SHARED = ("gateway.batched_transport", "gateway.byte_budget")
 # (who, may not import, why)
 RULES = [
     (DATA_PLANE, CONTROL_PLANE, "the data plane meets the control plane only at the policy book and the recorder"),
@@ -45,8 +49,11 @@ RULES = [
     (("gateway.telemetry",), DATA_PLANE, "telemetry reads the data plane through small views of its own"),
     (("gateway.http2",), ("gateway.grpc", "gateway.pipeline", "gateway.fleet"),
      "HTTP/2 is a plain layer: gRPC's framing, statuses and trailers live in grpc/, on top of it"),
+    (("gateway.http2",), FRONTS, "HTTP/2 sits below the fronts: what it shares with the HTTP port lives in "
+     "a module of its own (SHARED)"),
     (("gateway.fleet",), (*FRONTS, "gateway.http2", "gateway.pipeline"),
      "the fleet is the upstream side: what it chooses by comes with the request, it reads no front's wire"),
+    (SHARED, (*FRONTS, "gateway.http2"), "what both ports share sits below both: each front builds on it"),
 ]
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from gateway.grpc.server_connection import GrpcServerConnection
 from gateway.http2.endpoint import PREFACE, frame
-from gateway.http2.server import Limits, ServerStream
+from gateway.http2.server_stream import Limits, ServerStream
 
 LIMITS = Limits(max_concurrent_streams=4, stream_window=65535, connection_window=65535 * 2, max_frame=16384,
                 max_header_list=1024, max_message=4096)

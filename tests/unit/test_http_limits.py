@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
+from gateway.byte_budget import ByteBudget
 from gateway.errors import BadRequest, ClientGone, GatewayBusy, PayloadTooLarge
 from gateway.pipeline import checked_model, checked_version
-from gateway.proxy.limits import BodyReader, ByteBudget, end_to_end, inflate
+from gateway.proxy.limits import BodyReader, end_to_end, inflate
 from gateway.proxy.shadow import GrpcMirror, Mirror, ShadowMirror, _decoded, agree
 from gateway.sequences import checked_sequence_id
 from gateway.settings import Settings, SettingsError

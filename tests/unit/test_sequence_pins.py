@@ -12,6 +12,7 @@ from gateway.policy_book import PolicyBook
 from gateway.routing import Reason, choose_in_sequence, compile_policy
 from gateway.sequences import SequencePins
 from gateway.store.records import spec_from_document, stored_spec
+from gateway.workers.pins import VERSION_TABLE, PinService
 
 
 class Clock:
@@ -149,3 +150,88 @@ def test_stored_policies_from_before_auto_read_their_false_as_auto() -> None:
     chosen = PolicySpec.model_validate({"weights": {"1": 100}, "sequence_affinity": False})
     assert spec_from_document(stored_spec(chosen), "new").sequence_affinity is False, "a choice made now stays"
     assert spec_from_document({"weights": {"1": 100}}, "oldest").sequence_affinity == "auto"
+
+
+# -- one client's starts cannot push out another client's pins (issue 22) -----------------------
+
+
+def test_a_client_past_its_quota_evicts_only_its_own_least_recently_used_pins() -> None:
+    clock = Clock()
+    pins = SequencePins(max_entries=200, idle_s=60, clock=clock, max_per_client=20)
+    pins.pin("seq", "victim-1", "1", "10.0.0.1")
+    pins.pin("seq", "victim-2", "1", "10.0.0.2")
+    pins.restore({("seq", "restored"): ("2", 1.0)})  # no owner: the store keeps none
+    pins.take_changes()
+    for sid in range(1_000):
+        clock.now += 0.001
+        pins.pin("seq", sid, "2", "10.6.6.6")
+        if sid % 10 == 0:  # the attacker keeps its first sequence busy: its least recently used go first
+            assert pins.lookup("seq", 0) == "2"
+    assert pins.lookup("seq", "victim-1") == "1" and pins.lookup("seq", "victim-2") == "1"
+    assert pins.lookup("seq", "restored") == "2", "a pin without an owner is no client's to evict"
+    assert pins.held_by("10.6.6.6") == 20 and len(pins) == 23
+    kept = {sid for sid in range(1_000) if pins.lookup("seq", sid) is not None}
+    assert kept == {0, *range(981, 1_000)}, "its busy first sequence and its 19 newest"
+    changes = pins.take_changes()
+    assert changes[("seq", 1)] is None and changes[("seq", 980)] is None, "evictions reach the store"
+    assert pins.held_by("10.0.0.1") == 1
+
+
+def test_the_tables_own_bound_still_holds_across_many_clients_and_ends_free_a_clients_quota() -> None:
+    clock = Clock()
+    pins = SequencePins(max_entries=50, idle_s=60, clock=clock, max_per_client=20)
+    for client in range(10):  # 10 clients x 10 pins: each under its quota, 100 over the table
+        for sid in range(10):
+            clock.now += 0.001
+            pins.pin("seq", (client, sid), "1", f"10.0.0.{client}")
+    assert len(pins) == 50, "the least recently used of all go past max_entries"
+    assert [pins.held_by(f"10.0.0.{client}") for client in range(10)] == [0] * 5 + [10] * 5
+    assert pins._owned.keys() == {f"10.0.0.{client}" for client in range(5, 10)}, "no empty owner is kept"
+    for sid in range(10):
+        pins.release("seq", (9, sid))
+    assert pins.held_by("10.0.0.9") == 0 and len(pins) == 40
+    clock.now += 61  # idle: gone, and off their owners' quotas
+    assert pins.open_on("seq", "1") == 0 and not pins._owned
+
+
+def test_an_id_started_again_by_another_client_moves_to_that_clients_quota() -> None:
+    pins = SequencePins(max_per_client=2)
+    pins.pin("seq", 1, "1", "a")
+    pins.pin("seq", 1, "2", "b")
+    assert pins.held_by("a") == 0 and pins.held_by("b") == 1
+    pins.pin("seq", 2, "1", "a")
+    pins.pin("seq", 3, "1", "a")
+    pins.pin("seq", 4, "1", "a")  # a's third: its own oldest (2) goes, b's pin stays
+    assert pins.lookup("seq", 2) is None and pins.lookup("seq", 1) == "2" and pins.held_by("a") == 2
+
+
+def test_a_pin_read_from_the_store_has_no_owner_here() -> None:
+    """The replica the sequence started on holds it against its client; here it is bounded by
+    the table (and its eviction there deletes it from the store)."""
+    clock, shared = Clock(), SharedPins()
+    a, b = replica(shared, clock), replica(shared, clock)
+    a.pin("seq", 7, "1", "10.0.0.1")
+    asyncio.run(a.share("seq", 7))
+    assert asyncio.run(b.resolve("seq", 7, end=False)) == "1"
+    assert a.held_by("10.0.0.1") == 1 and b.held_by("10.0.0.1") == 0 and len(b) == 1
+
+
+def test_choose_in_sequence_pins_a_start_for_its_client() -> None:
+    policy = compile_policy("seq", PolicySpec.model_validate({"weights": {"1": 50, "2": 50}}), sequence_batched=True)
+    pins = SequencePins(max_per_client=1)
+    first = choose_in_sequence(policy, {}, 0, pins, 5, start=True, end=False, client="10.0.0.1")
+    other = choose_in_sequence(policy, {}, 0, pins, 6, start=True, end=False, client="10.0.0.2")
+    assert first is not None and other is not None and first.version == other.version, "the client changes no decision"
+    choose_in_sequence(policy, {}, 0, pins, 7, start=True, end=False, client="10.0.0.1")
+    assert pins.lookup("seq", 5) is None and pins.lookup("seq", 6) == other.version
+
+
+def test_a_workers_start_is_held_against_its_client_in_the_nodes_table() -> None:
+    """--workers: a worker's pin call carries the client, so the quota is the node's."""
+    pins = SequencePins(max_per_client=1)
+    service = PinService(lambda table: pins if table == VERSION_TABLE else None)
+    for sequence_id in (1, 2):
+        asyncio.run(service.answer("pin", VERSION_TABLE, b"seq", sequence_id, "2", "10.0.0.1"))
+    asyncio.run(service.answer("pin", VERSION_TABLE, b"seq", 3, "1", "10.0.0.2"))
+    assert pins.held_by("10.0.0.1") == 1 and pins.lookup("seq", 1) is None
+    assert pins.lookup("seq", 2) == "2" and pins.lookup("seq", 3) == "1"
