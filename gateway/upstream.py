@@ -304,9 +304,9 @@ class HttpUpstream:
                 exchange.abort()
                 raise exchange.error
             resent = True
-            conn = await self._connection_for_resend(exchange.error, deadline)
+            conn = await self._connection_for_resend(method, exchange.error, deadline)
 
-    async def _connection_for_resend(self, dropped: UpstreamError, deadline: float) -> _Connection:
+    async def _connection_for_resend(self, method: bytes, dropped: UpstreamError, deadline: float) -> _Connection:
         """Triton closed a reused connection without a byte of an answer: the request goes once more.
 
         Safe for a POST too (inference is not idempotent): Triton's HTTP server runs a request
@@ -316,14 +316,16 @@ class HttpUpstream:
         on our bytes (Triton 2.51's libevhtp reads one byte past a 4 KB read that ends inside the
         URL and drops the connection when that stale byte is a space or CR/LF). The one way a
         request it ran ends so is its process dying before the answer: nobody listens for the
-        resend (unless a new process already shares the port: Triton's --reuse-http-port) and
-        the client gets the first error, not "unavailable", which a fleet would send elsewhere.
-        Not on a fresh connection (the idle-close race needs a kept-alive one), and on one that
-        did not sit idle (the others sat as long as this one).
+        resend (unless a new process already shares the port: Triton's --reuse-http-port), and
+        a POST gets the first error, not "unavailable", which a fleet would send to another
+        server (a GET may go). Not on a fresh connection (the idle-close race needs a kept-alive
+        one), and on one that did not sit idle (the others sat as long as this one).
         """
         try:
             return await self._acquire(deadline, fresh=True)
         except UpstreamUnavailable:
+            if method in _IDEMPOTENT:
+                raise
             raise dropped from None
 
     def _head(self, method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]],
