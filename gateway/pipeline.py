@@ -8,10 +8,11 @@ Triton's answer means "that version cannot answer now", hand the answer to its c
 make a shadow copy. What happens, and in which order, is written here once, so a behaviour
 that one protocol has the other has too.
 
-A :class:`Target` is where one request goes. Today it is a version; when a target also names
-a server of a fleet, :meth:`Pipeline.target` is the one place that changes. Targets are
-built once per version and reused, like the decisions of a compiled policy: the hot path
-allocates no new routing objects per request.
+A :class:`Target` is where one request goes: a version on a fleet. Targets are built once per
+version and reused, like the decisions of a compiled policy: the hot path allocates no new
+routing objects per request. What is the request's own travels with its exchange: the fields
+its front read once (model, version sent, sequence fields), which the fleet chooses a server
+by, and the server it chose (``Exchange.server``), which the access log names.
 
 Layering: the pipeline knows exchanges and the ports it is given (policy book, recorder,
 sequence pins, shadow queue), never a front's module. The shadow queue is the port
@@ -120,6 +121,10 @@ class Shadow(Protocol):
 
 class Exchange(Protocol):
     """One request as its front sees it. The pipeline decides; the exchange speaks the wire."""
+
+    server: str
+    """The fleet's server the request went to, the last one tried (noted by the fleet when it
+    chooses, on every send); "" before it is sent."""
 
     @property
     def status(self) -> int | str:
@@ -266,7 +271,8 @@ class Pipeline:
                 recorder.remove_inflight(inflight)
         if policy is not None and policy.shadow_version is not None:
             self._shadow_gate(exchange, model, policy, decision)
-        self.record(model, decision, exchange.outcome(), exchange.status, protocol, started, exchange.fault(), client)
+        self.record(model, decision, exchange.outcome(), exchange.status, protocol, started, exchange.fault(), client,
+                    exchange.server)
         return decision
 
     def _shadow_gate(self, exchange: Exchange, model: str, policy: Policy, decision: Decision) -> None:
@@ -281,12 +287,12 @@ class Pipeline:
         shadow.offer(exchange.mirror(model, decision, self._target(version)))
 
     def record(self, model: str, decision: Decision, outcome: Outcome, status: int | str, protocol: str,
-               started: float, fault: str | None = None, client: str = "") -> None:
+               started: float, fault: str | None = None, client: str = "", server: str = "") -> None:
         """One sample. One rule for a model Triton does not know, on both protocols: a not-found
         answer, or a failed request for a model without a policy (routed by Triton or pinned by the
         client), is recorded as ``_unknown``; a failed pinned version no policy names as ``_unserved``.
         ``client`` (the peer's address, or the one a trusted proxy forwarded) is the unit the
-        rollout judge counts shares by."""
+        rollout judge counts shares by; ``server`` (the fleet's server that answered) goes to the access log."""
         failed = outcome is not Outcome.SUCCESS
         if status in _NOT_FOUND or failed and (decision is DEFAULT or decision.reason == Reason.PINNED
                                                  and self.book.get(model) is None):
@@ -300,4 +306,4 @@ class Pipeline:
             self.recorder.upstream_error(model, version, fault)
         self.recorder.record(model, version, outcome, latency, reason, protocol, str(status), client)
         if self.access_log is not None:
-            self.access_log(model, version, reason, protocol, status, latency)
+            self.access_log(model, version, reason, protocol, status, latency, server)

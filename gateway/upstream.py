@@ -25,6 +25,7 @@ import asyncio
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
+from typing import Protocol
 
 import httptools
 
@@ -44,6 +45,13 @@ _HIGH_WATER = 1 << 20  # buffered streaming bytes before we stop reading from Tr
 def named_by_connection(value: bytes) -> frozenset[bytes]:
     """The header names a ``Connection`` header lists: hop-by-hop too (RFC 9110 §7.6.1)."""
     return frozenset(token.strip().lower() for token in value.split(b",")) - {b"close", b"keep-alive", b""}
+
+
+class NotesServer(Protocol):
+    """What a request is sent for (its exchange): a fleet notes there the server it chose, the
+    last one tried when a retry moved it (``pipeline.Exchange.server``)."""
+
+    server: str
 
 
 class UpstreamResponse:
@@ -258,12 +266,16 @@ class HttpUpstream:
 
     async def request(self, method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]],
                       body: bytes | AsyncIterator[bytes] = b"", *, content_length: int | None = None,
-                      timeout_s: float | None = None, sequence: SequenceFields | None = None) -> UpstreamResponse:
+                      timeout_s: float | None = None, model: str = "", version: str | None = None,
+                      sequence: SequenceFields | None = None,
+                      for_exchange: NotesServer | None = None) -> UpstreamResponse:
         """Send one request; return once the status line and headers are in.
 
         ``headers`` are the client's; hop-by-hop ones and ``Host`` are replaced. A streamed
-        ``body`` keeps ``content_length`` when given, else goes chunked. ``sequence``: the
-        request's sequence fields as the front read them (a fleet of several servers pins on them).
+        ``body`` keeps ``content_length`` when given, else goes chunked. ``model``, ``version``
+        (the one sent: the path's, else None) and ``sequence``: what the front read of the request,
+        once (a fleet of several servers chooses by them and never reads the request itself);
+        ``for_exchange``: where a fleet notes the server it chose. One server reads none of them.
         """
         head = self._head(method, target, headers, body, content_length)
         timeout = self.request_timeout_s if timeout_s is None else timeout_s

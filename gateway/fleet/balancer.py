@@ -158,20 +158,20 @@ class Fleet:
         gap = a.inflight - b.inflight
         return b if gap >= STEER_GAP and gap + gap >= b.inflight else a
 
-    def sequence_server(self, model: Key, sequence_id: object, start: bool) -> Server | None:
+    def sequence_server(self, model: str, sequence_id: object, start: bool) -> Server | None:
         """The server a live sequence is pinned to (None for a new one, or when its server left:
         Triton there says the sequence is unknown, which is the one clear error it can get)."""
         if start:
             return None
-        name = self.sequences.lookup(model, sequence_id)  # type: ignore[arg-type]
+        name = self.sequences.lookup(model, sequence_id)
         server = self.servers.get(name) if name is not None else None
         return server if server is not None and server.in_service else None
 
-    def pin_sequence(self, model: Key, sequence_id: object, end: bool, server: Server) -> None:
+    def pin_sequence(self, model: str, sequence_id: object, end: bool, server: Server) -> None:
         if end:
-            self.sequences.release(model, sequence_id)  # type: ignore[arg-type]
+            self.sequences.release(model, sequence_id)
         else:
-            self.sequences.pin(model, sequence_id, server.name)  # type: ignore[arg-type]
+            self.sequences.pin(model, sequence_id, server.name)
 
     async def admit(self, server: Server, model: Key, version: Key | None) -> Server:
         """A slot on ``server``, or on the least busy other candidate with room, or a queued wait on

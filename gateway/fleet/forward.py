@@ -1,12 +1,14 @@
 """The fleet-aware stand-in for the single-server HTTP upstream client: same calls, one server per request.
 
-``FleetHttp.request`` takes exactly what ``HttpUpstream`` takes, reads the model and version the
-request is already addressed to (the versioned path), picks a server with :meth:`Fleet.pick`,
-takes an admission slot, and sends. Per request that is a short byte split, a dict lookup and
-two random draws: no parsing of bodies, no locks. A request's sequence fields come with it,
-read once by the HTTP front (``sequence``). The gRPC stand-in, ``grpc.fleet_upstream.FleetGrpc``,
-follows the same rules below; it lives on the gRPC side, so this package imports no front and
-no protocol of theirs (``tests/unit/test_architecture.py``).
+``FleetHttp.request`` takes exactly what ``HttpUpstream`` takes. The request arrives addressed:
+the HTTP front read its path and JSON header once and hands over what the fleet chooses by
+(``model``, ``version``: the one it is sent to, ``sequence``); the fleet reads nothing of the
+request again, path included. It picks a server with :meth:`Fleet.pick`, notes it on the
+request's exchange (``exchange.server``: the access log names it), takes an admission slot, and
+sends. Per request that is a dict lookup, a draw and an attribute set: no parsing, no locks, no
+allocation. The gRPC stand-in, ``grpc.fleet_upstream.FleetGrpc``, follows the same rules below;
+it lives on the gRPC side, so this package imports no front and no protocol of theirs
+(``tests/unit/test_architecture.py``).
 
 - A request that could not be sent at all (the connect was refused or timed out: nothing was
   written, and a streamed body was not read yet) is tried once more on another server.
@@ -29,21 +31,11 @@ from gateway.errors import ClientGone, UpstreamError, UpstreamTimeout, UpstreamU
 from gateway.fleet.balancer import Fleet
 from gateway.fleet.members import Server
 from gateway.sequences import SequenceFields
-from gateway.upstream import HttpUpstream, UpstreamResponse
+from gateway.upstream import HttpUpstream, NotesServer, UpstreamResponse
 
 # Triton's answer when a model's queue is full (HTTP 503, gRPC UNAVAILABLE): passed on as it is.
 TRITON_QUEUE_FULL = "Exceeds maximum queue size"
 _QUEUE_FULL = TRITON_QUEUE_FULL.encode()
-
-
-def target_model_version(target: bytes) -> tuple[bytes, bytes | None]:
-    """``/v2/models/{m}[/versions/{v}]/...`` -> (m, v or None) as bytes; (b"", None) for other paths."""
-    parts = target.split(b"/", 6)
-    if len(parts) < 5 or parts[2] != b"models":
-        return b"", None
-    if len(parts) >= 7 and parts[4] == b"versions":
-        return parts[3], parts[5]
-    return parts[3].partition(b"?")[0], None
 
 
 class FleetHttp(HttpUpstream):
@@ -63,13 +55,14 @@ class FleetHttp(HttpUpstream):
 
     async def request(self, method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]],
                       body: bytes | AsyncIterator[bytes] = b"", *, content_length: int | None = None,
-                      timeout_s: float | None = None, sequence: SequenceFields | None = None) -> UpstreamResponse:
+                      timeout_s: float | None = None, model: str = "", version: str | None = None,
+                      sequence: SequenceFields | None = None,
+                      for_exchange: NotesServer | None = None) -> UpstreamResponse:
+        """``model``, ``version`` and ``sequence``: what the front read of the request (see the
+        module's docstring); ``for_exchange.server``: the server it went to, the last one tried."""
         fleet = self.fleet
-        single = fleet.single
-        if single is not None:  # one server: nothing to choose, the path need not be read
-            model, version, server = b"", None, single
-        else:
-            model, version = target_model_version(target)
+        server = fleet.single
+        if server is None:  # several servers: choose by what the front handed over (one server reads none of it)
             pinned = None if sequence is None else fleet.sequence_server(model, sequence.id, sequence.start)
             server = pinned or fleet.pick(model, version)
             if sequence is not None:
@@ -78,6 +71,8 @@ class FleetHttp(HttpUpstream):
             server = await fleet.admit(server, model, version)  # full: wait for a slot, or another server
         else:
             server.inflight += 1
+        if for_exchange is not None:
+            for_exchange.server = server.name
         try:
             return await self._on(server, method, target, headers, body, content_length, timeout_s)
         except UpstreamUnavailable:
@@ -93,6 +88,8 @@ class FleetHttp(HttpUpstream):
                 other = await fleet.admit(other, model, version)
             else:
                 other.inflight += 1
+            if for_exchange is not None:
+                for_exchange.server = other.name  # the one that answers (or fails) last
             return await self._on(other, method, target, headers, body, content_length, timeout_s)
 
     async def _on(self, server: Server, method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]],

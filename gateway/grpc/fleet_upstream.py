@@ -21,6 +21,7 @@ from gateway.grpc.status import FAULTS, StatusCode
 from gateway.grpc.upstream import GrpcUpstream, Reply, StreamListener, UpstreamStream
 from gateway.grpc.upstream import Metadata as GrpcMetadata
 from gateway.sequences import SequenceFields, checked_sequence_id
+from gateway.upstream import NotesServer
 
 UNAVAILABLE, RESOURCE_EXHAUSTED = StatusCode.UNAVAILABLE, StatusCode.RESOURCE_EXHAUSTED
 # GrpcUpstream's own words for "nothing reached the server", and for "the connection broke".
@@ -48,9 +49,10 @@ class FleetGrpc(GrpcUpstream):
 
     async def unary(self, path: str, message: bytes, metadata: GrpcMetadata = (),
                     timeout: float | None = None, *, model: str | bytes = "", version: str | bytes | None = None,
-                    sequence: SequenceFields | None = None) -> Reply:
+                    sequence: SequenceFields | None = None, for_exchange: NotesServer | None = None) -> Reply:
         """``model``, ``version`` and ``sequence``: what the front read of the message (see the
-        module's docstring); the message itself is not read here."""
+        module's docstring); the message itself is not read here. ``for_exchange.server``: the
+        server it went to, the last one tried."""
         fleet = self.fleet
         single = fleet.single
         try:
@@ -61,9 +63,9 @@ class FleetGrpc(GrpcUpstream):
                 if sequence is not None:
                     sequence_id = checked_sequence_id(sequence.id)  # bounded before it is pinned
                     if sequence_id is not None:
-                        # pinned by the name's bytes, as FleetHttp pins by the path's: one pin per
-                        # sequence, whichever port its requests come on
-                        key = model.encode() if isinstance(model, str) else model
+                        # pinned by the model's name, as FleetHttp pins by the name the HTTP front
+                        # read: one pin per sequence, whichever port its requests come on
+                        key = model if isinstance(model, str) else model.decode("utf-8", "replace")
                         pinned = fleet.sequence_server(key, sequence_id, sequence.start)
                 server = pinned or fleet.pick(model, version)
                 if sequence is not None and sequence_id is not None:
@@ -78,6 +80,8 @@ class FleetGrpc(GrpcUpstream):
             return UNAVAILABLE, exc.message, b""
         except BadRequest as exc:  # a sequence id Triton would not take
             return StatusCode.INVALID_ARGUMENT, str(exc), b""
+        if for_exchange is not None:
+            for_exchange.server = server.name
         reply = await self._call(server, path, message, metadata, timeout)
         if reply[0] == UNAVAILABLE and reply[1].startswith(_NOT_SENT):
             try:
@@ -88,6 +92,8 @@ class FleetGrpc(GrpcUpstream):
                     other.inflight += 1
             except (UpstreamUnavailable, Overloaded):
                 return reply
+            if for_exchange is not None:
+                for_exchange.server = other.name  # the one that answers (or fails) last
             reply = await self._call(other, path, message, metadata, timeout)
         return reply
 

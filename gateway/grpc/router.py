@@ -48,7 +48,7 @@ class GrpcInfer:
     client itself once the pipeline is done, so ``deliver`` has nothing to do."""
 
     __slots__ = ("upstream", "fleets", "method", "raw", "model", "version", "sequence", "metadata", "timeout", "code",
-                 "details", "response", "status", "sent_at")
+                 "details", "response", "status", "sent_at", "server")
 
     def __init__(self, upstream: GrpcUpstream, method: str, raw: bytes, fields: RouteFields, metadata: Forwarded,
                  timeout: float | None, fleets: Mapping[str, GrpcUpstream] | None = None) -> None:
@@ -69,6 +69,7 @@ class GrpcInfer:
         self.details = ""
         self.response = b""
         self.status = "UNKNOWN"
+        self.server = ""  # the fleet's server it went to, noted by the fleet (pipeline.Exchange.server)
 
     async def send(self, target: Target) -> None:
         version = self.version or target.version
@@ -84,7 +85,7 @@ class GrpcInfer:
             upstream = named
         self.code, self.details, self.response = await upstream.unary(
             self.method, message, self.metadata, self.timeout, model=self.model, version=version,
-            sequence=self.sequence)
+            sequence=self.sequence, for_exchange=self)
         self.status = status_name(self.code)
 
     def unavailable(self) -> bool:
@@ -180,9 +181,10 @@ class GrpcRouter:
         except asyncio.CancelledError:  # the client went away, or its deadline ran out: the upstream stream was reset
             if exchange.past_client_deadline():  # a latency of at least the client's deadline (censored)
                 self.pipeline.record(model, decision, Outcome.CLIENT_DEADLINE, "DEADLINE_EXCEEDED", "grpc", started,
-                                     client=client)
+                                     client=client, server=exchange.server)
             else:
-                self.pipeline.record(model, decision, Outcome.CANCELLED, "CANCELLED", "grpc", started, client=client)
+                self.pipeline.record(model, decision, Outcome.CANCELLED, "CANCELLED", "grpc", started, client=client,
+                                     server=exchange.server)
             raise
 
     def announced(self, decision: Decision, response: bytes = b"") -> tuple[tuple[str, str], ...]:

@@ -38,6 +38,7 @@ from gateway.grpc.client_connection import GOING_AWAY, NOT_CONNECTED, Http2Conne
 from gateway.grpc.status import StatusCode
 from gateway.http2.hpack_codec import literal, literal_indexed_name
 from gateway.sequences import SequenceFields
+from gateway.upstream import NotesServer
 
 __all__ = ["GrpcUpstream", "Reply", "StreamListener", "UpstreamStream", "grpc_timeout"]
 _METADATA_CACHE_LIMIT = 1024
@@ -109,9 +110,10 @@ class GrpcUpstream:
 
     async def unary(self, path: str, message: bytes, metadata: Metadata = (),
                     timeout: float | None = None, *, model: str | bytes = "", version: str | bytes | None = None,
-                    sequence: SequenceFields | None = None) -> Reply:
+                    sequence: SequenceFields | None = None, for_exchange: NotesServer | None = None) -> Reply:
         """``model``, ``version``, ``sequence``: what the front read of the message, for a fleet's
-        choice of server (``grpc.fleet_upstream``); one server has nothing to choose."""
+        choice of server (``grpc.fleet_upstream``), noted on ``for_exchange``; one server has nothing
+        to choose."""
         # A deadline below the floor: Triton is told the floor, and this call is left to finish
         # there (its answer dropped) when its caller gives up, never reset, so no cancellation
         # of this client's making reaches Triton (see the module's docstring).

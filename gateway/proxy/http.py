@@ -18,7 +18,7 @@ from typing import Any
 
 from gateway.control_surface import ControlGate, http_control_call
 from gateway.errors import BadRequest, ClientGone, GatewayError, Overloaded, UpstreamError, UpstreamUnavailable
-from gateway.pipeline import Pipeline, Target, checked_model
+from gateway.pipeline import MAX_MODEL_NAME_BYTES, Pipeline, Target, checked_model, checked_version
 from gateway.proxy.limits import BodyReader, end_to_end
 from gateway.proxy.shadow import Mirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
@@ -37,6 +37,7 @@ _UNAVAILABLE = frozenset([404, 503])
 _UNAVAILABLE_MARKERS = tuple(marker.encode() for marker in VERSION_UNAVAILABLE_MARKERS)
 _NEEDS_BODY = Decision(None, Reason.SEQUENCE)  # marker: decide after reading the body
 _AS_SENT = Target(None)  # not an inference call: the path goes upstream as the client sent it
+_UNNAMED: tuple[str, str | None] = ("", None)  # a call that names no model: a fleet sends it to any server
 
 
 class HttpProxy:
@@ -66,6 +67,7 @@ class HttpProxy:
         query = scope["query_string"]
         target = raw_path + b"?" + query if query else raw_path
         model = policy = decision = None
+        named = _UNNAMED  # what a call passed through as sent names, for a fleet to choose by
         versioned = True  # the target names its version already (or none is needed)
         if path.startswith("/v2/models/"):
             parts = path[11:].split("/")
@@ -79,6 +81,8 @@ class HttpProxy:
                     model = checked_model(parts[0])
                     policy = self.book.get(model)
                     decision = self.pipeline.pinned(parts[2])
+                else:
+                    named = _named(parts)
             except BadRequest as exc:  # a name no Triton serves: it reaches no table, header or log
                 await _send_error(send, exc)
                 return
@@ -87,7 +91,7 @@ class HttpProxy:
             if refused is not None:
                 await _send_error(send, refused)
                 return
-        await self._forward(scope, receive, send, target, versioned, model, policy, decision)
+        await self._forward(scope, receive, send, target, versioned, model, policy, decision, named)
 
     async def _control(self, scope: Scope, path: str) -> GatewayError | None:
         """Triton model control on the data port: refused, or admitted with its token taken out."""
@@ -109,7 +113,8 @@ class HttpProxy:
         return self.pipeline.route(policy, scope["headers"])
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send, target: bytes, versioned: bool,
-                       model: str | None, policy: Policy | None, decision: Decision | None) -> None:
+                       model: str | None, policy: Policy | None, decision: Decision | None,
+                       named: tuple[str, str | None] = _UNNAMED) -> None:
         started = time.perf_counter()
         message = await receive()
         body: bytes = message.get("body", b"")
@@ -131,15 +136,18 @@ class HttpProxy:
                     await _send_error(send, exc)
                 return
             await self._exchange(scope, receive, send, target, versioned, model, policy, decision, body, started,
-                                 sequence)
+                                 sequence, named)
         finally:
             if held:
                 self.bodies.release(held)
 
     async def _exchange(self, scope: Scope, receive: Receive, send: Send, target: bytes, versioned: bool,
                         model: str | None, policy: Policy | None, decision: Decision | None, body: bytes,
-                        started: float, sequence: SequenceFields | None) -> None:
-        exchange = HttpExchange(self, scope, send, target, versioned, body)
+                        started: float, sequence: SequenceFields | None, named: tuple[str, str | None]) -> None:
+        # what a fleet chooses the server by, read once here: the routed model (its version is
+        # the target's), or what a call passed through as sent names
+        exchange = HttpExchange(self, scope, send, target, versioned, body, named[0] if model is None else model,
+                                named[1])
         exchange.sequence = sequence
         if model is not None and scope["path"].endswith("/generate_stream"):  # its responses are timed as they go out
             exchange.stream_of, exchange.started = model, started
@@ -163,13 +171,14 @@ class HttpProxy:
             elif not isinstance(exc, ClientGone):
                 exchange.handed = True
                 await _send_error(send, exc)
-            self._record_error(model, decision, started, exc, _client(self, scope))
+            self._record_error(model, decision, started, exc, _client(self, scope), exchange.server)
         except asyncio.CancelledError:
             if exchange.response is not None:
                 exchange.response.abort()
             if exchange.client_left and task is not None:  # our own cancel: the client left, nothing to answer
                 task.uncancel()
-                self._record_error(model, decision, started, ClientGone("client went away"), _client(self, scope))
+                self._record_error(model, decision, started, ClientGone("client went away"), _client(self, scope),
+                                   exchange.server)
                 return
             raise
         finally:
@@ -180,14 +189,14 @@ class HttpProxy:
                 connection.on_lost = None
 
     def _record_error(self, model: str | None, decision: Decision | None, started: float, error: GatewayError,
-                      client: str = "") -> None:
+                      client: str = "", server: str = "") -> None:
         if model is None or decision is None:
             return
         cancelled = isinstance(error, ClientGone)
         fault = type(error).__name__ if isinstance(error, UpstreamError) and not cancelled else None
         outcome = Outcome.CANCELLED if cancelled else Outcome.OVERLOAD if isinstance(error, Overloaded) \
             else Outcome.UPSTREAM_ERROR
-        self.pipeline.record(model, decision, outcome, error.status, "http", started, fault, client)
+        self.pipeline.record(model, decision, outcome, error.status, "http", started, fault, client, server)
 
     async def _route_sequence(self, policy: Policy, scope: Scope, sequence: SequenceFields | None) -> Decision:
         """Routing for models with sequence affinity: the sequence fields live in the body. A
@@ -255,16 +264,23 @@ class HttpExchange:
     """One HTTP request and its answer, as the pipeline drives it (see ``pipeline.Exchange``)."""
 
     __slots__ = ("proxy", "scope", "send_to_client", "target", "versioned", "body", "response", "status",
-                 "handed", "client_left", "task", "stream_of", "started", "delivered", "judged", "sequence")
+                 "handed", "client_left", "task", "stream_of", "started", "delivered", "judged", "model", "version",
+                 "sequence", "server")
 
     def __init__(self, proxy: HttpProxy, scope: Scope, send: Send, target: bytes, versioned: bool,
-                 body: bytes) -> None:
+                 body: bytes, model: str = "", version: str | None = None) -> None:
         self.proxy = proxy
         self.scope = scope
         self.send_to_client = send
         self.target = target
         self.versioned = versioned
         self.body = body  # whole: read before anything goes upstream
+        # What the front read of the request, once: a fleet of several servers chooses by them
+        # (and pins on ``sequence``) without reading the request again. ``version``: the one a
+        # call passed through as sent names (a routed call goes to its target's).
+        self.model = model
+        self.version = version
+        self.server = ""  # the fleet's server it went to, noted by the fleet (pipeline.Exchange.server)
         self.response: UpstreamResponse | None = None
         self.status: int = 0
         self.handed = False  # the response was fully handed to the server
@@ -274,7 +290,7 @@ class HttpExchange:
         self.started = 0.0  # when the request arrived (perf_counter)
         self.delivered = 0.0  # when the previous response went to the client; 0.0: none yet
         self.judged = True  # False when the client chose the version: its stream timings are not judged
-        self.sequence: SequenceFields | None = None  # read by the front; a fleet of several servers pins on it
+        self.sequence: SequenceFields | None = None
 
     def _path(self, target: Target) -> bytes:
         if self.versioned or target.version is None:
@@ -285,7 +301,8 @@ class HttpExchange:
         scope = self.scope
         upstream = self.proxy.upstream if target.fleet is None else self.proxy.upstream_for(target)
         self.response = await upstream.request(scope["method"].encode(), self._path(target), scope["headers"],
-                                               self.body, sequence=self.sequence)
+                                               self.body, model=self.model, version=self.version or target.version,
+                                               sequence=self.sequence, for_exchange=self)
         self.status = self.response.status
 
     def unavailable(self) -> bool:
@@ -371,6 +388,19 @@ def _with_version(target: bytes, version: str) -> bytes:
     path, sep, query = target.partition(b"?")
     head, _, action = path.rpartition(b"/")
     return b"%s/versions/%s/%s%s%s" % (head, version.encode(), action, sep, query)
+
+
+def _named(parts: list[str]) -> tuple[str, str | None]:
+    """``/v2/models/{m}[/versions/{v}]...`` of a call passed through as sent (metadata, ready, stats):
+    its model and version, for a fleet to send it where they are. What Triton could not hold names
+    nothing (any server answers it, as Triton does), so it reaches no cache of the fleet's."""
+    version = None
+    if len(parts) > 2 and parts[1] == "versions":
+        try:
+            version = checked_version(parts[2])
+        except BadRequest:
+            pass
+    return (parts[0] if len(parts[0]) <= MAX_MODEL_NAME_BYTES else ""), version
 
 
 def _version_from(response: UpstreamResponse) -> str | None:

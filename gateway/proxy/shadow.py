@@ -135,7 +135,8 @@ class ShadowMirror:
         stats = self._stats(mirror.model, mirror.version)
         started = time.perf_counter()
         try:
-            response = await self.upstream.request(mirror.method, mirror.target, mirror.headers, mirror.body)
+            response = await self.upstream.request(mirror.method, mirror.target, mirror.headers, mirror.body,
+                                                   model=mirror.model, version=mirror.version)
             body = await response.read()
         except GatewayError:
             stats.requests += 1

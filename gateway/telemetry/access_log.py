@@ -5,7 +5,9 @@ The proxy appends one small tuple per request to a list (no formatting, no I/O);
 lines and writes them in one call, so a slow stdout never blocks the event loop. Bounded:
 past ``max_pending`` lines the newest are dropped and counted, so a stalled stdout can slow
 nothing but the log. Every client-chosen string (model, version) is JSON-escaped: a version
-sent as ``1%22%0A{...}`` cannot forge a line.
+sent as ``1%22%0A{...}`` cannot forge a line. ``server`` names the fleet's server that answered
+(its HTTP host:port, the last one tried; "" when the request went to none), as the exchange
+carried it: the log says where a request went without asking the fleet again.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import IO, Any
 from gateway.background import Background
 
 _LINE = ('{"ts":%.6f,"type":"access","model":%s,"version":%s,"route":"%s","protocol":"%s","status":%s,'
-         '"latency_ms":%.3f}')
+         '"latency_ms":%.3f,"server":%s}')
 _QUOTED_MAX = 10_000  # escaped strings remembered (client-chosen: bounded)
 
 
@@ -34,11 +36,11 @@ class AccessLog:
         self._quoted: dict[str, str] = {}
 
     def __call__(self, model: str, version: str | None, route: str, protocol: str, status: int | str,
-                 latency_s: float) -> None:
+                 latency_s: float, server: str = "") -> None:
         if len(self._pending) >= self.max_pending:
             self.dropped += 1
             return
-        self._pending.append((time.time(), model, version, route, protocol, status, latency_s))
+        self._pending.append((time.time(), model, version, route, protocol, status, latency_s, server))
 
     def start(self) -> None:
         self._background.spawn(self._run())
@@ -63,15 +65,18 @@ class AccessLog:
     def _write(self, batch: list[tuple[Any, ...]]) -> None:
         quoted = self._quoted
         lines = []
-        for ts, model, version, route, protocol, status, latency in batch:
+        for ts, model, version, route, protocol, status, latency, server in batch:
             name = quoted.get(model)
             if name is None:  # client-chosen text: escaped once per distinct string
                 name = _quote(quoted, model)
             chosen = quoted.get(version) if version else '""'
             if chosen is None:
                 chosen = _quote(quoted, version)
+            where = quoted.get(server) if server else '""'  # configured or discovered: escaped all the same
+            if where is None:
+                where = _quote(quoted, server)
             # route, protocol and status are fixed words or numbers of our own
-            lines.append(_LINE % (ts, name, chosen, route, protocol, json.dumps(status), latency * 1000))
+            lines.append(_LINE % (ts, name, chosen, route, protocol, json.dumps(status), latency * 1000, where))
         self.stream.write("\n".join(lines) + "\n")
         self.stream.flush()
 

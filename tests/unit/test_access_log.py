@@ -63,3 +63,15 @@ async def test_lines_are_written_off_the_event_loop() -> None:
     await log.stop()
     assert stream.writers and threading.get_ident() not in stream.writers[:1], "written on the loop's thread"
     assert json.loads(stream.getvalue().splitlines()[0])["version"] == "2"
+
+
+def test_a_line_names_the_server_that_answered() -> None:
+    """The fleet notes the server it chose on the exchange; the line says it ("" when none was chosen)."""
+    buffer = io.StringIO()
+    log = AccessLog(buffer)
+    log("qc", "2", "weighted", "http", 200, 0.001, "10.0.0.2:8000")
+    log("qc", "2", "weighted", "grpc", "UNAVAILABLE", 0.001)
+    log("qc", "2", "weighted", "http", 200, 0.001, 'odd"\nname')  # escaped like everything else
+    log.flush()
+    lines = [json.loads(line) for line in buffer.getvalue().splitlines()]
+    assert [line["server"] for line in lines] == ["10.0.0.2:8000", "", 'odd"\nname']

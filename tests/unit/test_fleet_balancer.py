@@ -10,7 +10,6 @@ import pytest
 from gateway.errors import Overloaded, UpstreamUnavailable
 from gateway.fleet.balancer import Fleet
 from gateway.fleet.config import ServerSpec
-from gateway.fleet.forward import target_model_version
 from gateway.fleet.members import Server
 from gateway.grpc.upstream import GrpcUpstream
 from gateway.grpc.wire import message_model_version, with_version
@@ -111,12 +110,7 @@ def test_consecutive_transport_failures_eject_and_a_success_resets_the_count() -
     assert {fleet.pick("qc", "1").name for _ in range(100)} == {servers[1].name}
 
 
-def test_paths_and_messages_name_their_model_and_version() -> None:
-    assert target_model_version(b"/v2/models/qc/versions/3/infer") == (b"qc", b"3")
-    assert target_model_version(b"/v2/models/qc/versions/3/infer?x=1") == (b"qc", b"3")
-    assert target_model_version(b"/v2/models/qc/infer") == (b"qc", None)
-    assert target_model_version(b"/v2/models/qc/infer?x=1") == (b"qc", None)
-    assert target_model_version(b"/v2/health/ready") == (b"", None)
+def test_messages_name_their_model_and_version() -> None:
     message = bytes([0x0A, 2]) + b"qc" + bytes([0x3A, 1, 0])  # model_name, then a field 7
     assert message_model_version(message) == (b"qc", None)
     assert message_model_version(with_version(message, "12")) == (b"qc", b"12")
@@ -175,12 +169,12 @@ async def test_a_queued_caller_that_goes_away_passes_its_slot_on() -> None:
 
 def test_a_sequence_stays_on_its_server_until_it_ends() -> None:
     fleet, servers = fleet_of(2)
-    assert fleet.sequence_server(b"qc", 7, start=True) is None
-    fleet.pin_sequence(b"qc", 7, False, servers[1])
+    assert fleet.sequence_server("qc", 7, start=True) is None
+    fleet.pin_sequence("qc", 7, False, servers[1])
     servers[1].inflight = 50  # busy: the balancer would never pick it, the sequence still goes there
-    assert fleet.sequence_server(b"qc", 7, start=False) is servers[1]
-    fleet.pin_sequence(b"qc", 7, True, servers[1])
-    assert fleet.sequence_server(b"qc", 7, start=False) is None
-    fleet.pin_sequence(b"qc", 8, False, servers[0])
+    assert fleet.sequence_server("qc", 7, start=False) is servers[1]
+    fleet.pin_sequence("qc", 7, True, servers[1])
+    assert fleet.sequence_server("qc", 7, start=False) is None
+    fleet.pin_sequence("qc", 8, False, servers[0])
     servers[0].in_service = False  # its server left: the sequence cannot continue anywhere else either
-    assert fleet.sequence_server(b"qc", 8, start=False) is None
+    assert fleet.sequence_server("qc", 8, start=False) is None
