@@ -82,7 +82,7 @@ class WorkerSlot:
     restarts: int = 0
     reports: int = 0
     requests: int = 0  # requests it reported, over its processes' lives
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)  # its ports listen ("serving"): it is up
 
 
 @dataclass
@@ -161,7 +161,7 @@ class Supervisor:
         return {"policy_push": self.push, "all_current": self.current() == self.count,
                 "listeners": "reuse_port" if self.shared is None else "shared", "workers": [
             {"index": slot.index, "pid": slot.process.pid if slot.process else None, "started_at": slot.started_at,
-             "up": slot.channel is not None, "policy_push": slot.push, "current": slot.push == self.push,
+             "up": slot.ready.is_set(), "policy_push": slot.push, "current": slot.push == self.push,
              "restarts": slot.restarts, "requests": slot.requests, "loop_lag_s": round(slot.lag_s, 4),
              "last_report_s": round(now - slot.last_report, 3) if slot.last_report else None}
             for slot in self.slots]}
@@ -213,6 +213,8 @@ class Supervisor:
                     self._merge(slot, pid, current, message[1], message[2], message[3])
                 elif message[0] == "ack" and current:
                     slot.push = message[1]
+                elif message[0] == "serving" and current:
+                    slot.ready.set()
         except ChannelClosed:
             pass
         except Exception:  # a bug here must not cut a worker off: it would exit, and its replacement too
@@ -236,7 +238,6 @@ class Supervisor:
             slot.lag_s = lag_s
             slot.push = push
             slot.reports += 1
-            slot.ready.set()
 
     # -- processes ------------------------------------------------------------------------------
     def _process(self, settings: Settings) -> tuple[BaseProcess, Connection]:
