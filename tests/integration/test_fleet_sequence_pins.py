@@ -125,6 +125,8 @@ def test_a_shadow_copy_of_a_grpc_sequence_start_does_not_move_its_pin(
                 assert stats.requests > before, "the shadow copy of the start was never sent"
                 continued = grpc_step(client, VICTIM, sequence_id, 2)  # raises on "must specify the START flag"
                 assert continued.as_numpy("OUTPUT0")[0][0] == 7
+                # the gRPC front hands the client over too: the fleet's pin is the victim's
+                assert gw.app.fleets.default.sequences.held_by(VICTIM) == 1
                 ended = grpc_step(client, VICTIM, sequence_id, 1, end=True)
                 assert ended.as_numpy("OUTPUT0")[0][0] == 8
         finally:
