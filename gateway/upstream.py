@@ -11,9 +11,9 @@ built the same way). This module is that minimal client, with what a proxy needs
   read back-pressure;
 - one deadline per exchange (a timer handle, no extra task) and :meth:`UpstreamResponse.abort`
   for a client that went away;
-- a connection that died while idle is never used; a reused connection that fails before
-  any response byte is retried once for idempotent methods only (never a POST whose
-  request reached the wire).
+- a connection seen closed (idle, or handed over as Triton closed it) is never used; a request
+  on a reused connection that Triton closed before any byte of an answer is sent once more,
+  on one that did not sit idle (why that is safe for a POST: ``_connection_for_resend``).
 
 Every low-level error leaves here as a :mod:`gateway.errors` exception: the gateway's own answer,
 which names no address (a fleet records which server it was, for the log and ``/admin/fleets``).
@@ -63,7 +63,7 @@ class UpstreamResponse:
     """
 
     __slots__ = ("_conn", "_waiter", "_timer", "_chunks", "_buffered", "status", "headers", "complete",
-                 "error", "keep_alive", "got_bytes", "_loop")
+                 "error", "keep_alive", "got_bytes", "dropped", "_loop")
 
     def __init__(self, conn: _Connection, loop: asyncio.AbstractEventLoop) -> None:
         self._conn: _Connection | None = conn
@@ -78,6 +78,7 @@ class UpstreamResponse:
         self.error: UpstreamError | None = None
         self.keep_alive = False
         self.got_bytes = False
+        self.dropped = False  # Triton closed the connection before sending a byte of the answer
 
     def body(self) -> bytes:
         """The whole body of a complete response."""
@@ -189,7 +190,8 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         exchange, self.exchange = self.exchange, None
-        if exchange is not None and not exchange.complete:
+        if exchange is not None and not exchange.complete and exchange.error is None:  # not our own close
+            exchange.dropped = not exchange.got_bytes
             exchange._fail(UpstreamError("Triton closed the connection before the response ended"))
         self.pool._discard(self)
 
@@ -281,10 +283,10 @@ class HttpUpstream:
         timeout = self.request_timeout_s if timeout_s is None else timeout_s
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        for attempt in (0, 1):
-            conn = await self._acquire(deadline)
-            reused = conn.used
-            conn.used = True
+        conn = await self._acquire(deadline)
+        resent = False
+        while True:
+            reused, conn.used = conn.used, True
             conn.head_request = method == b"HEAD"
             exchange = UpstreamResponse(conn, loop)
             conn.exchange = exchange
@@ -298,11 +300,33 @@ class HttpUpstream:
                 raise
             if exchange.error is None:
                 return exchange
-            retryable = attempt == 0 and reused and not exchange.got_bytes and isinstance(body, bytes)
-            if not (retryable and method in _IDEMPOTENT and not isinstance(exchange.error, UpstreamTimeout)):
+            if resent or not (reused and exchange.dropped) or not isinstance(body, bytes):  # a stream is consumed
                 exchange.abort()
                 raise exchange.error
-        raise AssertionError("unreachable")
+            resent = True
+            conn = await self._connection_for_resend(method, exchange.error, deadline)
+
+    async def _connection_for_resend(self, method: bytes, dropped: UpstreamError, deadline: float) -> _Connection:
+        """Triton closed a reused connection without a byte of an answer: the request goes once more.
+
+        Safe for a POST too (inference is not idempotent): Triton's HTTP server runs a request
+        only once it has parsed all of it, holds the connection while it runs, and writes the
+        answer before it reads on. It closes a connection without answering when it did not run
+        the request: it closed the kept-alive connection as we wrote on it, or its parser failed
+        on our bytes (Triton 2.51's libevhtp reads one byte past a 4 KB read that ends inside the
+        URL and drops the connection when that stale byte is a space or CR/LF). The one way a
+        request it ran ends so is its process dying before the answer: nobody listens for the
+        resend (unless a new process already shares the port: Triton's --reuse-http-port), and
+        a POST gets the first error, not "unavailable", which a fleet would send to another
+        server (a GET may go). Not on a fresh connection (the idle-close race needs a kept-alive
+        one), and on one that did not sit idle (the others sat as long as this one).
+        """
+        try:
+            return await self._acquire(deadline, fresh=True)
+        except UpstreamUnavailable:
+            if method in _IDEMPOTENT:
+                raise
+            raise dropped from None
 
     def _head(self, method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]],
               body: bytes | AsyncIterator[bytes], content_length: int | None) -> bytes:
@@ -364,9 +388,11 @@ class HttpUpstream:
         exchange.abort(UpstreamTimeout(f"Triton did not answer within {timeout:g}s"))
 
     # -- pool ----------------------------------------------------------------------------
-    async def _acquire(self, deadline: float) -> _Connection:
+    async def _acquire(self, deadline: float, fresh: bool = False) -> _Connection:
+        """The connection idle the shortest, else a new one, else the next one released.
+        ``fresh``: not one that sat idle (a resend; the others sat idle as long as the dropped one)."""
         idle = self._idle
-        while idle:
+        while idle and not fresh:
             conn = idle.pop()
             if not conn.closed and not conn.transport.is_closing():  # type: ignore[union-attr]
                 return conn
@@ -382,6 +408,8 @@ class HttpUpstream:
             raise UpstreamTimeout("no free connection to Triton before the deadline") from None
         if handed is None:  # a slot freed up: open a new connection in it
             return await self._connect()
+        if handed.closed or handed.transport.is_closing():  # type: ignore[union-attr]
+            return await self._acquire(deadline, fresh)  # Triton closed it as it answered: its slot comes back
         return handed
 
     async def _connect(self) -> _Connection:

@@ -23,8 +23,8 @@ class WorkersCollector:
         self.supervisor = supervisor
 
     def collect(self) -> Iterator[Metric]:
-        up = GaugeMetricFamily("gateway_worker_up", "1 while the worker reports to the control plane",
-                               labels=["worker"])
+        up = GaugeMetricFamily("gateway_worker_up", "1 while the worker's ports listen and it reports to the "
+                               "control plane", labels=["worker"])
         restarts = CounterMetricFamily("gateway_worker_restarts", "Workers replaced after exiting or stalling",
                                        labels=["worker"])
         lag = GaugeMetricFamily("gateway_worker_event_loop_lag_seconds", "How late the worker's last report "
@@ -33,7 +33,7 @@ class WorkersCollector:
                                     labels=["worker"])
         for slot in self.supervisor.slots:
             label = [str(slot.index)]
-            up.add_metric(label, 1.0 if slot.channel is not None else 0.0)
+            up.add_metric(label, 1.0 if slot.ready.is_set() else 0.0)
             restarts.add_metric(label, slot.restarts)
             lag.add_metric(label, slot.lag_s)
             current.add_metric(label, 1.0 if slot.push == self.supervisor.push else 0.0)

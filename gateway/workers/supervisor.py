@@ -56,6 +56,9 @@ from gateway.workers.worker import SharedListeners, listener, worker_main
 
 log = logging.getLogger("gateway.workers")
 START_GRACE_S = 60.0  # a new worker may take this long (plus worker_stall_s) to report first
+KILL_AFTER_DRAIN_S = 5.0  # on SIGTERM, a worker still running this long past drain_timeout_s is killed
+LAST_REPORTS_S = 0.3  # then the workers' last reports are read from the channel
+CONTROL_STOP_S = 5  # then the control plane's own server stops gracefully within this
 POLICY_HEADER = "x-gateway-workers-policy"  # on every control-plane answer: "<current>/<workers>" at the latest push
 
 
@@ -82,7 +85,7 @@ class WorkerSlot:
     restarts: int = 0
     reports: int = 0
     requests: int = 0  # requests it reported, over its processes' lives
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)  # its ports listen ("serving"): it is up
 
 
 @dataclass
@@ -161,7 +164,7 @@ class Supervisor:
         return {"policy_push": self.push, "all_current": self.current() == self.count,
                 "listeners": "reuse_port" if self.shared is None else "shared", "workers": [
             {"index": slot.index, "pid": slot.process.pid if slot.process else None, "started_at": slot.started_at,
-             "up": slot.channel is not None, "policy_push": slot.push, "current": slot.push == self.push,
+             "up": slot.ready.is_set(), "policy_push": slot.push, "current": slot.push == self.push,
              "restarts": slot.restarts, "requests": slot.requests, "loop_lag_s": round(slot.lag_s, 4),
              "last_report_s": round(now - slot.last_report, 3) if slot.last_report else None}
             for slot in self.slots]}
@@ -213,6 +216,8 @@ class Supervisor:
                     self._merge(slot, pid, current, message[1], message[2], message[3])
                 elif message[0] == "ack" and current:
                     slot.push = message[1]
+                elif message[0] == "serving" and current:
+                    slot.ready.set()
         except ChannelClosed:
             pass
         except Exception:  # a bug here must not cut a worker off: it would exit, and its replacement too
@@ -236,7 +241,6 @@ class Supervisor:
             slot.lag_s = lag_s
             slot.push = push
             slot.reports += 1
-            slot.ready.set()
 
     # -- processes ------------------------------------------------------------------------------
     def _process(self, settings: Settings) -> tuple[BaseProcess, Connection]:
@@ -339,7 +343,7 @@ class Supervisor:
         loop.add_signal_handler(signal.SIGHUP, hangup)
         server = _QuietServer(uvicorn.Config(self.control, uds=os.path.join(self.run_dir, "control.sock"),
                                              lifespan="on", log_level=self.settings.log_level, access_log=False,
-                                             timeout_graceful_shutdown=5))
+                                             timeout_graceful_shutdown=CONTROL_STOP_S))
         serving = loop.create_task(server.serve())
         channel = await asyncio.start_unix_server(self._serve_channel, os.path.join(self.run_dir, "channel.sock"),
                                                   limit=64 << 20)
@@ -377,14 +381,19 @@ class Supervisor:
         for process in processes:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(process.pid or 0, signal.SIGTERM)
-        deadline = time.monotonic() + self.settings.drain_timeout_s + 5
+        deadline = time.monotonic() + self.settings.drain_timeout_s + KILL_AFTER_DRAIN_S
         while any(p.is_alive() for p in processes) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         for process in processes:
             if process.is_alive():
                 log.error("worker pid %s did not drain in time: killing it", process.pid)
                 process.kill()
-        await asyncio.sleep(0.3)  # the last reports still in the channel
+        await asyncio.sleep(LAST_REPORTS_S)  # the last reports still in the channel
+
+
+def longest_stop_s(drain_timeout_s: float) -> float:
+    """The longest a supervised gateway takes from SIGTERM to exit (a pod's grace period must cover it)."""
+    return drain_timeout_s + KILL_AFTER_DRAIN_S + LAST_REPORTS_S + CONTROL_STOP_S
 
 
 class _QuietServer(uvicorn.Server):

@@ -25,6 +25,10 @@ application starts and listening only once it is ready, so the kernel never hand
 connection to a worker that cannot serve it. Without ``SO_REUSEPORT`` (or with
 ``worker_listeners: shared``) the supervisor binds one socket per port and every worker
 accepts on it (:class:`SharedListeners`).
+
+The worker says ``hello`` first (the control plane then pushes the node's policies, without
+which it does not serve), and ``serving`` once both ports listen: "up" in ``/admin/workers``
+and ``gateway_worker_up``, and what a rolling SIGHUP waits for before it drains the old worker.
 """
 
 from __future__ import annotations
@@ -174,7 +178,7 @@ class WorkerGateway(Gateway):
         self.budget.limit = max(self.settings.max_body_bytes, share(self.budget.limit, index, self.count))
         self.shadow = self.pipeline.shadow = ShadowMirror(
             self.upstream, self.recorder, max_queue=share(SHADOW_QUEUE, index, self.count),
-            workers=share(SHADOW_SENDERS, index, self.count), budget=self.budget)
+            workers=share(SHADOW_SENDERS, index, self.count), budget=self.budget, fleets=self.shadow.fleets)
 
     def _control_app(self) -> Asgi:  # type: ignore[override]
         return self._serve_control
@@ -268,11 +272,28 @@ class WorkerGateway(Gateway):
             expected = loop.time() + REPORT_S
             self._report_now(lag)
 
+    def serving(self) -> None:
+        """Both ports listen (the HTTP port's server has started; gRPC's started before it)."""
+        if self.channel is not None:
+            self.channel.send("serving")
+
     def _report_now(self, lag: float = 0.0) -> None:
         if self.channel is not None and not self.channel.writer.is_closing():
             delta = self.recorder.take_delta()
             delta.servers = self.server_counts.take()
             self.channel.send("delta", delta, lag, self.push)
+
+
+class WorkerServer(uvicorn.Server):
+    """uvicorn's server, which tells the control plane once its sockets listen."""
+
+    def __init__(self, config: uvicorn.Config, worker: WorkerGateway) -> None:
+        super().__init__(config)
+        self.worker = worker
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)  # the application's startup, then listen() on each socket
+        self.worker.serving()
 
 
 async def _ok(send: Send, body: bytes) -> None:
@@ -300,7 +321,7 @@ def worker_main(settings: Settings, count: int, run_dir: str, orders: Connection
     config = uvicorn_config(app.settings, app)
     config.timeout_graceful_shutdown = int(max(1, settings.drain_timeout_s))
     config.load()
-    server = uvicorn.Server(config)
+    server = WorkerServer(config, app)
     if shared is not None:
         app.grpc_socket = shared.grpc
         server.run(sockets=[shared.http])

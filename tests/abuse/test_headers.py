@@ -124,7 +124,14 @@ def test_http_head_bounds_answer_414_and_431_in_json(gateway: GatewayThread, tri
         # just under every bound: served by Triton
         fits = b"".join(b"x-%d: %s\r\n" % (i, b"s" * 600) for i in range(98))  # ~60 KB, 99 lines with host
         assert http_answer(port, infer + fits + body)[0] == 200
-        long_url = b"/v2/models/qc/infer?pad=" + b"p" * 8000
+        # The padding is '/' (legal in a query) because of a bug in Triton 2.51's HTTP parser
+        # (libevhtp): when one 4 KiB socket read ends inside a URL, it looks at the byte past the
+        # read, left over from an earlier request on that connection, and drops the connection
+        # unanswered if that byte is a space or a line end (measured: ~0.1-0.3% of such requests
+        # after this test's 60 KB-header request, so the gateway answered 502; README "Triton's
+        # HTTP parser"). A '/' at the end of the read stops that look-ahead (0 drops in 36 runs).
+        # What this test checks, the gateway's bound, is the same for any URL characters.
+        long_url = b"/v2/models/qc/infer?pad=" + b"/" * 8000
         assert http_answer(port, b"POST " + long_url + b" HTTP/1.1\r\nhost: gateway\r\n" + body)[0] == 200
 
 

@@ -143,3 +143,23 @@ def test_the_gateway_memory_limit_follows_from_its_budget() -> None:
     limit = _mebibytes(deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"])
     at_rest, room_for_answers = 160, 256
     assert limit >= at_rest + 2 * budget / (1 << 20) + room_for_answers
+
+
+def test_the_grace_period_covers_the_pre_stop_sleep_and_the_longest_drain() -> None:
+    """The kubelet SIGKILLs at terminationGracePeriodSeconds, counted from before the preStop
+    sleep: the sleep plus the longest a gateway takes from SIGTERM to exit (its drain_timeout_s,
+    as the ConfigMap sets it or by default, and what follows the drain) must fit, or the
+    requests still draining are cut."""
+    from gateway.workers.supervisor import longest_stop_s
+
+    docs = k8s_documents()
+    config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "triton-gateway")
+    declared = yaml.safe_load(config["data"]["gateway.yaml"])
+    drain = declared.get("drain_timeout_s", Settings.model_fields["drain_timeout_s"].default)
+    deployment = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "triton-gateway")
+    pod = deployment["spec"]["template"]["spec"]
+    command = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep", command
+    pre_stop = float(command[1])
+    assert pod["terminationGracePeriodSeconds"] >= pre_stop + longest_stop_s(drain), (
+        pod["terminationGracePeriodSeconds"], pre_stop, drain)
