@@ -47,10 +47,11 @@ class HeaderRule(BaseModel):
 
 
 class ShadowSpec(BaseModel):
-    """Mirror ``percent`` of the model's routed requests to ``version``; clients never see it."""
+    """Mirror ``percent`` of the model's routed requests to ``version`` (``"green:3"``: on fleet
+    green); clients never see it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    version: Version
+    version: TargetKey
     percent: Annotated[Decimal, Field(gt=0, le=100, decimal_places=2)]
 
 
