@@ -246,6 +246,13 @@ def test_a_server_killed_under_load_is_ejected_and_rejoins_with_the_fleets_versi
 
 
 def test_per_server_metrics_and_ctl_fleets(triton_pair: tuple[LocalTriton, LocalTriton]) -> None:
+    """Each server's count in /metrics and in ``gateway ctl fleets`` is what that Triton says it
+    served, exactly. (It used to ask each server for more than 50 of the 200: under load average
+    7-12 on 2 cores the unpaced closed loop leaves one Triton at a time descheduled with calls in
+    flight and the balancer rightly steers away; splits from 82/118 to 117/83 were read under
+    load 9-10, and 1 run in 11 fell to 50 or below. How evenly a fleet splits is
+    test_http_and_grpc_requests_split_evenly_between_two_servers's question; this one's is
+    whether the gateway's per-server numbers are true.)"""
     import subprocess
     import sys
 
@@ -254,15 +261,18 @@ def test_per_server_metrics_and_ctl_fleets(triton_pair: tuple[LocalTriton, Local
     from tests.support import TOKEN
 
     with GatewayThread(fleet_settings(*triton_pair)) as gw:
+        before = (successes(triton_pair[0]), successes(triton_pair[1]))
         result = asyncio.run(drive(gw.url, 200, concurrency=4))
         assert result.statuses == Counter({200: 200})
+        served = counted_shares(before, triton_pair, 200)  # Triton's own count, per server
         text = urllib.request.urlopen(f"{gw.url}/metrics").read().decode()
         samples = {(s.name, s.labels.get("server")): s.value for f in text_string_to_metric_families(text)
                    for s in f.samples if s.name.startswith("gateway_fleet_server_")}
         names = [t.http_url.removeprefix("http://") for t in triton_pair]
         assert all(samples[("gateway_fleet_server_up", name)] == 1.0 for name in names)
-        assert sum(samples[("gateway_fleet_server_requests_total", name)] for name in names) == 200
-        assert all(samples[("gateway_fleet_server_requests_total", name)] > 50 for name in names)
+        counted = tuple(samples[("gateway_fleet_server_requests_total", name)] for name in names)
+        assert counted == served and sum(served) == 200, (counted, served)
+        assert min(served) > 0, f"both servers served some, or per-server counts prove nothing: {served}"
         assert all(("gateway_fleet_server_ejections_total", name) in samples for name in names)
 
         env = {"GATEWAY_ADMIN_TOKEN": TOKEN, "PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
@@ -271,6 +281,8 @@ def test_per_server_metrics_and_ctl_fleets(triton_pair: tuple[LocalTriton, Local
         assert ctl.returncode == 0, ctl.stderr
         servers = json.loads(ctl.stdout)["fleets"]["default"]
         assert sorted(s["server"] for s in servers) == sorted(names)
+        requests = {s["server"]: int(s["requests"]) for s in servers}
+        assert tuple(requests[name] for name in names) == served, (requests, served)
         assert all(s["in_service"] and s["ready"]["qc"] == ["1", "2", "3"] for s in servers), servers
         table = subprocess.run([sys.executable, "-m", "gateway", "ctl", "--url", gw.url, "fleets"],
                                capture_output=True, text=True, timeout=60, env={**env, "COLUMNS": "200"})
