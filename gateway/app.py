@@ -88,12 +88,14 @@ class Gateway(Dispatch):
                              queue_timeout_s=settings.queue_timeout_ms / 1000, eject_after=settings.fleet_eject_after,
                              health_interval_s=settings.fleet_health_interval_s,
                              dns_refresh_s=settings.fleet_dns_refresh_s,
-                             http_tls=tls.upstream_http(settings))
+                             http_tls=tls.upstream_http(settings), max_sequence_pins=settings.max_sequence_pins,
+                             max_sequence_pins_per_client=settings.max_sequence_pins_per_client)
         self.upstream: HttpUpstream = FleetHttp(self.fleets.default)
         self.access_log = AccessLog() if settings.access_log else None
         self.pins = SequencePins(settings.max_sequence_pins, max_per_client=settings.max_sequence_pins_per_client)
         self.budget = ByteBudget(settings.max_buffered_body_bytes)  # bytes held for requests, both ports and shadow
-        self.shadow = ShadowMirror(self.upstream, self.recorder, budget=self.budget)
+        named_http = {fleet.name: FleetHttp(fleet) for fleet in self.fleets if fleet is not self.fleets.default}
+        self.shadow = ShadowMirror(self.upstream, self.recorder, budget=self.budget, fleets=named_http)
         self.pipeline = Pipeline(self.book, self.recorder, self.pins, self.shadow, self.access_log,
                                  settings.expose_version_headers, ClientAddresses(settings.trusted_proxies))
         self.grpc: GrpcProxy | None = None
@@ -131,7 +133,7 @@ class Gateway(Dispatch):
         self.gate = control_gate(ControlMode(settings.triton_control), self.auth, self.policies)
         self.proxy = HttpProxy(self.pipeline, self.upstream, self.gate,
                                BodyReader(settings.max_body_bytes, budget=self.budget),
-                               {fleet.name: FleetHttp(fleet) for fleet in named})
+                               named_http)
         self.timeline = Timeline(self.store, self.source)  # the console's rollout history (bounded)
         self.control = self._control_app()
 

@@ -86,6 +86,23 @@ def checked_model(model: str) -> str:
     return model
 
 
+def passed_through_names(model: str, version: str | None) -> tuple[str, str | None]:
+    """The model and version a call passed through as sent names (metadata, ready, stats: no
+    route), for a fleet to send it where they are; one rule for both ports. What Triton could
+    not hold names nothing ("", None: any server answers it, as Triton does), so it reaches no
+    cache of the fleet's; a version is read as Triton reads it ("007" is 7)."""
+    try:
+        model = checked_model(model)
+    except BadRequest:
+        model = ""
+    if version is not None:
+        try:
+            version = checked_version(version)
+        except BadRequest:
+            version = None
+    return model, version
+
+
 @dataclass(frozen=True, slots=True)
 class Target:
     """Where one request goes: a version (None: Triton's default) on a fleet (None: the default

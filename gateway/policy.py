@@ -11,13 +11,24 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 Version = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,18}$", description="Triton version number, as a string")]
 # Where traffic goes: a version on the default fleet ("3", today's syntax), or a version on a
 # named fleet ("green:3", for blue/green between fleets of Triton servers).
+# "default:3" names the default fleet (the fleet `default` of the config) and is stored as "3",
+# the one spelling the data plane looks up: a named fleet is any other name.
+DEFAULT_FLEET_PREFIX = "default:"
+
+
+def plain_target(key: str) -> str:
+    """``"default:3"`` -> ``"3"``; any other target key as it is."""
+    return key.removeprefix(DEFAULT_FLEET_PREFIX)
+
+
 TargetKey = Annotated[str, Field(pattern=r"^([a-z0-9][a-z0-9_-]{0,62}:)?[1-9][0-9]{0,18}$",
-                                 description="version, or fleet:version for a version on a named fleet")]
+                                 description="version, or fleet:version for a version on a named fleet"),
+                      AfterValidator(plain_target)]
 
 
 def split_target(key: str) -> tuple[str | None, str]:
@@ -31,6 +42,22 @@ def target_order(key: str) -> tuple[int, str]:
     fleet, version = split_target(key)
     return int(version), fleet or ""
 Percent = Annotated[Decimal, Field(ge=0, le=100, decimal_places=2)]
+
+
+def _distinct_targets(weights: object) -> object:
+    """Refuse two keys for one target ("3" and "default:3"), which would otherwise merge silently."""
+    if isinstance(weights, Mapping):
+        seen: dict[str, str] = {}
+        for key in weights:
+            if isinstance(key, str):
+                other = seen.setdefault(plain_target(key), key)
+                if other != key:
+                    raise ValueError(f"weights name one target twice: '{other}' and '{key}' "
+                                     "(default: is the default fleet)")
+    return weights
+
+
+Weights = Annotated[dict[TargetKey, Percent], BeforeValidator(_distinct_targets)]
 # "auto": on exactly when Triton's config of the model has a sequence batcher (the gateway
 # reads it off the request path); true / false force it on or off whatever the config says.
 SequenceAffinity = bool | Literal["auto"]
@@ -47,10 +74,11 @@ class HeaderRule(BaseModel):
 
 
 class ShadowSpec(BaseModel):
-    """Mirror ``percent`` of the model's routed requests to ``version``; clients never see it."""
+    """Mirror ``percent`` of the model's routed requests to ``version`` (``"green:3"``: on fleet
+    green); clients never see it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    version: Version
+    version: TargetKey
     percent: Annotated[Decimal, Field(gt=0, le=100, decimal_places=2)]
 
 
@@ -58,7 +86,7 @@ class PolicySpec(BaseModel):
     """A model's routing policy as written by people: percentages summing to 100."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    weights: dict[TargetKey, Percent] = Field(
+    weights: Weights = Field(
         description="version (or fleet:version) -> percent of traffic, at most two decimals, summing to 100"
     )
     sticky_header: HeaderName | None = Field(

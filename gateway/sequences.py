@@ -60,11 +60,13 @@ _UINT64 = 1 << 64
 class SequenceFields:
     """A request's place in a Triton sequence, read once by the front that parsed the request
     (``checked_sequence_id``), and carried with it to whatever needs it (a fleet pins the
-    sequence to the server that holds its state)."""
+    sequence to the server that holds its state). ``client``: who sent it (the peer, or whom a
+    trusted proxy forwarded), whose quota a pin it makes is held against."""
 
     id: int | str
     start: bool = False
     end: bool = False
+    client: str | None = None
 
 
 def checked_sequence_id(value: object) -> int | str | None:
@@ -202,6 +204,13 @@ class SequencePins:
             evicted, (_, _, owner) = self._pins.popitem(last=False)
             self._disown(evicted, owner)
             self._changed.add(evicted)
+
+    def repin(self, model: str, sequence_id: object, version: str, client: Owner = None) -> None:
+        """Pin a sequence for a request that did not start it (its pin was lost, or names a
+        server that left): a pin there was keeps its owner; a new one is ``client``'s, held to that
+        client's quota like a start's, so it pushes out no other client's pin."""
+        entry = self._pins.get((model, sequence_id))
+        self.pin(model, sequence_id, version, client if entry is None else entry[2])
 
     def release(self, model: str, sequence_id: object) -> None:
         key = (model, sequence_id)

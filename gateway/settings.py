@@ -88,8 +88,8 @@ class Settings(BaseSettings):
                                             "only connections with calls in flight count, its next call is "
                                             "answered UNAVAILABLE; grpcio exposes no accept)")
     max_sequence_pins: int = Field(100_000, ge=1, le=100_000_000, description="sequence affinity: live sequence "
-                                   "pins kept per replica (per node with --workers); past it the least recently "
-                                   "used goes")
+                                   "pins kept per replica (per node with --workers), in the version table and in "
+                                   "each fleet's server table; past it the least recently used goes")
     max_sequence_pins_per_client: int = Field(
         1_000, ge=1, le=100_000_000, description="sequence affinity: live pins one client address may hold (its "
         "sequence starts); its next start evicts its own least recently used pin, never another client's. 1% of "

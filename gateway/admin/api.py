@@ -15,14 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.admin.deps import ERRORS, Actor, ModelName
 from gateway.errors import BadRequest
-from gateway.policy import Percent, PolicySpec, SequenceAffinity, TargetKey
+from gateway.policy import PolicySpec, SequenceAffinity, Weights
 from gateway.services.policies import PolicyService
 from gateway.store.base import EventDraft, StoredPolicy
 
 
 class WeightsChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    weights: dict[TargetKey, Percent] = Field(description="version (or fleet:version) -> percent, summing to 100")
+    weights: Weights = Field(description="version (or fleet:version) -> percent, summing to 100")
     reason: str | None = Field(None, max_length=1000)
 
 

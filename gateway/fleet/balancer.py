@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from gateway.errors import GatewayError, Overloaded, UpstreamUnavailable
 from gateway.fleet.config import ServerSpec
 from gateway.fleet.members import GrpcConnect, Server
-from gateway.sequences import SequencePins
+from gateway.sequences import SequenceFields, SequencePins
 
 # /readyz's answer on Triton's liveness comes within this, under a probe's usual 1 s budget.
 LIVE_BUDGET_S = 0.8
@@ -50,7 +50,8 @@ class Fleet:
 
     def __init__(self, name: str, *, grpc_connect: GrpcConnect, pool_size: int = 128, connect_timeout_s: float = 2.0,
                  request_timeout_s: float = 60.0, max_inflight: int = 0, queue_timeout_s: float = 0.0,
-                 eject_after: int = 3, http_tls: ssl.SSLContext | None = None) -> None:
+                 eject_after: int = 3, http_tls: ssl.SSLContext | None = None, max_sequence_pins: int = 100_000,
+                 max_sequence_pins_per_client: int = 1_000) -> None:
         self.name = name
         self.grpc_connect = grpc_connect  # makes each server's gRPC connection (TLS and keepalive are its own)
         self.http_tls = http_tls  # to every server of the fleet, for https:// URLs
@@ -70,8 +71,10 @@ class Fleet:
         self.single: Server | None = None  # a one-server fleet: the request path skips the choice
         self._random = random.Random().random
         self._turn = False  # two-server fleets alternate which one is drawn first
-        # (model, sequence id) -> server name: Triton keeps a sequence's state in one server.
-        self.sequences = SequencePins()
+        # (model, sequence id) -> server name: Triton keeps a sequence's state in one server. The
+        # policy's pin table's kind and bounds: a pin is its client's, one client's starts evict
+        # its own least recently used pins only (see pick_in_sequence).
+        self.sequences = SequencePins(max_sequence_pins, max_per_client=max_sequence_pins_per_client)
 
     # -- membership (control plane) -------------------------------------------------------------
     def add(self, spec: ServerSpec) -> Server:
@@ -158,20 +161,31 @@ class Fleet:
         gap = a.inflight - b.inflight
         return b if gap >= STEER_GAP and gap + gap >= b.inflight else a
 
-    def sequence_server(self, model: str, sequence_id: object, start: bool) -> Server | None:
-        """The server a live sequence is pinned to (None for a new one, or when its server left:
-        Triton there says the sequence is unknown, which is the one clear error it can get)."""
-        if start:
-            return None
-        name = self.sequences.lookup(model, sequence_id)
+    def pick_in_sequence(self, model: str, version: Key | None, sequence: SequenceFields) -> Server:
+        """The server for a request of a sequence: the one its pin names while that one is in
+        service, else a :meth:`pick`. A start pins its pick for its client (``sequence.client``:
+        past the client's quota its own least recently used pin goes, never another client's).
+        A continuing request with a live pin only refreshes it (its owner stays the start's). One
+        whose pin is gone (evicted by its own client's quota, expired, or lost with a restart) or
+        names a server that left pins its pick too, kept by the pin's owner if there was a pin,
+        else its own client's: the rest of the sequence then stays on one server (it may not be
+        the one holding the state: Triton then says the sequence is unknown, the one clear
+        error it can get), and the pin is bounded like a start's, so a stream of made-up
+        continuations evicts only its sender's pins. An end lets the pin go."""
+        sequences, sequence_id = self.sequences, sequence.id
+        name = None if sequence.start else sequences.lookup(model, sequence_id)
         server = self.servers.get(name) if name is not None else None
-        return server if server is not None and server.in_service else None
-
-    def pin_sequence(self, model: str, sequence_id: object, end: bool, server: Server) -> None:
-        if end:
-            self.sequences.release(model, sequence_id)
-        else:
-            self.sequences.pin(model, sequence_id, server.name)
+        if server is None or not server.in_service:
+            server = self.pick(model, version)
+            if sequence.end:
+                sequences.release(model, sequence_id)
+            elif sequence.start:
+                sequences.pin(model, sequence_id, server.name, sequence.client)
+            else:
+                sequences.repin(model, sequence_id, server.name, sequence.client)
+        elif sequence.end:
+            sequences.release(model, sequence_id)
+        return server
 
     async def admit(self, server: Server, model: Key, version: Key | None) -> Server:
         """A slot on ``server``, or on the least busy other candidate with room, or a queued wait on

@@ -63,10 +63,8 @@ class FleetHttp(HttpUpstream):
         fleet = self.fleet
         server = fleet.single
         if server is None:  # several servers: choose by what the front handed over (one server reads none of it)
-            pinned = None if sequence is None else fleet.sequence_server(model, sequence.id, sequence.start)
-            server = pinned or fleet.pick(model, version)
-            if sequence is not None:
-                fleet.pin_sequence(model, sequence.id, sequence.end, server)
+            server = fleet.pick(model, version) if sequence is None else fleet.pick_in_sequence(model, version,
+                                                                                                 sequence)
         if server.limit and server.inflight >= server.limit:
             server = await fleet.admit(server, model, version)  # full: wait for a slot, or another server
         else:

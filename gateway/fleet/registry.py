@@ -16,13 +16,15 @@ class Fleets:
                  connect_timeout_s: float = 2.0, request_timeout_s: float = 60.0, max_inflight: int = 0,
                  queue_timeout_s: float = 0.0, eject_after: int = 3, health_interval_s: float = 1.0,
                  dns_refresh_s: float = 5.0, resolve: Resolver = resolve_ipv4,
-                 http_tls: ssl.SSLContext | None = None) -> None:
+                 http_tls: ssl.SSLContext | None = None, max_sequence_pins: int = 100_000,
+                 max_sequence_pins_per_client: int = 1_000) -> None:
         assert DEFAULT_FLEET in specs, "the default fleet is always configured (Settings.fleet_specs)"
         self.specs = specs
         self.fleets = {name: Fleet(name, grpc_connect=grpc_connect, pool_size=pool_size,
                                    connect_timeout_s=connect_timeout_s, request_timeout_s=request_timeout_s,
                                    max_inflight=max_inflight, queue_timeout_s=queue_timeout_s,
-                                   eject_after=eject_after, http_tls=http_tls)
+                                   eject_after=eject_after, http_tls=http_tls, max_sequence_pins=max_sequence_pins,
+                                   max_sequence_pins_per_client=max_sequence_pins_per_client)
                        for name in specs}
         self.monitors = {name: FleetMonitor(self.fleets[name], spec, interval_s=health_interval_s,
                                             dns_refresh_s=dns_refresh_s, resolve=resolve)

@@ -59,17 +59,13 @@ class FleetGrpc(GrpcUpstream):
             if single is not None:  # one server: nothing to choose
                 model, version, server = b"", None, single
             else:
-                pinned = sequence_id = None
-                if sequence is not None:
-                    sequence_id = checked_sequence_id(sequence.id)  # bounded before it is pinned
-                    if sequence_id is not None:
-                        # pinned by the model's name, as FleetHttp pins by the name the HTTP front
-                        # read: one pin per sequence, whichever port its requests come on
-                        key = model if isinstance(model, str) else model.decode("utf-8", "replace")
-                        pinned = fleet.sequence_server(key, sequence_id, sequence.start)
-                server = pinned or fleet.pick(model, version)
-                if sequence is not None and sequence_id is not None:
-                    fleet.pin_sequence(key, sequence_id, sequence.end, server)
+                if sequence is not None and checked_sequence_id(sequence.id) is not None:  # bounded before it is pinned
+                    # pinned by the model's name, as FleetHttp pins by the name the HTTP front read:
+                    # one pin per sequence, whichever port its requests come on
+                    key = model if isinstance(model, str) else model.decode("utf-8", "replace")
+                    server = fleet.pick_in_sequence(key, version, sequence)
+                else:
+                    server = fleet.pick(model, version)
             if server.limit and server.inflight >= server.limit:
                 server = await fleet.admit(server, model, version)
             else:

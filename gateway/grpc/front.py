@@ -163,7 +163,7 @@ class UnaryCall(_Call):
             return
         if decision is SEQUENCED:
             decision = await router.settle(fields, policy, headers, self.client)
-        exchange = router.new_infer(INFER, raw, fields, client_metadata(headers), self.remaining())
+        exchange = router.new_infer(INFER, raw, fields, client_metadata(headers), self.remaining(), self.client)
         decision = await router.infer(exchange, fields.model_name, policy, decision, self.client)
         metadata = decision_block(router.announced(decision, exchange.response))  # after any fallback: who answered
         if exchange.code:

@@ -176,7 +176,8 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
         client = self.router.pipeline.clients.of(grpcio_peer(context.peer()), _wire(metadata))
         if decision is SEQUENCED:
             decision = await self.router.settle(fields, policy, _wire(metadata), client)
-        exchange = self.router.new_infer(method, raw, fields, _forwarded(context, metadata), context.time_remaining())
+        exchange = self.router.new_infer(method, raw, fields, _forwarded(context, metadata), context.time_remaining(),
+                                         client)
         decision = await self.router.infer(exchange, fields.model_name, policy, decision, client)
         # after any fallback: the version that answered
         await context.send_initial_metadata(self.router.announced(decision, exchange.response))

@@ -26,7 +26,7 @@ from gateway.grpc.wire import (
     stream_reply,
     with_version,
 )
-from gateway.pipeline import SEQUENCED, Pipeline, Target, checked_model
+from gateway.pipeline import SEQUENCED, Pipeline, Target, checked_model, passed_through_names
 from gateway.proxy.shadow import GrpcMirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
 from gateway.sequences import SequenceFields, checked_sequence_id
@@ -51,17 +51,18 @@ class GrpcInfer:
                  "details", "response", "status", "sent_at", "server")
 
     def __init__(self, upstream: GrpcUpstream, method: str, raw: bytes, fields: RouteFields, metadata: Forwarded,
-                 timeout: float | None, fleets: Mapping[str, GrpcUpstream] | None = None) -> None:
+                 timeout: float | None, fleets: Mapping[str, GrpcUpstream] | None = None,
+                 client: str | None = None) -> None:
         self.upstream = upstream
         self.fleets = fleets  # named fleets, for targets such as "green:3"
         self.method = method
         self.raw = raw
         # What the router read of the message, read once: a fleet picks the server by them
-        # (the sequence pins it) without reading the message again.
+        # (the sequence pins it, for ``client``: its quota) without reading the message again.
         self.model = fields.model_name
         self.version = fields.model_version  # the client named the version itself ("": the route decides)
         self.sequence = None if fields.sequence_id is None else SequenceFields(
-            fields.sequence_id, fields.sequence_start, fields.sequence_end)
+            fields.sequence_id, fields.sequence_start, fields.sequence_end, client)
         self.metadata = metadata
         self.timeout = timeout  # what is left of the client's grpc-timeout (None: it set none)
         self.sent_at = time.perf_counter()
@@ -114,8 +115,9 @@ class GrpcInfer:
 
     def mirror(self, model: str, decision: Decision, shadow: Target) -> GrpcMirror:
         assert shadow.version is not None
-        return GrpcMirror(model, shadow.version, self.upstream, self.method, with_version(self.raw, shadow.version),
-                          self.metadata, self.response, self.sequence)
+        upstream = self.upstream if shadow.fleet is None else (self.fleets or {}).get(shadow.fleet)
+        return GrpcMirror(model, shadow.version, upstream, self.method, with_version(self.raw, shadow.version),
+                          self.metadata, self.response, shadow.fleet)
 
 
 class GrpcRouter:
@@ -158,8 +160,10 @@ class GrpcRouter:
         return raw if version is None or decision.reason is _PINNED else with_version(raw, version)
 
     def new_infer(self, method: str, raw: bytes, fields: RouteFields, forwarded: Forwarded,
-                  timeout: float | None) -> GrpcInfer:
-        return GrpcInfer(self.upstream, method, raw, fields, forwarded, timeout, self.fleets)
+                  timeout: float | None, client: str | None = None) -> GrpcInfer:
+        """``client``: the call's client (peer, or a trusted proxy's x-forwarded-for), whose quota a
+        fleet's pin of its sequence counts against."""
+        return GrpcInfer(self.upstream, method, raw, fields, forwarded, timeout, self.fleets, client)
 
     async def pass_through(self, path: str, message: bytes, metadata: Forwarded, timeout: float | None) -> Reply:
         """A call the gateway does not route (metadata, health, model control the gate admitted):
@@ -168,7 +172,7 @@ class GrpcRouter:
         upstream = self.upstream
         if not upstream.chooses_server:
             return await upstream.unary(path, message, metadata, timeout)
-        model, version = message_model_version(message)
+        model, version = passed_through_names(*_decoded(*message_model_version(message)))  # bounded as HTTP's
         return await upstream.unary(path, message, metadata, timeout, model=model, version=version)
 
     async def infer(self, exchange: GrpcInfer, model: str, policy: Policy | None, decision: Decision,
@@ -304,6 +308,19 @@ class StreamLedger:
 
     def oldest(self) -> SentRequest | None:
         return self.pending[0] if self.pending else self.last
+
+
+def _decoded(model: bytes, version: bytes | None) -> tuple[str, str | None]:
+    """A message's model name and version bytes as text; bytes that are not UTF-8 name nothing
+    (a protobuf string is UTF-8: Triton refuses them itself)."""
+    try:
+        name = model.decode()
+    except UnicodeDecodeError:
+        name = ""
+    try:
+        return name, None if version is None else version.decode()
+    except UnicodeDecodeError:
+        return name, None
 
 
 def _answered_version(response: bytes) -> str | None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from gateway.control_surface import ControlGate, http_control_call
 from gateway.errors import BadRequest, ClientGone, GatewayError, Overloaded, UpstreamError, UpstreamUnavailable
-from gateway.pipeline import MAX_MODEL_NAME_BYTES, Pipeline, Target, checked_model, checked_version
+from gateway.pipeline import Pipeline, Target, checked_model, passed_through_names
 from gateway.proxy.limits import BodyReader, end_to_end
 from gateway.proxy.shadow import Mirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
@@ -128,7 +128,7 @@ class HttpProxy:
                 held = len(body)
                 sequence = None
                 if decision is _NEEDS_BODY or decision is not None and self._pins_sequences():
-                    sequence = await self._sequence(scope["headers"], body)  # read once, for routing and the fleet
+                    sequence = await self._sequence(scope["headers"], body, scope)  # read once: routing, the fleet
                     if decision is _NEEDS_BODY:
                         decision = await self._route_sequence(policy, scope, sequence)  # type: ignore[arg-type]
             except GatewayError as exc:  # refused before anything went upstream: not a sample of any version
@@ -204,15 +204,17 @@ class HttpProxy:
         if sequence is None:
             return self.pipeline.route(policy, scope["headers"])
         return await self.pipeline.route_sequence(policy, scope["headers"], sequence.id, sequence.start,
-                                                  sequence.end, _client(self, scope) if sequence.start else None)
+                                                  sequence.end, sequence.client if sequence.start else None)
 
     def _pins_sequences(self) -> bool:
         """A fleet of several servers keeps each sequence on one: it needs the requests' sequence fields."""
         return self.upstream.reads_sequences or any(fleet.reads_sequences for fleet in self.fleets.values())
 
-    async def _sequence(self, headers: list[tuple[bytes, bytes]], body: bytes) -> SequenceFields | None:
-        """The request's sequence fields, read once (BadRequest for an id Triton would not take).
-        An uncompressed body whose JSON header lacks the word ``sequence_id`` is not parsed at all."""
+    async def _sequence(self, headers: list[tuple[bytes, bytes]], body: bytes,
+                        scope: Scope | None = None) -> SequenceFields | None:
+        """The request's sequence fields, read once (BadRequest for an id Triton would not take),
+        with the client of ``scope`` (whose quota the pins it makes count against, in every pin
+        table). An uncompressed body whose JSON header lacks the word ``sequence_id`` is not parsed at all."""
         header_end = len(body)
         for name, value in headers:
             if name == b"content-encoding":
@@ -227,7 +229,9 @@ class HttpProxy:
         with self.bodies.budget.charged(copied):  # held while it is parsed (GatewayBusy if it does not fit)
             sequence_id, start, end = sequence_fields(header)
         checked = checked_sequence_id(sequence_id)
-        return None if checked is None else SequenceFields(checked, start, end)
+        if checked is None:
+            return None
+        return SequenceFields(checked, start, end, None if scope is None else _client(self, scope))
 
     async def _json_header(self, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes | None:
         """The request's JSON header: the first Inference-Header-Content-Length bytes of a binary
@@ -374,7 +378,8 @@ class HttpExchange:
         response = self.response
         assert response is not None and shadow.version is not None
         return Mirror(model, shadow.version, self.scope["method"].encode(), _with_version(self.target, shadow.version),
-                      self.scope["headers"], self.body, response.status, response.body(), response.headers)
+                      self.scope["headers"], self.body, response.status, response.body(), response.headers,
+                      shadow.fleet)
 
     def client_lost(self) -> None:
         """The client went away before the answer was out: stop the upstream work."""
@@ -392,15 +397,8 @@ def _with_version(target: bytes, version: str) -> bytes:
 
 def _named(parts: list[str]) -> tuple[str, str | None]:
     """``/v2/models/{m}[/versions/{v}]...`` of a call passed through as sent (metadata, ready, stats):
-    its model and version, for a fleet to send it where they are. What Triton could not hold names
-    nothing (any server answers it, as Triton does), so it reaches no cache of the fleet's."""
-    version = None
-    if len(parts) > 2 and parts[1] == "versions":
-        try:
-            version = checked_version(parts[2])
-        except BadRequest:
-            pass
-    return (parts[0] if len(parts[0]) <= MAX_MODEL_NAME_BYTES else ""), version
+    its model and version as a fleet may choose by them (``pipeline.passed_through_names``)."""
+    return passed_through_names(parts[0], parts[2] if len(parts) > 2 and parts[1] == "versions" else None)
 
 
 def _version_from(response: UpstreamResponse) -> str | None:

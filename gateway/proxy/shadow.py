@@ -11,6 +11,19 @@ traffic.
 This is the pipeline's shadow port (``pipeline.Shadow``): the pipeline offers the copies its
 exchanges make (``pipeline.ShadowCopy``: a :class:`Mirror` from the HTTP front, a
 :class:`GrpcMirror` from the gRPC one) and knows nothing of this module.
+
+A copy goes to the shadow's own fleet (a policy's ``"shadow": {"version": "green:3"}``: version
+3 on fleet green), on both protocols; its statistics are kept under the name the policy gives
+it (``green:3``), which is what the rollout's shadow gate reads.
+
+A copy of a request in a sequence is sent without its sequence fields to the fleet, on both
+protocols: the fleet's pin of a sequence is the primary's (the server that holds its state),
+and a copy must never make or move it. A gRPC copy carried them once, and on a fleet of
+several servers the copy of a start re-pinned the sequence to the server picked for the copy,
+so its next request failed there ("must specify the START flag"). A copy goes wherever the
+balancer picks for the shadow version; the shadow version's own sequence state is therefore
+not kept on one server, and with a percent below 100 a copy of a continuation seldom follows a
+copy of its start: for a sequence model the shadow's error count says little.
 """
 
 from __future__ import annotations
@@ -20,6 +33,7 @@ import json
 import math
 import time
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,12 +41,11 @@ from google.protobuf.message import DecodeError
 
 from gateway.background import Background
 from gateway.byte_budget import ByteBudget
-from gateway.errors import GatewayError, PayloadTooLarge
+from gateway.errors import GatewayError, PayloadTooLarge, UpstreamUnavailable
 from gateway.grpc.status import FAULTS, StatusCode
 from gateway.grpc.upstream import GrpcUpstream, Metadata
 from gateway.pipeline import ShadowCopy
 from gateway.proxy.limits import MIB, inflate
-from gateway.sequences import SequenceFields
 from gateway.telemetry.recorder import LATENCY_BOUNDS, Recorder, ShadowStats
 from gateway.upstream import HttpUpstream
 
@@ -54,20 +67,31 @@ class Mirror:
     primary_status: int
     primary_body: bytes
     primary_headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # its framing: encoding, IHCL
+    fleet: str | None = None  # the shadow's fleet ("green:3"); None: the default fleet
+
+    @property
+    def label(self) -> str:
+        """The shadow as its policy names it (``green:3``): its statistics' key, as the rollout reads them."""
+        return self.version if self.fleet is None else f"{self.fleet}:{self.version}"
 
 
 @dataclass(frozen=True)
 class GrpcMirror:
-    """A routed gRPC ``ModelInfer``: the request already names the shadow version."""
+    """A routed gRPC ``ModelInfer``: the request already names the shadow version. ``upstream``:
+    the shadow's fleet (None: a fleet this gateway does not have, counted as an error)."""
 
     model: str
     version: str
-    upstream: GrpcUpstream
+    upstream: GrpcUpstream | None
     path: str
     message: bytes
     metadata: Metadata
     primary: bytes  # the primary's ModelInferResponse
-    sequence: SequenceFields | None = None  # the primary's, as its front read them: a fleet pins on them
+    fleet: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.version if self.fleet is None else f"{self.fleet}:{self.version}"
 
 
 def held_bytes(mirror: Mirror | GrpcMirror) -> int:
@@ -83,8 +107,9 @@ class ShadowMirror:
     when it does not fit, so the queue's copies never hold more than the requests may."""
 
     def __init__(self, upstream: HttpUpstream, recorder: Recorder, max_queue: int = 1000, workers: int = 2,
-                 budget: ByteBudget | None = None) -> None:
-        self.upstream = upstream
+                 budget: ByteBudget | None = None, fleets: Mapping[str, HttpUpstream] | None = None) -> None:
+        self.upstream = upstream  # the default fleet
+        self.fleets = dict(fleets or {})  # named fleets, for HTTP shadows such as "green:3"
         self.recorder = recorder
         self.stats = recorder.shadow  # read-only: the counters live in the recorder, like every metric
         self.budget = budget if budget is not None else ByteBudget(256 * MIB)
@@ -104,7 +129,7 @@ class ShadowMirror:
         assert isinstance(mirror, (Mirror, GrpcMirror)), "the fronts' exchanges make these two kinds only"
         size = held_bytes(mirror)
         if self._queue.full() or not self.budget.try_take(size):
-            self._stats(mirror.model, mirror.version).dropped += 1
+            self._stats(mirror.model, mirror.label).dropped += 1
             return
         self._queue.put_nowait(mirror)  # not full: checked above, and nothing ran in between
 
@@ -132,11 +157,14 @@ class ShadowMirror:
         if isinstance(mirror, GrpcMirror):
             await self._send_grpc(mirror)
             return
-        stats = self._stats(mirror.model, mirror.version)
+        stats = self._stats(mirror.model, mirror.label)
+        upstream = self.upstream if mirror.fleet is None else self.fleets.get(mirror.fleet)
         started = time.perf_counter()
         try:
-            response = await self.upstream.request(mirror.method, mirror.target, mirror.headers, mirror.body,
-                                                   model=mirror.model, version=mirror.version)
+            if upstream is None:
+                raise UpstreamUnavailable(f"fleet '{mirror.fleet}' is not configured on this gateway")
+            response = await upstream.request(mirror.method, mirror.target, mirror.headers, mirror.body,
+                                              model=mirror.model, version=mirror.version)
             body = await response.read()
         except GatewayError:
             stats.requests += 1
@@ -164,11 +192,14 @@ class ShadowMirror:
 
 
     async def _send_grpc(self, mirror: GrpcMirror) -> None:
-        stats = self._stats(mirror.model, mirror.version)
+        stats = self._stats(mirror.model, mirror.label)
+        if mirror.upstream is None:  # a fleet this gateway does not have: never sent to another
+            stats.requests += 1
+            stats.errors += 1
+            return
         started = time.perf_counter()
         code, _, answer = await mirror.upstream.unary(mirror.path, mirror.message, mirror.metadata, SHADOW_TIMEOUT_S,
-                                                      model=mirror.model, version=mirror.version,
-                                                      sequence=mirror.sequence)
+                                                      model=mirror.model, version=mirror.version)
         latency = time.perf_counter() - started
         stats.requests += 1
         stats.latency_sum += latency

@@ -44,6 +44,9 @@ class RemotePins(SequencePins):
     def pin(self, model: str, sequence_id: object, version: str, client: str | None = None) -> None:
         self._channel.call("pin", self._table, model, sequence_id, version, client)
 
+    def repin(self, model: str, sequence_id: object, version: str, client: str | None = None) -> None:
+        self._channel.call("repin", self._table, model, sequence_id, version, client)
+
     def release(self, model: str, sequence_id: object) -> None:
         self._channel.call("release", self._table, model, sequence_id)
 
@@ -70,6 +73,8 @@ class PinService:
             return found if found is not None else await pins.resolve(model, sequence_id, False)
         if verb == "pin" and version is not None:
             pins.pin(model, sequence_id, version, client)  # held against the client's quota, node-wide
+        elif verb == "repin" and version is not None:
+            pins.repin(model, sequence_id, version, client)  # keeps the owner it has
         elif verb == "release":
             pins.release(model, sequence_id)
         await pins.share(model, sequence_id)  # written through to the store before the worker forwards

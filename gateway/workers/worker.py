@@ -179,7 +179,7 @@ class WorkerGateway(Gateway):
         self.budget.limit = max(self.settings.max_body_bytes, share(self.budget.limit, index, self.count))
         self.shadow = self.pipeline.shadow = ShadowMirror(
             self.upstream, self.recorder, max_queue=share(SHADOW_QUEUE, index, self.count),
-            workers=share(SHADOW_SENDERS, index, self.count), budget=self.budget)
+            workers=share(SHADOW_SENDERS, index, self.count), budget=self.budget, fleets=self.shadow.fleets)
 
     def _control_app(self) -> Asgi:  # type: ignore[override]
         return self._serve_control

@@ -56,3 +56,68 @@ def test_a_rollout_from_fleet_blue_to_an_unhealthy_fleet_green_is_rolled_back(
         assert successes(blue, version="2") - before[0] >= load.result.versions["2"] > 0
         assert successes(green, version="3") - before[1] >= load.result.versions["3"] > 0
         assert successes(blue, version="3") == before[2], "the canary ran on fleet green only"
+
+
+def test_a_target_on_fleet_default_is_the_default_fleet_on_both_ports(
+        triton_pair: tuple[LocalTriton, LocalTriton]) -> None:
+    """``default:3`` names the fleet ``default`` of the config: the admin API and the config file
+    took it, while both ports looked it up among the named fleets and answered "fleet 'default' is
+    not configured". It is stored as ``3``, the one spelling the data plane reads."""
+    import asyncio
+    import json
+    import urllib.request
+
+    from tritonclient.grpc import service_pb2
+
+    from gateway.grpc.status import StatusCode
+    from gateway.grpc.upstream import GrpcUpstream
+    from tests.fleet_support import INFER, infer_message
+    from tests.support import INFER_BODY
+
+    main, green = triton_pair
+    fleets = {"default": {"servers": [{"http": main.http_url, "grpc": main.grpc_url}]},
+              "green": {"servers": [{"http": green.http_url, "grpc": green.grpc_url}]}}
+    settings = fleet_settings(*triton_pair, fleets=fleets, policies={"qc": {"weights": {"default:2": 100}}})
+
+    def http_version(url: str) -> str:
+        request = urllib.request.Request(f"{url}/v2/models/qc/infer", data=INFER_BODY)
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return str(json.loads(response.read())["model_version"])
+
+    async def grpc_version(address: str) -> str:
+        client = GrpcUpstream(address)
+        try:
+            code, details, answer = await client.unary(INFER, infer_message(), (), 10.0)
+        finally:
+            await client.aclose()
+        assert code == StatusCode.OK, details
+        reply = service_pb2.ModelInferResponse()
+        reply.ParseFromString(answer)
+        return str(reply.model_version)
+
+    with GatewayThread(settings) as gw:
+        grpc_address = f"127.0.0.1:{gw.settings.grpc_port}"
+        # from the config file
+        assert admin_call(gw.url, "GET", "/admin/models/qc/policy")[1]["weights"] == {"2": 100}
+        assert http_version(gw.url) == "2" and asyncio.run(grpc_version(grpc_address)) == "2"
+
+        # from the admin API, with a named fleet beside it
+        status, body = admin_call(gw.url, "PUT", "/admin/models/qc/policy",
+                                  {"weights": {"default:3": 100, "green:2": 0}})
+        assert status == 200 and body["weights"] == {"3": 100, "green:2": 0}, body
+        before = successes(main, version="3"), successes(green, version="3")
+        assert http_version(gw.url) == "3" and asyncio.run(grpc_version(grpc_address)) == "3"
+        assert successes(main, version="3") - before[0] == 2, "both went to the default fleet"
+        assert successes(green, version="3") == before[1]
+
+        status, body = admin_call(gw.url, "PATCH", "/admin/models/qc/policy/weights", {"weights": {"default:2": 100}})
+        assert status == 200 and body["weights"] == {"2": 100}, body
+        assert http_version(gw.url) == "2"
+
+        # one target spelt twice is refused, and changes nothing
+        revision = admin_call(gw.url, "GET", "/admin/models/qc/policy")[1]["revision"]
+        for method, path in (("PUT", "/admin/models/qc/policy"), ("PATCH", "/admin/models/qc/policy/weights")):
+            status, body = admin_call(gw.url, method, path, {"weights": {"default:3": 50, "3": 50}})
+            assert status == 422 and "'default:3' and '3'" in body["error"], body
+        after = admin_call(gw.url, "GET", "/admin/models/qc/policy")[1]
+        assert after["revision"] == revision and after["weights"] == {"2": 100}, after

@@ -13,6 +13,7 @@ from gateway.fleet.config import ServerSpec
 from gateway.fleet.members import Server
 from gateway.grpc.upstream import GrpcUpstream
 from gateway.grpc.wire import message_model_version, with_version
+from gateway.sequences import SequenceFields
 
 
 def fleet_of(count: int, **kwargs: object) -> tuple[Fleet, list[Server]]:
@@ -169,12 +170,56 @@ async def test_a_queued_caller_that_goes_away_passes_its_slot_on() -> None:
 
 def test_a_sequence_stays_on_its_server_until_it_ends() -> None:
     fleet, servers = fleet_of(2)
-    assert fleet.sequence_server("qc", 7, start=True) is None
-    fleet.pin_sequence("qc", 7, False, servers[1])
-    servers[1].inflight = 50  # busy: the balancer would never pick it, the sequence still goes there
-    assert fleet.sequence_server("qc", 7, start=False) is servers[1]
-    fleet.pin_sequence("qc", 7, True, servers[1])
-    assert fleet.sequence_server("qc", 7, start=False) is None
-    fleet.pin_sequence("qc", 8, False, servers[0])
-    servers[0].in_service = False  # its server left: the sequence cannot continue anywhere else either
-    assert fleet.sequence_server("qc", 8, start=False) is None
+    started = fleet.pick_in_sequence("qc", "2", SequenceFields(7, start=True, client="10.0.0.1"))
+    started.inflight = 50  # busy: the balancer would never pick it, the sequence still goes there
+    assert all(fleet.pick_in_sequence("qc", "2", SequenceFields(7)) is started for _ in range(5))
+    assert fleet.pick_in_sequence("qc", "2", SequenceFields(7, end=True)) is started
+    started.inflight = 0
+    assert len(fleet.sequences) == 0, "the end let the pin go"
+    first = fleet.pick_in_sequence("qc", "2", SequenceFields(8, start=True, client="10.0.0.1"))
+    other = servers[1] if first is servers[0] else servers[0]
+    first.in_service = False  # its server left: the next request pins another, for the start's client
+    fleet.changed()
+    assert fleet.pick_in_sequence("qc", "2", SequenceFields(8, client="10.6.6.6")) is other
+    assert fleet.sequences.held_by("10.0.0.1") == 1 and fleet.sequences.held_by("10.6.6.6") == 0
+
+
+def test_one_clients_sequence_starts_evict_its_own_server_pins_never_another_clients() -> None:
+    """Issue 22: the fleet's pin table was a plain LRU of 100,000 (pins without an owner), so one
+    client's starts pushed every other client's sequence off its server (Triton then fails the
+    continuation: "must specify the START flag"). Now its pins are held to the client's quota."""
+    fleet, servers = fleet_of(2, max_sequence_pins=100, max_sequence_pins_per_client=10)
+    victim = fleet.pick_in_sequence("qc", "2", SequenceFields("victim", start=True, client="10.0.0.1"))
+    for sequence_id in range(1_000):
+        fleet.pick_in_sequence("qc", "2", SequenceFields(sequence_id, start=True, client="10.6.6.6"))
+    victim.inflight = 50  # the balancer alone would send it to the other server
+    assert fleet.pick_in_sequence("qc", "2", SequenceFields("victim", client="10.0.0.1")) is victim
+    assert fleet.sequences.held_by("10.6.6.6") == 10 and len(fleet.sequences) == 11
+
+
+def test_a_continuation_keeps_the_starts_owner_and_made_up_ones_count_against_their_sender() -> None:
+    """A continuing request used to pin again with no owner on every request; now a live pin is
+    only refreshed (still the start's), and a continuation with no pin (made up, or its pin
+    lost) pins against its own client's quota: it cannot push another client's pin out either."""
+    fleet, servers = fleet_of(2, max_sequence_pins=100, max_sequence_pins_per_client=10)
+    victim = fleet.pick_in_sequence("qc", "2", SequenceFields("victim", start=True, client="10.0.0.1"))
+    fleet.pick_in_sequence("qc", "2", SequenceFields("victim", client="10.6.6.6"))  # anyone may continue it
+    assert fleet.sequences.held_by("10.0.0.1") == 1 and fleet.sequences.held_by("10.6.6.6") == 0
+    for sequence_id in range(1_000):
+        fleet.pick_in_sequence("qc", "2", SequenceFields(sequence_id, client="10.6.6.6"))
+    victim.inflight = 50
+    assert fleet.pick_in_sequence("qc", "2", SequenceFields("victim", client="10.0.0.1")) is victim
+    assert fleet.sequences.held_by("10.6.6.6") == 10 and len(fleet.sequences) == 11
+    lost = fleet.pick_in_sequence("qc", "2", SequenceFields("lost", client="10.0.0.2"))
+    lost.inflight += 100
+    assert fleet.pick_in_sequence("qc", "2", SequenceFields("lost")) is lost, "its pin keeps the rest together"
+
+
+def test_the_fleets_pin_table_takes_the_sequence_pin_settings() -> None:
+    from gateway.fleet.config import FleetSpec
+    from gateway.fleet.registry import Fleets
+
+    spec = FleetSpec.model_validate({"servers": [{"http": "http://10.0.0.1:8000", "grpc": "10.0.0.1:8001"}]})
+    fleets = Fleets({"default": spec}, grpc_connect=GrpcUpstream, max_sequence_pins=7,
+                    max_sequence_pins_per_client=3)
+    assert (fleets.default.sequences.max_entries, fleets.default.sequences.max_per_client) == (7, 3)

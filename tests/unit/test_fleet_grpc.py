@@ -144,3 +144,24 @@ async def test_one_server_reads_nothing_of_a_call_it_does_not_route(parsers_fail
     router = GrpcRouter(Pipeline(PolicyBook(), Recorder()), FleetGrpc(fleet))
     assert (await router.pass_through(METADATA, UNREADABLE, (), None))[0] == StatusCode.OK
     assert served(only) == 1
+
+
+async def test_a_call_passed_through_names_to_the_fleet_only_what_triton_could_hold(fleet: Fleet) -> None:
+    """As HTTP's (test_fleet_http.py): the router used to hand the message's bytes over as they
+    were, so 5,000 made-up versions or 300-byte names each took an entry of the fleet's choice
+    cache (and filled it to its cap). A version that is not at most 19 digits, or a name Triton
+    could not hold, names nothing now: either server answers it, and the cache keeps nothing of it.
+    A version is read as Triton reads it ("0002" is 2: where version 2 is READY)."""
+    first, second = fleet.servers.values()
+    router = GrpcRouter(Pipeline(PolicyBook(), Recorder()), FleetGrpc(fleet))
+    for index in range(200):
+        for message in (metadata_request("qc", f"x{index}"), metadata_request("qc", "9" * 20 + str(index)),
+                        metadata_request("q" * 256 + str(index), "1"), metadata_request(f"q\n{index}", "1")):
+            assert (await router.pass_through(METADATA, message, (), None))[0] == StatusCode.OK
+    assert served(first) + served(second) == 800
+    cached = [(model, version) for model, by_version in fleet._cache.items() for version in by_version]
+    assert len(cached) <= 2, f"kept {len(cached)} choices for names and versions no Triton holds"
+    before = served(first), served(second)
+    for _ in range(10):
+        await router.pass_through(METADATA, metadata_request("qc", "0002"), (), None)
+    assert (served(first), served(second)) == (before[0], before[1] + 10), "0002 is version 2, READY on the second"

@@ -166,7 +166,7 @@ def test_shadow_copies_are_charged_until_their_worker_is_done() -> None:
     first = Mirror("qc", "3", b"POST", b"/v2/models/qc/versions/3/infer", [], b"x" * 400, 200, b"y" * 200)
     shadow.offer(first)
     assert budget.held == 600
-    shadow.offer(GrpcMirror("qc", "3", None, "/x", b"x" * 300, (), b"y" * 200))  # type: ignore[arg-type]
+    shadow.offer(GrpcMirror("qc", "3", None, "/x", b"x" * 300, (), b"y" * 200))
     assert budget.held == 600 and shadow.stats["qc", "3"].dropped == 1  # no room: dropped and counted
     asyncio.run(shadow.stop())  # never sent: released
     assert budget.held == 0

@@ -235,3 +235,17 @@ def test_a_workers_start_is_held_against_its_client_in_the_nodes_table() -> None
     asyncio.run(service.answer("pin", VERSION_TABLE, b"seq", 3, "1", "10.0.0.2"))
     assert pins.held_by("10.0.0.1") == 1 and pins.lookup("seq", 1) is None
     assert pins.lookup("seq", 2) == "2" and pins.lookup("seq", 3) == "1"
+
+
+def test_a_repin_keeps_the_owner_a_pin_has_and_a_new_one_is_its_clients_through_a_worker_too() -> None:
+    """A fleet re-pins a continuing sequence whose server left, or whose pin is gone: a pin there
+    was stays its starter's (a continuation from elsewhere does not take it over); a new one is
+    held to the continuing client's quota. Through the node's table with --workers alike."""
+    pins = SequencePins(max_per_client=1)
+    service = PinService(lambda table: pins if table == "fleet:default" else None)
+    asyncio.run(service.answer("pin", "fleet:default", b"qc", 1, "server-a", "10.0.0.1"))
+    asyncio.run(service.answer("repin", "fleet:default", b"qc", 1, "server-b", "10.6.6.6"))
+    assert pins.lookup("qc", 1) == "server-b" and pins.held_by("10.0.0.1") == 1 and pins.held_by("10.6.6.6") == 0
+    for sequence_id in (2, 3):  # made-up continuations: each is 10.6.6.6's, within its quota of 1
+        asyncio.run(service.answer("repin", "fleet:default", b"qc", sequence_id, "server-a", "10.6.6.6"))
+    assert pins.held_by("10.6.6.6") == 1 and pins.lookup("qc", 2) is None and pins.lookup("qc", 1) == "server-b"
