@@ -8,6 +8,7 @@ plane. No module-level singletons: tests build as many gateways as they like.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import logging
@@ -100,6 +101,7 @@ class Gateway(Dispatch):
         self.grpc: GrpcProxy | None = None
         self.grpc_router: GrpcRouter | None = None
         self.grpc_server: Any = None
+        self._grpc_drain: asyncio.Task[None] | None = None
         self.store = store or make_store(settings.store_url, AuditBounds(
             settings.audit_max_events, settings.audit_max_age_days * 86400))
         named = [fleet for fleet in self.fleets if fleet is not self.fleets.default]
@@ -223,7 +225,22 @@ class Gateway(Dispatch):
                                                  self.budget, Health(self.probes.problem), reuse_port=self.reuse_port,
                                                  sock=self.grpc_socket)
 
+    def drain_grpc(self) -> None:
+        """SIGTERM (``gateway.server.GatewayServer``): the gRPC port stops accepting now, as the
+        HTTP port does, and its calls in flight get ``drain_timeout_s`` to finish, alongside the
+        HTTP port's; ``_stop`` waits for it before anything the calls use is stopped."""
+        if self.grpc_server is not None and self._grpc_drain is None:
+            self._grpc_drain = asyncio.get_running_loop().create_task(
+                self.grpc_server.stop(grace=self.settings.drain_timeout_s))
+
+    async def _grpc_drained(self) -> None:
+        """The gRPC port's drain, begun at SIGTERM (or now, when the lifespan ends without one)."""
+        self.drain_grpc()
+        if self._grpc_drain is not None:
+            await self._grpc_drain
+
     async def _stop(self) -> None:
+        await self._grpc_drained()  # first: its calls in flight still use the fleets, shadow, log, policies
         await self.timeline.stop()
         await self.rollouts.stop()
         await self.sync.stop()
@@ -232,8 +249,6 @@ class Gateway(Dispatch):
         if self.access_log is not None:
             await self.access_log.stop()
         await self.shadow.stop()
-        if self.grpc_server is not None:
-            await self.grpc_server.stop(grace=5)
         if self.grpc is not None:
             await self.grpc.aclose()
         await self.fleets.stop()

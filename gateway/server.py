@@ -1,9 +1,15 @@
 """Run the gateway under uvicorn (uvloop + httptools), the fastest pair measured here, with
-the bounded front of ``gateway.http_front`` as its HTTP protocol."""
+the bounded front of ``gateway.http_front`` as its HTTP protocol.
+
+SIGTERM drains both ports at once: the HTTP and gRPC listeners close, and the requests and calls
+in flight get ``drain_timeout_s`` to finish (the same bound as each worker of ``--workers N``);
+then the application stops."""
 
 from __future__ import annotations
 
 import logging
+import math
+import socket
 import ssl
 
 import uvicorn
@@ -26,7 +32,7 @@ def uvicorn_config(settings: Settings, app: Gateway | None = None) -> uvicorn.Co
         access_log=False,  # our own access log is structured and off the hot path
         server_header=False,
         log_level=settings.log_level,
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),  # uvicorn counts whole seconds
         # HTTPS from the same files as the gRPC port's TLS (gateway.tls); mTLS with a client CA
         ssl_certfile=settings.tls_cert_file,
         ssl_keyfile=settings.tls_key_file,
@@ -35,8 +41,22 @@ def uvicorn_config(settings: Settings, app: Gateway | None = None) -> uvicorn.Co
     )
 
 
+class GatewayServer(uvicorn.Server):
+    """uvicorn's server, whose shutdown (SIGTERM) closes the gRPC port with the HTTP port and
+    drains both together; the application's stop (lifespan) waits for the gRPC calls too."""
+
+    def __init__(self, config: uvicorn.Config, gateway: Gateway) -> None:
+        super().__init__(config)
+        self.gateway = gateway
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.gateway.drain_grpc()
+        await super().shutdown(sockets)  # HTTP: listeners closed, requests finish within drain_timeout_s
+
+
 def run(settings: Settings) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    server = uvicorn.Server(uvicorn_config(settings))
+    gateway = Gateway(settings)
+    server = GatewayServer(uvicorn_config(settings, gateway), gateway)
     server.run()
     return 0 if server.started else 1

@@ -107,8 +107,10 @@ class Settings(BaseSettings):
         30.0, gt=0, le=86400, description="/readyz fails when policy sync has been failing this long (an unreachable "
         "store does not count: the replica keeps serving its last policies, and gateway_store_up says so)")
     drain_timeout_s: float = Field(
-        60.0, gt=0, le=3600, description="an unload waits this long for every replica's requests and sequences on "
-        "the version to finish; sequences still pinned then make it refuse (requests in flight do not)")
+        60.0, gt=0, le=3600, description="SIGTERM closes both ports' listeners and gives the requests in flight "
+        "this long to finish (one process or each worker; uvicorn rounds it up to whole seconds); an unload waits "
+        "this long for every replica's requests and sequences on the version to finish; sequences still pinned "
+        "then make it refuse (requests in flight do not)")
     audit_max_events: int = Field(100_000, ge=100, le=100_000_000,
                                   description="audit trail: keep at most this many events (the newest)")
     audit_max_age_days: float = Field(365.0, gt=0, le=36500,

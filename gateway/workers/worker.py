@@ -50,6 +50,7 @@ from gateway.asgi import Asgi
 from gateway.policy import PolicySpec
 from gateway.proxy.http import Receive, Scope, Send
 from gateway.proxy.shadow import ShadowMirror
+from gateway.server import GatewayServer, uvicorn_config
 from gateway.settings import Settings
 from gateway.store.base import make_store
 from gateway.workers.channel import REPORT_S, BlockingChannel, Channel, ChannelClosed
@@ -224,8 +225,7 @@ class WorkerGateway(Gateway):
             await self._start_grpc()
 
     async def _stop(self) -> None:
-        if self.grpc_server is not None:
-            await self.grpc_server.stop(grace=5)
+        await self._grpc_drained()
         if self.grpc is not None:
             await self.grpc.aclose()
         self._report_now()  # the last requests' counts
@@ -284,11 +284,12 @@ class WorkerGateway(Gateway):
             self.channel.send("delta", delta, lag, self.push)
 
 
-class WorkerServer(uvicorn.Server):
-    """uvicorn's server, which tells the control plane once its sockets listen."""
+class WorkerServer(GatewayServer):
+    """The gateway's server (both ports drain together), which tells the control plane once its
+    sockets listen."""
 
     def __init__(self, config: uvicorn.Config, worker: WorkerGateway) -> None:
-        super().__init__(config)
+        super().__init__(config, worker)
         self.worker = worker
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -306,8 +307,6 @@ def worker_main(settings: Settings, count: int, run_dir: str, orders: Connection
                 shared: SharedListeners | None = None) -> None:
     """The spawned process' entry point: build everything, then wait for the supervisor to say
     which worker to be (at once, or later as the spare that replaces one that died)."""
-    from gateway.server import uvicorn_config
-
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per forwarded admin call otherwise
     app = WorkerGateway(settings, count, run_dir)  # the slow part (imports, the gateway): done in advance
     try:
@@ -319,7 +318,6 @@ def worker_main(settings: Settings, count: int, run_dir: str, orders: Connection
     app.assign(index)
     # built once the worker's shares are in its settings (the HTTP port's per-address cap is read here)
     config = uvicorn_config(app.settings, app)
-    config.timeout_graceful_shutdown = int(max(1, settings.drain_timeout_s))
     config.load()
     server = WorkerServer(config, app)
     if shared is not None:

@@ -200,41 +200,49 @@ def test_an_http_sequence_over_fresh_connections_stays_on_one_version_and_one_se
 def test_kill_9_of_a_worker_under_load_is_replaced_within_a_second_and_costs_only_its_requests(
         triton: LocalTriton, tmp_path: Path) -> None:
     with supervised(workers_env(triton, tmp_path, 2)) as gw:
-        victim = workers(gw.url)["workers"][0]
+        before = {w["index"]: w["requests"] for w in workers(gw.url)["workers"]}
         with BackgroundLoad(gw.url, concurrency=8) as load:
-            time.sleep(1.0)
+            wait_for(lambda: load.result.statuses[200] >= 40, 20, interval=0.05, what="the load under way")
+            time.sleep(2 * REPORT_S)  # the workers have reported their share of it
+            # the victim: the worker with the larger share of the load's 8 connections (one may have none)
+            victim = max(workers(gw.url)["workers"], key=lambda w: w["requests"] - before[w["index"]])
+            served_before_kill = victim["requests"] - before[victim["index"]]
             os.kill(victim["pid"], signal.SIGKILL)
             killed_at, killed_wall = time.monotonic(), time.time()
 
-            def worker_0() -> dict[str, Any]:
+            def slot() -> dict[str, Any]:
                 try:
-                    return dict(workers(gw.url)["workers"][0])
+                    return dict(workers(gw.url)["workers"][victim["index"]])
                 except OSError:  # this admin call landed on the worker being killed: one of its requests
                     return dict(victim)
 
             def replaced() -> float | None:
-                return time.monotonic() if worker_0()["pid"] != victim["pid"] else None
+                return time.monotonic() if slot()["pid"] != victim["pid"] else None
 
-            wait_for(replaced, 5, interval=0.02, what="a new worker 0")
-            replaced_after = worker_0()["started_at"] - killed_wall  # by the supervisor's clock, not our polling
-            serving = wait_for(lambda: worker_0()["up"] and time.monotonic(), 10, interval=0.02,
+            wait_for(replaced, 5, interval=0.02, what="the victim's replacement")
+            replaced_after = slot()["started_at"] - killed_wall  # by the supervisor's clock, not our polling
+            serving = wait_for(lambda: slot()["up"] and time.monotonic(), 10, interval=0.02,
                                what="the new worker serving")
             time.sleep(0.5)  # requests that failed before the replacement served have been counted
             failed_by_then, answered_by_then = load.result.statuses[0], load.result.statuses[200]
             time.sleep(1.5)
         assert 0 < replaced_after <= 1.0
         print(f"replaced after {replaced_after:.2f} s, serving after {serving - killed_at:.2f} s, "
-              f"{failed_by_then} requests failed")
+              f"{failed_by_then} requests failed, the victim served {served_before_kill} before")
         # Only the dead worker's requests fail: the one in flight on each connection it held, or a
         # connection the kernel had queued on its listener. Nothing else: no status but 200, and
-        # no failure once the replacement serves (while the load goes on).
-        assert 0 < failed_by_then <= 2 * 8, load.result.failures
+        # no failure once the replacement serves (while the load goes on). Possibly none: the load's
+        # client (the gateway's own pool) sends a request once more when a kept-alive connection
+        # closes without a byte of the answer (gateway.upstream), and the resend reaches the other
+        # worker; so the proof that the victim carried load is its count, not a failure.
+        assert served_before_kill > 0, victim
+        assert failed_by_then <= 2 * 8, load.result.failures
         assert set(load.result.statuses) <= {0, 200}, load.result.statuses
         assert all("closed the connection" in f or "reset" in f.lower() or "refused" in f.lower()
                    for f in load.result.failures), load.result.failures
         assert load.result.statuses[0] == failed_by_then, load.result.failures
         assert load.result.statuses[200] > answered_by_then
-        assert workers(gw.url)["workers"][0]["restarts"] == 1
+        assert [w["restarts"] for w in workers(gw.url)["workers"]] == [int(w == victim["index"]) for w in range(2)]
 
 
 def test_sigterm_under_load_fails_no_request(triton: LocalTriton, tmp_path: Path, faults: Faults) -> None:
@@ -356,7 +364,8 @@ def test_a_stalled_worker_is_replaced_and_sighup_applies_the_config_file_worker_
         assert slot["restarts"] == 1
         wait_for(lambda: all(w["up"] for w in workers(gw.url)["workers"]), 60, what="every worker up again")
         before = {w["pid"] for w in workers(gw.url)["workers"]}
-        assert asyncio.run(drive(gw.url, 20, concurrency=4)).versions == Counter({"2": 20})
+        result = asyncio.run(drive(gw.url, 20, concurrency=4))
+        assert result.versions == Counter({"2": 20}), (result.statuses, result.failures)
 
         config.write_text('policies:\n  qc: {weights: {"3": 100}}\n')
         gw.process.send_signal(signal.SIGHUP)
@@ -369,7 +378,8 @@ def test_a_stalled_worker_is_replaced_and_sighup_applies_the_config_file_worker_
             return doc["all_current"] and all(w["up"] and w["pid"] not in before for w in doc["workers"])
 
         wait_for(reloaded, 90, interval=0.2, what="every worker replaced with the new settings")
-        assert asyncio.run(drive(gw.url, 20, concurrency=4)).versions == Counter({"3": 20})
+        result = asyncio.run(drive(gw.url, 20, concurrency=4))
+        assert result.versions == Counter({"3": 20}), (result.statuses, result.failures)
         assert [w["restarts"] for w in workers(gw.url)["workers"]] == [0, 1]  # a reload is no restart
     finally:
         gw.stop()

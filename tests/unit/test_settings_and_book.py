@@ -89,3 +89,15 @@ def test_upstream_forwards_end_to_end_headers_and_replaces_hop_by_hop() -> None:
                  "content-length: 12"):
         assert kept in text
     assert "connection" not in text and "client" not in text and "chunked" not in text
+
+
+def test_sigterm_gives_the_http_port_drain_timeout_s_past_uvicorns_default_10_s() -> None:
+    """The long side of the drain bound (tests/integration/test_shutdown.py shows the short one
+    end to end), without a minute-long request: uvicorn is given drain_timeout_s, not a fixed 10 s;
+    a fraction of a second rounds up, never down."""
+    from gateway.app import Gateway
+    from gateway.server import uvicorn_config
+
+    for drain, seconds in ((60.0, 60), (2.5, 3)):
+        settings = Settings(drain_timeout_s=drain, store_url="memory://")
+        assert uvicorn_config(settings, Gateway(settings)).timeout_graceful_shutdown == seconds
