@@ -48,6 +48,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.asgi import Dispatch
 from gateway.client_address import PerAddress
+from gateway.drain import DRAIN_GRACE_S, grace
 from gateway.http_output import CoalescingTransport, GatewayCycle, error_response
 from gateway.proxy.http import CONNECTION_KEY
 from gateway.settings import Settings
@@ -84,6 +85,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     max_header_count: ClassVar[int] = 100
     linger_s: ClassVar[float] = 2.0
     linger_bytes: ClassVar[int] = 64 << 20
+    drain_grace_s: ClassVar[float] = DRAIN_GRACE_S
     per_client: ClassVar[PerAddress] = PerAddress()  # open connections per client address (one per gateway)
     _phase = _IDLE
     _timer_phase = _IDLE
@@ -295,6 +297,21 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if callback is not None:
             callback()
 
+    def shutdown(self) -> None:
+        """The server drains. A request in progress is its connection's last (uvicorn's). A
+        connection waiting for a request, new or kept alive, gets ``drain_grace_s`` for it: its
+        client may be sending it now (closing would fail it). That request is answered with
+        ``connection: close``; a connection still idle after the grace closes."""
+        if self._ending or self.cycle is not None and not self.cycle.response_complete:
+            super().shutdown()
+            return
+        self._start_asgi_task = self._start_last_task  # type: ignore[method-assign]  # drain time, not per request
+        self.loop.call_later(self.drain_grace_s, super().shutdown)
+
+    def _start_last_task(self, cycle: Any, app: Any) -> None:
+        cycle.keep_alive = False
+        GatewayHttpProtocol._start_asgi_task(self, cycle, app)
+
     def closing(self) -> None:
         """The server closes the connection (uvicorn, after an answer with ``connection: close``,
         or our own bounds). A client still sending its request gets the lingering close."""
@@ -383,6 +400,7 @@ def protocol_for(settings: Settings) -> type[GatewayHttpProtocol]:
         max_header_count = settings.max_header_count
         linger_s = settings.linger_s
         linger_bytes = max(settings.max_body_bytes, LINGER_BYTES)
+        drain_grace_s = grace(settings.drain_timeout_s)
         per_client: ClassVar[PerAddress] = PerAddress()
 
     return BoundedHttpProtocol

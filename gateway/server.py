@@ -7,6 +7,7 @@ then the application stops."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import socket
@@ -15,8 +16,11 @@ import ssl
 import uvicorn
 
 from gateway.app import Gateway
+from gateway.drain import accept_queued, serve_accepted
 from gateway.http_front import protocol_for
 from gateway.settings import Settings
+
+log = logging.getLogger("gateway.server")
 
 
 def uvicorn_config(settings: Settings, app: Gateway | None = None) -> uvicorn.Config:
@@ -50,8 +54,33 @@ class GatewayServer(uvicorn.Server):
         self.gateway = gateway
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's, except for the connections that reached the port just before: those the
+        kernel queued are accepted and served, not reset by the close (``gateway.drain``), and
+        the protocol gives a connection waiting for a request a grace for it (``http_front``)."""
+        queued = [connection for server in self.servers for connection in accept_queued(server)]
+        for server in self.servers:  # at once after the accept loop: the close's own window is left
+            server.close()
+        for sock in sockets or []:
+            sock.close()
         self.gateway.drain_grpc()
-        await super().shutdown(sockets)  # HTTP: listeners closed, requests finish within drain_timeout_s
+        for connection in list(self.server_state.connections):
+            connection.shutdown()
+        if queued:
+            config, loop = self.config, asyncio.get_running_loop()
+            for protocol in await serve_accepted(queued, lambda: config.http_protocol_class(  # type: ignore[call-arg]
+                    config=config, server_state=self.server_state, app_state=self.lifespan.state, _loop=loop),
+                    config.ssl):
+                protocol.shutdown()  # type: ignore[attr-defined]
+        await asyncio.sleep(0.1)
+        try:  # requests finish within drain_timeout_s
+            async with asyncio.timeout(self.config.timeout_graceful_shutdown):
+                await self._wait_tasks_to_complete()
+        except TimeoutError:
+            log.error("drain_timeout_s passed: cancelling %d request(s)", len(self.server_state.tasks))
+            for task in self.server_state.tasks:
+                task.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
+        if not self.force_exit:
+            await self.lifespan.shutdown()
 
 
 def run(settings: Settings) -> int:

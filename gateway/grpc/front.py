@@ -30,6 +30,8 @@ from typing import Any
 from gateway.byte_budget import ByteBudget
 from gateway.client_address import PerAddress
 from gateway.control_surface import ControlGate
+from gateway.drain import accept_queued, serve_accepted
+from gateway.drain import grace as drain_grace
 from gateway.errors import GatewayError
 from gateway.grpc.health import CHECK, WATCH, Health, HealthCall
 from gateway.grpc.router import INFER, SERVICE, STREAM_INFER, GrpcRouter, StreamLedger, client_deadline_ran_out
@@ -361,17 +363,34 @@ class GrpcFront:
 class FrontServer:
     """The listening socket and its connections; ``stop`` is graceful like grpcio's."""
 
-    def __init__(self, server: asyncio.Server, front: GrpcFront) -> None:
+    def __init__(self, server: asyncio.Server, front: GrpcFront,
+                 connection: Callable[[], GrpcServerConnection] | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.server = server
         self.front = front
+        self.connection, self.tls = connection, tls
 
     async def stop(self, grace: float | None = None) -> None:
-        self.server.close()
+        """Drain (``gateway.drain``): the connections the kernel queued are accepted and served;
+        every connection is told GOAWAY with the largest stream id, so that streams its client is
+        opening now are still served; after the grace, GOAWAY with the last stream opened. Then
+        the open streams get what is left of ``grace``."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        queued = accept_queued(self.server) if self.connection is not None else []
+        self.server.close()  # at once after the accept loop
+        if queued and self.connection is not None:
+            await serve_accepted(queued, self.connection, self.tls)
         connections = list(self.front.connections)
+        for connection in connections:
+            connection.announce_goaway()
+        if connections:
+            await asyncio.wait([connection.closed for connection in connections], timeout=drain_grace(grace or 0.2))
         for connection in connections:
             connection.goaway()
         if connections:
-            await asyncio.wait([connection.closed for connection in connections], timeout=grace or 0.1)
+            left = max(0.1, (grace or 0.1) - (loop.time() - started))
+            await asyncio.wait([connection.closed for connection in connections], timeout=left)
         for connection in connections:
             if connection.transport is not None:
                 connection.transport.abort()
@@ -400,4 +419,4 @@ async def start_server(router: GrpcRouter, host: str, port: int, gate: ControlGa
     else:
         server = await loop.create_server(connection, host, port, reuse_address=True, reuse_port=reuse_port or None,
                                           ssl=tls, ssl_handshake_timeout=handshake)
-    return FrontServer(server, front)
+    return FrontServer(server, front, connection, tls)

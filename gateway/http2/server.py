@@ -483,6 +483,12 @@ class Http2ServerConnection(Endpoint):
         if len(reset) > _RESET_MEMORY:
             del reset[next(iter(reset))]
 
+    def announce_goaway(self) -> None:
+        """A graceful shutdown's first GOAWAY (RFC 9113 6.8): the client opens no more streams
+        here, and those it is opening now (ids up to the largest) are still served."""
+        if not self.closing:
+            self.write(_goaway_frame(0x7FFFFFFF, NO_ERROR, ""))
+
     def goaway(self, code: int = NO_ERROR, reason: str = "") -> None:
         """No new streams: the ones open finish, then the connection closes."""
         self.closing = True
