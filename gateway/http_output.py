@@ -44,6 +44,7 @@ class GatewayCycle(RequestResponseCycle):
     """uvicorn's request/response cycle, but an answer it cannot write becomes a JSON 500."""
 
     replaced = False  # the handler's answer could not be written: the JSON 500 went instead
+    cut_by_drain = False  # drain_timeout_s ended while this request ran: its handler is cancelled
 
     async def send(self, message: Any) -> None:
         if self.replaced:
@@ -98,6 +99,10 @@ class GatewayCycle(RequestResponseCycle):
         self.on_response()
 
     async def send_500_response(self) -> None:
+        if self.cut_by_drain:
+            await self._json_answer(503, "the gateway is shutting down and drain_timeout_s ended before this "
+                                         "request did: retry it")
+            return
         await self._json_answer(500, "the gateway failed while answering this request")
 
     async def _json_answer(self, status: int, message: str) -> None:

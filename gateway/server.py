@@ -18,6 +18,7 @@ import uvicorn
 from gateway.app import Gateway
 from gateway.drain import accept_queued, serve_accepted
 from gateway.http_front import protocol_for
+from gateway.http_output import GatewayCycle
 from gateway.settings import Settings
 
 log = logging.getLogger("gateway.server")
@@ -77,6 +78,10 @@ class GatewayServer(uvicorn.Server):
                 await self._wait_tasks_to_complete()
         except TimeoutError:
             log.error("drain_timeout_s passed: cancelling %d request(s)", len(self.server_state.tasks))
+            for connection in self.server_state.connections:  # answered 503 "shutting down", not 500
+                cycle = getattr(connection, "cycle", None)
+                if isinstance(cycle, GatewayCycle):
+                    cycle.cut_by_drain = True
             for task in self.server_state.tasks:
                 task.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
         if not self.force_exit:

@@ -5,8 +5,10 @@ to finish, no more and no less (the workers' drain is in tests/integration/test_
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -93,3 +95,36 @@ def test_sigterm_closes_both_ports_and_gives_requests_in_flight_drain_timeout_s(
     # the bound, then the application's stop: well before the 8 s calls (7 s from the signal) would end
     assert drain <= stopped_after < drain + 3.5, (stopped_after, results)
     assert gw.process.returncode in (0, -signal.SIGTERM)  # uvicorn raises the signal again once it has stopped
+
+
+def test_a_request_cut_by_drain_timeout_s_is_answered_503_in_tritons_error_shape(
+        triton: LocalTriton, tmp_path: Path, faults: Faults) -> None:
+    """An HTTP request still running when drain_timeout_s ends is cut; its client learns why, in
+    Triton's error shape: 503, the gateway is shutting down (retry elsewhere). It was uvicorn's
+    plain-text 500 "Internal Server Error"."""
+    faults.set("qc", "3", delay_ms=8000)
+    gw = GatewayProcess({"GATEWAY_TRITON_URL": triton.http_url, "GATEWAY_TRITON_GRPC_URL": triton.grpc_url,
+                         "GATEWAY_STORE_URL": f"sqlite:///{tmp_path / 'state.db'}",
+                         "GATEWAY_DRAIN_TIMEOUT_S": "1"}).start()
+    answer: dict[str, object] = {}
+
+    def call() -> None:
+        request = urllib.request.Request(f"{gw.url}/v2/models/qc/versions/3/infer", data=INFER_BODY)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                answer.update(status=response.status, body=response.read())
+        except urllib.error.HTTPError as exc:
+            answer.update(status=exc.code, type=exc.headers.get("content-type"), body=exc.read())
+
+    try:
+        thread = threading.Thread(target=call)
+        thread.start()
+        time.sleep(1.0)  # at Triton, sleeping
+        gw.process.send_signal(signal.SIGTERM)
+        thread.join(30)
+        gw.process.wait(30)
+    finally:
+        gw.kill()
+    assert answer.get("status") == 503, answer
+    assert answer["type"] == "application/json", answer
+    assert "shutting down" in json.loads(answer["body"])["error"], answer  # type: ignore[arg-type]
