@@ -120,18 +120,35 @@ class Supervisor:
         self._stopping = False
         self._spare: tuple[BaseProcess, Connection] | None = None
         self._context = multiprocessing.get_context("spawn")
-        self.shared = None if settings.worker_reuse_port() else self._bind_shared(settings)
+        self.shared = None if settings.worker_reuse_port() else self._bind(settings, reuse_port=False)
+        # SO_REUSEPORT: each slot's own sockets, inherited by every worker of the slot in turn, so
+        # that replacing a worker never closes them (a close resets the connections they hold)
+        self.slot_listeners = [] if self.shared is not None else self._bind_slots(settings)
         self._install_routes()
         self.control.registry.register(WorkersCollector(self))
 
     @staticmethod
-    def _bind_shared(settings: Settings) -> SharedListeners:
-        """One socket per port for every worker: where the OS has no ``SO_REUSEPORT`` (or
-        ``worker_listeners: shared``). Bound here, listening once the first worker serves; the
-        kernel hands each connection to whichever worker accepts first."""
+    def _bind(settings: Settings, reuse_port: bool) -> SharedListeners:
+        """One socket per port. Shared by every worker where the OS has no ``SO_REUSEPORT`` (or
+        ``worker_listeners: shared``): the kernel hands each connection to whichever worker
+        accepts first. Bound here, listening once the first worker serves."""
         grpc = settings.grpc_enabled and settings.grpc_server == "lean"  # grpcio binds its own (SO_REUSEPORT)
-        return SharedListeners(listener(settings.host, settings.port, reuse_port=False),
-                               listener(settings.host, settings.grpc_port, reuse_port=False) if grpc else None)
+        return SharedListeners(listener(settings.host, settings.port, reuse_port),
+                               listener(settings.host, settings.grpc_port, reuse_port) if grpc else None)
+
+    def _bind_slots(self, settings: Settings) -> list[SharedListeners]:
+        """``SO_REUSEPORT``: each slot's sockets. The kernel spreads connections over the slots;
+        a connection queued on a slot's socket while its worker is replaced waits for the
+        successor, where a socket of the worker's own would reset it when it closes (Linux
+        without ``net.ipv4.tcp_migrate_req``): SIGHUP, a worker that died or stalled."""
+        return [self._bind(settings, reuse_port=True) for _ in range(self.count)]
+
+    def _close_listeners(self, listeners: list[SharedListeners]) -> None:
+        """The supervisor's copies: a port closes when the last worker has closed its copy too."""
+        for pair in listeners:
+            for sock in (pair.http, pair.grpc):
+                if sock is not None:
+                    sock.close()
 
     # -- the control plane's own pieces ---------------------------------------------------------
     def _pin_table(self, table: str) -> Any:
@@ -218,6 +235,11 @@ class Supervisor:
                     slot.push = message[1]
                 elif message[0] == "serving" and current:
                     slot.ready.set()
+                elif message[0] == "draining" and current and not self._stopping:
+                    # SIGTERMed alone: its successor serves the slot's socket while it drains
+                    slot.restarts += 1
+                    log.warning("worker %d (pid %s) drains: replacing it", slot.index, pid)
+                    self._start(slot)
         except ChannelClosed:
             pass
         except Exception:  # a bug here must not cut a worker off: it would exit, and its replacement too
@@ -247,7 +269,8 @@ class Supervisor:
         """A new worker process that builds its gateway and waits to be told which worker to be."""
         orders, theirs = self._context.Pipe(duplex=False)
         process = self._context.Process(target=worker_main, name="gateway-worker",
-                                        args=(settings, self.count, self.run_dir, orders, self.shared))
+                                        args=(settings, self.count, self.run_dir, orders,
+                                              self.shared if self.shared is not None else self.slot_listeners))
         process.start()
         orders.close()
         return process, theirs
@@ -316,6 +339,9 @@ class Supervisor:
                                                                      self.settings.grpc_port)
         if self.shared is not None and moved:  # the shared sockets are bound once, at start
             log.warning("SIGHUP: host and ports stay as they are with shared listeners: a restart moves them")
+        replaced = []
+        if self.shared is None and moved:
+            replaced, self.slot_listeners = self.slot_listeners, self._bind_slots(settings)
         await apply_declared(self.control.store, settings.policies)
         self.settings = settings
         for slot in self.slots:
@@ -325,6 +351,7 @@ class Supervisor:
                 await asyncio.wait_for(slot.ready.wait(), START_GRACE_S)
             if old is not None and old.is_alive():
                 os.kill(old.pid or 0, signal.SIGTERM)
+        self._close_listeners(replaced)
         log.info("SIGHUP: settings from %s applied, workers replaced", self.config_file)
 
     # -- running --------------------------------------------------------------------------------
@@ -373,10 +400,7 @@ class Supervisor:
         if self._spare is not None:
             self._spare[0].kill()
             self._spare = None
-        if self.shared is not None:  # the port closes when the last worker has closed its copy too
-            for sock in (self.shared.http, self.shared.grpc):
-                if sock is not None:
-                    sock.close()
+        self._close_listeners([self.shared] if self.shared is not None else self.slot_listeners)
         processes = [slot.process for slot in self.slots if slot.process is not None and slot.process.is_alive()]
         for process in processes:
             with contextlib.suppress(ProcessLookupError):

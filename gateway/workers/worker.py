@@ -277,6 +277,10 @@ class WorkerGateway(Gateway):
         if self.channel is not None:
             self.channel.send("serving")
 
+    def draining(self) -> None:
+        if self.channel is not None and not self.channel.writer.is_closing():
+            self.channel.send("draining")
+
     def _report_now(self, lag: float = 0.0) -> None:
         if self.channel is not None and not self.channel.writer.is_closing():
             delta = self.recorder.take_delta()
@@ -296,6 +300,10 @@ class WorkerServer(GatewayServer):
         await super().startup(sockets)  # the application's startup, then listen() on each socket
         self.worker.serving()
 
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.worker.draining()  # a successor takes the slot's sockets now (unless the node stops)
+        await super().shutdown(sockets)
+
 
 async def _ok(send: Send, body: bytes) -> None:
     await send({"type": "http.response.start", "status": 200,
@@ -304,7 +312,7 @@ async def _ok(send: Send, body: bytes) -> None:
 
 
 def worker_main(settings: Settings, count: int, run_dir: str, orders: Connection,
-                shared: SharedListeners | None = None) -> None:
+                shared: SharedListeners | list[SharedListeners] | None = None) -> None:
     """The spawned process' entry point: build everything, then wait for the supervisor to say
     which worker to be (at once, or later as the spare that replaces one that died)."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per forwarded admin call otherwise
@@ -316,12 +324,18 @@ def worker_main(settings: Settings, count: int, run_dir: str, orders: Connection
     logging.basicConfig(level=settings.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s %(name)s[w{index}]: %(message)s")
     app.assign(index)
+    mine = shared[index] if isinstance(shared, list) else shared  # SO_REUSEPORT: the sockets of its slot
+    for other in shared if isinstance(shared, list) else ():
+        if other is not mine:  # the other slots' sockets are theirs
+            other.http.close()
+            if other.grpc is not None:
+                other.grpc.close()
     # built once the worker's shares are in its settings (the HTTP port's per-address cap is read here)
     config = uvicorn_config(app.settings, app)
     config.load()
     server = WorkerServer(config, app)
-    if shared is not None:
-        app.grpc_socket = shared.grpc
-        server.run(sockets=[shared.http])
+    if mine is not None:
+        app.grpc_socket = mine.grpc
+        server.run(sockets=[mine.http])
     else:
         server.run(sockets=[listener(settings.host, settings.port, app.reuse_port)])

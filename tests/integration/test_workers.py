@@ -510,6 +510,7 @@ class ReloadLoad:
         self.ok: Counter[str] = Counter()
         self.failures: list[str] = []
         self.stop = threading.Event()
+        self.started = time.monotonic()
         self.threads = [threading.Thread(target=self._fresh, daemon=True) for _ in range(threads)]
         self.threads += [threading.Thread(target=self._kept_alive, daemon=True) for _ in range(threads)]
         self.threads.append(threading.Thread(target=lambda: asyncio.run(self._grpc(grpc_clients)), daemon=True))
@@ -522,7 +523,7 @@ class ReloadLoad:
                     response.read()
                     self.ok["fresh"] += 1
             except Exception as exc:  # counted: the test asserts there are none
-                self.failures.append(f"fresh connection: {exc!r}")
+                self.failed(f"fresh connection: {exc!r}")
 
     def _kept_alive(self) -> None:
         import http.client
@@ -535,13 +536,13 @@ class ReloadLoad:
                 response = connection.getresponse()
                 response.read()
                 if response.status != 200:
-                    self.failures.append(f"kept-alive connection: {response.status}")
+                    self.failed(f"kept-alive connection: {response.status}")
                 else:
                     self.ok["kept-alive"] += 1
                     if response.will_close:
                         self.ok["told to close"] += 1
             except Exception as exc:  # counted: the test asserts there are none
-                self.failures.append(f"kept-alive connection: {exc!r}")
+                self.failed(f"kept-alive connection: {exc!r}")
                 connection.close()
         connection.close()
 
@@ -558,10 +559,16 @@ class ReloadLoad:
                 if code == StatusCode.OK:
                     self.ok["grpc"] += 1
                 else:
-                    self.failures.append(f"grpc: {code} {details}")
+                    self.failed(f"grpc: {code} {details}")
             await client.aclose()
 
         await asyncio.gather(*(calls() for _ in range(clients)))
+
+    def failed(self, what: str) -> None:
+        self.failures.append(f"{self.elapsed():.2f} s: {what}")
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
 
     def __enter__(self) -> ReloadLoad:
         for thread in self.threads:
@@ -585,8 +592,10 @@ def test_sighup_reloads_and_a_worker_sigterm_under_load_fail_no_request_on_fresh
     with supervised(workers_env(triton, tmp_path, 2)) as gw, ReloadLoad(gw.url, gw.grpc_port) as load:
         wait_for(lambda: min(load.ok[kind] for kind in ("fresh", "kept-alive", "grpc")) >= 20, 60,
                  interval=0.1, what="every kind of load under way")
+        signalled = []  # when, for a failure's message
         for round_ in range(4):
             before = {w["pid"] for w in workers(gw.url)["workers"]}
+            signalled.append(round(load.elapsed(), 2))
             if round_ < 3:
                 gw.process.send_signal(signal.SIGHUP)
             else:  # one worker alone: the other one serves meanwhile
@@ -599,13 +608,13 @@ def test_sighup_reloads_and_a_worker_sigterm_under_load_fail_no_request_on_fresh
                 return all(w["up"] and w["pid"] not in before for w in doc["workers"]) and not any(
                     _alive(pid) for pid in before)
 
-            wait_for(reloaded, 90, interval=0.2, what="the workers replaced, the old ones gone")
+            wait_for(reloaded, 180, interval=0.2, what="the workers replaced, the old ones gone")
             served = sum(load.ok.values())
             wait_for(lambda served=served: sum(load.ok.values()) >= served + 30, 30, interval=0.1,
                      what="traffic on the new workers")
         assert [w["restarts"] for w in workers(gw.url)["workers"]] == [1, 0]  # the SIGTERMed one only
     print(dict(load.ok))
-    assert not load.failures, (len(load.failures), load.failures[:10], dict(load.ok))
+    assert not load.failures, (len(load.failures), load.failures[:10], dict(load.ok), signalled)
 
 
 def _alive(pid: int) -> bool:
