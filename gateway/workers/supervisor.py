@@ -399,6 +399,7 @@ class Supervisor:
     async def _drain(self) -> None:
         if self._spare is not None:
             self._spare[0].kill()
+            self._spare[0].join(2)  # gone before the workers drain: its copies of the listeners too
             self._spare = None
         self._close_listeners([self.shared] if self.shared is not None else self.slot_listeners)
         processes = [slot.process for slot in self.slots if slot.process is not None and slot.process.is_alive()]

@@ -20,11 +20,11 @@ Shared budgets, so that N workers admit what one process would:
   address's connections (a compare against its own count, as with one process), so one
   client never holds more than the cap on the node.
 
-The listeners are this process's own ``SO_REUSEPORT`` sockets (Linux), bound before the
-application starts and listening only once it is ready, so the kernel never hands a
-connection to a worker that cannot serve it. Without ``SO_REUSEPORT`` (or with
-``worker_listeners: shared``) the supervisor binds one socket per port and every worker
-accepts on it (:class:`SharedListeners`).
+The listeners are its slot's own ``SO_REUSEPORT`` sockets (Linux), bound by the supervisor
+and listening once the slot's first worker is ready; each worker of the slot inherits them in
+turn, so a replacement never closes them (a close resets what is queued on them). Without
+``SO_REUSEPORT`` (or with ``worker_listeners: shared``) the supervisor binds one socket per
+port and every worker accepts on it (:class:`SharedListeners`).
 
 The worker says ``hello`` first (the control plane then pushes the node's policies, without
 which it does not serve), and ``serving`` once both ports listen: "up" in ``/admin/workers``

@@ -584,11 +584,11 @@ class ReloadLoad:
 def test_sighup_reloads_and_a_worker_sigterm_under_load_fail_no_request_on_fresh_kept_alive_or_grpc_connections(
         triton: LocalTriton, tmp_path: Path) -> None:
     """Three rolling reloads of two workers under steady load, then SIGTERM of one worker (it
-    drains, and is replaced when it exits): each old worker drains while clients keep
-    connecting to it and sending on connections it holds. Before the drain handled them, every
-    run failed 5-10 requests (connections queued in the old worker's listener reset when it
-    closed; a connection accepted just before, or kept alive, closed under the request its
-    client was sending)."""
+    drains while its successor serves): each old worker drains while clients keep connecting
+    and sending on connections it holds. Every run failed 5-11 requests before (6 of 6): a
+    connection queued on the old worker's listener (or mid-handshake) was reset when it closed
+    (2-3 a run with only that left), and a connection accepted just before, or kept alive, was
+    closed under the request its client was sending (9-10 a run with only that left)."""
     with supervised(workers_env(triton, tmp_path, 2)) as gw, ReloadLoad(gw.url, gw.grpc_port) as load:
         wait_for(lambda: min(load.ok[kind] for kind in ("fresh", "kept-alive", "grpc")) >= 20, 60,
                  interval=0.1, what="every kind of load under way")
