@@ -20,11 +20,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
 from gateway.devtools.local_triton import LocalTriton
+from tests.abuse.test_sequence_pins import grpc_step
 from tests.fleet_support import fleet_settings
 from tests.support import GatewayThread
 
@@ -64,14 +64,6 @@ def http_step(gw: GatewayThread, client: str, sequence_id: int, value: int, star
     finally:
         if own:
             conn.close()
-
-
-def grpc_step(client: grpcclient.InferenceServerClient, address: str, sequence_id: int, value: int,
-              start: bool = False, end: bool = False, tensor: str = "INPUT0") -> grpcclient.InferResult:
-    inputs = grpcclient.InferInput(tensor, [1, 1], "INT32")
-    inputs.set_data_from_numpy(np.array([[value]], dtype=np.int32))
-    return client.infer("seq", [inputs], sequence_id=sequence_id, sequence_start=start, sequence_end=end,
-                        headers={"x-forwarded-for": address})
 
 
 def test_one_clients_sequence_starts_do_not_move_another_clients_sequences_off_their_servers(
