@@ -298,9 +298,10 @@ class Settings(BaseSettings):
     worker_stall_s: float = Field(5.0, gt=0, le=600, description="a worker whose event loop has not reported for "
                                   "this long is killed and replaced (workers above 1)")
     worker_listeners: Literal["auto", "reuse_port", "shared"] = Field(
-        "auto", description="workers above 1: reuse_port gives each worker its own SO_REUSEPORT listeners (the kernel "
-        "spreads connections); shared binds one socket per port in the supervisor and hands it to every worker; auto "
-        "is reuse_port where the OS has SO_REUSEPORT (Linux), else shared")
+        "auto", description="workers above 1: reuse_port gives each worker slot its own SO_REUSEPORT listeners "
+        "(the kernel spreads connections), bound by the supervisor and inherited by each worker of the slot, "
+        "so replacing a worker closes none; shared binds one socket per port in the supervisor and hands it to every "
+        "worker; auto is reuse_port where the OS has SO_REUSEPORT (Linux), else shared")
 
     def worker_count(self) -> int:
         """``workers`` as a number: ``auto`` is the cores the process may use (its CPU affinity)."""
