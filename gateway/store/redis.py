@@ -310,7 +310,7 @@ class RedisStore:
             raise StoreError(f"change feed from {self.url} broke: {exc}") from exc
         finally:
             try:
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis 8.2
             except RedisError:
                 pass  # the connection is already gone
 
