@@ -26,6 +26,7 @@ from gateway.grpc.status import StatusCode
 from gateway.workers.channel import REPORT_S
 from tests.conftest import Faults
 from tests.fleet_support import drive_grpc, successes
+from tests.steady_load import KINDS, SteadyLoad
 from tests.support import (
     INFER_BODY,
     TOKEN,
@@ -498,89 +499,6 @@ def test_max_connections_per_client_holds_for_the_node_not_per_worker(triton: Lo
         assert 3 <= 16 - goaway <= 4, goaway
 
 
-class ReloadLoad:
-    """Steady inference traffic while workers drain, from clients that do not retry: HTTP on a
-    new connection per request (urllib), HTTP on kept-alive connections (http.client, which
-    reconnects only after an answer said ``connection: close``), and gRPC (the gateway's own
-    HTTP/2 client: it resends only the calls a GOAWAY says were never processed, as grpc does).
-    Every exception and every answer but 200 / OK is a failure."""
-
-    def __init__(self, url: str, grpc_port: int, threads: int = 3, grpc_clients: int = 3) -> None:
-        self.url, self.grpc_port = url, grpc_port
-        self.ok: Counter[str] = Counter()
-        self.failures: list[str] = []
-        self.stop = threading.Event()
-        self.started = time.monotonic()
-        self.threads = [threading.Thread(target=self._fresh, daemon=True) for _ in range(threads)]
-        self.threads += [threading.Thread(target=self._kept_alive, daemon=True) for _ in range(threads)]
-        self.threads.append(threading.Thread(target=lambda: asyncio.run(self._grpc(grpc_clients)), daemon=True))
-
-    def _fresh(self) -> None:
-        while not self.stop.is_set():
-            request = urllib.request.Request(f"{self.url}/v2/models/qc/infer", data=INFER_BODY)
-            try:
-                with urllib.request.urlopen(request, timeout=30) as response:
-                    response.read()
-                    self.ok["fresh"] += 1
-            except Exception as exc:  # counted: the test asserts there are none
-                self.failed(f"fresh connection: {exc!r}")
-
-    def _kept_alive(self) -> None:
-        import http.client
-
-        host, port = self.url.removeprefix("http://").rsplit(":", 1)
-        connection = http.client.HTTPConnection(host, int(port), timeout=30)
-        while not self.stop.is_set():
-            try:
-                connection.request("POST", "/v2/models/qc/infer", INFER_BODY)
-                response = connection.getresponse()
-                response.read()
-                if response.status != 200:
-                    self.failed(f"kept-alive connection: {response.status}")
-                else:
-                    self.ok["kept-alive"] += 1
-                    if response.will_close:
-                        self.ok["told to close"] += 1
-            except Exception as exc:  # counted: the test asserts there are none
-                self.failed(f"kept-alive connection: {exc!r}")
-                connection.close()
-        connection.close()
-
-    async def _grpc(self, clients: int) -> None:
-        from gateway.grpc.upstream import GrpcUpstream
-        from tests.fleet_support import INFER, infer_message
-
-        body = infer_message()
-
-        async def calls() -> None:
-            client = GrpcUpstream(f"127.0.0.1:{self.grpc_port}")
-            while not self.stop.is_set():
-                code, details, _ = await client.unary(INFER, body, (), 30.0)
-                if code == StatusCode.OK:
-                    self.ok["grpc"] += 1
-                else:
-                    self.failed(f"grpc: {code} {details}")
-            await client.aclose()
-
-        await asyncio.gather(*(calls() for _ in range(clients)))
-
-    def failed(self, what: str) -> None:
-        self.failures.append(f"{self.elapsed():.2f} s: {what}")
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started
-
-    def __enter__(self) -> ReloadLoad:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(60)
-
-
 def test_sighup_reloads_and_a_worker_sigterm_under_load_fail_no_request_on_fresh_kept_alive_or_grpc_connections(
         triton: LocalTriton, tmp_path: Path) -> None:
     """Three rolling reloads of two workers under steady load, then SIGTERM of one worker (it
@@ -589,8 +507,8 @@ def test_sighup_reloads_and_a_worker_sigterm_under_load_fail_no_request_on_fresh
     connection queued on the old worker's listener (or mid-handshake) was reset when it closed
     (2-3 a run with only that left), and a connection accepted just before, or kept alive, was
     closed under the request its client was sending (9-10 a run with only that left)."""
-    with supervised(workers_env(triton, tmp_path, 2)) as gw, ReloadLoad(gw.url, gw.grpc_port) as load:
-        wait_for(lambda: min(load.ok[kind] for kind in ("fresh", "kept-alive", "grpc")) >= 20, 60,
+    with supervised(workers_env(triton, tmp_path, 2)) as gw, SteadyLoad(gw.url, gw.grpc_port) as load:
+        wait_for(lambda: min(load.ok[kind] for kind in KINDS) >= 20, 60,
                  interval=0.1, what="every kind of load under way")
         signalled = []  # when, for a failure's message
         for round_ in range(4):

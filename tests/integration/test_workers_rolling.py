@@ -40,7 +40,6 @@ a shared store.
 from __future__ import annotations
 
 import asyncio
-import http.client
 import json
 import signal
 import subprocess
@@ -56,12 +55,9 @@ import pytest
 import yaml
 
 from gateway.devtools.local_triton import LocalTriton, free_port
-from gateway.grpc.status import StatusCode
-from gateway.grpc.upstream import GrpcUpstream
 from tests.conftest import Faults
-from tests.fleet_support import infer_message
 from tests.integration.test_workers import Supervised, workers_env
-from tests.support import INFER_BODY
+from tests.steady_load import KINDS, SteadyLoad
 
 pytestmark = pytest.mark.triton
 
@@ -211,75 +207,6 @@ class Pod:
             self.exit = ("SIGKILL at the grace period", None)
 
 
-class Load:
-    """Three kinds of clients through the Service until stopped; every failure kept."""
-
-    def __init__(self, kube: KubeProxy) -> None:
-        self.kube = kube
-        self.answered: Counter[str] = Counter()
-        self.failures: list[str] = []
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._fresh, daemon=True) for _ in range(3)]
-        self.threads += [threading.Thread(target=self._keep_alive, daemon=True) for _ in range(3)]
-        self.threads.append(threading.Thread(target=lambda: asyncio.run(self._grpc()), daemon=True))
-
-    def __enter__(self) -> Load:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(30)
-
-    def _fresh(self) -> None:
-        while not self.stop.is_set():
-            request = urllib.request.Request(f"http://127.0.0.1:{self.kube.http_port}/v2/models/qc/infer",
-                                             data=INFER_BODY)
-            try:
-                with urllib.request.urlopen(request, timeout=30) as response:
-                    response.read()
-                    self.answered["http, new connection"] += 1
-            except urllib.error.HTTPError as exc:
-                self.failures.append(f"new connection: {exc.code} {exc.read()[:200]!r}")
-            except OSError as exc:
-                self.failures.append(f"new connection: {exc!r}")
-
-    def _keep_alive(self) -> None:
-        connection = http.client.HTTPConnection("127.0.0.1", self.kube.http_port, timeout=30)
-        while not self.stop.is_set():
-            try:
-                connection.request("POST", "/v2/models/qc/infer", INFER_BODY)
-                response = connection.getresponse()
-                body = response.read()
-                if response.status != 200:
-                    self.failures.append(f"keep-alive: {response.status} {body[:200]!r}")
-                else:
-                    self.answered["http, keep-alive"] += 1
-                if response.will_close:  # the gateway said connection: close: the next request opens a new one
-                    connection.close()
-            except (OSError, http.client.HTTPException) as exc:
-                self.failures.append(f"keep-alive: {exc!r}")
-                connection.close()
-        connection.close()
-
-    async def _grpc(self) -> None:
-        client = GrpcUpstream(f"127.0.0.1:{self.kube.grpc_port}")
-        message = infer_message()
-
-        async def calls() -> None:
-            while not self.stop.is_set():
-                code, details, _ = await client.unary(INFER, message, (), 30.0)
-                if code == StatusCode.OK:
-                    self.answered["grpc"] += 1
-                else:
-                    self.failures.append(f"grpc: {code} {details}")
-
-        await asyncio.gather(*(calls() for _ in range(3)))
-        await client.aclose()
-
-
 def test_a_rolling_update_of_two_replicas_with_two_workers_each_fails_no_request(
         triton: LocalTriton, tmp_path: Path, faults: Faults) -> None:
     pre_stop_s, grace_s = manifest()
@@ -293,7 +220,7 @@ def test_a_rolling_update_of_two_replicas_with_two_workers_each_fails_no_request
         serving = list(old)  # the pods in the Service's endpoints
         with KubeProxy() as kube:
             kube.set([pod.endpoint for pod in serving])
-            with Load(kube) as load:
+            with SteadyLoad(f"http://127.0.0.1:{kube.http_port}", kube.grpc_port) as load:
                 time.sleep(2.0)
                 new.append(Pod(triton, tmp_path, "c"))  # maxSurge 1
                 terminating: list[threading.Thread] = []
@@ -308,17 +235,17 @@ def test_a_rolling_update_of_two_replicas_with_two_workers_each_fails_no_request
                         new.append(Pod(triton, tmp_path, "d"))  # the terminating pod no longer counts
                 for thread in terminating:
                     thread.join(grace_s + 10)
-                during = sum(load.answered.values())
+                during = sum(load.ok.values())
                 time.sleep(1.0)
             opened_after = dict(kube.opened)
-        print(f"answered: {dict(load.answered)}; connections per pod: {opened_after}; "
+        print(f"answered: {dict(load.ok)}; connections per pod: {opened_after}; "
               f"exits: {[(pod.name, pod.exit) for pod in old]}")
         assert not load.failures, (len(load.failures), load.failures[:5])
         assert not kube.unreachable, kube.unreachable[:5]
         assert [pod.exit for pod in old] == [("drained", 0), ("drained", 0)]
-        assert all(load.answered[kind] >= 10 for kind in ("http, new connection", "http, keep-alive", "grpc")), \
-            load.answered
-        assert sum(load.answered.values()) > during, "the new replicas serve after the old ones are gone"
+        assert all(load.ok[kind] >= 10 for kind in KINDS), \
+            load.ok
+        assert sum(load.ok.values()) > during, "the new replicas serve after the old ones are gone"
         assert all(opened_after.get(pod.endpoint[0], 0) > 0 for pod in [*old, *new]), opened_after
     finally:
         for pod in [*old, *new]:
