@@ -363,8 +363,7 @@ class GrpcFront:
 class FrontServer:
     """The listening socket and its connections; ``stop`` is graceful like grpcio's."""
 
-    def __init__(self, server: asyncio.Server, front: GrpcFront,
-                 connection: Callable[[], GrpcServerConnection] | None = None,
+    def __init__(self, server: asyncio.Server, front: GrpcFront, connection: Callable[[], GrpcServerConnection],
                  tls: ssl.SSLContext | None = None) -> None:
         self.server = server
         self.front = front
@@ -377,9 +376,9 @@ class FrontServer:
         the open streams get what is left of ``grace``."""
         loop = asyncio.get_running_loop()
         started = loop.time()
-        queued = accept_queued(self.server) if self.connection is not None else []
+        queued = accept_queued(self.server)
         self.server.close()  # at once after the accept loop
-        if queued and self.connection is not None:
+        if queued:
             await serve_accepted(queued, self.connection, self.tls)
         connections = list(self.front.connections)
         for connection in connections:
