@@ -13,12 +13,14 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from gateway.fleet.config import DEFAULT_FLEET
+
 Version = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,18}$", description="Triton version number, as a string")]
 # Where traffic goes: a version on the default fleet ("3", today's syntax), or a version on a
 # named fleet ("green:3", for blue/green between fleets of Triton servers).
 # "default:3" names the default fleet (the fleet `default` of the config) and is stored as "3",
 # the one spelling the data plane looks up: a named fleet is any other name.
-DEFAULT_FLEET_PREFIX = "default:"
+DEFAULT_FLEET_PREFIX = f"{DEFAULT_FLEET}:"
 
 
 def plain_target(key: str) -> str:
