@@ -47,6 +47,8 @@ from gateway.routing import Decision, Policy
 log = logging.getLogger("gateway.grpc")
 _NOT_FORWARDED = frozenset([b"te", b"content-type", b"user-agent"])
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+DRAIN_CUT = "the gateway is shutting down and drain_timeout_s ended before this call did: retry it"
+_LAST_WORDS_S = 0.2  # for the cut calls' statuses to leave before the connections are aborted
 
 
 @lru_cache(maxsize=1024)
@@ -390,6 +392,9 @@ class FrontServer:
         if connections:
             left = max(0.1, (grace or 0.1) - (loop.time() - started))
             await asyncio.wait([connection.closed for connection in connections], timeout=left)
+            for connection in connections:  # the calls the bound cut learn why, as the HTTP port's 503 says
+                connection.cut_open_calls(DRAIN_CUT)
+            await asyncio.wait([connection.closed for connection in connections], timeout=_LAST_WORDS_S)
         for connection in connections:
             if connection.transport is not None:
                 connection.transport.abort()

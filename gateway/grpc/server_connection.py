@@ -47,6 +47,16 @@ class GrpcServerConnection(Http2ServerConnection):
         self.write(self.headers_frames(stream_id, _RESPONSE_HEADERS + status_block(StatusCode.UNAVAILABLE, reason),
                                        end_stream=True))
 
+    def cut_open_calls(self, details: str) -> None:
+        """A drain's bound ran out: every call still open stops its upstream work and is answered
+        UNAVAILABLE with ``details`` (a status a client retries on), not left to a connection abort."""
+        for state in list(self.streams.values()):
+            stream: ServerStream = state  # type: ignore[assignment]
+            handler, answered = stream.handler, stream.finished
+            self.finish(stream, StatusCode.UNAVAILABLE, details)  # first: what stopping the work says comes too late
+            if handler is not None and not answered:
+                handler.on_reset()
+
     def _announced(self, buffer: bytearray) -> int:
         """A length-prefixed message: 1 flag byte, 4 bytes of length, then the message."""
         return int.from_bytes(buffer[1:5], "big") + 5 if len(buffer) >= 5 else 0

@@ -128,3 +128,31 @@ def test_a_request_cut_by_drain_timeout_s_is_answered_503_in_tritons_error_shape
     assert answer.get("status") == 503, answer
     assert answer["type"] == "application/json", answer
     assert "shutting down" in json.loads(answer["body"])["error"], answer  # type: ignore[arg-type]
+
+
+def test_a_grpc_call_cut_by_drain_timeout_s_is_answered_unavailable_with_the_reason(
+        triton: LocalTriton, tmp_path: Path, faults: Faults) -> None:
+    """A gRPC call still running when drain_timeout_s ends is answered UNAVAILABLE (a status
+    clients retry on) saying why, as the HTTP port's 503 does. It was a connection abort: the
+    client saw only that its connection was lost."""
+    faults.set("qc", "3", delay_ms=8000)
+    gw = GatewayProcess({"GATEWAY_TRITON_URL": triton.http_url, "GATEWAY_TRITON_GRPC_URL": triton.grpc_url,
+                         "GATEWAY_STORE_URL": f"sqlite:///{tmp_path / 'state.db'}",
+                         "GATEWAY_DRAIN_TIMEOUT_S": "1"}).start()
+
+    async def scenario() -> tuple[int, str]:
+        grpc = GrpcUpstream(f"127.0.0.1:{gw.grpc_port}", request_timeout_s=30)
+        call = asyncio.create_task(grpc.unary(INFER, infer_message(version="3")))
+        await asyncio.sleep(1.0)  # at Triton, sleeping
+        assert not call.done(), call.result()
+        gw.process.send_signal(signal.SIGTERM)
+        code, details, _ = await call
+        await grpc.aclose()
+        return code, details
+
+    try:
+        code, details = asyncio.run(scenario())
+        gw.process.wait(30)
+    finally:
+        gw.kill()
+    assert (StatusCode(code), "shutting down" in details) == (StatusCode.UNAVAILABLE, True), details
