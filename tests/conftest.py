@@ -112,11 +112,34 @@ def session_triton_left_as_found(request: pytest.FixtureRequest) -> Iterator[Non
             time.sleep(0.2)
 
 
+_descriptors_left: list[tuple[int, str]] = []  # (descriptors the module left open, module)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def descriptors_left_open(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The test process' open descriptors before and after each module (after a collection, so
+    what is merely unreferenced is closed): the modules that leave most open are named in the
+    summary. A full run passed 1024 of them late; this says which modules to look at."""
+    import gc
+
+    before = len(os.listdir("/proc/self/fd"))
+    yield
+    gc.collect()
+    left = len(os.listdir("/proc/self/fd")) - before
+    if left >= 5:
+        _descriptors_left.append((left, request.node.nodeid))
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if _left_changed:
         terminalreporter.section("modules that left the session Triton changed (put back)")
         for line in _left_changed:
             terminalreporter.write_line(line)
+    if _descriptors_left:
+        terminalreporter.section("modules that left descriptors open (5 or more)")
+        for left, module in sorted(_descriptors_left, reverse=True)[:15]:
+            terminalreporter.write_line(f"{left:5d}  {module}")
+        terminalreporter.write_line(f"open now: {len(os.listdir('/proc/self/fd'))}")
 
 
 @pytest.fixture
