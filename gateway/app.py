@@ -35,7 +35,7 @@ from gateway.endpoints import Probes, install_error_handlers
 from gateway.fleet.forward import FleetHttp
 from gateway.fleet.registry import Fleets
 from gateway.grpc.fleet_upstream import FleetGrpc
-from gateway.grpc.front import start_server as start_front
+from gateway.grpc.front_server import start_server as start_front
 from gateway.grpc.grpcio_front import GrpcProxy
 from gateway.grpc.grpcio_front import start_server as start_grpc
 from gateway.grpc.health import Health

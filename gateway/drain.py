@@ -24,6 +24,14 @@ import ssl
 from collections.abc import Callable
 
 log = logging.getLogger("gateway.drain")
+
+
+def cut_by_drain(what: str) -> str:
+    """What a request (HTTP: 503) or call (gRPC: UNAVAILABLE) still running when
+    ``drain_timeout_s`` ends is told: one wording on both ports."""
+    return f"the gateway is shutting down and drain_timeout_s ended before this {what} did: retry it"
+
+
 DRAIN_GRACE_S = 1.0  # for a request on its way when the drain begins (a round trip, with room for a loaded host)
 _MOST_QUEUED = 65536  # a bound on the accept loop (the kernel's backlog is smaller)
 

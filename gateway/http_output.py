@@ -15,6 +15,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE, RequestResponseCycle
 
 from gateway.batched_transport import BatchedTransport
+from gateway.drain import cut_by_drain
 
 
 class CoalescingTransport(BatchedTransport):
@@ -100,8 +101,7 @@ class GatewayCycle(RequestResponseCycle):
 
     async def send_500_response(self) -> None:
         if self.cut_by_drain:
-            await self._json_answer(503, "the gateway is shutting down and drain_timeout_s ended before this "
-                                         "request did: retry it")
+            await self._json_answer(503, cut_by_drain("request"))
             return
         await self._json_answer(500, "the gateway failed while answering this request")
 

@@ -11,6 +11,7 @@ list past the bound, no budget left) are gRPC statuses here.
 from __future__ import annotations
 
 import asyncio
+import logging
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +25,7 @@ from gateway.http2.hpack_codec import literal, literal_indexed_name
 from gateway.http2.server import Http2ServerConnection
 from gateway.http2.server_stream import Limits, ServerStream, StreamHandler
 
+log = logging.getLogger("gateway.grpc")
 _RESPONSE_HEADERS = b"\x88" + literal_indexed_name(31, b"application/grpc")  # :status 200, content-type
 _OK_TRAILER = literal(b"grpc-status", b"0")
 _INFLATE_SLICE = 4 << 20  # inflated per loop turn (~10-20 ms)
@@ -47,15 +49,25 @@ class GrpcServerConnection(Http2ServerConnection):
         self.write(self.headers_frames(stream_id, _RESPONSE_HEADERS + status_block(StatusCode.UNAVAILABLE, reason),
                                        end_stream=True))
 
-    def cut_open_calls(self, details: str) -> None:
+    def cut_open_calls(self, details: str) -> int:
         """A drain's bound ran out: every call still open stops its upstream work and is answered
-        UNAVAILABLE with ``details`` (a status a client retries on), not left to a connection abort."""
+        UNAVAILABLE with ``details`` (a status a client retries on), not left to a connection
+        abort. Returns how many were cut; one call's failure cuts the others all the same."""
+        cut = 0
         for state in list(self.streams.values()):
             stream: ServerStream = state  # type: ignore[assignment]
-            handler, answered = stream.handler, stream.finished
-            self.finish(stream, StatusCode.UNAVAILABLE, details)  # first: what stopping the work says comes too late
-            if handler is not None and not answered:
-                handler.on_reset()
+            if stream.finished:
+                continue  # answered, its last frames still flushing
+            handler = stream.handler
+            try:
+                self.drop_pending(stream)  # the status is a HEADERS frame: it need not wait for the client's window
+                self.finish(stream, StatusCode.UNAVAILABLE, details)  # before the work stops: it would answer late
+                if handler is not None:
+                    handler.on_reset()
+            except Exception:  # the shutdown goes on: the connection is aborted next
+                log.exception("cutting gRPC call %s at the drain bound", stream.path)
+            cut += 1
+        return cut
 
     def _announced(self, buffer: bytearray) -> int:
         """A length-prefixed message: 1 flag byte, 4 bytes of length, then the message."""
