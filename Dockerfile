@@ -1,9 +1,10 @@
 # triton-gateway: slim, non-root, with a healthcheck.
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY gateway ./gateway
-RUN pip install --no-cache-dir --prefix=/install .
+# the versions the suite passed with (constraints.txt), as make test installs them
+RUN pip install --no-cache-dir --prefix=/install -c constraints.txt .
 
 FROM python:3.11-slim
 RUN useradd --system --uid 10001 --home /var/lib/gateway --create-home gateway
