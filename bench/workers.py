@@ -53,17 +53,23 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
-def own_cpu_s(pid: int) -> float:
-    """``pid``'s CPU time in its live threads, at nanosecond resolution (schedstat): the
+def thread_cpu_ns(pid: int) -> dict[str, int]:
+    """CPU time of each of ``pid``'s live threads, at nanosecond resolution (schedstat): the
     supervisor's few ms per second above idle are below what clock ticks (10 ms) can show."""
-    total = 0
+    found = {}
     for task in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{task}/schedstat") as stat:
-                total += int(stat.read().split()[0])
+                found[task] = int(stat.read().split()[0])
         except OSError:
             continue  # a thread that ended meanwhile
-    return total / 1e9
+    return found
+
+
+def own_cpu_s(before: dict[str, int], after: dict[str, int]) -> float:
+    """The CPU the threads alive at the end spent since ``before`` (a thread started meanwhile:
+    all of it); a thread that ended meanwhile is missing, never counted negative."""
+    return sum(ns - before.get(task, 0) for task, ns in after.items()) / 1e9
 
 
 def tree(pid: int) -> list[int]:
@@ -144,16 +150,16 @@ def measure(gateway: Gateway, seconds: float, connections: int, script: Path) ->
     wrk(gateway.url, 1, connections, script)  # warm: pools, caches
     idle_own = 0.0
     if gateway.workers > 1:  # the control plane's fixed cost (health checks, sync, ticks) without traffic
-        idle_before = own_cpu_s(gateway.process.pid)
+        idle_before = thread_cpu_ns(gateway.process.pid)
         time.sleep(seconds)
-        idle_own = own_cpu_s(gateway.process.pid) - idle_before
+        idle_own = own_cpu_s(idle_before, thread_cpu_ns(gateway.process.pid))
     pids = tree(gateway.process.pid)
-    before, own_before = tree_ticks(pids), own_cpu_s(gateway.process.pid)
+    before, own_before = tree_ticks(pids), thread_cpu_ns(gateway.process.pid)
     metrics_before = scrape(gateway.url) if gateway.workers > 1 else {}
     result = wrk(gateway.url, seconds, connections, script)
     pids = tree(gateway.process.pid)  # the same processes (none restarted: checked below)
     spent = (tree_ticks(pids) - before) / CLK_TCK
-    own = own_cpu_s(gateway.process.pid) - own_before
+    own = own_cpu_s(own_before, thread_cpu_ns(gateway.process.pid))
     row = {"requests": result["requests"], "errors": result["errors"], "rps": result["requests"] / seconds,
            "cpu_us_per_request": spent / max(1, result["requests"]) * 1e6}
     if gateway.workers > 1:
