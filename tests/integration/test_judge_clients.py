@@ -119,6 +119,8 @@ class Crowd(LoadThread):
         rollout ended at its first verdict left the baseline 3 attacks on one CI run)."""
         policy = self.gateway.app.book.get("qc")
         live = sorted({str(decision.version) for _, decision, _ in policy.ranges} & self.aim) if policy else []
+        if policy is not None and not live:  # no aimed version has traffic yet: any key, not 10,000 tries
+            return str(rng.getrandbits(48)).encode()
         target = rng.choice(live) if live else None
         for _ in range(10_000):
             key = str(rng.getrandbits(48)).encode()
@@ -211,8 +213,16 @@ def test_one_address_aiming_at_the_stable_and_baseline_does_not_get_a_failing_ca
     assert max(shares) <= 50, (shares, doc["reason"])
     assert doc["state"] != "promoted", doc["reason"]
     assert sum(crowd.attacker.values()) > 100 and set(crowd.attacker) <= {400, 500}, crowd.attacker
+    assert failed_at(gateway, "1") > 5, "the attack reached the baseline, the judge's reference"
     print(f"\n3% canary, attacker at stable and baseline: {doc['state']} (highest step {max(shares):g}%): "
           f"{doc['reason']}")
+
+
+def failed_at(gateway: GatewayThread, version: str) -> int:
+    """The version's failed requests as the recorder counted them (Triton's 500 for JSON it
+    could not parse is a client error by Triton's own words; an honest client's never fail)."""
+    totals = gateway.app.recorder.outcome_totals().get(("qc", version), {})
+    return totals.get(Outcome.CLIENT_ERROR, 0) + totals.get(Outcome.UPSTREAM_ERROR, 0)
 
 
 def client_deadlines(gateway: GatewayThread, version: str) -> int:
