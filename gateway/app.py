@@ -128,6 +128,7 @@ class Gateway(Dispatch):
         self.registry.register(FleetCollector(self.fleets))
         self.probes = Probes(self.fleets.default.live, self.book, self.registry, settings.connect_timeout_s,
                              self.sync.problem)
+        self.health = Health(self.probes.problem)  # the gRPC port's grpc.health.v1, on either server
         self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin,
                                   {name: token.get_secret_value() for name, token in settings.viewer_tokens.items()})
         self.gate = control_gate(ControlMode(settings.triton_control), self.auth, self.policies)
@@ -215,14 +216,14 @@ class Gateway(Dispatch):
         named = {fleet.name: FleetGrpc(fleet) for fleet in self.fleets if fleet is not self.fleets.default}
         self.grpc_router = GrpcRouter(self.pipeline, upstream, named)
         if settings.grpc_server == "grpcio":
-            self.grpc = GrpcProxy(self.grpc_router, self.gate, Health(self.probes.problem), self.budget,
+            self.grpc = GrpcProxy(self.grpc_router, self.gate, self.health, self.budget,
                                   settings.max_connections_per_client)
             self.grpc_server = await start_grpc(self.grpc, settings.host, settings.grpc_port,
                                                 tls.grpcio_server_credentials(settings), grpc_limits(settings))
         else:
             self.grpc_server = await start_front(self.grpc_router, settings.host, settings.grpc_port, self.gate,
                                                  tls.serving(settings, tls.H2), grpc_limits(settings),
-                                                 self.budget, Health(self.probes.problem), reuse_port=self.reuse_port,
+                                                 self.budget, self.health, reuse_port=self.reuse_port,
                                                  sock=self.grpc_socket)
 
     def drain_grpc(self) -> None:
@@ -230,6 +231,7 @@ class Gateway(Dispatch):
         HTTP port does, and its calls in flight get ``drain_timeout_s`` to finish, alongside the
         HTTP port's; ``_stop`` waits for it before anything the calls use is stopped."""
         if self.grpc_server is not None and self._grpc_drain is None:
+            self.health.enter_graceful_shutdown()  # health watchers hear NOT_SERVING and let go first
             self._grpc_drain = asyncio.get_running_loop().create_task(
                 self.grpc_server.stop(grace=self.settings.drain_timeout_s))
 

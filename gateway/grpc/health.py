@@ -17,6 +17,7 @@ with the official ``grpc_health`` protos, as ``grpc_health_probe`` would.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -84,8 +85,18 @@ class Health:
 
     def __init__(self, readiness: Readiness) -> None:
         self.readiness = readiness
+        self.draining = asyncio.Event()
+
+    def enter_graceful_shutdown(self) -> None:
+        """The gRPC port drains: ``NOT_SERVING`` from now on, and every ``Watch`` says so and ends
+        (OK), as grpcio's ``HealthServicer.enter_graceful_shutdown`` does. A watcher's client
+        moves to another replica, and its connection does not hold the drain to its bound: an
+        open ``Watch`` kept every shutdown waiting the whole ``drain_timeout_s``."""
+        self.draining.set()
 
     async def status(self) -> int:
+        if self.draining.is_set():
+            return NOT_SERVING
         return SERVING if await self.readiness() is None else NOT_SERVING
 
     async def check(self, message: bytes) -> tuple[int, str, bytes]:
@@ -99,17 +110,23 @@ class Health:
         return StatusCode.OK, "", status_message(await self.status())
 
     async def watch(self, service: str) -> AsyncIterator[bytes]:
-        """The status now, then each change; for ever (the client ends the call)."""
+        """The status now, then each change, until the client ends the call or the port drains
+        (``NOT_SERVING``, then the end)."""
         if service not in SERVICES:
             yield status_message(SERVICE_UNKNOWN)
-            await asyncio.Event().wait()  # the set of services never changes: nothing more to say
+            await self.draining.wait()  # the set of services never changes: nothing more to say
+            return
         last = 0
         while True:
             status = await self.status()
             if status != last:
                 last = status
                 yield status_message(status)
-            await asyncio.sleep(WATCH_INTERVAL_S)
+            if self.draining.is_set():
+                return
+            with contextlib.suppress(TimeoutError):  # a drain wakes the watcher at once
+                async with asyncio.timeout(WATCH_INTERVAL_S):
+                    await self.draining.wait()
 
 
 class HealthCall:
@@ -168,6 +185,7 @@ class HealthCall:
             return
         async for answer in self.health.watch(service):
             self.connection.send_message(self.stream, answer)
+        self.connection.finish(self.stream, StatusCode.OK)  # the port drains: the watch is over
 
 
 def grpcio_handlers(health: Health) -> dict[str, Any]:

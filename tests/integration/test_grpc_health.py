@@ -3,17 +3,19 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.devtools.local_triton import LocalTriton
-from tests.support import TOKEN, GatewayThread, admin_call, gateway_settings
+from tests.support import TOKEN, GatewayProcess, GatewayThread, admin_call, gateway_settings
 
 pytestmark = pytest.mark.triton
 SERVICE = "inference.GRPCInferenceService"
@@ -106,3 +108,29 @@ def test_a_malformed_health_request_is_invalid_argument(gateway: GatewayThread) 
         with pytest.raises(grpc.RpcError) as caught:
             channel.unary_unary("/grpc.health.v1.Health/Check")(b"\x0a\x05ab", timeout=5)  # a truncated string
     assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize("server", ["lean", "grpcio"])
+def test_sigterm_tells_watchers_not_serving_and_ends_their_watch_so_the_drain_is_not_held(
+        triton: LocalTriton, tmp_path: Path, server: str) -> None:
+    """At SIGTERM every Watch hears NOT_SERVING and ends OK (grpcio's HealthServicer does the same
+    at enter_graceful_shutdown): the watching client moves to another replica, and the gateway
+    stops without waiting drain_timeout_s. Before, the open Watch held its connection, and with it
+    every shutdown, to the bound (20 s here), and was then cut."""
+    gw = GatewayProcess({"GATEWAY_TRITON_URL": triton.http_url, "GATEWAY_TRITON_GRPC_URL": triton.grpc_url,
+                         "GATEWAY_STORE_URL": f"sqlite:///{tmp_path / 'state.db'}", "GATEWAY_GRPC_SERVER": server,
+                         "GATEWAY_DRAIN_TIMEOUT_S": "20"}).start()
+    try:
+        watcher = Watcher(f"127.0.0.1:{gw.grpc_port}")
+        watcher.wait_for("SERVING")
+        signalled = time.monotonic()
+        gw.process.send_signal(signal.SIGTERM)
+        watcher.thread.join(15)
+        gw.process.wait(30)
+        stopped_after = time.monotonic() - signalled
+        assert watcher.seen[-1] == "NOT_SERVING" and watcher.call.code() == grpc.StatusCode.OK, \
+            (watcher.seen, watcher.call.code())
+        assert stopped_after < 10, f"stopped {stopped_after:.1f} s after SIGTERM: the watch held the drain"
+        watcher.close()
+    finally:
+        gw.kill()
