@@ -1,4 +1,5 @@
-"""Who a request's client is, for the rollout judge's per-client shares (issue 23, item 2).
+"""Who a request's client is, for the rollout judge's per-client shares (issue 23, item 2),
+the sequence-pin quota and the connection cap per client (an IPv6 client is its /64).
 
 The client is the peer address of the connection, or, when that peer is one of the
 ``trusted_proxies`` (CIDRs; none by default), the address that proxy put in
@@ -15,7 +16,31 @@ import ipaddress
 from collections.abc import Iterable, Sequence
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-MAX_CACHED = 4096  # peer addresses whose trust was decided, kept; past it, decided again each time
+MAX_CACHED = 4096  # peer addresses whose trust (or key) was decided, kept; past it, decided again each time
+# An IPv6 client is its /64: one subscriber's allocation (RFC 6177; ISPs hand out a /64 or
+# more), so one host can take any of 2^64 source addresses and would otherwise be that many
+# clients to every per-client cap, quota and share.
+IPV6_CLIENT_PREFIX = 64
+_ipv6_keys: dict[str, str] = {}
+
+
+def client_key(address: str) -> str:
+    """Who holds ``address``: an IPv4 address itself (no parsing), an IPv6 address its /64, an
+    IPv4-mapped IPv6 address its IPv4 address; anything else as it is."""
+    if ":" not in address:
+        return address
+    key = _ipv6_keys.get(address)
+    if key is None:
+        try:
+            parsed = ipaddress.IPv6Address(address.partition("%")[0])  # a link-local scope is not part of it
+        except ValueError:
+            return address
+        mapped = parsed.ipv4_mapped
+        key = str(mapped) if mapped is not None else str(
+            ipaddress.IPv6Network((parsed, IPV6_CLIENT_PREFIX), strict=False))
+        if len(_ipv6_keys) < MAX_CACHED:
+            _ipv6_keys[address] = key
+    return key
 
 
 class ClientAddresses:
@@ -27,17 +52,17 @@ class ClientAddresses:
         """The client of a request from ``peer`` with these (lower-case) headers."""
         peer = peer or ""
         if not self.trusted or not self.is_trusted(peer):
-            return peer
+            return client_key(peer)
         forwarded = b",".join(value for name, value in headers if name == b"x-forwarded-for")
         if not forwarded:
-            return peer
+            return client_key(peer)
         for hop in reversed(forwarded.split(b",")):
             address = hop.strip().decode("latin-1")
             if not _valid(address):
-                return peer
+                return client_key(peer)
             if not self.is_trusted(address):
-                return address
-        return peer
+                return client_key(address)
+        return client_key(peer)
 
     def is_trusted(self, address: str) -> bool:
         verdict = self._verdicts.get(address)
@@ -69,7 +94,9 @@ class PerAddress(dict[str, int]):
     __slots__ = ()
 
     def admit(self, address: str, limit: int) -> bool:
-        """Count one more connection from ``address``; False, counting nothing, when it has ``limit`` open."""
+        """Count one more connection from ``address`` (its :func:`client_key`); False, counting
+        nothing, when it has ``limit`` open."""
+        address = client_key(address)
         held = self.get(address, 0)
         if held >= limit:
             return False
@@ -78,6 +105,7 @@ class PerAddress(dict[str, int]):
 
     def leave(self, address: str) -> None:
         """A connection :meth:`admit` counted closed."""
+        address = client_key(address)
         left = self[address] - 1
         if left:
             self[address] = left

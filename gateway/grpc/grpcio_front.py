@@ -46,7 +46,7 @@ import grpc
 import grpc.aio
 
 from gateway.byte_budget import ByteBudget
-from gateway.client_address import grpcio_peer
+from gateway.client_address import client_key, grpcio_peer
 from gateway.control_surface import ControlGate
 from gateway.errors import GatewayError
 from gateway.grpc.health import HEALTH, Health, grpcio_handlers
@@ -318,7 +318,7 @@ class CallingConnections:
     def enter(self, peer: str) -> str:
         """Count one call on ``peer``; or, if that connection would be one too many for its
         address, count nothing and say why."""
-        address = grpcio_peer(peer)
+        address = client_key(grpcio_peer(peer))
         connections = self.calls.get(address)
         if connections is None:
             connections = self.calls[address] = {}
@@ -332,7 +332,7 @@ class CallingConnections:
         return ""
 
     def leave(self, peer: str) -> None:
-        address = grpcio_peer(peer)
+        address = client_key(grpcio_peer(peer))
         connections = self.calls[address]
         calls = connections[peer] - 1
         if calls:
