@@ -52,15 +52,30 @@ def free_port() -> int:
     if low > 12000:
         for _ in range(100):
             port = random.randrange(10000, low)
+            if port in _handed_out:
+                continue
             with socket.socket() as sock:
                 try:
                     sock.bind(("127.0.0.1", port))
                 except OSError:
                     continue
-                return port
+            return _hand_out(port)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        return _hand_out(int(sock.getsockname()[1]))
+
+
+# The ports this process handed out lately: two calls before either port is bound (a gateway's
+# HTTP and gRPC ports) must not get the same one (seen once in a full run: "address already in use").
+_handed_out: dict[int, None] = {}
+_HANDED_OUT_KEPT = 4096
+
+
+def _hand_out(port: int) -> int:
+    _handed_out[port] = None
+    if len(_handed_out) > _HANDED_OUT_KEPT:
+        del _handed_out[next(iter(_handed_out))]
+    return port
 
 
 def free_port_block(count: int = 3) -> int:
