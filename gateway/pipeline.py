@@ -31,7 +31,7 @@ from typing import Protocol
 
 from gateway.client_address import ClientAddresses
 from gateway.errors import BadRequest
-from gateway.policy import split_target
+from gateway.policy import DOT_SEGMENTS, split_target
 from gateway.policy_book import PolicyBook
 from gateway.routing import (
     MAY_SHADOW,
@@ -83,6 +83,8 @@ def checked_model(model: str) -> str:
                          f"at most {MAX_MODEL_NAME_BYTES} are taken")
     if not _CONTROL_CHARACTERS.isdisjoint(model):
         raise BadRequest("a model name has no control characters")
+    if model in DOT_SEGMENTS:  # the repository itself or its parent: a directory, never a model
+        raise BadRequest(f"'{model}' is not a model name: '.' and '..' name directories")
     return model
 
 

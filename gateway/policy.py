@@ -16,6 +16,21 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from gateway.fleet.config import DEFAULT_FLEET
 
 Version = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,18}$", description="Triton version number, as a string")]
+
+
+DOT_SEGMENTS = frozenset([".", ".."])
+
+
+def not_dot_segment(name: str) -> str:
+    """A model name is a directory of Triton's model repository: ``.`` and ``..`` name the
+    repository itself and its parent, and a load of ``..`` would read outside it."""
+    if name in DOT_SEGMENTS:
+        raise ValueError(f"'{name}' is not a model name: '.' and '..' name directories, not models")
+    return name
+
+
+# What the admin API, the console's actions and the config's policies take as a model name.
+ModelName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$"), AfterValidator(not_dot_segment)]
 # Where traffic goes: a version on the default fleet ("3", today's syntax), or a version on a
 # named fleet ("green:3", for blue/green between fleets of Triton servers).
 # "default:3" names the default fleet (the fleet `default` of the config) and is stored as "3",

@@ -18,7 +18,7 @@ from pydantic import DirectoryPath, Field, FilePath, SecretStr, ValidationError,
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gateway.fleet.config import DEFAULT_FLEET, FleetName, FleetSpec, single_server
-from gateway.policy import HeaderName, PolicySpec
+from gateway.policy import HeaderName, ModelName, PolicySpec
 
 
 class SettingsError(ValueError):
@@ -96,7 +96,7 @@ class Settings(BaseSettings):
         "the default table: pushing others' pins out takes 100 addresses; behind a load balancer set "
         "trusted_proxies, or every client shares the balancer's quota")
     sticky_header: HeaderName = Field("x-user-id", description="default header carrying the sticky user key")
-    policies: dict[str, PolicySpec] = Field(
+    policies: dict[ModelName, PolicySpec] = Field(
         default_factory=dict, description="routing policies by model, as declared intent: an entry changed since "
         "it was last applied is applied at start (audited as actor config); an unchanged one leaves API changes alone"
     )

@@ -14,12 +14,13 @@ import json
 from typing import Annotated, Any
 
 from fastapi import Depends, Header, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.admin.auth import Authenticator
+from gateway.policy import ModelName
 
-ModelName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")]
+__all__ = ["Actor", "ERRORS", "ErrorBody", "JsonBodies", "ModelName", "actor"]
 
 
 class ErrorBody(BaseModel):

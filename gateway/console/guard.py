@@ -11,6 +11,11 @@ from gateway.console.sessions import Session, Sessions
 from gateway.errors import Forbidden, Unauthorized
 
 COOKIE = "gateway_console"
+# Over TLS the cookie is ``__Host-`` prefixed: a browser takes it only with Secure, Path=/ and no
+# Domain, so a neighbouring host (a sibling subdomain, or plain HTTP on this host) cannot set or
+# overwrite the session a login here starts (RFC 6265bis 4.1.3.2). Over plain HTTP a browser
+# refuses a Secure cookie, so the unprefixed name stays, scoped to /console.
+HOST_COOKIE = "__Host-" + COOKIE
 CSRF_HEADER = "x-csrf-token"
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
        "font-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
@@ -69,8 +74,15 @@ def same_origin(request: Request) -> None:
             raise Forbidden(f"cross-origin request refused (Origin {origin}, expected this gateway's {own})")
 
 
+def session_cookie(request: Request) -> str | None:
+    """The session id the request's cookie carries: over TLS only the ``__Host-`` one."""
+    if over_tls(request):
+        return request.cookies.get(HOST_COOKIE)
+    return request.cookies.get(COOKIE)
+
+
 def session_of(request: Request, sessions: Sessions) -> Session:
-    session = sessions.get(request.cookies.get(COOKIE))
+    session = sessions.get(session_cookie(request))
     if session is None:
         raise Unauthorized("not logged in (or the session ended): log in with your token")
     return session
@@ -88,9 +100,16 @@ def change_allowed(request: Request, sessions: Sessions) -> Session:
 
 
 def set_cookie(response: Response, request: Request, session: Session, ttl_s: float) -> None:
-    response.set_cookie(COOKIE, session.id, max_age=int(ttl_s), path="/console", httponly=True,
-                        samesite="strict", secure=over_tls(request))
+    if over_tls(request):
+        response.set_cookie(HOST_COOKIE, session.id, max_age=int(ttl_s), path="/", httponly=True,
+                            samesite="strict", secure=True)
+    else:
+        response.set_cookie(COOKIE, session.id, max_age=int(ttl_s), path="/console", httponly=True,
+                            samesite="strict")
 
 
 def clear_cookie(response: Response, request: Request) -> None:
-    response.delete_cookie(COOKIE, path="/console", httponly=True, samesite="strict", secure=over_tls(request))
+    if over_tls(request):
+        response.delete_cookie(HOST_COOKIE, path="/", httponly=True, samesite="strict", secure=True)
+    else:
+        response.delete_cookie(COOKIE, path="/console", httponly=True, samesite="strict")

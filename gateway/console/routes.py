@@ -112,7 +112,7 @@ def console_router(views: Views, lifecycle: ModelLifecycle, auth: Authenticator,
     # -- what the pages read -------------------------------------------------------------------
     @app.get("/console/api/session")
     async def whoami(request: Request) -> JSONResponse:
-        session = sessions.get(request.cookies.get(guard.COOKIE))
+        session = sessions.get(guard.session_cookie(request))
         if session is None:  # not an error: the page asks once to know whether to show the login form
             return _no_store(JSONResponse({"actor": None, "role": None, "csrf": None}))
         return _no_store(JSONResponse(_session(session.who.name, session.who.role, session.csrf, views)))
