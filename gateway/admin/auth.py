@@ -32,6 +32,11 @@ class Authenticator:
         self.insecure = insecure
 
     @property
+    def tokenless(self) -> bool:
+        """``--insecure-admin`` with no token configured: every request is the anonymous operator."""
+        return self.insecure and not self._tokens
+
+    @property
     def enabled(self) -> bool:
         return any(role == "operator" for _, _, role in self._tokens) or self.insecure
 

@@ -5,8 +5,10 @@ The authenticator is per app (no module-level singleton): the composition root p
 
 :class:`JsonBodies` lets the admin API read a JSON body sent without ``Content-Type``, or
 with the ``application/x-www-form-urlencoded`` that ``curl -d`` puts on it (the README's
-examples, and every shell script written the same way), and refuses any other media type
-with 415 instead of a confusing validation error.
+examples, and every shell script written the same way), when it comes with a bearer token,
+and refuses any other media type with 415 instead of a confusing validation error. Without a
+token (``--insecure-admin``) only ``application/json`` is read: a page on any site may send a
+form or a type-less body cross-site without asking, never that type (CORS preflight).
 """
 
 # No `from __future__ import annotations`: FastAPI resolves these annotations at runtime.
@@ -62,7 +64,8 @@ _JSON_TYPE = (b"content-type", b"application/json")
 
 
 class JsonBodies:
-    """ASGI middleware for ``/admin``: a body is JSON whatever curl called it; other media 415."""
+    """ASGI middleware for ``/admin``: a body that comes with a bearer token is JSON whatever curl
+    called it; other media 415, and so are form and type-less bodies without a token."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -71,7 +74,7 @@ class JsonBodies:
         if scope["type"] != "http" or not scope["path"].startswith("/admin/"):
             await self.app(scope, receive, send)
             return
-        media, body = b"", False
+        media, body, bearer = b"", False, False
         headers = [(name, value) for name, value in scope["headers"] if name != b"content-type"]
         for name, value in scope["headers"]:
             if name == b"content-type":
@@ -80,14 +83,34 @@ class JsonBodies:
                 body = value.strip() not in (b"", b"0")
             elif name == b"transfer-encoding":
                 body = True
-        if media in _READ_AS_JSON:
+            elif name == b"authorization":
+                bearer = True
+        if media in _READ_AS_JSON and bearer:
             scope = {**scope, "headers": [*headers, _JSON_TYPE]}
-        elif body and media != b"application/json" and not media.endswith(b"+json"):
+        elif media in _READ_AS_JSON and body and _insecure(scope):
+            # No token to check (--insecure-admin): a page on any site can send a form or a
+            # type-less body here without asking (a CORS "simple" request), but never an
+            # Authorization header nor a JSON type; read as JSON, such a body started rollouts.
+            await _refuse(send, "without an Authorization header the admin API reads only bodies sent as "
+                                "Content-Type: application/json (add -H 'Content-Type: application/json' to curl -d): "
+                                "a form or type-less body is one any web page can send")
+            return
+        elif body and media not in _READ_AS_JSON and media != b"application/json" and not media.endswith(b"+json"):
             shown = media.decode("latin-1")[:100]
-            answer = json.dumps({"error": f"the admin API reads JSON bodies (Content-Type: application/json, or "
-                                          f"none, as curl -d sends them), not {shown}"}).encode()
-            await send({"type": "http.response.start", "status": 415,
-                        "headers": [_JSON_TYPE, (b"content-length", str(len(answer)).encode())]})
-            await send({"type": "http.response.body", "body": answer})
+            await _refuse(send, f"the admin API reads JSON bodies (Content-Type: application/json, or none, as curl "
+                                f"-d sends them with a bearer token), not {shown}")
             return
         await self.app(scope, receive, send)
+
+
+def _insecure(scope: Scope) -> bool:
+    app = scope.get("app")
+    auth = getattr(getattr(app, "state", None), "auth", None)
+    return isinstance(auth, Authenticator) and auth.tokenless
+
+
+async def _refuse(send: Send, message: str) -> None:
+    answer = json.dumps({"error": message}).encode()
+    await send({"type": "http.response.start", "status": 415,
+                "headers": [_JSON_TYPE, (b"content-length", str(len(answer)).encode())]})
+    await send({"type": "http.response.body", "body": answer})

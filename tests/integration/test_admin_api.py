@@ -165,3 +165,24 @@ async def test_insecure_admin_runs_without_a_token(triton: LocalTriton) -> None:
         assert (await client.request("PUT", "/admin/models/qc/policy", token=None, json=POLICY)).status_code == 200
         events = (await client.request("GET", "/admin/events", token=None)).json()["events"]
         assert events[0]["actor"] == "anonymous"
+
+
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", None, "text/plain"])
+async def test_insecure_admin_reads_no_form_or_typeless_body(triton: LocalTriton, content_type: str | None) -> None:
+    """Without a token to check, a body a cross-site page can send without asking (a form,
+    text/plain, no type) is refused with 415 and changes nothing: read as JSON, one started a
+    rollout from a page on another site. application/json (which needs a CORS preflight) is read."""
+    settings = gateway_settings(triton.http_url, store_url="memory://", insecure_admin=True)
+    body = json.dumps(POLICY).encode()
+    async with AdminClient(settings) as client:
+        headers = {} if content_type is None else {"Content-Type": content_type}
+        refused = await client.request("PUT", "/admin/models/qc/policy", token=None, content=body, headers=headers)
+        assert refused.status_code == 415 and "application/json" in refused.json()["error"], refused.text
+        rollout = await client.request("POST", "/admin/models/qc/rollout", token=None, headers=headers,
+                                       content=json.dumps({"canary": "3"}).encode())
+        assert rollout.status_code == 415
+        assert (await client.request("GET", "/admin/models/qc/policy", token=None)).status_code == 404
+        assert (await client.request("GET", "/admin/models/qc/rollout", token=None)).status_code == 404
+        typed = await client.request("PUT", "/admin/models/qc/policy", token=None, content=body,
+                                     headers={"Content-Type": "application/json"})
+        assert typed.status_code == 200
