@@ -330,11 +330,13 @@ class RolloutController:
         """After promotion, in the background: drain and unload the previous versions that
         take no traffic any more, keeping the newest ``keep_previous`` of them loaded."""
         async def unload() -> None:
-            for version in await self.previous_versions(rollout):
-                try:
-                    await self.lifecycle.unload(rollout.model, version, ACTOR)
-                except GatewayError as exc:
-                    log.warning("rollout of %s: unloading version %s failed: %s", rollout.model, version, exc)
+            previous = await self.previous_versions(rollout)
+            if not previous:
+                return
+            try:  # one reload for them all (ModelLifecycle.unload_versions says why)
+                await self.lifecycle.unload_versions(rollout.model, previous, ACTOR)
+            except GatewayError as exc:
+                log.warning("rollout of %s: unloading versions %s failed: %s", rollout.model, previous, exc)
 
         self._background.spawn(unload())
 

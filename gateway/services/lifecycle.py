@@ -10,6 +10,7 @@ Triton to drop it. Reloads of a model are serialised across replicas by a store 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -61,21 +62,36 @@ class ModelLifecycle:
                 "config_sent": sent}
 
     async def unload(self, model: str, version: str, actor: str) -> dict[str, Any]:
+        drains, sent = await self.unload_versions(model, [version], actor)
+        return {"model": model, "version": version, "state": "UNLOADED", "drain": drains[version], "config_sent": sent}
+
+    async def unload_versions(self, model: str, versions: list[str], actor: str) -> tuple[dict[str, str], str]:
+        """Drain every one of ``versions`` (together), then unload them all with **one** reload:
+        each reload of a Python-backend model restarts its stubs, and back-to-back reloads (one per
+        version, as promotion cleanup made them) were followed by a Triton crash
+        (``boost::interprocess::lock_exception``) in one run of four. Returns each version's drain,
+        and what Triton was sent."""
         serving = await self.serving(model)
-        if version not in serving:
-            raise NotFound(f"version {version} of model '{model}' is not loaded")
-        if serving == {version}:
-            raise Conflict(f"version {version} is the only version of model '{model}' serving: load another first")
-        await self._refuse_if_referenced(model, version)
-        await self._take_out_of_policy(model, version, actor)
-        drained = await self.replicas.drain(model, version, self.drain_timeout_s)
+        for version in versions:
+            if version not in serving:
+                raise NotFound(f"version {version} of model '{model}' is not loaded")
+        if not serving - set(versions):
+            named = f"version {versions[0]} is the only version" if len(versions) == 1 else \
+                f"versions {sorted(versions, key=int)} are the only versions"
+            raise Conflict(f"{named} of model '{model}' serving: load another first")
+        for version in versions:
+            await self._refuse_if_referenced(model, version)
+        for version in versions:
+            await self._take_out_of_policy(model, version, actor)
+        drains = await asyncio.gather(*(self.replicas.drain(model, version, self.drain_timeout_s)
+                                        for version in versions))
         async with self.replicas.lock(model, self.load_timeout_s):
-            keep = await self.serving(model) - {version}
+            keep = await self.serving(model) - set(versions)
             sent = await self._reload(model, keep, self.load_timeout_s)
-            await self._record(model, unloaded=[version])
-        reason = f"version {version} drained ({drained}) and unloaded"
-        await self._event(model, actor, "version_unloaded", reason)
-        return {"model": model, "version": version, "state": "UNLOADED", "drain": drained, "config_sent": sent}
+            await self._record(model, unloaded=list(versions))
+        for version, drained in zip(versions, drains, strict=True):
+            await self._event(model, actor, "version_unloaded", f"version {version} drained ({drained}) and unloaded")
+        return dict(zip(versions, drains, strict=True)), sent
 
     async def _refuse_if_referenced(self, model: str, version: str) -> None:
         """409 naming what still needs the version: an active rollout (its stable is the rollback

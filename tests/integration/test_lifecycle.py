@@ -171,3 +171,29 @@ def test_grpc_requests_are_mirrored_to_the_shadow(own_triton: LocalTriton) -> No
         stats = gw.app.shadow.stats[("qc", "3")]
         assert (stats.requests, stats.errors, stats.compared, stats.agreed) == (20, 0, 20, 0), \
             "v3 answers 3x where v2 answers 2x: every comparison disagrees"
+
+
+def test_promotion_unloads_every_previous_version_with_one_reload(own_triton: LocalTriton) -> None:
+    """unload_previous reloaded the model once per unloaded version; three back-to-back reloads
+    of a Python-backend model were followed by a Triton crash in one run of four. Now one."""
+    with gateway_for(own_triton) as gw:
+        reloads: list[set[str]] = []
+        reload = gw.app.triton.reload
+
+        async def counted(model: str, versions: set[str], *args: object, **kwargs: object) -> str:
+            reloads.append(set(versions))
+            return await reload(model, versions, *args, **kwargs)  # type: ignore[arg-type]
+
+        gw.app.triton.reload = counted  # type: ignore[method-assign]
+        status, rollout = admin_call(gw.url, "POST", "/admin/models/qc/rollout", {
+            "canary": "3", "judge": "thresholds", "steps": [100], "interval_s": 1, "min_requests": 1,
+            "unload_previous": True})
+        assert status == 200, rollout
+        with BackgroundLoad(gw.url, concurrency=2):
+            done = wait_for(lambda: (d := admin_call(gw.url, "GET", "/admin/models/qc/rollout")[1])["state"]
+                            != "progressing" and d, 30, what="promotion")
+        assert done["state"] == "promoted", done["reason"]
+        wait_for(lambda: ready_versions(own_triton) == {"3"}, 30, what="versions 1 and 2 drained and unloaded")
+        assert reloads == [{"3"}], reloads
+        events = admin_call(gw.url, "GET", "/admin/events?model=qc&limit=100")[1]["events"]
+        assert sorted(e["reason"].split()[1] for e in events if e["action"] == "version_unloaded") == ["1", "2"]

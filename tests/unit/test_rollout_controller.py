@@ -235,14 +235,20 @@ class FakeLifecycle:
     def __init__(self, serving: set[str]) -> None:
         self.loaded = set(serving)
         self.unloaded: list[str] = []
+        self.reloads: list[list[str]] = []  # the versions each reload of Triton unloaded
 
     async def serving(self, model: str) -> set[str]:
         return set(self.loaded)
 
     async def unload(self, model: str, version: str, actor: str) -> dict[str, Any]:
-        self.unloaded.append(version)
-        self.loaded.discard(version)
+        await self.unload_versions(model, [version], actor)
         return {}
+
+    async def unload_versions(self, model: str, versions: list[str], actor: str) -> tuple[dict[str, str], str]:
+        self.unloaded.extend(versions)
+        self.loaded.difference_update(versions)
+        self.reloads.append(list(versions))
+        return {version: "idle" for version in versions}, ""
 
 
 @pytest.mark.parametrize(("keep", "unloaded"), [(0, ["2", "1"]), (1, ["1"]), (2, [])])
@@ -261,6 +267,7 @@ async def test_promotion_cleanup_keeps_the_newest_previous_versions(h: Harness, 
     for _ in range(5):
         await asyncio.sleep(0)
     assert lifecycle.unloaded == unloaded
+    assert lifecycle.reloads == ([unloaded] if unloaded else []), "every previous version in one reload"
 
 
 async def test_no_cleanup_without_unload_previous(h: Harness) -> None:
