@@ -3,10 +3,15 @@
 The one permitted fake upstream (it stands in for nothing the tests check): it does no
 inference, so a benchmark's CPU and latency are the gateway's. HTTP/1.1 keep-alive on an
 asyncio protocol with httptools; gRPC with grpcio's generic handler. It answers what the
-gateway asks of a Triton: health, the repository index (model ``qc``, versions 1-3 READY),
-and inference on any model and version with one fixed response.
+gateway asks of a Triton: health, the repository index (model ``qc``, versions 1-3 READY;
+``--models N``: ``qc`` and ``m00001`` ... up to N models, each with versions 1-3 READY), each
+version's readiness, and inference on any model and version with one fixed response.
 
-    python bench/stub_triton.py --http-port 18500 --grpc-port 18501
+What the gateway asked is counted by kind (``GET /stub/counts``: repository index reads,
+readiness and config reads, loads, inferences, the rest), so a benchmark can say how many
+repository reads a tick costs at a given size.
+
+    python bench/stub_triton.py --http-port 18500 --grpc-port 18501 --models 5000
 """
 
 from __future__ import annotations
@@ -18,7 +23,22 @@ import signal
 
 import httptools
 
-INDEX = json.dumps([{"name": "qc", "version": v, "state": "READY"} for v in ("1", "2", "3")]).encode()
+VERSIONS = ("1", "2", "3")
+
+
+def model_names(count: int) -> list[str]:
+    """``qc`` (the sample repository's model) first, then ``m00001``...: ``count`` names in all."""
+    return ["qc", *(f"m{i:05d}" for i in range(1, count))]
+
+
+def repository_index(count: int) -> bytes:
+    return json.dumps([{"name": name, "version": v, "state": "READY"}
+                       for name in model_names(count) for v in VERSIONS]).encode()
+
+
+INDEX = repository_index(1)
+KNOWN: frozenset[bytes] = frozenset((b"qc",))
+COUNTS: dict[str, int] = {}
 
 
 def _infer_answer(version: bytes) -> bytes:
@@ -61,10 +81,31 @@ class StubHttp(asyncio.Protocol):
             version = parts[parts.index(b"versions") + 1] if b"versions" in parts else b""
             body = ANSWERS.get(version) or _infer_answer(version)
             self.transport.write(_response(b"200 OK", body))
+            _count("infer")
         elif path == b"/v2/repository/index":
             self.transport.write(_response(b"200 OK", INDEX))
+            _count("index")
+        elif path.endswith(b"/ready") and path.startswith(b"/v2/models/"):
+            self.transport.write(_ready(path))
+            _count("ready")
+        elif path == b"/stub/counts":
+            self.transport.write(_response(b"200 OK", json.dumps(COUNTS).encode()))
         else:
             self.transport.write(_response(b"200 OK", b"{}"))
+            _count("config" if path.endswith(b"/config") else "load" if path.endswith(b"/load") else "other")
+
+
+def _count(kind: str) -> None:
+    COUNTS[kind] = COUNTS.get(kind, 0) + 1
+
+
+def _ready(path: bytes) -> bytes:
+    """``/v2/models/{m}[/versions/{v}]/ready``: 200 for a listed model (and version), else 400 as Triton answers."""
+    parts = path.split(b"/")
+    known = parts[3] in KNOWN and (len(parts) < 7 or parts[4] != b"versions" or parts[5].decode() in VERSIONS)
+    if known:
+        return _response(b"200 OK", b"")
+    return _response(b"400 Bad Request", b'{"error":"model is not ready"}')
 
 
 def _grpc_server(port: int) -> object:
@@ -124,7 +165,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--http-port", type=int, default=18500)
     parser.add_argument("--grpc-port", type=int, default=0, help="0: no gRPC")
+    parser.add_argument("--models", type=int, default=1, help="models in the repository index (qc, m00001, ...)")
     args = parser.parse_args()
+    global INDEX, KNOWN
+    INDEX = repository_index(args.models)
+    KNOWN = frozenset(name.encode() for name in model_names(args.models))
     import uvloop
 
     uvloop.run(serve(args.http_port, args.grpc_port))
