@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SAMPLE_REPOSITORY = Path(__file__).resolve().parents[2] / "deploy" / "model_repository"
-SAMPLE_MODELS = ("qc", "tok", "seq")
+SAMPLE_MODELS = ("qc", "tok", "seq")  # loaded at start; `batched` and `cached` are loaded by the tests that use them
+CACHE_BYTES = 16 * 1024 * 1024
 
 
 class TritonUnavailable(RuntimeError):
@@ -170,6 +171,10 @@ class LocalTriton:
             "--exit-timeout-secs=5",
             "--strict-readiness=false",
             "--log-verbose=0",
+            # Triton's response cache, for the models that turn it on (the sample model `cached`);
+            # the wheel ships the local cache implementation. Models without response_cache never use it.
+            f"--cache-config=local,size={CACHE_BYTES}",
+            f"--cache-directory={root / 'tritonserver' / 'caches'}",
         ]
         cmd += [f"--load-model={name}" for name in self.models]
         return cmd

@@ -4,9 +4,15 @@ Faults come from a JSON file named by $TRITON_SAMPLE_FAULTS, e.g.
 ``{"qc": {"3": {"error_rate": 0.3, "delay_ms": 200}}}``. ``client_error_rate`` answers that
 share with INVALID_ARG (HTTP 400, as for a renamed input); ``overload_rate`` answers it the way
 Triton answers when a model's queue is full (UNAVAILABLE "Exceeds maximum queue size": HTTP 503).
-It is re-read when its
-mtime changes (checked at most every 100 ms) so a test can break a version of a
+``raise_rate`` makes that share of executions raise (Triton fails every request of the batch and
+counts them as BACKEND failures; an error put in a response, as ``error_rate`` does, Triton counts
+as a success). ``cold_s`` with ``cold_delay_ms``: a version loaded after the fault was set sleeps
+that much more per execution during its first ``cold_s`` seconds (a cold start). It is re-read
+when its mtime changes (checked at most every 100 ms) so a test can break a version of a
 running server without reloading it.
+
+Without faults, the config's ``compute_ms`` parameter ("3:20": version 3 sleeps 20 ms per
+execution) makes a version slower in compute for good (the ``batched`` sample model).
 """
 import json
 import os
@@ -22,7 +28,9 @@ class _Faults:
         self._path = os.environ.get("TRITON_SAMPLE_FAULTS", "")
         self._model, self._version = model, version
         self._checked_at, self._mtime, self.error_rate, self.delay_s = 0.0, None, 0.0, 0.0
-        self.client_error_rate = self.overload_rate = 0.0
+        self.client_error_rate = self.overload_rate = self.raise_rate = 0.0
+        self.cold_until, self.cold_delay_s = 0.0, 0.0
+        self._started = time.monotonic()
 
     def refresh(self):
         now = time.monotonic()
@@ -33,7 +41,8 @@ class _Faults:
             mtime = os.stat(self._path).st_mtime_ns
         except OSError:
             self.error_rate, self.delay_s, self._mtime = 0.0, 0.0, None
-            self.client_error_rate = self.overload_rate = 0.0
+            self.client_error_rate = self.overload_rate = self.raise_rate = 0.0
+            self.cold_until, self.cold_delay_s = 0.0, 0.0
             return
         if mtime == self._mtime:
             return
@@ -47,6 +56,13 @@ class _Faults:
         self.delay_s = float(spec.get("delay_ms", 0.0)) / 1000.0
         self.client_error_rate = float(spec.get("client_error_rate", 0.0))
         self.overload_rate = float(spec.get("overload_rate", 0.0))
+        self.raise_rate = float(spec.get("raise_rate", 0.0))
+        self.cold_until = self._started + float(spec.get("cold_s", 0.0))
+        self.cold_delay_s = float(spec.get("cold_delay_ms", 0.0)) / 1000.0
+
+    def delay(self):
+        """Seconds to sleep in this execution: the fault's delay, plus the cold start's while it lasts."""
+        return self.delay_s + (self.cold_delay_s if time.monotonic() < self.cold_until else 0.0)
 
 
 def _wait(seconds):
@@ -59,17 +75,32 @@ def _wait(seconds):
         pass
 
 
+def _compute_ms(config, version):
+    """This version's ``compute_ms`` from the config's parameters ("2:5,3:20"), 0 when unnamed."""
+    spec = config.get("parameters", {}).get("compute_ms", {}).get("string_value", "")
+    for entry in spec.split(","):
+        named, _, ms = entry.partition(":")
+        if named.strip() == version:
+            return float(ms)
+    return 0.0
+
+
 class TritonPythonModel:
     def initialize(self, args):
         self.version = args["model_version"]
         self.factor = np.float32(int(self.version))
-        self.faults = _Faults(json.loads(args["model_config"])["name"], self.version)
+        config = json.loads(args["model_config"])
+        self.faults = _Faults(config["name"], self.version)
         self.rng = random.Random()
+        self.compute_s = _compute_ms(config, self.version) / 1000.0
 
     def execute(self, requests):
         self.faults.refresh()
-        if self.faults.delay_s:
-            _wait(self.faults.delay_s)
+        if self.faults.raise_rate and self.rng.random() < self.faults.raise_rate:
+            raise RuntimeError(f"injected exception in execute of version {self.version}")
+        delay = self.faults.delay() + self.compute_s
+        if delay:
+            _wait(delay)
         responses = []
         for request in requests:
             err = self._fault()
