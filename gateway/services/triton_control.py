@@ -111,6 +111,10 @@ class TritonControl:
     def servers(self) -> list[Server]:
         return self.fleet.in_service() or list(self.fleet.servers.values())
 
+    def servers_of(self, key: str) -> list[Server]:
+        """The servers of the fleet a target key (``version`` or ``fleet:version``) names."""
+        return self._for(key)[0].servers()
+
     async def call_on(self, server: Server, method: bytes, path: str, body: Any = None,
                       timeout_s: float | None = None) -> tuple[int, Any]:
         payload = b"" if body is None else json.dumps(body).encode()
