@@ -13,8 +13,10 @@ Triton's JSON error shape ``{"error": "..."}`` (uvicorn answers text/plain or no
   cross the bound arrive. httptools joins a header's pieces in memory until the line ends, so
   the raw bytes of a head are counted too and the parser is never fed past the bounds (one
   60 MB header line used to be read whole);
-- **malformed requests** (``Transfer-Encoding`` with ``Content-Length``, a bad method, bad
-  characters): 400 with llhttp's reason;
+- **malformed requests** (a bad method, bad characters, a ``Transfer-Encoding`` other than
+  chunked last): 400 with llhttp's reason. ``Transfer-Encoding: chunked`` with ``Content-Length``
+  is served by the Transfer-Encoding alone, its Content-Length dropped, and the connection
+  closes after the answer (RFC 9112 6.3), as Triton serves it;
 - **time**: a request's headers must arrive within ``header_timeout_s``, counted from the
   connection's start or the request's first byte (slowloris); a body may pause at most
   ``body_idle_timeout_s`` between two pieces. Either answers 408;
@@ -99,10 +101,14 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     _lingered = 0
     _reason = ""  # why a connection at a cap is refused
     _forwarded = False  # the request carries X-Forwarded-* (uvicorn's proxy-headers middleware may act)
+    _framing = 0  # which of Content-Length (1) and Transfer-Encoding (2, 4: ending in chunked) the head has
     _inference: Callable[..., Any] | None = None  # the data-plane handler, served without the app's wrappers
     task: asyncio.Task[None] | None = None  # the task serving the current request
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        # Transfer-Encoding with Content-Length: read by the Transfer-Encoding (RFC 9112 6.3);
+        # llhttp's default refuses it, while Triton serves it (NVIDIA's own HTTP QA sends it)
+        self.parser.set_dangerous_leniencies(lenient_chunked_length=True)
         self._raw = transport
         self._out = CoalescingTransport(transport, self.loop, self.closing)
         super().connection_made(self._out)
@@ -198,6 +204,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._phase = _HEADERS
         self._header_bytes = self._header_count = 0
         self._forwarded = False
+        self._framing = 0
         super().on_message_begin()
 
     def on_url(self, url: bytes) -> None:
@@ -222,6 +229,11 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self.expect_100_continue = True
         elif name.startswith(b"x-forwarded-"):
             self._forwarded = True
+        elif name == b"content-length":
+            self._framing |= 1
+        elif name == b"transfer-encoding":  # 4: its last coding is chunked (the last line's, as llhttp reads it)
+            chunked = value.rpartition(b",")[2].strip().lower() == b"chunked"
+            self._framing = self._framing | 6 if chunked else (self._framing | 2) & ~4
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -236,6 +248,13 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 "a request with a body cannot carry Upgrade on this port (no HTTP/2 upgrade, h2c, here): "
                 "send it without the Upgrade and Connection: upgrade headers")))
             return
+        both = self._framing & 3 == 3
+        if both and not self._framing & 4:  # llhttp, told to read such a body, would read it to the connection's end
+            self._answer_and_close(error_response(b"400 Bad Request",
+                                                  "malformed HTTP request: Request has invalid `Transfer-Encoding`"))
+            return
+        if both:  # the body is the chunked one: its Content-Length goes (RFC 9112 6.3), and so does the connection
+            self.headers[:] = [(name, value) for name, value in self.headers if name != b"content-length"]
         scope = self.scope
         http_version = parser.get_http_version()
         scope["method"] = parser.get_method().decode("ascii")
@@ -254,7 +273,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             access_logger=self.access_logger, access_log=self.access_log,
             default_headers=self.server_state.default_headers, message_event=asyncio.Event(),
             expect_100_continue=self.expect_100_continue,
-            keep_alive=http_version != "1.0" and parser.should_keep_alive(), on_response=self.on_response_complete)
+            keep_alive=http_version != "1.0" and parser.should_keep_alive() and not both,
+            on_response=self.on_response_complete)
         # Inference goes straight to the data-plane handler: what the app's wrappers (uvicorn's
         # proxy-headers middleware, the /v2 dispatch) would do to it is nothing, unless it carries
         # X-Forwarded-* headers (then the middleware may name another client).

@@ -244,12 +244,13 @@ def test_gzip_bomb_with_sequence_affinity(triton: LocalTriton) -> None:
 
 
 def test_every_parse_error_is_answered_in_json(bounded: GatewayThread, triton: LocalTriton) -> None:
-    """The smuggling shape (Transfer-Encoding with Content-Length) and other malformed requests
-    get Triton's error shape, not uvicorn's text/plain "Invalid HTTP request received."."""
+    """Malformed requests (a Transfer-Encoding whose last coding is not chunked, with or without
+    Content-Length: the smuggling shapes) get Triton's error shape, not uvicorn's text/plain
+    "Invalid HTTP request received."."""
     port = bounded.settings.port
     cases = {
-        HEAD + b"transfer-encoding: chunked\r\ncontent-length: 4\r\n\r\n0\r\n\r\n":
-            "malformed HTTP request: Content-Length can't be present with Transfer-Encoding",
+        HEAD + b"transfer-encoding: gzip\r\ncontent-length: 4\r\n\r\n0\r\n\r\n":
+            "malformed HTTP request: Request has invalid `Transfer-Encoding`",
         b"BREW /v2/models/qc/infer HTTP/1.1\r\nhost: gateway\r\n\r\n": "malformed HTTP request: Invalid method "
                                                                        "encountered",
         HEAD + b"content-length: x1\r\n\r\n": "malformed HTTP request: Invalid character in Content-Length",

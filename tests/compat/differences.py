@@ -23,6 +23,9 @@ DOCUMENTED_DIFFERENCES: tuple[tuple[str, str], ...] = (
     ("HTTP header details", "the gateway's HTTP answers carry a `date` header (Triton's carry none), write header "
      "names in lower case (HTTP header names are case-insensitive), and may frame a body that Triton sends "
      "`chunked` with a `content-length` (e.g. generate), or the other way round: the body's bytes are the same"),
+    ("Transfer-Encoding with Content-Length", "a request carrying both is read by its chunked body, as Triton "
+     "reads it, with its `Content-Length` dropped before forwarding; the gateway closes the connection after "
+     "answering it (RFC 9112 6.3), where Triton keeps it open and checks the body against that `Content-Length`"),
 )
 
 ROUTING_HEADERS = frozenset(["x-gateway-model-version", "x-gateway-route"])

@@ -119,6 +119,22 @@ def test_expect_100_continue(triton: LocalTriton, gateway: GatewayThread) -> Non
     assert [r for r in through if r[0] != 100] == [r for r in direct if r[0] != 100]
 
 
+def test_transfer_encoding_with_content_length(triton: LocalTriton, gateway: GatewayThread) -> None:
+    """NVIDIA's own HTTP QA sends both; Triton serves it by the chunked body, and so does the
+    gateway (it answered 400), which then closes the connection (RFC 9112 6.3): the request
+    pipelined behind it is not read, where Triton answers it too."""
+    data = body(QC)
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data)
+    payload = (b"POST /v2/models/qc/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Transfer-Encoding: chunked\r\nContent-Length: %d\r\n\r\n" % len(data)) + chunked
+    behind = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+    direct = responses_of(raw_exchange(triton.http_url, payload + behind, responses=2))
+    through = responses_of(raw_exchange(gateway.url, payload + behind, responses=2))
+    assert direct[0][0] == 200 and through == direct[:1], (direct, through)
+    answered = raw_exchange(gateway.url, payload)
+    assert b"\r\nconnection: close\r\n" in answered.lower(), answered[:300]
+
+
 def test_pipelined_requests(triton: LocalTriton, gateway: GatewayThread) -> None:
     requests = b""
     documents: list[dict[str, Any]] = [QC, {**QC, "id": "second"}, {"inputs": []}]
