@@ -8,6 +8,7 @@
     ├── Conflict                   409   e.g. a version that is not READY on Triton
     │   └── LeaseLost              409   a fenced write from a deposed lease holder, refused
     ├── PayloadTooLarge            413   a request body (or its decompressed form) over max_body_bytes
+    ├── UriTooLong                 414   a URL longer than Triton's HTTP server reads reliably
     ├── Overloaded                 429   the gateway's admission control: Retry-After; never a version's fault
     ├── TooManyAttempts            429   failed console logins from one address: Retry-After
     ├── PreconditionFailed         412   stale If-Match revision
@@ -94,6 +95,13 @@ class PayloadTooLarge(GatewayError):
     """The body is not read: the connection closes after the answer."""
 
     status = 413
+    headers = ((b"connection", b"close"),)
+
+
+class UriTooLong(GatewayError):
+    """The body is not read: the connection closes after the answer."""
+
+    status = 414
     headers = ((b"connection", b"close"),)
 
 

@@ -82,7 +82,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     body_idle_timeout_s: ClassVar[float] = 10.0
     max_connections: ClassVar[int] = 4096
     max_per_client: ClassVar[int] = 256
-    max_url_bytes: ClassVar[int] = 8 << 10
+    max_url_bytes: ClassVar[int] = 4000
     max_header_bytes: ClassVar[int] = 64 << 10
     max_header_count: ClassVar[int] = 100
     linger_s: ClassVar[float] = 2.0

@@ -72,8 +72,9 @@ class Settings(BaseSettings):
     max_buffered_body_bytes: int = Field(256 << 20, ge=1024, description="bytes held for requests at once, all "
                                          "clients and both ports together: bodies, gRPC messages, what they inflate "
                                          "to, shadow copies (503 with Retry-After, gRPC UNAVAILABLE, above)")
-    max_url_bytes: int = Field(8 << 10, ge=256, le=1 << 20, description="HTTP port: longest request line (method, "
-                               "URL, version); 414 JSON above, before more of it is read")
+    max_url_bytes: int = Field(4000, ge=256, le=1 << 20, description="HTTP port: longest URL of a request line; "
+                               "414 JSON above, before more of it is read. A URL Triton 2.51 cannot read whole (over "
+                               "4,048 bytes as forwarded) is answered 414 whatever this allows")
     max_header_bytes: int = Field(64 << 10, ge=1 << 10, le=16 << 20, description="HTTP port: one request's header "
                                   "lines together (so any one of them too); 431 JSON above, before more is read")
     max_header_count: int = Field(100, ge=8, le=10_000, description="HTTP port: header lines in one request "

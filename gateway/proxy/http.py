@@ -17,9 +17,17 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 from gateway.control_surface import ControlGate, http_control_call
-from gateway.errors import BadRequest, ClientGone, GatewayError, Overloaded, UpstreamError, UpstreamUnavailable
+from gateway.errors import (
+    BadRequest,
+    ClientGone,
+    GatewayError,
+    Overloaded,
+    UpstreamError,
+    UpstreamUnavailable,
+    UriTooLong,
+)
 from gateway.pipeline import Pipeline, Target, checked_model, passed_through_names
-from gateway.proxy.limits import BodyReader, end_to_end
+from gateway.proxy.limits import TRITON_MAX_TARGET, BodyReader, end_to_end
 from gateway.proxy.shadow import Mirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
 from gateway.sequences import SequenceFields, checked_sequence_id
@@ -66,6 +74,10 @@ class HttpProxy:
         raw_path: bytes = scope.get("raw_path") or path.encode()
         query = scope["query_string"]
         target = raw_path + b"?" + query if query else raw_path
+        if len(target) > TRITON_MAX_TARGET:  # Triton would drop the connection, and the fleet the server (limits.py)
+            await _send_error(send, UriTooLong(
+                f"request URL of {len(target)} bytes: Triton's HTTP server reads at most {TRITON_MAX_TARGET} reliably"))
+            return
         model = policy = decision = None
         named = _UNNAMED  # what a call passed through as sent names, for a fleet to choose by
         versioned = True  # the target names its version already (or none is needed)

@@ -19,6 +19,13 @@
   ``max_body_bytes``, or only the prefix it needs, always with an explicit bound (zlib reads a
   bound of 0 as "no bound"), one at a time, and charges the result while it keeps it, so a
   gzip bomb costs bounded memory and CPU.
+- **URLs Triton reads whole.** Triton 2.51's HTTP server (libevhtp) reads a request 4,096 bytes
+  at a time, and when a read ends inside the URL its parser looks at one byte past the read (a
+  byte left from an earlier request on the connection) and, if it is a space or a line end,
+  closes the connection unanswered; three such closes in a row eject the server from its fleet.
+  So a request line that would not end within one such read (``TRITON_MAX_TARGET``: the target
+  after the gateway adds ``/versions/{v}``) is never forwarded: 414, whatever ``max_url_bytes``
+  lets in.
 - **Hop-by-hop headers** (RFC 9110 §7.6.1) are not forwarded either way: the fixed set, and
   whatever a ``Connection`` header names.
 """
@@ -35,6 +42,10 @@ from gateway.errors import ClientGone, PayloadTooLarge
 from gateway.upstream import named_by_connection
 
 MIB = 1 << 20
+# Triton's first read of a request is 4,096 bytes: "OPTIONS " + target + "/versions/" + a 19-digit
+# version + " HTTP/1.1\r\n" must end inside it (see above).
+TRITON_READ_BYTES = 4096
+TRITON_MAX_TARGET = TRITON_READ_BYTES - len("OPTIONS ") - len("/versions/") - 19 - len(" HTTP/1.1\r\n")
 Headers = list[tuple[bytes, bytes]]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 # Never forwarded in a response: hop-by-hop (RFC 9110 §7.6.1) plus Content-Length (re-framed by us).
