@@ -13,8 +13,9 @@ responses stay raw bytes end to end:
 - every other method: forwarded unchanged;
 - ``grpc.health.v1.Health``: answered here from the gateway's readiness (``grpc.health``).
 
-The client's ``grpc-timeout`` goes upstream and is enforced here too; a client that resets
-its stream (or disconnects) resets the upstream stream.
+The client's ``grpc-timeout`` goes upstream and is enforced here too: DEADLINE_EXCEEDED at the
+deadline (a moment after it when Triton was told the same deadline), and for an answer that
+comes after it; a client that resets its stream (or disconnects) resets the upstream stream.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from gateway.grpc.health import CHECK, WATCH, Health, HealthCall
 from gateway.grpc.router import INFER, SERVICE, STREAM_INFER, GrpcRouter, StreamLedger, client_deadline_ran_out
 from gateway.grpc.server_connection import GrpcServerConnection
 from gateway.grpc.status import StatusCode, status_for
-from gateway.grpc.upstream import UpstreamStream
+from gateway.grpc.upstream import TRITON_DEADLINE_FLOOR_S, UpstreamStream
 from gateway.grpc.wire import RouteFields, WireError, metadata_block, split_messages
 from gateway.http2.endpoint import Headers
 from gateway.http2.server_stream import ServerStream, StreamHandler
@@ -84,8 +85,10 @@ class _Call:
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         if self.deadline is not None:
-            # a little after the deadline: Triton, told the same deadline, usually answers first
-            self.timer = asyncio.get_running_loop().call_at(self.deadline + 0.1, self._expired)
+            # A little after the deadline, where Triton is told the same one and usually answers
+            # first; at the deadline itself where Triton is told the floor instead (grpc.upstream)
+            slack = 0.1 if self.deadline - self.opened >= TRITON_DEADLINE_FLOOR_S else 0.0
+            self.timer = asyncio.get_running_loop().call_at(self.deadline + slack, self._expired)
 
     def remaining(self) -> float | None:
         return None if self.deadline is None else max(self.deadline - asyncio.get_running_loop().time(), 0.0)
@@ -98,6 +101,12 @@ class _Call:
     def reply(self, response: bytes, metadata: bytes = b"") -> None:
         if self.timer is not None:
             self.timer.cancel()
+        if self.deadline is not None and asyncio.get_running_loop().time() >= self.deadline:
+            # an answer after the client's deadline is not an answer it waited for (the timer's
+            # turn had not come yet): as a server enforcing the deadline would end the call
+            self.timer = None
+            self.connection.finish(self.stream, StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", metadata)
+            return
         self.connection.reply(self.stream, response, metadata)
 
     def _expired(self) -> None:

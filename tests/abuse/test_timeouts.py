@@ -13,6 +13,7 @@ from tests.abuse.attack import (
     PROTOCOL_ERROR,
     Attacker,
     frame,
+    infer_message,
     request_headers,
     watch,
 )
@@ -20,6 +21,7 @@ from tests.support import GatewayThread
 
 pytestmark = pytest.mark.triton
 INVALID_ARGUMENT = 3
+DEADLINE_EXCEEDED = 4
 
 
 def closed_within(attacker: Attacker, seconds: float) -> float:
@@ -66,3 +68,21 @@ def test_a_malformed_grpc_timeout_is_answered(gateway: GatewayThread, triton: Lo
                       + frame(0, 1, 3, b"\x00\x00\x00\x00\x00"))
         assert attacker.statuses(1, 3) == {1: INVALID_ARGUMENT, 3: 0}
         attacker.close()
+
+
+@pytest.mark.parametrize("timeout", [b"1u", b"50u"])
+def test_a_deadline_below_the_floor_is_never_answered_ok_after_it(gateway: GatewayThread, triton: LocalTriton,
+                                                                  timeout: bytes) -> None:
+    """Triton is sent no deadline below 1 s (grpc/upstream.py says why), so the gateway keeps the
+    client's: it answered at the deadline + 0.1 s, and OK when Triton answered in between (20 of
+    20 calls with a 1 ms deadline, at a 1.03 ms median). No call can be answered within 50 us,
+    so every one ends DEADLINE_EXCEEDED; Triton still runs each (it is left to finish there)."""
+    calls = 20
+    with watch(gateway, triton, rss_bound_mb=32, completed=[calls]):
+        attacker = Attacker(gateway.settings.grpc_port)
+        streams = list(range(1, 2 * calls, 2))
+        attacker.send(b"".join(attacker.headers(stream, request_headers(extra=[(b"grpc-timeout", timeout)]))
+                               + frame(0, 1, stream, infer_message()) for stream in streams))
+        statuses = attacker.statuses(*streams)
+        attacker.close()
+    assert statuses == dict.fromkeys(streams, DEADLINE_EXCEEDED), statuses
