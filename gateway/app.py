@@ -255,6 +255,7 @@ class Gateway(Dispatch):
             await self.grpc.aclose()
         await self.fleets.stop()
         await self.store.close()
+        self.registry.close()
 
 
 def control_gate(mode: ControlMode, auth: Authenticator, policies: PolicyService) -> ControlGate | None:

@@ -8,13 +8,12 @@ from collections.abc import Awaitable, Callable
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from gateway.errors import GatewayError
 from gateway.policy_book import PolicyBook
-from gateway.telemetry.prometheus import render
+from gateway.telemetry.exposition import SnapshotRegistry
 
 Live = Callable[[float], Awaitable["str | None"]]  # Fleet.live: None, or why no Triton is live
 
@@ -24,7 +23,7 @@ class Probes:
     for too long, and a Triton of the default fleet live), ``/metrics``. The gRPC health service
     answers from the same :meth:`problem`."""
 
-    def __init__(self, live: Live, book: PolicyBook, registry: CollectorRegistry,
+    def __init__(self, live: Live, book: PolicyBook, registry: SnapshotRegistry,
                  timeout_s: float, sync_problem: Callable[[], str | None] = lambda: None) -> None:
         self.sync_problem = sync_problem  # why policy sync makes this replica unready, if it does
         self.live = live
@@ -41,7 +40,8 @@ class Probes:
         return router
 
     async def metrics(self, request: Request) -> Response:
-        body, content_type = render(self.registry, request.headers.get("accept"))
+        """Copied on this loop, rendered on the registry's thread (gateway.telemetry.exposition)."""
+        body, content_type = await self.registry.render(request.headers.get("accept"))
         return Response(body, media_type=content_type)
 
     async def healthz(self) -> dict[str, str]:

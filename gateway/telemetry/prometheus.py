@@ -2,29 +2,55 @@
 
 The hot path never calls prometheus-client (a labelled ``inc()`` costs microseconds per
 request); it bumps plain counters in the recorder, and this collector turns them into
-metric families when Prometheus scrapes. Each app has its own ``CollectorRegistry``.
+metric families when Prometheus scrapes. Each app has its own registry.
 Label cardinality is bounded: no user ids or raw paths, and model names Triton does not
 know collapse into one ``_unknown`` label.
+
+A version has series once it has traffic. Before that, only what a version needs from 0
+exists: its outcome counters when a policy's weights name it (six per version), and its
+latency histogram while a rollout watches it (the judge's and dashboards' increase() then
+count its first request). Zero histograms for every routed version x protocol made 147
+series per model with no traffic: 735,000 series and 80 MB at 5,000 models.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.exposition import choose_encoder
 
 from gateway.policy_book import PolicyBook
-from gateway.telemetry.recorder import LATENCY_BOUNDS, OUTCOMES, STEERED_ROUTES, Recorder
+from gateway.telemetry.exposition import SnapshotRegistry
+from gateway.telemetry.recorder import LATENCY_BOUNDS, OUTCOMES, STEERED_ROUTES, Outcome, Recorder
+
+Totals = tuple[int, float, tuple[int, ...]]  # count, sum, histogram (LATENCY_BOUNDS + overflow)
 
 
-class GatewayCollector:
-    """Reads only the two meeting points of the planes: the recorder and the policy book."""
+@dataclass(frozen=True)
+class GatewaySnapshot:
+    """What ``/metrics`` shows, copied out of the recorder and the policy book at one moment on
+    the serving loop (plain numbers, O(label sets)); :meth:`collect` builds the metric families
+    from it on any thread, so a histogram's buckets, sum and count are always of the same
+    requests, however many arrive while the exposition is rendered."""
 
-    def __init__(self, recorder: Recorder, book: PolicyBook) -> None:
-        self.recorder = recorder
-        self.book = book
+    totals: list[tuple[tuple[str, str, str, str, str], Totals]]
+    outcomes: dict[tuple[str, str], dict[Outcome, int]]
+    steered: dict[tuple[str, str], dict[Outcome, int]]
+    upstream_errors: dict[tuple[str, str, str], int]
+    inflight: dict[tuple[str, str], int]
+    streams: list[tuple[tuple[str, str], Totals, Totals]]
+    shadow: list[tuple[tuple[str, str], tuple[int, int, int, int, float]]]
+    policies: Mapping[str, Any]  # the policy book's snapshot: model -> routing.Policy (revision, spec)
+    watched: frozenset[tuple[str, str]]
+    rollout_states: dict[str, tuple[str, tuple[str, ...]]]
+    rollbacks: dict[tuple[str, str], int]
+    rollback_blocked: dict[str, int]
+    sync_errors: dict[str, int]
+    loop_restarts: dict[str, int]
+    store_up: bool
 
     def collect(self) -> Iterator[Metric]:
         yield from self._requests()
@@ -37,33 +63,32 @@ class GatewayCollector:
     def _state(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("gateway_store_up", "1 while the state store answers, 0 while this replica "
                                "serves from its last policies without it")
-        up.add_metric([], 1.0 if self.recorder.store_up else 0.0)
+        up.add_metric([], 1.0 if self.store_up else 0.0)
         yield up
         errors = CounterMetricFamily("gateway_state_sync_errors", "Policy sync failures: unreadable stored records "
                                      "(skipped), store unreachable, internal (a sync loop crashed and restarted)",
                                      labels=["reason"])
-        for reason, count in list(self.recorder.sync_errors.items()):
+        for reason, count in self.sync_errors.items():
             errors.add_metric([reason], count)
         yield errors
         restarts = CounterMetricFamily("gateway_background_restarts", "Background loops restarted after a crash",
                                        labels=["loop"])
-        for loop, count in list(self.recorder.loop_restarts.items()):
+        for loop, count in self.loop_restarts.items():
             restarts.add_metric([loop], count)
         yield restarts
 
     def _shadow(self) -> Iterator[Metric]:
         results = CounterMetricFamily("gateway_shadow_requests", "Mirrored requests by result",
                                       labels=["model", "version", "result"])
-        for (model, version), stats in list(self.recorder.shadow.items()):
-            results.add_metric([model, version, "agree"], stats.agreed)
-            results.add_metric([model, version, "disagree"], stats.compared - stats.agreed)
-            results.add_metric([model, version, "error"], stats.errors)
-            results.add_metric([model, version, "dropped"], stats.dropped)
-        yield results
         latency = CounterMetricFamily("gateway_shadow_latency_seconds", "Total latency of mirrored requests",
                                       labels=["model", "version"])
-        for (model, version), stats in list(self.recorder.shadow.items()):
-            latency.add_metric([model, version], stats.latency_sum)
+        for (model, version), (compared, agreed, errors, dropped, latency_sum) in self.shadow:
+            results.add_metric([model, version, "agree"], agreed)
+            results.add_metric([model, version, "disagree"], compared - agreed)
+            results.add_metric([model, version, "error"], errors)
+            results.add_metric([model, version, "dropped"], dropped)
+            latency.add_metric([model, version], latency_sum)
+        yield results
         yield latency
 
     def _requests(self) -> Iterator[Metric]:
@@ -71,32 +96,34 @@ class GatewayCollector:
                                        "route reason, protocol and status code",
                                        labels=["model", "version", "route", "protocol", "code"])
         durations: dict[tuple[str, str, str, str], tuple[list[int], float]] = {}
-        for (model, version, route, protocol, code), totals in list(self.recorder.totals.items()):
-            requests.add_metric([model, version, route, protocol, code], totals.count)
+        for (model, version, route, protocol, code), (count, total, hist) in self.totals:
+            requests.add_metric([model, version, route, protocol, code], count)
             key = (model, version, protocol, "false" if route in STEERED_ROUTES else "true")
-            hist, total = durations.get(key, ([0] * len(totals.hist), 0.0))
-            durations[key] = ([a + b for a, b in zip(hist, totals.hist)], total + totals.sum)
+            summed = durations.get(key)
+            if summed is None:
+                durations[key] = (list(hist), total)
+            else:
+                durations[key] = ([a + b for a, b in zip(summed[0], hist)], summed[1] + total)
         yield requests
-        routed = self._routed_versions()
-        for model, version in routed:  # from 0, so the first judged request counts in increase()
+        for model, version in self.watched:  # from 0, so the first judged request counts in increase()
             for protocol in ("http", "grpc"):
                 durations.setdefault((model, version, protocol, "true"), ([0] * (len(LATENCY_BOUNDS) + 1), 0.0))
         histogram = HistogramMetricFamily("gateway_request_duration_seconds", "Latency through the gateway of "
                                           "successes and upstream errors; judged=\"false\": the client chose the "
                                           "version (routes pinned and rule), never judged",
                                           labels=["model", "version", "protocol", "judged"])
-        for labelled, (hist, total) in durations.items():
-            histogram.add_metric(list(labelled), _buckets(hist), total)
+        for labelled, (summed_hist, summed_total) in durations.items():
+            histogram.add_metric(list(labelled), _buckets(summed_hist), summed_total)
         yield histogram
-        yield self._outcomes(routed)
+        yield self._outcomes()
         errors = CounterMetricFamily("gateway_upstream_errors", "Upstream failures by kind",
                                      labels=["model", "version", "kind"])
-        for model_version_kind, count in list(self.recorder.upstream_errors.items()):
+        for model_version_kind, count in self.upstream_errors.items():
             errors.add_metric(list(model_version_kind), count)
         yield errors
         inflight = GaugeMetricFamily("gateway_inflight_requests", "Requests waiting on Triton now",
                                      labels=["model", "version"])
-        for series, count in list(self.recorder.inflight.items()):
+        for series, count in self.inflight.items():
             inflight.add_metric(list(series), count)
         yield inflight
 
@@ -106,32 +133,33 @@ class GatewayCollector:
                                       "first successful response", labels=["model", "version"])
         gap = HistogramMetricFamily("gateway_stream_response_gap_seconds", "Streaming calls: seconds between "
                                     "consecutive successful responses to one request", labels=["model", "version"])
-        rows = {key: ((stream.first.hist, stream.first.sum), (stream.gap.hist, stream.gap.sum))
-                for key, stream in list(self.recorder.streams.items()) if stream.first.count or stream.gap.count}
-        zero, streaming = ([0] * (len(LATENCY_BOUNDS) + 1), 0.0), {model for model, _ in rows}
-        for model, version in self._routed_versions():  # from 0 once the model streams, as request durations
+        rows = {key: (first_totals, gap_totals) for key, first_totals, gap_totals in self.streams
+                if first_totals[0] or gap_totals[0]}
+        zero: Totals = (0, 0.0, (0,) * (len(LATENCY_BOUNDS) + 1))
+        streaming = {model for model, _ in rows}
+        for model, version in self.watched:  # from 0 once the model streams, as request durations
             if model in streaming:
                 rows.setdefault((model, version), (zero, zero))
-        for (model, version), ((first_hist, first_sum), (gap_hist, gap_sum)) in rows.items():
+        for (model, version), ((_, first_sum, first_hist), (_, gap_sum, gap_hist)) in rows.items():
             first.add_metric([model, version], _buckets(first_hist), first_sum)
             gap.add_metric([model, version], _buckets(gap_hist), gap_sum)
         yield first
         yield gap
 
-    def _routed_versions(self) -> set[tuple[str, str]]:
-        return {(model, version) for model, policy in self.book.snapshot().items() for version in policy.spec.weights}
-
-    def _outcomes(self, routed: set[tuple[str, str]]) -> Metric:
-        """Per version and outcome, every outcome from 0 for every routed version: a version's
-        first error then counts in increase(), which misses the first sample of a new series."""
+    def _outcomes(self) -> Metric:
+        """Per version and outcome. Every version in a policy's weights has every outcome from 0
+        (one bounded set: six series per version a policy names), so its first error counts in
+        increase(), which misses the first sample of a new series."""
         family = CounterMetricFamily("gateway_version_requests", "Requests per version by outcome (success, "
                                      "upstream_error, client_error, overload, cancelled); judged=\"false\": the "
                                      "client chose the version (routes pinned and rule), never judged",
                                      labels=["model", "version", "outcome", "judged"])
-        totals = self.recorder.outcome_totals()
-        for key in routed:
-            totals.setdefault(key, dict.fromkeys(OUTCOMES, 0))
-        for judged, rows in (("true", totals), ("false", self.recorder.steered_outcome_totals())):
+        totals = self.outcomes
+        for model, policy in self.policies.items():
+            for version in policy.spec.weights:
+                if (model, version) not in totals:
+                    totals[(model, version)] = dict.fromkeys(OUTCOMES, 0)
+        for judged, rows in (("true", totals), ("false", self.steered)):
             for (model, version), counts in rows.items():
                 for outcome, count in counts.items():
                     family.add_metric([model, version, outcome.value, judged], count)
@@ -140,7 +168,7 @@ class GatewayCollector:
     def _policies(self) -> Iterator[Metric]:
         weights = GaugeMetricFamily("gateway_route_weight", "Routing weight in percent", labels=["model", "version"])
         revisions = GaugeMetricFamily("gateway_policy_revision", "Applied policy revision", labels=["model"])
-        for model, policy in self.book.snapshot().items():
+        for model, policy in self.policies.items():
             revisions.add_metric([model], policy.revision)
             for version, percent in policy.spec.weights.items():
                 weights.add_metric([model, version], float(percent))
@@ -150,23 +178,56 @@ class GatewayCollector:
     def _rollouts(self) -> Iterator[Metric]:
         state = GaugeMetricFamily("gateway_rollout_state", "1 for the rollout's current state",
                                   labels=["model", "state"])
-        for model, (current, states) in list(self.recorder.rollout_states.items()):
+        for model, (current, states) in self.rollout_states.items():
             for name in states:
                 state.add_metric([model, name], 1.0 if name == current else 0.0)
         yield state
         rollbacks = CounterMetricFamily("gateway_rollbacks", "Automatic rollbacks, by the metric that caused them",
                                         labels=["model", "reason"])
-        for (model, reason), count in list(self.recorder.rollbacks.items()):
+        for (model, reason), count in self.rollbacks.items():
             rollbacks.add_metric([model, reason], count)
         yield rollbacks
         blocked = GaugeMetricFamily("gateway_rollback_blocked", "1 while a rollback waits for a stable version "
                                     "that is not READY (traffic stays where it is served)", labels=["model"])
-        for model, value in list(self.recorder.rollback_blocked.items()):
+        for model, value in self.rollback_blocked.items():
             blocked.add_metric([model], value)
         yield blocked
 
 
-def _buckets(hist: list[int]) -> list[tuple[str, float]]:
+class GatewayCollector:
+    """Reads only the two meeting points of the planes: the recorder and the policy book.
+
+    ``/metrics`` takes a :meth:`snapshot` on the serving loop and renders it elsewhere
+    (:class:`gateway.telemetry.exposition.SnapshotRegistry`); :meth:`collect` does both at
+    once, for ``registry.get_sample_value`` in tests."""
+
+    def __init__(self, recorder: Recorder, book: PolicyBook) -> None:
+        self.recorder = recorder
+        self.book = book
+
+    def collect(self) -> Iterator[Metric]:
+        return self.snapshot().collect()
+
+    def snapshot(self) -> GatewaySnapshot:
+        """A copy of every number ``/metrics`` shows, taken now: O(label sets), no formatting."""
+        recorder = self.recorder
+        return GatewaySnapshot(
+            totals=[(label, (totals.count, totals.sum, tuple(totals.hist)))
+                    for label, totals in recorder.totals.items()],
+            outcomes=recorder.outcome_totals(), steered=recorder.steered_outcome_totals(),
+            upstream_errors=dict(recorder.upstream_errors), inflight=dict(recorder.inflight),
+            streams=[(key, (stream.first.count, stream.first.sum, tuple(stream.first.hist)),
+                      (stream.gap.count, stream.gap.sum, tuple(stream.gap.hist)))
+                     for key, stream in recorder.streams.items()],
+            shadow=[(key, (stats.compared, stats.agreed, stats.errors, stats.dropped, stats.latency_sum))
+                    for key, stats in recorder.shadow.items()],
+            policies=self.book.snapshot(), watched=frozenset(recorder.watched()),
+            rollout_states=dict(recorder.rollout_states), rollbacks=dict(recorder.rollbacks),
+            rollback_blocked=dict(recorder.rollback_blocked), sync_errors=dict(recorder.sync_errors),
+            loop_restarts=dict(recorder.loop_restarts), store_up=recorder.store_up)
+
+
+def _buckets(hist: Sequence[int]) -> list[tuple[str, float]]:
     """Cumulative Prometheus buckets of one LATENCY_BOUNDS histogram."""
     running, buckets = 0, []
     for bound, count in zip((*LATENCY_BOUNDS, float("inf")), hist):
@@ -175,13 +236,8 @@ def _buckets(hist: list[int]) -> list[tuple[str, float]]:
     return buckets
 
 
-def make_registry(collector: GatewayCollector) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
+def make_registry(collector: GatewayCollector) -> SnapshotRegistry:
+    registry = SnapshotRegistry()
     registry.register(collector)
     ProcessCollector(registry=registry)
     return registry
-
-
-def render(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]:
-    encoder, content_type = choose_encoder(accept or "")
-    return encoder(registry), content_type

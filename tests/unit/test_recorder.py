@@ -184,10 +184,18 @@ def test_a_routed_version_exports_every_outcome_from_zero() -> None:
     judged = {"model": "qc", "version": "3", "judged": "true"}
     for outcome in Outcome:  # before the canary's first request: present, at 0
         assert registry.get_sample_value("gateway_version_requests_total", {**judged, "outcome": outcome.value}) == 0
-    assert registry.get_sample_value("gateway_request_duration_seconds_count", {**judged, "protocol": "http"}) == 0
+    # its latency histogram (33 series per protocol) only once a rollout watches it, or it has traffic
+    assert registry.get_sample_value("gateway_request_duration_seconds_count", {**judged, "protocol": "http"}) is None
+    recorder.watch_latencies("qc", "3")
+    for protocol in ("http", "grpc"):
+        assert registry.get_sample_value("gateway_request_duration_seconds_count",
+                                         {**judged, "protocol": protocol}) == 0
     recorder.record("qc", "3", Outcome.UPSTREAM_ERROR, 0.01, "weighted", "http", "500")
     assert registry.get_sample_value("gateway_version_requests_total",
                                      {**judged, "outcome": "upstream_error"}) == 1
+    recorder.unwatch_latencies("qc", "3")
+    assert registry.get_sample_value("gateway_request_duration_seconds_count", {**judged, "protocol": "http"}) == 1
+    assert registry.get_sample_value("gateway_request_duration_seconds_count", {**judged, "protocol": "grpc"}) is None
 
 
 def test_requests_whose_client_chose_the_version_are_exported_as_not_judged() -> None:

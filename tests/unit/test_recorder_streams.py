@@ -57,7 +57,11 @@ def test_prometheus_shows_stream_histograms_per_version_of_streaming_models_only
     assert registry.get_sample_value(f"{gap}_count", {"model": "tok", "version": "1"}) == 2
     assert registry.get_sample_value(f"{gap}_bucket", {"model": "tok", "version": "1", "le": "0.03"}) == 1
     assert registry.get_sample_value(f"{gap}_sum", {"model": "tok", "version": "1"}) == 0.06
-    # the canary of a streaming model from 0, before its first stream; a model that never streams: nothing
+    # a watched canary of a streaming model from 0, before its first stream; a model that never streams,
+    # or a version no rollout watches: nothing
+    assert registry.get_sample_value(f"{first}_count", {"model": "tok", "version": "2"}) is None
+    recorder.watch_latencies("tok", "2")
+    recorder.watch_latencies("qc", "2")
     assert registry.get_sample_value(f"{first}_count", {"model": "tok", "version": "2"}) == 0
     assert registry.get_sample_value(f"{first}_count", {"model": "qc", "version": "2"}) is None
 
