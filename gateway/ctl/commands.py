@@ -1,7 +1,8 @@
 """``gateway ctl``: the SRE's command line for the admin API.
 
 Human tables by default (rich), ``--json`` for scripts. Exit codes: 0 done, 1 the API said
-no (its message is printed), 2 bad usage or the gateway unreachable.
+no (its message is printed, naming the flags the CLI sent rather than the JSON fields), 2 bad
+usage or the gateway unreachable; ``rollout status --watch`` has its own (gateway/ctl/rollout.py).
 """
 
 from __future__ import annotations
@@ -17,32 +18,11 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from gateway.ctl.api import Api, ApiError
+from gateway.ctl.rollout import Exit, add_rollout_parser, in_cli_words, print_exit
 from gateway.policy import target_order
 
 Handler = Callable[[argparse.Namespace, "Api"], Any]
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class Api:
-    def __init__(self, url: str, token: str | None) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.client = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=30)
-
-    def call(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
-        response = self.client.request(method, path, json=body, headers=headers or {})
-        try:
-            payload = response.json()
-        except ValueError:
-            payload = {"error": response.text}
-        if response.status_code >= 400:
-            raise ApiError(response.status_code, payload.get("error", str(payload)) if isinstance(payload, dict)
-                           else str(payload))
-        return payload
 
 
 def add_ctl_parser(commands: Any) -> None:
@@ -84,7 +64,25 @@ def add_ctl_parser(commands: Any) -> None:
     wset.add_argument("weights", nargs="+", metavar="V=PCT")
     wset.add_argument("--reason", help="why, for the audit trail")
     wset.add_argument("--if-match", help="expected revision (412 if someone changed it since)")
-    wset.set_defaults(ctl=_weights_set)
+    wset.set_defaults(ctl=_weights_set, flags={"reason": "--reason", "weights": "V=PCT"})
+
+    versions = sub.add_parser("versions", help="load or unload a version on Triton (every server of its fleet)") \
+        .add_subparsers(metavar="ACTION", required=True)
+    load = versions.add_parser("load", help="load a version beside the serving ones; done once it is READY",
+                               description="POST /admin/models/{model}/versions/{version}/load. Without --config, "
+                               "what is sent to Triton depends on model_repository (docs/lifecycle.md); the answer "
+                               "says what was sent.")
+    load.add_argument("model")
+    load.add_argument("version")
+    load.add_argument("--config", metavar="FILE", help="the model configuration to load with (Triton's JSON form "
+                      "of config.pbtxt, as JSON or YAML)")
+    load.set_defaults(ctl=_version_load, flags={"config": "--config"})
+    unload = versions.add_parser("unload", help="take a version out of every policy, drain it, then unload it",
+                                 description="POST /admin/models/{model}/versions/{version}/unload: refused (409) "
+                                 "while a rollout or a policy uses the version, or sequences stay pinned to it.")
+    unload.add_argument("model")
+    unload.add_argument("version")
+    unload.set_defaults(ctl=_version_unload)
 
     add_rollout_parser(sub)
 
@@ -95,61 +93,20 @@ def add_ctl_parser(commands: Any) -> None:
     ctl.set_defaults(handler=run_ctl)
 
 
-def add_rollout_parser(sub: Any) -> None:
-    rollout = sub.add_parser("rollout", help="progressive rollouts: start, status [--watch], promote, pause, "
-                             "resume, abort").add_subparsers(metavar="ACTION", required=True)
-    start = rollout.add_parser("start", help="start moving traffic to a canary step by step")
-    start.add_argument("model")
-    start.add_argument("--canary", required=True, help="the new version")
-    start.add_argument("--stable", help="default: the version now taking most traffic")
-    start.add_argument("--baseline", help="a copy of the stable loaded as an older version than the canary: it "
-                       "takes the canary's weight and the canary is judged against it (small hosts, sub-ms models)")
-    start.add_argument("--steps", help="canary percent per step, e.g. 5,20,50,100 (the default)")
-    start.add_argument("--interval", type=float, dest="interval_s", help="seconds per analysis interval (30)")
-    start.add_argument("--judge", choices=["statistical", "thresholds"], help="statistical (the default): "
-                       "canary vs stable with sequential tests; thresholds: absolute limits per interval")
-    start.add_argument("--max-error-rate-increase", type=float, help="statistical: tolerated 5xx rate rise (0.01)")
-    start.add_argument("--max-client-error-rate-increase", type=float,
-                       help="statistical: tolerated 4xx rate rise (0.01)")
-    start.add_argument("--max-latency-increase", type=float, help="statistical: tolerated latency ratio rise (0.2)")
-    start.add_argument("--inconclusive-limit", type=int, help="statistical: undecided intervals before a pause (30)")
-    start.add_argument("--retry", action="store_true", help="roll out a canary that the last rollout rolled back")
-    start.add_argument("--max-error-rate", type=float, help="thresholds: e.g. 0.01 (the default)")
-    start.add_argument("--max-p99-ms", type=float, help="thresholds: absolute p99 limit (none by default)")
-    start.add_argument("--max-p99-ratio", type=float, help="thresholds: canary p99 / stable p99 limit (1.5)")
-    start.add_argument("--min-requests", type=int, help="thresholds: fewer canary requests per interval: no "
-                       "verdict (50)")
-    start.add_argument("--failure-limit", type=int, help="unhealthy intervals in a row before rollback (2)")
-    start.add_argument("--manual-gates", action="store_true", help="wait for `promote` after every healthy step")
-    start.add_argument("--rollback", choices=["immediate", "gradual"], help="how an unhealthy canary goes back: "
-                       "at once (the default) or down the rollback steps, one per interval")
-    start.add_argument("--rollback-steps", help="canary percents on the way down, e.g. 50,20,0 (the "
-                       "default; implies --rollback gradual)")
-    start.add_argument("--critical-error-rate", type=float, help="an interval's canary error rate past this rolls "
-                       "back at once, whatever the mode (0.5)")
-    start.set_defaults(ctl=_rollout_start)
-    status = rollout.add_parser("status", help="state, weights, verdicts; --watch for a live view")
-    status.add_argument("model")
-    status.add_argument("--watch", action="store_true", help="refresh every second until the rollout ends")
-    status.set_defaults(ctl=_rollout_status)
-    for action, text in (("promote", "go to the next step now"), ("pause", "hold the current step"),
-                         ("resume", "continue a paused rollout"), ("abort", "send everything back to stable")):
-        command = rollout.add_parser(action, help=text)
-        command.add_argument("model")
-        command.set_defaults(ctl=_rollout_command, action=action)
-
-
 def run_ctl(args: argparse.Namespace) -> int:
     api = Api(args.url, args.token)
     console = Console()
     try:
         result = args.ctl(args, api)
     except ApiError as exc:
-        print(f"gateway ctl: {exc} (HTTP {exc.status})", file=sys.stderr)
+        print(f"gateway ctl: {in_cli_words(str(exc), getattr(args, 'flags', {}))} (HTTP {exc.status})",
+              file=sys.stderr)
         return 1
     except (httpx.HTTPError, ValueError) as exc:
         print(f"gateway ctl: {exc}", file=sys.stderr)
         return 2
+    if isinstance(result, Exit):
+        return print_exit(result, args.json)
     if args.json:
         print(json.dumps(result, indent=2))
     elif isinstance(result, Table):
@@ -298,88 +255,22 @@ def _events(args: argparse.Namespace, api: Api) -> Any:
     return table
 
 
-def _rollout_start(args: argparse.Namespace, api: Api) -> Any:
-    body: dict[str, Any] = {"canary": args.canary}
-    for name in ("stable", "baseline", "interval_s", "max_error_rate", "max_p99_ms", "max_p99_ratio", "min_requests",
-                 "failure_limit", "judge", "max_error_rate_increase", "max_client_error_rate_increase",
-                 "max_latency_increase", "inconclusive_limit", "critical_error_rate"):
-        if getattr(args, name) is not None:
-            body[name] = getattr(args, name)
-    if args.retry:
-        body["retry"] = True
-    if args.steps:
-        body["steps"] = [float(step) for step in args.steps.split(",")]
-    if args.manual_gates:
-        body["manual_gates"] = True
-    if args.rollback or args.rollback_steps:
-        body["rollback"] = {"mode": args.rollback or "gradual"}
-        if args.rollback_steps:
-            body["rollback"]["steps"] = [float(step) for step in args.rollback_steps.split(",")]
-    doc = api.call("POST", f"/admin/models/{args.model}/rollout", body)
-    return doc if args.json else rollout_view(doc)
+def _version_load(args: argparse.Namespace, api: Api) -> Any:
+    body = None
+    if args.config:
+        import yaml
+
+        with open(args.config) as handle:
+            body = {"config": yaml.safe_load(handle)}
+    doc = api.call("POST", f"/admin/models/{args.model}/versions/{args.version}/load", body)
+    return doc if args.json else _version_summary(doc, f"version {args.version} of {args.model} loaded")
 
 
-def _rollout_command(args: argparse.Namespace, api: Api) -> Any:
-    doc = api.call("POST", f"/admin/models/{args.model}/rollout/{args.action}")
-    return doc if args.json else rollout_view(doc)
+def _version_unload(args: argparse.Namespace, api: Api) -> Any:
+    doc = api.call("POST", f"/admin/models/{args.model}/versions/{args.version}/unload")
+    return doc if args.json else _version_summary(doc, f"version {args.version} of {args.model} unloaded")
 
 
-def _rollout_status(args: argparse.Namespace, api: Api) -> Any:
-    if not args.watch:
-        doc = api.call("GET", f"/admin/models/{args.model}/rollout")
-        return doc if args.json else rollout_view(doc)
-    import time
-
-    from rich.live import Live
-
-    doc = api.call("GET", f"/admin/models/{args.model}/rollout")
-    with Live(rollout_view(doc), refresh_per_second=4) as live:
-        while doc["state"] in ("progressing", "paused", "rolling_back"):
-            time.sleep(1)
-            doc = api.call("GET", f"/admin/models/{args.model}/rollout")
-            live.update(rollout_view(doc))
-    return doc if args.json else None
-
-
-def rollout_view(doc: dict[str, Any]) -> Table:
-    steps = ", ".join(f"[bold]{s}%[/]" if i == doc["step"] else f"{s}%" for i, s in enumerate(doc["steps"]))
-    table = Table(title=f"rollout of {doc['model']}: {doc['state']} (steps {steps})",
-                  caption="\n".join([doc["reason"], *_descent_lines(doc), *_evidence_lines(doc), *_hook_lines(doc)]))
-    for column in ("version", "role", "weight %", "requests", "error rate", "p99 ms"):
-        table.add_column(column, justify="right")
-    live = doc.get("live", {})
-    roles = [(doc["stable"], "stable"), (doc["canary"], "canary")]
-    if doc.get("baseline"):
-        roles.insert(1, (doc["baseline"], "baseline"))
-    for version, role in roles:
-        numbers = live.get(version, {})
-        rate = numbers.get("error_rate")
-        table.add_row(version, role, str(doc["weights"].get(version, 0)), str(numbers.get("requests", "-")),
-                      "-" if rate is None else f"{rate:.2%}", str(numbers.get("p99_ms") or "-"))
-    for verdict in doc["verdicts"][-3:]:
-        table.add_row("", "verdict", "", str(verdict["canary_requests"]), verdict["outcome"], verdict["reason"][:40])
-    return table
-
-
-def _evidence_lines(doc: dict[str, Any]) -> list[str]:
-    """The statistical judge's last word per metric, in its own summary sentences."""
-    metrics = doc["verdicts"][-1].get("metrics", []) if doc["verdicts"] else []
-    return [f"{metric['verdict'].upper():>12}  {metric['summary']}" for metric in metrics]
-
-
-def _descent_lines(doc: dict[str, Any]) -> list[str]:
-    """Where a gradual rollback is on its way down (the current percent in bold)."""
-    descent = doc.get("descent")
-    if not descent:
-        return []
-    canary = doc["weights"].get(doc["canary"], 0)
-    path = " -> ".join(f"[bold]{p}%[/]" if p == canary else f"{p}%" for p in descent)
-    return [f"rolling back gradually: {path}, one step per {doc['spec']['interval_s']:g} s interval"]
-
-
-def _hook_lines(doc: dict[str, Any]) -> list[str]:
-    """Webhook failures (a webhook never blocks the rollout, so only the status tells)."""
-    hooks = doc.get("hooks") or {}
-    if not hooks.get("failures"):
-        return []
-    return [f"webhooks: {hooks['failures']} failed (last: {hooks['last_error']}), {hooks['delivered']} delivered"]
+def _version_summary(doc: Any, done: str) -> str:
+    sent = doc.get("config_sent") if isinstance(doc, dict) else None
+    return done + (f" (sent to Triton: {sent})" if sent else "")

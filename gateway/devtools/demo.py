@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from gateway.ctl.commands import rollout_view
+from gateway.ctl.views import rollout_view
 from gateway.devtools.local_triton import LocalTriton, free_port
 from gateway.upstream import HttpUpstream
 

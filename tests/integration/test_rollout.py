@@ -228,6 +228,6 @@ def test_ctl_rollout_commands(gateway: GatewayThread) -> None:
     aborted = ctl("--json", "rollout", "abort", "qc")
     assert json.loads(aborted.stdout)["state"] == "aborted"
     watched = ctl("rollout", "status", "qc", "--watch")
-    assert watched.returncode == 0, "--watch returns once the rollout has ended"
+    assert watched.returncode == 1, "--watch returns once the rollout has ended, 1 when aborted"
     refused = ctl("rollout", "resume", "qc")
     assert refused.returncode == 1 and "not paused" in refused.stderr

@@ -6,7 +6,7 @@ import dataclasses
 
 from rich.console import Console
 
-from gateway.ctl.commands import rollout_view
+from gateway.ctl.views import rollout_view
 from gateway.rollout import steps
 from gateway.rollout.judge import Evidence, VersionSample, assess
 from gateway.rollout.spec import RolloutSpec

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from gateway.ctl.commands import rollout_view
+from gateway.ctl.views import rollout_view
 from gateway.rollout import steps
 from gateway.rollout.analysis import Outcome, Verdict
 from gateway.rollout.judge import CEILING, METRICS, Evidence, VersionSample, assess

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gateway.ctl.commands import _rollout_start, add_rollout_parser, rollout_view
+from gateway.ctl.rollout import _rollout_start, add_rollout_parser
+from gateway.ctl.views import rollout_view
 from gateway.errors import Conflict
 from gateway.policy import PolicySpec
 from gateway.rollout import steps

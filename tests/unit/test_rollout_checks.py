@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from scipy import stats as scipy_stats
 
-from gateway.ctl.commands import rollout_view
+from gateway.ctl.views import rollout_view
 from gateway.devtools.local_triton import free_port
 from gateway.rollout import steps
 from gateway.rollout.analysis import Outcome, Verdict, judge

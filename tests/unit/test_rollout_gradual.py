@@ -175,7 +175,7 @@ def test_valid_rollback_specs() -> None:
 def test_ctl_status_shows_where_the_descent_is() -> None:
     from rich.console import Console
 
-    from gateway.ctl.commands import rollout_view
+    from gateway.ctl.views import rollout_view
 
     rollout = steps.descend(fail(at_step(GRADUAL, 3), 40), 60)
     console = Console(record=True, width=240)
@@ -192,7 +192,7 @@ def test_ctl_status_shows_where_the_descent_is() -> None:
 def test_ctl_rollout_start_sends_the_rollback_fields() -> None:
     import argparse
 
-    from gateway.ctl.commands import _rollout_start, add_rollout_parser
+    from gateway.ctl.rollout import _rollout_start, add_rollout_parser
 
     parser = argparse.ArgumentParser()
     add_rollout_parser(parser.add_subparsers())
