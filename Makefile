@@ -10,13 +10,14 @@ SYSTEM_TOOLS := redis-server:redis-server wrk:wrk prometheus:prometheus promtool
 # the benchmark also needs nginx, its yardstick (it starts its own on loopback ports)
 BENCH_TOOLS := $(SYSTEM_TOOLS) nginx:nginx
 
-.PHONY: demo test fuzz bench lint system-deps clean help
+.PHONY: demo test fuzz bench docs lint system-deps clean help
 
 help:
 	@echo "make demo   - create .venv, install, start a local Triton + the gateway, drive a canary"
 	@echo "make test   - create .venv, install, run the whole test suite (starts its own Triton/Redis)"
 	@echo "make fuzz   - the property tests (pytest -m property) with FUZZ_EXAMPLES examples each (default 5000)"
 	@echo "make bench  - gateway overhead vs direct-to-Triton and vs nginx (HTTP and gRPC), one run"
+	@echo "make docs   - build the documentation site from docs/ into site/ (any warning, e.g. a broken link, fails)"
 	@echo "make lint   - ruff and mypy --strict"
 
 # constraints.txt holds the versions the suite passed with, so a clean clone's venv is the one
@@ -54,9 +55,12 @@ bench: $(STAMP)
 	@$(MAKE) --no-print-directory system-deps TOOLS='$(BENCH_TOOLS)'
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/overhead.py
 
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
 lint: $(STAMP)
 	$(BIN)/ruff check gateway tests bench
 	$(BIN)/mypy gateway tests bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build site *.egg-info

@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     reference = commands.add_parser("config-reference", help="print every setting as a Markdown table")
     reference.set_defaults(handler=_config_reference)
+    rollout_reference = commands.add_parser(
+        "rollout-reference", help="print every rollout-spec field and every rollout state change as Markdown",
+        description="The tables docs/rollout-spec.md and docs/rollouts.md embed, generated from the models.")
+    rollout_reference.set_defaults(handler=_rollout_reference)
 
     from gateway.ctl.commands import add_ctl_parser
 
@@ -98,6 +102,13 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _config_reference(args: argparse.Namespace) -> int:
     from gateway.devtools.config_reference import markdown
+
+    print(markdown())
+    return 0
+
+
+def _rollout_reference(args: argparse.Namespace) -> int:
+    from gateway.devtools.rollout_reference import markdown
 
     print(markdown())
     return 0

@@ -1,4 +1,4 @@
-"""The configuration reference, generated from the Settings model (README embeds it)."""
+"""The configuration reference, generated from the Settings model (docs/configuration.md embeds it)."""
 
 from __future__ import annotations
 

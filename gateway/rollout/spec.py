@@ -12,6 +12,12 @@ from gateway.rollout.check_spec import Check, unique_names
 from gateway.rollout.hook_spec import Gate, Webhook
 from gateway.rollout.rollback_spec import RollbackSpec
 
+# Fields only one judge reads (the reference, the console and the API's warnings say so): a
+# statistical rollout given min_requests would otherwise take it for a setting that mattered.
+THRESHOLDS_ONLY = frozenset({"max_p99_ms", "max_p99_ratio", "min_p99_delta_ms", "min_requests"})
+STATISTICAL_ONLY = frozenset({"baseline", "max_error_rate_increase", "max_latency_increase", "latency_warmup_s",
+                              "false_rollback_rate", "inconclusive_limit"})
+
 
 class RolloutSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

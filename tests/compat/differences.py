@@ -2,13 +2,13 @@
 
 The compatibility suite (``tests/compat``) sends each call both to Triton and through the
 gateway and compares status, body and metadata after taking out exactly these; anything
-else that differs fails it. README.md carries the same list ("Differences from Triton";
-``test_the_readme_lists_the_same_differences`` keeps the two equal).
+else that differs fails it. docs/differences.md carries the same list
+(``test_the_docs_list_the_same_differences`` keeps the two equal).
 """
 
 from __future__ import annotations
 
-# (name, what differs): the README shows these rows as they are.
+# (name, what differs): docs/differences.md shows these rows as they are.
 DOCUMENTED_DIFFERENCES: tuple[tuple[str, str], ...] = (
     ("routing headers", "inference answers (HTTP headers, gRPC initial metadata) carry `x-gateway-route` and, "
      "when the version is known, `x-gateway-model-version` (unless `expose_version_headers: false`)"),

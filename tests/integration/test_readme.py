@@ -1,6 +1,7 @@
-"""The README is tested: every shell block in README.md that talks to a running gateway is run.
+"""The README and the docs are tested: every shell block in README.md and docs/*.md that talks
+to a running gateway is run.
 
-Each block is taken from README.md as it is (nothing here repeats its commands), run by bash
+Each block is taken from its page as it is (nothing here repeats its commands), run by bash
 against a fresh gateway started the way the README's "Running it by hand" block starts it
 (``gateway serve --config configs/gateway.yaml`` with the README's admin token), in front of
 the session's real Triton (standing in for the block's ``gateway triton`` line: the same
@@ -8,7 +9,8 @@ the session's real Triton (standing in for the block's ``gateway triton`` line: 
 free port, ``gateway ctl`` finds the gateway through ``GATEWAY_CTL_URL``, and ``.venv/bin/``
 is this environment's. A block passes when bash exits 0 and every JSON document it printed
 is an answer, not an ``{"error": ...}``. Shell variables set by one block (``H=...``) are
-set for the blocks after it, as for a reader going down the page.
+set for the blocks after it, as for a reader going down the page; a docs page starts with the
+README's (a reader comes to the docs from the README).
 
 Also here: the admin API reads a JSON body sent as ``curl -d`` sends it (no Content-Type, or
 ``application/x-www-form-urlencoded``) and refuses other media types with 415.
@@ -25,7 +27,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -35,6 +37,7 @@ from tests.support import GatewayProcess, GatewayThread, gateway_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 BIN = Path(sys.executable).parent
 # Blocks that talk to a running gateway: they name its address or its CLI.
 GATEWAY_MARKERS = ("localhost:8080", "gateway ctl", "gateway:8080", "gateway:8081")
@@ -42,31 +45,44 @@ SERVER_LINES = re.compile(r"^\s*(\S+=\S+\s+)*(\.venv/bin/)?gateway (triton|serve
 WATCH_S = 3  # a `--watch` line follows a rollout until it ends: it must print its first status within this
 
 
-def shell_blocks() -> list[tuple[int, str]]:
-    """(line number, text) of every ```sh / ```bash block of the README."""
-    blocks: list[tuple[int, str]] = []
+class Block(NamedTuple):
+    page: Path
+    line: int
+    text: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def shell_blocks(page: Path) -> list[Block]:
+    """Every ```sh / ```bash block of a page, with the line it starts on."""
+    blocks: list[Block] = []
     current: list[str] | None = None
     start = 0
-    for number, line in enumerate(README.read_text().splitlines(), 1):
+    for number, line in enumerate(page.read_text().splitlines(), 1):
         if current is None and re.fullmatch(r"```(sh|bash)\s*", line):
             current, start = [], number
         elif current is not None and line.strip() == "```":
-            blocks.append((start, "\n".join(current)))
+            blocks.append(Block(page, start, "\n".join(current)))
             current = None
         elif current is not None:
             current.append(line)
     return blocks
 
 
-GATEWAY_BLOCKS = [(line, text) for line, text in shell_blocks() if any(m in text for m in GATEWAY_MARKERS)]
+GATEWAY_BLOCKS = [b for page in PAGES for b in shell_blocks(page) if any(m in b.text for m in GATEWAY_MARKERS)]
 # Blocks about a TLS gateway, named "gateway" by DNS: run against a gateway with a certificate for that name.
-TLS_BLOCKS = [(line, text) for line, text in GATEWAY_BLOCKS if "--cacert" in text or "ssl=True" in text]
+TLS_BLOCKS = [b for b in GATEWAY_BLOCKS if "--cacert" in b.text or "ssl=True" in b.text]
 
 
-def test_the_readme_has_gateway_blocks_and_every_one_is_run() -> None:
-    """A test that quietly found no block would pass for ever: the page must still have them."""
-    assert len(GATEWAY_BLOCKS) >= 6, [line for line, _ in GATEWAY_BLOCKS]
-    assert any("gateway serve" in text for _, text in GATEWAY_BLOCKS), "the block that starts the gateway"
+def test_the_pages_have_gateway_blocks_and_every_one_is_run() -> None:
+    """A test that quietly found no block would pass for ever: the pages must still have them,
+    the README its serve line and its first canary."""
+    assert len(GATEWAY_BLOCKS) >= 8, [b.name for b in GATEWAY_BLOCKS]
+    readme = [b for b in GATEWAY_BLOCKS if b.page == README]
+    assert any("gateway serve" in b.text for b in readme), "the README's block that starts the gateway"
+    assert any("rollout start" in b.text for b in readme), "the README's first canary"
 
 
 def serve_environment(block: str) -> dict[str, str]:
@@ -83,7 +99,7 @@ def serve_config(block: str) -> Path:
     return ROOT / match.group(1)
 
 
-SERVE_BLOCK = next(text for _, text in GATEWAY_BLOCKS if "gateway serve" in text)
+SERVE_BLOCK = next(b.text for b in GATEWAY_BLOCKS if b.page == README and "gateway serve" in b.text)
 
 
 class ServeLine(GatewayProcess):
@@ -143,18 +159,19 @@ def runnable(block: str, gateway: GatewayProcess) -> str:
             continue
         line = line.replace("localhost:8080", f"127.0.0.1:{gateway.port}").replace(".venv/bin/", f"{BIN}/")
         if "--watch" in line:
-            line = f"timeout {WATCH_S} {line} || [ $? = 124 ]"
+            line = f"timeout {WATCH_S} {line.split(' #')[0]} || [ $? = 124 ]"
         lines.append(line)
     return "\n".join(lines)
 
 
-def variables_before(line_number: int) -> str:
-    """Shell variables earlier blocks set (H=..., export X=...), for a reader going down the page."""
+def variables_before(block: Block) -> str:
+    """Shell variables earlier blocks set (H=..., export X=...), for a reader going down the page
+    (on a docs page: the README's first)."""
+    earlier = [] if block.page == README else shell_blocks(README)
+    earlier += [b for b in shell_blocks(block.page) if b.line < block.line]
     out = []
-    for line, text in shell_blocks():
-        if line >= line_number:
-            break
-        out += [row for row in text.splitlines()
+    for previous in earlier:
+        out += [row for row in previous.text.splitlines()
                 if re.fullmatch(r"""(export )?[A-Z_]+=('[^']*'|"[^"]*"|\S+)\s*(#.*)?""", row)]
     return "\n".join(out)
 
@@ -174,24 +191,24 @@ def json_documents(text: str) -> list[Any]:
         at = end
 
 
-@pytest.mark.parametrize(("line", "block"), [b for b in GATEWAY_BLOCKS if b not in TLS_BLOCKS],
-                         ids=[f"README.md:{line}" for line, _ in GATEWAY_BLOCKS if (line, _) not in TLS_BLOCKS])
-def test_readme_block_runs(line: int, block: str, readme_gateway: GatewayProcess) -> None:
-    script = "set -euo pipefail\n" + variables_before(line) + "\n" + runnable(block, readme_gateway)
+@pytest.mark.parametrize("block", [b for b in GATEWAY_BLOCKS if b not in TLS_BLOCKS],
+                         ids=[b.name for b in GATEWAY_BLOCKS if b not in TLS_BLOCKS])
+def test_readme_block_runs(block: Block, readme_gateway: GatewayProcess) -> None:
+    script = "set -euo pipefail\n" + variables_before(block) + "\n" + runnable(block.text, readme_gateway)
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
            "GATEWAY_CTL_URL": readme_gateway.url}
     result = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    shown = f"README.md:{line} exited {result.returncode}\n--- ran:\n{script}\n--- out:\n{result.stdout}\n" \
+    shown = f"{block.name} exited {result.returncode}\n--- ran:\n{script}\n--- out:\n{result.stdout}\n" \
             f"--- err:\n{result.stderr}"
     assert result.returncode == 0, shown
     documents = json_documents(result.stdout)
-    assert documents or "gateway ctl" in block, shown
+    assert documents or "gateway ctl" in block.text, shown
     errors = [doc for doc in documents if isinstance(doc, dict) and "error" in doc]
     assert not errors, shown
 
 
-@pytest.mark.parametrize(("line", "block"), TLS_BLOCKS, ids=[f"README.md:{line}" for line, _ in TLS_BLOCKS])
-def test_readme_tls_block_runs(line: int, block: str, triton: LocalTriton, pki: Pki, tmp_path: Path) -> None:  # noqa: F811
+@pytest.mark.parametrize("block", TLS_BLOCKS, ids=[b.name for b in TLS_BLOCKS])
+def test_readme_tls_block_runs(block: Block, triton: LocalTriton, pki: Pki, tmp_path: Path) -> None:  # noqa: F811
     """The TLS clients' block, against a gateway serving TLS on both ports with a certificate
     for localhost (the block's host "gateway" is an address, substituted like the others), run
     where the block expects the CA's certificate: ./ca.crt."""
@@ -199,7 +216,7 @@ def test_readme_tls_block_runs(line: int, block: str, triton: LocalTriton, pki: 
     settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url, tls_cert_file=pki.server_cert,
                                 tls_key_file=pki.server_key)
     with GatewayThread(settings) as gw:
-        script = "set -euo pipefail\n" + block.replace("gateway:8080", f"localhost:{settings.port}") \
+        script = "set -euo pipefail\n" + block.text.replace("gateway:8080", f"localhost:{settings.port}") \
             .replace("gateway:8081", f"localhost:{settings.grpc_port}")
         env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
         result = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,

@@ -1,4 +1,4 @@
-"""Deployment files: README config reference, compose, Dockerfile, Kubernetes manifests, dashboard."""
+"""Deployment files: the docs' config reference, compose, Dockerfile, Kubernetes manifests, dashboard."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ from gateway.settings import Settings
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_readme_config_reference_is_generated_from_the_settings() -> None:
+def test_config_reference_is_generated_from_the_settings() -> None:
     readme = (ROOT / "README.md").read_text()
     assert readme.startswith("# triton-gateway\n\n```sh\nmake demo")
-    assert embedded(readme) == markdown(), "run `gateway config-reference` and paste it into the README"
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    assert embedded(page) == markdown(), "run `gateway config-reference` and paste it into docs/configuration.md"
 
 
 def test_dockerfile_is_slim_non_root_with_a_healthcheck() -> None:

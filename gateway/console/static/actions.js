@@ -115,7 +115,7 @@ function drawActions(data) {
       h("div", {}, h("label", { for: "ro-interval", text: "Interval (s)" }),
         h("input", { id: "ro-interval", "data-field": "interval_s", type: "number", min: 1, step: "any", value: 30, disabled })),
       h("div", {}, h("label", { for: "ro-judge", text: "Judge" }), select("ro-judge", "judge", ["statistical", "thresholds"]))),
-    h("label", { for: "ro-json", text: "Other fields (JSON), e.g. {\"min_requests\": 20}" }),
+    h("label", { for: "ro-json", text: "Other fields (JSON), e.g. {\"baseline\": \"1\", \"max_latency_increase\": 0.3}" }),
     h("textarea", { id: "ro-json", "data-field": "json", spellcheck: "false", disabled }, "{}"),
     h("button", { type: "submit", class: "primary", disabled, text: "Start rollout" }), startResult);
   startForm.addEventListener("submit", (e) => {
