@@ -8,6 +8,7 @@ configuration a team would put in front of Triton if it only needed to forward.
 
 from __future__ import annotations
 
+import resource
 import shutil
 import subprocess
 import time
@@ -17,9 +18,10 @@ from types import TracebackType
 CONFIG = """
 daemon off;
 worker_processes 1;
+worker_rlimit_nofile {nofile};
 pid {workdir}/nginx.pid;
 error_log {workdir}/nginx-error.log warn;
-events {{ worker_connections 1024; }}
+events {{ worker_connections {worker_connections}; }}
 http {{
     access_log off;
     keepalive_requests 1000000;  # the default 1000 closes a client's HTTP/2 connection after 1000 calls: h2load
@@ -54,13 +56,17 @@ def available() -> bool:
 class Nginx:
     """A throwaway nginx in front of one Triton, on the given loopback ports."""
 
-    def __init__(self, workdir: Path, http_upstream: str, grpc_upstream: str, http_port: int, grpc_port: int) -> None:
+    def __init__(self, workdir: Path, http_upstream: str, grpc_upstream: str, http_port: int, grpc_port: int,
+                 worker_connections: int = 1024) -> None:
         self.workdir = workdir / "nginx"
         self.http_port, self.grpc_port = http_port, grpc_port
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.config = self.workdir / "nginx.conf"
         self.config.write_text(CONFIG.format(workdir=self.workdir, http_upstream=http_upstream,
-                                             grpc_upstream=grpc_upstream, http_port=http_port, grpc_port=grpc_port))
+                                             grpc_upstream=grpc_upstream, http_port=http_port, grpc_port=grpc_port,
+                                             worker_connections=worker_connections,
+                                             nofile=min(2 * worker_connections + 64,
+                                                        resource.getrlimit(resource.RLIMIT_NOFILE)[1])))
         self.process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Nginx:

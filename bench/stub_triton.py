@@ -140,7 +140,8 @@ def _grpc_server(port: int) -> object:
 
     from concurrent.futures import ThreadPoolExecutor
 
-    server = grpc.server(ThreadPoolExecutor(4))
+    # no message size bound: the gateway's body sweeps send 8 MB tensors (grpcio refuses past 4 MB)
+    server = grpc.server(ThreadPoolExecutor(4), options=[("grpc.max_receive_message_length", -1)])
     server.add_generic_rpc_handlers((Handler(),))
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
