@@ -73,12 +73,12 @@ def micro(servers: int, calls: int = 1_000_000) -> tuple[float, float]:
                 model, version = routed_model, routed_version
                 server = fleet.pick(model, version)
             if server.limit and server.inflight >= server.limit:
-                server = await fleet.admit(server, model, version)
+                server = await fleet.admit(server, model, version, 60.0)
             else:
                 server.inflight += 1
             noted.server = server.name
             server.requests += 1
-            server.release()
+            server.admitted().release()
             server.failures = 0
         return (time.perf_counter() - started) / calls * 1e6
 
@@ -93,11 +93,11 @@ def micro(servers: int, calls: int = 1_000_000) -> tuple[float, float]:
                 model, version = routed_model, routed_version
                 server = fleet.pick(model, version)
             if server.limit and server.inflight >= server.limit:
-                server = await fleet.admit(server, model, version)
+                server = await fleet.admit(server, model, version, 60.0)
             else:
                 server.inflight += 1
             server.requests += 1
-            server.release()
+            server.admitted().release()
             server.failures = 0
         return (time.perf_counter() - started) / calls * 1e6
 

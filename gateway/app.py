@@ -85,7 +85,7 @@ class Gateway(Dispatch):
         self.fleets = Fleets(settings.fleet_specs(), grpc_connect=self._grpc_connect, pool_size=settings.pool_size,
                              connect_timeout_s=settings.connect_timeout_s, request_timeout_s=settings.request_timeout_s,
                              max_inflight=settings.max_inflight_per_server,
-                             queue_timeout_s=settings.queue_timeout_ms / 1000, eject_after=settings.fleet_eject_after,
+                             queue_timeout_s=settings.queue_timeout_s(), eject_after=settings.fleet_eject_after,
                              health_interval_s=settings.fleet_health_interval_s,
                              dns_refresh_s=settings.fleet_dns_refresh_s,
                              http_tls=tls.upstream_http(settings), max_sequence_pins=settings.max_sequence_pins,

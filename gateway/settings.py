@@ -288,10 +288,12 @@ class Settings(BaseSettings):
     fleet_eject_after: int = Field(3, ge=1, le=1000, description="consecutive connect/transport failures that eject a "
                                    "server until its health check passes again")
     max_inflight_per_server: int = Field(
-        64, ge=0, le=100_000, description="admitted requests in flight per Triton server (0: no limit); past it "
-        "requests queue up to queue_timeout_ms, then get 429 / RESOURCE_EXHAUSTED")
-    queue_timeout_ms: int = Field(1000, ge=0, le=600_000, description="longest wait for a free slot on a full server "
-                                  "(0: refuse at once)")
+        64, ge=0, le=100_000, description="requests in flight at each Triton server (sent, not answered yet; 0: no "
+        "limit); past it a request waits at the gateway, in order, for the first server to answer one")
+    queue_timeout_ms: int | None = Field(
+        None, ge=0, le=600_000, description="shedding: the longest wait for a free slot, then 429 with Retry-After / "
+        "RESOURCE_EXHAUSTED (0: refuse at once); unset (the default): a request waits until its own deadline "
+        "(request_timeout_s, or the gRPC call's), as in Triton's own queue, and only then is refused")
     # -- processes on one node (issue 26): gateway.workers --
     workers: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = Field(
         1, description="data-plane worker processes (auto: the cores this process may use); above 1, each has its "
@@ -303,6 +305,10 @@ class Settings(BaseSettings):
         "(the kernel spreads connections), bound by the supervisor and inherited by each worker of the slot, "
         "so replacing a worker closes none; shared binds one socket per port in the supervisor and hands it to every "
         "worker; auto is reuse_port where the OS has SO_REUSEPORT (Linux), else shared")
+
+    def queue_timeout_s(self) -> float | None:
+        """``queue_timeout_ms`` in seconds; None: no shedding, a request waits until its deadline."""
+        return None if self.queue_timeout_ms is None else self.queue_timeout_ms / 1000
 
     def worker_count(self) -> int:
         """``workers`` as a number: ``auto`` is the cores the process may use (its CPU affinity)."""

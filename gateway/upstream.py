@@ -47,6 +47,13 @@ def named_by_connection(value: bytes) -> frozenset[bytes]:
     return frozenset(token.strip().lower() for token in value.split(b",")) - {b"close", b"keep-alive", b""}
 
 
+class Slot(Protocol):
+    """An admission slot the request holds (``fleet.members.Admitted``): given back once, as the
+    answer's headers arrive or on the request's way out, whichever comes first."""
+
+    def release(self) -> None: ...
+
+
 class NotesServer(Protocol):
     """What a request is sent for (its exchange): a fleet notes there the server it chose, the
     last one tried when a retry moved it (``pipeline.Exchange.server``)."""
@@ -63,7 +70,7 @@ class UpstreamResponse:
     """
 
     __slots__ = ("_conn", "_waiter", "_timer", "_chunks", "_buffered", "status", "headers", "complete",
-                 "error", "keep_alive", "got_bytes", "dropped", "_loop")
+                 "error", "keep_alive", "got_bytes", "dropped", "_loop", "_slot")
 
     def __init__(self, conn: _Connection, loop: asyncio.AbstractEventLoop) -> None:
         self._conn: _Connection | None = conn
@@ -79,6 +86,7 @@ class UpstreamResponse:
         self.keep_alive = False
         self.got_bytes = False
         self.dropped = False  # Triton closed the connection before sending a byte of the answer
+        self._slot: Slot | None = None  # given back when the headers arrive
 
     def body(self) -> bytes:
         """The whole body of a complete response."""
@@ -204,6 +212,10 @@ class _Connection(asyncio.Protocol):
         assert exchange is not None
         exchange.status = self.parser.get_status_code()
         exchange.keep_alive = self.parser.should_keep_alive()
+        slot = exchange._slot
+        if slot is not None:  # answered: the slot is free now, not when the request's task runs again
+            exchange._slot = None
+            slot.release()
         exchange._wake()
         if self.head_request:  # httptools would wait for a body a HEAD response never has
             self.on_message_complete()
@@ -269,8 +281,8 @@ class HttpUpstream:
     async def request(self, method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]],
                       body: bytes | AsyncIterator[bytes] = b"", *, content_length: int | None = None,
                       timeout_s: float | None = None, model: str = "", version: str | None = None,
-                      sequence: SequenceFields | None = None,
-                      for_exchange: NotesServer | None = None) -> UpstreamResponse:
+                      sequence: SequenceFields | None = None, for_exchange: NotesServer | None = None,
+                      slot: Slot | None = None) -> UpstreamResponse:
         """Send one request; return once the status line and headers are in.
 
         ``headers`` are the client's; hop-by-hop ones and ``Host`` are replaced. A streamed
@@ -278,33 +290,41 @@ class HttpUpstream:
         (the one sent: the path's, else None) and ``sequence``: what the front read of the request,
         once (a fleet of several servers chooses by them and never reads the request itself);
         ``for_exchange``: where a fleet notes the server it chose. One server reads none of them.
+        ``slot``: the admission slot the request holds on this server (a fleet's), given back as the
+        response headers arrive, or on the way out if none arrive.
         """
-        head = self._head(method, target, headers, body, content_length)
-        timeout = self.request_timeout_s if timeout_s is None else timeout_s
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        conn = await self._acquire(deadline)
-        resent = False
-        while True:
-            reused, conn.used = conn.used, True
-            conn.head_request = method == b"HEAD"
-            exchange = UpstreamResponse(conn, loop)
-            conn.exchange = exchange
-            exchange._timer = loop.call_at(deadline, self._expire, exchange, timeout)
-            try:
-                await self._send(conn, exchange, head, body, chunked=content_length is None)
-                while exchange.status == 0 and exchange.error is None:
-                    await exchange._wait()
-            except BaseException:
-                exchange.abort()
-                raise
-            if exchange.error is None:
-                return exchange
-            if resent or not (reused and exchange.dropped) or not isinstance(body, bytes):  # a stream is consumed
-                exchange.abort()
-                raise exchange.error
-            resent = True
-            conn = await self._connection_for_resend(method, exchange.error, deadline)
+        try:
+            head = self._head(method, target, headers, body, content_length)
+            timeout = self.request_timeout_s if timeout_s is None else timeout_s
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            conn = await self._acquire(deadline)
+            resent = False
+            while True:
+                reused, conn.used = conn.used, True
+                conn.head_request = method == b"HEAD"
+                exchange = UpstreamResponse(conn, loop)
+                exchange._slot = slot
+                conn.exchange = exchange
+                exchange._timer = loop.call_at(deadline, self._expire, exchange, timeout)
+                try:
+                    await self._send(conn, exchange, head, body, chunked=content_length is None)
+                    while exchange.status == 0 and exchange.error is None:
+                        await exchange._wait()
+                except BaseException:
+                    exchange.abort()
+                    raise
+                if exchange.error is None:
+                    return exchange
+                if resent or not (reused and exchange.dropped) or not isinstance(body, bytes):  # a stream is consumed
+                    exchange.abort()
+                    raise exchange.error
+                resent = True
+                conn = await self._connection_for_resend(method, exchange.error, deadline)
+        finally:
+            if slot is not None:
+                slot.release()  # nothing if the answer gave it back already
+
 
     async def _connection_for_resend(self, method: bytes, dropped: UpstreamError, deadline: float) -> _Connection:
         """Triton closed a reused connection without a byte of an answer: the request goes once more.

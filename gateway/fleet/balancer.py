@@ -49,7 +49,7 @@ class Fleet:
     """Named group of Triton servers; ``pick`` is the only call on the request path."""
 
     def __init__(self, name: str, *, grpc_connect: GrpcConnect, pool_size: int = 128, connect_timeout_s: float = 2.0,
-                 request_timeout_s: float = 60.0, max_inflight: int = 0, queue_timeout_s: float = 0.0,
+                 request_timeout_s: float = 60.0, max_inflight: int = 0, queue_timeout_s: float | None = None,
                  eject_after: int = 3, http_tls: ssl.SSLContext | None = None, max_sequence_pins: int = 100_000,
                  max_sequence_pins_per_client: int = 1_000) -> None:
         self.name = name
@@ -58,8 +58,8 @@ class Fleet:
         self.pool_size = pool_size
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
-        self.max_inflight = max_inflight
-        self.queue_timeout_s = queue_timeout_s
+        self.max_inflight = max_inflight  # per server: admitted requests not answered yet
+        self.queue_timeout_s = queue_timeout_s  # None: a request waits for a slot until its deadline
         self.eject_after = eject_after
         self.servers: dict[str, Server] = {}
         self.retired: list[Server] = []  # left the fleet (DNS): closed once their requests ended
@@ -187,9 +187,12 @@ class Fleet:
             sequences.release(model, sequence_id)
         return server
 
-    async def admit(self, server: Server, model: Key, version: Key | None) -> Server:
-        """A slot on ``server``, or on the least busy other candidate with room, or a queued wait on
-        ``server``; ``Overloaded`` when none comes within the queue timeout. ``inflight`` counts it."""
+    async def admit(self, server: Server, model: Key, version: Key | None, deadline_s: float | None) -> Server:
+        """A slot on ``server``, or on the least busy other candidate with room, or a wait in order
+        for one on ``server``: until the request's own deadline (``deadline_s`` from now; None:
+        until the caller gives up, e.g. the gRPC front at the client's deadline), or at most
+        ``queue_timeout_s`` when shedding is set. ``Overloaded`` (429 + Retry-After) when none
+        came. ``inflight`` counts it."""
         if server.has_room:
             server.inflight += 1
             return server
@@ -200,11 +203,14 @@ class Fleet:
         if best is not server:
             best.inflight += 1
             return best
-        if await server.wait_for_slot(self.queue_timeout_s):
+        shed = self.queue_timeout_s
+        sheds_first = shed is not None and (deadline_s is None or shed < deadline_s)
+        if await server.wait_for_slot(shed if sheds_first else deadline_s):
             return server
         server.refused += 1
+        why = "the queue wait (queue_timeout_ms) ran out" if sheds_first else "the request's deadline ran out"
         raise Overloaded(f"fleet '{self.name}': every server is at its limit of {self.max_inflight} requests in "
-                         f"flight{' and the queue wait ran out' if self.queue_timeout_s else ''}; retry later")
+                         f"flight and {why}; retry later")
 
     def failed(self, server: Server, error: str) -> None:
         if server.transport_failed(error, self.eject_after):

@@ -19,19 +19,23 @@ it lives on the gRPC side, so this package imports no front and no protocol of t
 - Triton's own answers pass as Triton sent them, its queue-full included (HTTP 503, gRPC
   UNAVAILABLE "Exceeds maximum queue size"): counted as the server's ``refused`` here, and
   recorded as overload (never against a version) by the recorder.
-- The admission slot is held until the response headers are in (inference responses arrive
-  whole); a streamed response (SSE) releases it then, not at its last chunk.
+- The admission slot counts a request sent to Triton and not answered yet: the upstream
+  connection gives it back as the response headers arrive (inference responses arrive whole; a
+  streamed response, SSE, releases it then, not at its last chunk), before the request's task
+  runs again. A request past ``max_inflight_per_server`` waits in order for a slot, within its
+  deadline (``request_timeout_s``), or ``queue_timeout_ms`` when shedding is set.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable
 
 from gateway.errors import ClientGone, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from gateway.fleet.balancer import Fleet
 from gateway.fleet.members import Server
 from gateway.sequences import SequenceFields
-from gateway.upstream import HttpUpstream, NotesServer, UpstreamResponse
+from gateway.upstream import HttpUpstream, NotesServer, Slot, UpstreamResponse
 
 # Triton's answer when a model's queue is full (HTTP 503, gRPC UNAVAILABLE): passed on as it is.
 TRITON_QUEUE_FULL = "Exceeds maximum queue size"
@@ -56,17 +60,18 @@ class FleetHttp(HttpUpstream):
     async def request(self, method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]],
                       body: bytes | AsyncIterator[bytes] = b"", *, content_length: int | None = None,
                       timeout_s: float | None = None, model: str = "", version: str | None = None,
-                      sequence: SequenceFields | None = None,
-                      for_exchange: NotesServer | None = None) -> UpstreamResponse:
+                      sequence: SequenceFields | None = None, for_exchange: NotesServer | None = None,
+                      slot: Slot | None = None) -> UpstreamResponse:
         """``model``, ``version`` and ``sequence``: what the front read of the request (see the
-        module's docstring); ``for_exchange.server``: the server it went to, the last one tried."""
+        module's docstring); ``for_exchange.server``: the server it went to, the last one tried.
+        ``slot``: not for a fleet (it takes its servers' own)."""
         fleet = self.fleet
         server = fleet.single
         if server is None:  # several servers: choose by what the front handed over (one server reads none of it)
             server = fleet.pick(model, version) if sequence is None else fleet.pick_in_sequence(model, version,
                                                                                                  sequence)
-        if server.limit and server.inflight >= server.limit:
-            server = await fleet.admit(server, model, version)  # full: wait for a slot, or another server
+        if server.limit and server.inflight >= server.limit:  # full: wait for a slot, within the request's deadline
+            server, timeout_s = await self._admit(server, model, version, timeout_s)
         else:
             server.inflight += 1
         if for_exchange is not None:
@@ -83,27 +88,34 @@ class FleetHttp(HttpUpstream):
             if other is server:
                 raise
             if other.limit and other.inflight >= other.limit:
-                other = await fleet.admit(other, model, version)
+                other, timeout_s = await self._admit(other, model, version, timeout_s)
             else:
                 other.inflight += 1
             if for_exchange is not None:
                 for_exchange.server = other.name  # the one that answers (or fails) last
             return await self._on(other, method, target, headers, body, content_length, timeout_s)
 
+    async def _admit(self, server: Server, model: str, version: str | None,
+                     timeout_s: float | None) -> tuple[Server, float]:
+        """A slot, waited for within the request's deadline; the server and what is left of the deadline."""
+        timeout = self.fleet.request_timeout_s if timeout_s is None else timeout_s
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        server = await self.fleet.admit(server, model, version, timeout)
+        return server, max(timeout - (loop.time() - started), 0.001)
+
     async def _on(self, server: Server, method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]],
                     body: bytes | AsyncIterator[bytes], content_length: int | None,
                     timeout_s: float | None) -> UpstreamResponse:
         server.requests += 1
-        try:
+        try:  # the slot goes back as the answer's headers arrive (the connection does it), or on the way out
             response = await server.http.request(method, target, headers, body, content_length=content_length,
-                                                 timeout_s=timeout_s)
+                                                 timeout_s=timeout_s, slot=server.admitted())
         except (UpstreamTimeout, ClientGone):
             raise
         except UpstreamError as exc:  # refused, unreachable, or the connection broke: the server's fault
             self.fleet.failed(server, exc.message)
             raise
-        finally:
-            server.release()
         server.failures = 0
         if response.status >= 500:
             if response.status == 503 and response.complete and _QUEUE_FULL in response.body():

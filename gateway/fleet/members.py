@@ -29,7 +29,7 @@ class GrpcClient(Protocol):
     def address(self) -> str: ...
 
     async def unary(self, path: str, message: bytes, metadata: Any = (),
-                    timeout: float | None = None) -> tuple[int, str, bytes]: ...
+                    timeout: float | None = None, *, slot: Any = None) -> tuple[int, str, bytes]: ...
 
     async def open(self, path: str, listener: Any, metadata: Any = (), timeout: float | None = None) -> Any: ...
 
@@ -45,7 +45,7 @@ class Server:
     ``probe`` the gateway's own readiness answers (``/readyz``, gRPC health): a connection of their
     own, outside admission control, so a saturated server still answers them at once."""
 
-    __slots__ = ("fleet", "spec", "name", "http", "grpc", "control", "probe", "limit", "queue_limit", "inflight",
+    __slots__ = ("fleet", "spec", "name", "http", "grpc", "control", "probe", "limit", "inflight",
                  "waiters", "failures", "probe_failures", "up", "ejected", "in_service", "ready", "requests", "errors",
                  "ejections", "refused", "last_error", "__weakref__")
 
@@ -63,8 +63,9 @@ class Server:
         self.probe = HttpUpstream(spec.http, max_connections=2, connect_timeout_s=connect_timeout_s,
                                   request_timeout_s=request_timeout_s, tls=http_tls)
         self.limit = max_inflight  # 0: no admission limit
-        self.queue_limit = max_inflight  # at most as many waiting as running: the queue stays bounded
-        self.inflight = 0
+        self.inflight = 0  # admitted and not answered yet: sent to Triton, or about to be
+        # Requests waiting for a slot, in order. No bound of its own: the clients bound it (one
+        # request per HTTP connection, the streams of a gRPC one), as Triton's own queue would be.
         self.waiters: deque[asyncio.Future[None]] = deque()
         self.failures = 0  # consecutive connect/transport failures (passive health)
         self.probe_failures = 0  # consecutive failed active health checks
@@ -86,14 +87,18 @@ class Server:
         return not self.limit or self.inflight < self.limit
 
     # -- admission ---------------------------------------------------------------------------
-    async def wait_for_slot(self, timeout_s: float) -> bool:
-        """Queue for a slot, at most ``timeout_s``; True once one is ours (``inflight`` counts it)."""
-        if timeout_s <= 0 or len(self.waiters) >= self.queue_limit:
+    async def wait_for_slot(self, timeout_s: float | None) -> bool:
+        """Queue for a slot, at most ``timeout_s`` (None: until the caller is cancelled); True once
+        one is ours (``inflight`` counts it)."""
+        if timeout_s is not None and timeout_s <= 0:
             return False
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.waiters.append(waiter)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
+            if timeout_s is None:
+                await asyncio.shield(waiter)
+            else:
+                await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
             return True
         except TimeoutError:
             if waiter.done() and not waiter.cancelled():
@@ -115,7 +120,10 @@ class Server:
             pass
 
     def release(self) -> None:
-        """A request on this server ended: hand its slot to the first live waiter, or free it."""
+        """A request on this server was answered (or failed): hand its slot to the first live
+        waiter, or free it. Called through its ``Admitted`` once, by the upstream connection as
+        the answer arrives, not when the request's task next runs: on a busy loop that is later,
+        and the slot would count a request Triton has finished."""
         waiters = self.waiters
         while waiters:
             waiter = waiters.popleft()
@@ -123,6 +131,10 @@ class Server:
                 waiter.set_result(None)
                 return
         self.inflight -= 1
+
+    def admitted(self) -> Admitted:
+        """A slot taken on this server (``inflight`` counts it already), to be released once."""
+        return Admitted(self)
 
     # -- passive health ----------------------------------------------------------------------
     def transport_failed(self, error: str, eject_after: int) -> bool:
@@ -145,3 +157,20 @@ class Server:
         await self.control.aclose()
         await self.probe.aclose()
         await self.grpc.aclose()
+
+
+class Admitted:
+    """One request's admission slot on a server, released exactly once whoever gets there first:
+    the upstream connection when Triton's answer arrives (its response headers, a gRPC call's
+    end), or the request's own way out (a failure, a cancel) when no answer came."""
+
+    __slots__ = ("server",)
+
+    def __init__(self, server: Server | None) -> None:
+        self.server = server
+
+    def release(self) -> None:
+        server = self.server
+        if server is not None:
+            self.server = None
+            server.release()

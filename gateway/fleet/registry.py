@@ -14,7 +14,7 @@ from gateway.fleet.members import GrpcConnect, Server
 class Fleets:
     def __init__(self, specs: dict[str, FleetSpec], *, grpc_connect: GrpcConnect, pool_size: int = 128,
                  connect_timeout_s: float = 2.0, request_timeout_s: float = 60.0, max_inflight: int = 0,
-                 queue_timeout_s: float = 0.0, eject_after: int = 3, health_interval_s: float = 1.0,
+                 queue_timeout_s: float | None = None, eject_after: int = 3, health_interval_s: float = 1.0,
                  dns_refresh_s: float = 5.0, resolve: Resolver = resolve_ipv4,
                  http_tls: ssl.SSLContext | None = None, max_sequence_pins: int = 100_000,
                  max_sequence_pins_per_client: int = 1_000) -> None:

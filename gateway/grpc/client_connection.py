@@ -72,12 +72,19 @@ class StreamListener(Protocol):
     def on_drained(self) -> None: ...  # part or all of the call's send queue went out (see ``backlog``)
 
 
+class Slot(Protocol):
+    """An admission slot a unary call holds (``fleet.members.Admitted``): given back once."""
+
+    def release(self) -> None: ...
+
+
 class _Call(StreamState):
-    __slots__ = ("future", "headers", "trailers", "chunks", "listener", "deadline")
+    __slots__ = ("future", "headers", "trailers", "chunks", "listener", "deadline", "slot")
 
     def __init__(self, stream_id: int, window: int, future: asyncio.Future[Reply] | None,
                  listener: StreamListener | None = None) -> None:
         super().__init__(stream_id, window)
+        self.slot: Slot | None = None  # given back as the call ends here, before its caller runs again
         self.deadline = 0.0  # loop.time() after which the tick ends the call; 0.0: none
         self.future = future
         self.listener = listener
@@ -216,6 +223,10 @@ class Http2Connection(Endpoint):
     def _finish(self, call: _Call, reply: Reply) -> None:
         if self.streams.pop(call.id, None) is None:
             return
+        slot = call.slot
+        if slot is not None:  # answered (or failed): the slot is free now, not when the caller's task runs
+            call.slot = None
+            slot.release()
         self.drop_pending(call)
         if call.future is not None and not call.future.done():
             call.future.set_result(reply)
@@ -236,11 +247,13 @@ class Http2Connection(Endpoint):
         self.streams[stream_id] = call
         return call
 
-    def start(self, header_block: bytes, message: bytes, timeout: float | None = None) -> _Call:
+    def start(self, header_block: bytes, message: bytes, timeout: float | None = None,
+              slot: Slot | None = None) -> _Call:
         """A unary call: the request goes out now (as far as the windows allow); the tick ends it
-        a little after ``timeout`` if Triton has not answered by then."""
+        a little after ``timeout`` if Triton has not answered by then. ``slot``: released as it ends."""
         loop = asyncio.get_running_loop()
         call = self._new_call(loop.create_future(), None)
+        call.slot = slot
         if timeout is not None:
             call.deadline = loop.time() + timeout + _DEADLINE_GRACE_S
         self.send(call, grpc_frame(message), end=True, before=self.headers_frames(call.id, header_block))

@@ -12,13 +12,15 @@ fields). The fleet reads nothing of the message again.
 
 from __future__ import annotations
 
+import asyncio
+
 from gateway.errors import BadRequest, Overloaded, UpstreamUnavailable
 from gateway.fleet.balancer import Fleet
 from gateway.fleet.forward import TRITON_QUEUE_FULL
 from gateway.fleet.members import Server
 from gateway.grpc.client_connection import GOING_AWAY, LOST, NOT_CONNECTED
 from gateway.grpc.status import FAULTS, StatusCode
-from gateway.grpc.upstream import GrpcUpstream, Reply, StreamListener, UpstreamStream
+from gateway.grpc.upstream import GrpcUpstream, Reply, Slot, StreamListener, UpstreamStream
 from gateway.grpc.upstream import Metadata as GrpcMetadata
 from gateway.sequences import SequenceFields, checked_sequence_id
 from gateway.upstream import NotesServer
@@ -49,10 +51,11 @@ class FleetGrpc(GrpcUpstream):
 
     async def unary(self, path: str, message: bytes, metadata: GrpcMetadata = (),
                     timeout: float | None = None, *, model: str | bytes = "", version: str | bytes | None = None,
-                    sequence: SequenceFields | None = None, for_exchange: NotesServer | None = None) -> Reply:
+                    sequence: SequenceFields | None = None, for_exchange: NotesServer | None = None,
+                    slot: Slot | None = None) -> Reply:
         """``model``, ``version`` and ``sequence``: what the front read of the message (see the
         module's docstring); the message itself is not read here. ``for_exchange.server``: the
-        server it went to, the last one tried."""
+        server it went to, the last one tried. ``slot``: not for a fleet (it takes its servers' own)."""
         fleet = self.fleet
         single = fleet.single
         try:
@@ -67,7 +70,7 @@ class FleetGrpc(GrpcUpstream):
                 else:
                     server = fleet.pick(model, version)
             if server.limit and server.inflight >= server.limit:
-                server = await fleet.admit(server, model, version)
+                server, timeout = await self._admit(server, model, version, timeout)
             else:
                 server.inflight += 1
         except Overloaded as exc:
@@ -83,7 +86,7 @@ class FleetGrpc(GrpcUpstream):
             try:
                 other = fleet.pick(model, version, avoid=server)
                 if other.limit and other.inflight >= other.limit:
-                    other = await fleet.admit(other, model, version)
+                    other, timeout = await self._admit(other, model, version, timeout)
                 else:
                     other.inflight += 1
             except (UpstreamUnavailable, Overloaded):
@@ -93,13 +96,23 @@ class FleetGrpc(GrpcUpstream):
             reply = await self._call(other, path, message, metadata, timeout)
         return reply
 
+    async def _admit(self, server: Server, model: str | bytes, version: str | bytes | None,
+                     timeout: float | None) -> tuple[Server, float | None]:
+        """A slot, waited for in order; the server and what is left of the client's deadline. A
+        call whose client set a deadline waits until its front cuts it there (DEADLINE_EXCEEDED,
+        the client's own); one without waits at most ``request_timeout_s``, as its call would."""
+        if timeout is None:
+            return await self.fleet.admit(server, model, version, self.fleet.request_timeout_s), None
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        server = await self.fleet.admit(server, model, version, None)
+        return server, max(timeout - (loop.time() - started), 0.001)
+
     async def _call(self, server: Server, path: str, message: bytes, metadata: GrpcMetadata,
                     timeout: float | None) -> Reply:
         server.requests += 1
-        try:
-            reply = await server.grpc.unary(path, message, metadata, timeout)
-        finally:
-            server.release()
+        # the slot goes back as the call ends on the connection (or on the way out), not when this task runs again
+        reply = await server.grpc.unary(path, message, metadata, timeout, slot=server.admitted())
         code = reply[0]
         if code == UNAVAILABLE:
             if reply[1].startswith(_BROKEN):

@@ -34,13 +34,21 @@ import errno
 import ssl
 
 from gateway.errors import UpstreamUnavailable, os_reason
-from gateway.grpc.client_connection import GOING_AWAY, NOT_CONNECTED, Http2Connection, Reply, StreamListener, _Call
+from gateway.grpc.client_connection import (
+    GOING_AWAY,
+    NOT_CONNECTED,
+    Http2Connection,
+    Reply,
+    Slot,
+    StreamListener,
+    _Call,
+)
 from gateway.grpc.status import StatusCode
 from gateway.http2.hpack_codec import literal, literal_indexed_name
 from gateway.sequences import SequenceFields
 from gateway.upstream import NotesServer
 
-__all__ = ["GrpcUpstream", "Reply", "StreamListener", "UpstreamStream", "grpc_timeout"]
+__all__ = ["GrpcUpstream", "Reply", "Slot", "StreamListener", "UpstreamStream", "grpc_timeout"]
 _METADATA_CACHE_LIMIT = 1024
 _METADATA_CACHE_ENTRY = 1024  # larger metadata is encoded per call: the cache stays under ~2 MB
 _PREFIX_CACHE_LIMIT = 256  # distinct paths (clients choose them: pass-through methods)
@@ -110,10 +118,12 @@ class GrpcUpstream:
 
     async def unary(self, path: str, message: bytes, metadata: Metadata = (),
                     timeout: float | None = None, *, model: str | bytes = "", version: str | bytes | None = None,
-                    sequence: SequenceFields | None = None, for_exchange: NotesServer | None = None) -> Reply:
+                    sequence: SequenceFields | None = None, for_exchange: NotesServer | None = None,
+                    slot: Slot | None = None) -> Reply:
         """``model``, ``version``, ``sequence``: what the front read of the message, for a fleet's
         choice of server (``grpc.fleet_upstream``), noted on ``for_exchange``; one server has nothing
-        to choose."""
+        to choose. ``slot``: the admission slot the call holds on this server (a fleet's), given
+        back as the call ends on the connection, or on the way out."""
         # A deadline below the floor: Triton is told the floor, and this call is left to finish
         # there (its answer dropped) when its caller gives up, never reset, so no cancellation
         # of this client's making reaches Triton (see the module's docstring).
@@ -123,25 +133,30 @@ class GrpcUpstream:
         block = self.header_block(path, metadata, timeout)
         if timeout is None:
             timeout = self.request_timeout_s
-        for _attempt in range(2):  # once more if the connection went away before the call started
-            try:
-                connection = await self._ready()
-            except UpstreamUnavailable as exc:
-                return StatusCode.UNAVAILABLE, exc.message, b""
-            if connection.closing:
-                continue
-            call = connection.start(block, message, timeout)
-            assert call.future is not None
-            try:
-                reply = await call.future
-            except asyncio.CancelledError:
-                if not shielded:
-                    connection.cancel(call)
-                raise
-            if reply[0] == StatusCode.UNAVAILABLE and reply[1].startswith(GOING_AWAY):
-                continue  # never processed upstream (its id was above GOAWAY's last stream): safe to resend
-            return reply
-        return StatusCode.UNAVAILABLE, f"{GOING_AWAY}: it keeps closing the connection", b""
+        try:
+            for _attempt in range(2):  # once more if the connection went away before the call started
+                try:
+                    connection = await self._ready()
+                except UpstreamUnavailable as exc:
+                    return StatusCode.UNAVAILABLE, exc.message, b""
+                if connection.closing:
+                    continue
+                # (a resend after GOAWAY goes without the slot: the refused call gave it back)
+                call = connection.start(block, message, timeout, slot)
+                assert call.future is not None
+                try:
+                    reply = await call.future
+                except asyncio.CancelledError:
+                    if not shielded:
+                        connection.cancel(call)
+                    raise
+                if reply[0] == StatusCode.UNAVAILABLE and reply[1].startswith(GOING_AWAY):
+                    continue  # never processed upstream (its id was above GOAWAY's last stream): safe to resend
+                return reply
+            return StatusCode.UNAVAILABLE, f"{GOING_AWAY}: it keeps closing the connection", b""
+        finally:
+            if slot is not None:
+                slot.release()  # nothing if the call's end gave it back already
 
     async def open(self, path: str, listener: StreamListener, metadata: Metadata = (),
                    timeout: float | None = None) -> UpstreamStream:

@@ -213,7 +213,7 @@ class WorkerGateway(Gateway):
         await self.fleets.start()
         for fleet in self.fleets:  # each worker's share of every server's slots (servers built before too)
             for server in fleet.servers.values():
-                server.limit = server.queue_limit = fleet.max_inflight
+                server.limit = fleet.max_inflight
         if self.access_log is not None:
             self.access_log.start()
         self.shadow.start()

@@ -129,16 +129,16 @@ def test_wire_keys_and_names_reach_the_same_servers() -> None:
 
 async def test_admission_queues_then_refuses() -> None:
     fleet, (server,) = fleet_of(1, max_inflight=2, queue_timeout_s=0.2)
-    assert await fleet.admit(server, "qc", "1") is server
-    assert await fleet.admit(server, "qc", "1") is server
+    assert await fleet.admit(server, "qc", "1", 60.0) is server
+    assert await fleet.admit(server, "qc", "1", 60.0) is server
     assert server.inflight == 2
-    waiting = asyncio.ensure_future(fleet.admit(server, "qc", "1"))
+    waiting = asyncio.ensure_future(fleet.admit(server, "qc", "1", 60.0))
     await asyncio.sleep(0.01)
     assert not waiting.done() and len(server.waiters) == 1
     server.release()  # the slot passes to the waiter: in flight stays at the limit
     assert await waiting is server and server.inflight == 2
-    with pytest.raises(Overloaded, match="limit of 2"):
-        await fleet.admit(server, "qc", "1")  # nobody releases: refused after the queue wait
+    with pytest.raises(Overloaded, match="limit of 2 .* queue wait"):
+        await fleet.admit(server, "qc", "1", 60.0)  # nobody releases: refused after the queue wait (shedding)
     assert server.refused == 1 and server.inflight == 2 and not [w for w in server.waiters if not w.done()]
     server.release()
     server.release()
@@ -147,25 +147,54 @@ async def test_admission_queues_then_refuses() -> None:
 
 async def test_admission_without_a_queue_refuses_at_once_and_prefers_a_server_with_room() -> None:
     fleet, servers = fleet_of(2, max_inflight=1, queue_timeout_s=0.0)
-    first = await fleet.admit(servers[0], "qc", "1")
-    second = await fleet.admit(servers[0], "qc", "1")
+    first = await fleet.admit(servers[0], "qc", "1", 60.0)
+    second = await fleet.admit(servers[0], "qc", "1", 60.0)
     assert {first, second} == set(servers)
     with pytest.raises(Overloaded):
-        await fleet.admit(servers[0], "qc", "1")
+        await fleet.admit(servers[0], "qc", "1", 60.0)
 
 
 async def test_a_queued_caller_that_goes_away_passes_its_slot_on() -> None:
     fleet, (server,) = fleet_of(1, max_inflight=1, queue_timeout_s=5.0)
-    server.queue_limit = 2
-    await fleet.admit(server, "qc", "1")
-    gone = asyncio.ensure_future(fleet.admit(server, "qc", "1"))
-    staying = asyncio.ensure_future(fleet.admit(server, "qc", "1"))
+    await fleet.admit(server, "qc", "1", 60.0)
+    gone = asyncio.ensure_future(fleet.admit(server, "qc", "1", 60.0))
+    staying = asyncio.ensure_future(fleet.admit(server, "qc", "1", None))
     await asyncio.sleep(0.01)
     gone.cancel()
     await asyncio.sleep(0.01)
     assert len(server.waiters) == 1, "a caller that left leaves the queue"
     server.release()
     assert await staying is server and server.inflight == 1
+
+
+async def test_without_shedding_the_queue_holds_every_client_and_serves_them_in_order() -> None:
+    """The default (no queue_timeout_ms): the queue is as long as the clients make it, not
+    max_inflight; each waits until a slot frees or its own deadline, first come first served."""
+    fleet, (server,) = fleet_of(1, max_inflight=1)
+    await fleet.admit(server, "qc", "1", 60.0)
+    waiting = [asyncio.ensure_future(fleet.admit(server, "qc", "1", 60.0)) for _ in range(50)]
+    await asyncio.sleep(0.01)
+    assert len(server.waiters) == 50 and not any(w.done() for w in waiting), "50 waiting behind a limit of 1"
+    for served in range(50):
+        server.release()
+        assert await asyncio.wait_for(waiting[served], 1) is server
+        assert not any(w.done() for w in waiting[served + 1:]), "in order"
+    assert server.inflight == 1 and server.refused == 0
+    expiring = asyncio.ensure_future(fleet.admit(server, "qc", "1", 0.05))
+    with pytest.raises(Overloaded, match="deadline ran out"):
+        await expiring  # its own deadline, not a queue bound, ends its wait
+    assert server.refused == 1 and not server.waiters
+
+
+def test_a_slot_is_released_once_whoever_releases_it() -> None:
+    """The upstream connection gives a slot back as the answer arrives; the request's own way out
+    releases it again: only the first counts."""
+    fleet, (server,) = fleet_of(1, max_inflight=4)
+    server.inflight = 2
+    slot = server.admitted()
+    slot.release()
+    slot.release()
+    assert server.inflight == 1
 
 
 def test_a_sequence_stays_on_its_server_until_it_ends() -> None:

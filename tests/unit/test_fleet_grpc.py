@@ -38,8 +38,10 @@ class RecordingConnection:
         self.calls: list[bytes] = []
 
     async def unary(self, path: str, message: bytes, metadata: Any = (),
-                    timeout: float | None = None) -> tuple[int, str, bytes]:
+                    timeout: float | None = None, *, slot: Any = None) -> tuple[int, str, bytes]:
         self.calls.append(message)
+        if slot is not None:
+            slot.release()  # answered: as the real connection does when the call ends
         return StatusCode.OK, "", b"answer"
 
     async def open(self, path: str, listener: Any, metadata: Any = (), timeout: float | None = None) -> Any:
