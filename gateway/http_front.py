@@ -31,9 +31,11 @@ then what the client still sends is read and dropped for ``linger_s`` (at most
 64 MiB or ``max_body_bytes`` of it), so clients that send the whole body before reading (Python's
 http.client, requests, tritonclient.http) read the answer instead of a connection reset.
 
-The timers cost nothing in the common case: a request that arrives whole in one read never
-arms one (only the first request of a connection finds the timer of its start, and cancels it).
-The head bounds cost a comparison per read and per header line.
+No connection has a timer of its own for these bounds (nor for keep-alive, which uvicorn arms
+per answer): the loop's one sweep (``gateway.sweep``) visits a connection when its earliest
+bound may fall due, and a request only stamps the sweep's coarse clock on the connection. An
+idle keep-alive connection costs one visit per ``keep_alive_timeout_s``. The head bounds cost a
+comparison per read and per header line.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from gateway.drain import DRAIN_GRACE_S, grace
 from gateway.http_output import CoalescingTransport, GatewayCycle, error_response
 from gateway.proxy.http import CONNECTION_KEY
 from gateway.settings import Settings
+from gateway.sweep import Sweep
 
 _IDLE, _HEADERS, _BODY = 0, 1, 2  # what the connection waits for from the client
 # how a connection ends: normally; refused at a connection cap; no more requests read (a parse
@@ -80,6 +83,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     # the bounds: protocol_for(settings) sets them
     header_timeout_s: ClassVar[float] = 10.0
     body_idle_timeout_s: ClassVar[float] = 10.0
+    header_ticks: ClassVar[int] = Sweep.ticks(10.0)  # the bounds in the sweep's ticks
+    body_ticks: ClassVar[int] = Sweep.ticks(10.0)
+    keep_alive_ticks: ClassVar[int] = Sweep.ticks(5.0)
     max_connections: ClassVar[int] = 4096
     max_per_client: ClassVar[int] = 256
     max_url_bytes: ClassVar[int] = 4000
@@ -90,8 +96,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     drain_grace_s: ClassVar[float] = DRAIN_GRACE_S
     per_client: ClassVar[PerAddress] = PerAddress()  # open connections per client address (one per gateway)
     _phase = _IDLE
-    _timer_phase = _IDLE
-    _timer: asyncio.TimerHandle | None = None
+    _timer: asyncio.TimerHandle | None = None  # a refusal's answer, a lingering close's end
+    sweep_due = 0  # the sweep's tick this connection is filed under (gateway.sweep)
+    _since = 0  # the tick the current wait began: the connection or a request's head, or keep-alive idle
+    _seen = 0  # the tick bytes last came in
     _ending = _OPEN
     _address: str | None = None  # counted in per_client under this address
     _head_bytes = 0  # raw bytes of the head being read (from the end of the previous one)
@@ -109,6 +117,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         # Transfer-Encoding with Content-Length: read by the Transfer-Encoding (RFC 9112 6.3);
         # llhttp's default refuses it, while Triton serves it (NVIDIA's own HTTP QA sends it)
         self.parser.set_dangerous_leniencies(lenient_chunked_length=True)
+        self._sweep = Sweep.of(self.loop)
         self._raw = transport
         self._out = CoalescingTransport(transport, self.loop, self.closing)
         super().connection_made(self._out)
@@ -128,7 +137,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             return
         self._address = address
         self._phase = _HEADERS
-        self._watch()
+        self._since = self._seen = self._sweep.tick
+        self._sweep.at(self, self.header_ticks)
 
     def _refuse_later(self, reason: str) -> None:
         """Answered once its request arrives (or within a second): a client that gets its answer
@@ -146,8 +156,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 if self._lingered > self.linger_bytes:
                     self._raw.close()
             return
-        if self.timeout_keep_alive_task is not None:
-            self._unset_keepalive_if_required()
+        self._seen = self._sweep.tick
         if self._phase != _BODY:  # a head: never fed to the parser past its bounds
             room = self.max_url_bytes + self.max_header_bytes + _HEAD_SLACK - self._head_bytes
             if len(data) > room:
@@ -155,8 +164,6 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 return
             self._head_bytes += len(data)
         self._feed(data)
-        if self._phase != self._timer_phase or self._phase == _BODY:
-            self._watch()
 
     def _feed(self, data: bytes) -> None:
         try:
@@ -201,6 +208,11 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     # -- parser callbacks -----------------------------------------------------------------------
     def on_message_begin(self) -> None:
+        if self._phase == _IDLE:  # a request after another: its head is due within header_timeout_s of its first byte
+            sweep = self._sweep
+            self._since = sweep.tick  # (a connection's first is due within it of the connection's start)
+            if self.sweep_due - sweep.tick > self.header_ticks:  # filed for a later bound (keep-alive): sooner
+                sweep.at(self, self.header_ticks)
         self._phase = _HEADERS
         self._header_bytes = self._header_count = 0
         self._forwarded = False
@@ -239,6 +251,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._phase = _BODY
         self._head_bytes = 0
+        if self.sweep_due - self._sweep.tick > self.body_ticks:
+            self._sweep.at(self, self.body_ticks)
         parser = self.parser
         upgrade = parser.should_upgrade()
         if upgrade and _has_body(self.headers):
@@ -300,6 +314,21 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if not self._ending:
             super().on_message_complete()
 
+    def on_response_complete(self) -> None:
+        """uvicorn's, but keep-alive is a bound the sweep checks: no timer armed per answer."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        sweep = self._sweep
+        self._since = sweep.tick  # idle from now: closed after keep_alive_timeout_s without a request
+        if self.sweep_due - sweep.tick > self.keep_alive_ticks:
+            sweep.at(self, self.keep_alive_ticks)
+
     def _unsupported_upgrade_warning(self) -> None:
         """uvicorn logs two warnings per such request, inline: a client could flood the log. The
         Upgrade header is simply not honoured (nor forwarded)."""
@@ -307,6 +336,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     # -- the end of a connection ----------------------------------------------------------------
     def connection_lost(self, exc: Exception | None) -> None:
         callback, self.on_lost = self.on_lost, None
+        if self.sweep_due:
+            self._sweep.cancel(self)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -342,33 +373,42 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         else:
             self._raw.close()
 
-    def _watch(self) -> None:
-        """(Re)arm the timer for what we wait for: a deadline for headers, an idle bound for a body."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        phase = self._timer_phase = self._phase
-        if phase == _HEADERS:
-            self._timer = self.loop.call_later(self.header_timeout_s, self._expired)
-        elif phase == _BODY:
-            self._timer = self.loop.call_later(self.body_idle_timeout_s, self._expired)
-
-    def _expired(self) -> None:
-        self._timer = None
-        cycle = self.cycle
+    def swept(self) -> None:
+        """The sweep's visit (``gateway.sweep``): the bound of what the connection waits for,
+        against the coarse clock; filed again for it when it is still ahead."""
+        if self._ending or self._raw.is_closing():
+            return
+        sweep, phase, cycle = self._sweep, self._phase, self.cycle
+        now = sweep.tick
         if self.flow.read_paused:  # we stopped reading (the application is busy, pipelining): not the client
-            self._timer = self.loop.call_later(self.body_idle_timeout_s, self._expired)
+            sweep.at(self, self.body_ticks)
             return
-        if self._phase == _BODY:
-            if cycle is not None and not cycle.response_started:
-                self._answer_and_close(error_response(b"408 Request Timeout", (
-                    f"request body stalled: no data for {self.body_idle_timeout_s:g}s (body_idle_timeout_s)")))
+        if phase == _BODY:
+            due = self._seen + self.body_ticks
+            if now >= due:
+                if cycle is not None and not cycle.response_started:
+                    self._answer_and_close(error_response(b"408 Request Timeout", (
+                        f"request body stalled: no data for {self.body_idle_timeout_s:g}s (body_idle_timeout_s)")))
+                else:
+                    self._raw.close()
                 return
-        elif self._phase == _HEADERS and (cycle is None or cycle.response_complete):
-            self._answer_and_close(error_response(b"408 Request Timeout", (
-                f"request headers not received within {self.header_timeout_s:g}s (header_timeout_s)")))
-            return
-        self._raw.close()
+        elif phase == _HEADERS:
+            due = self._since + self.header_ticks
+            if now >= due:
+                if cycle is None or cycle.response_complete:
+                    self._answer_and_close(error_response(b"408 Request Timeout", (
+                        f"request headers not received within {self.header_timeout_s:g}s (header_timeout_s)")))
+                else:
+                    self._raw.close()
+                return
+        elif cycle is not None and not cycle.response_complete:  # answering: not idle, looked at again later
+            due = now + self.keep_alive_ticks
+        else:  # kept alive between requests
+            due = self._since + self.keep_alive_ticks
+            if now >= due:
+                self.transport.close()
+                return
+        sweep.at(self, due - now)
 
     def _refuse(self) -> None:
         if self._timer is not None:
@@ -413,6 +453,9 @@ def protocol_for(settings: Settings) -> type[GatewayHttpProtocol]:
     class BoundedHttpProtocol(GatewayHttpProtocol):
         header_timeout_s = settings.header_timeout_s
         body_idle_timeout_s = settings.body_idle_timeout_s
+        header_ticks = Sweep.ticks(settings.header_timeout_s)
+        body_ticks = Sweep.ticks(settings.body_idle_timeout_s)
+        keep_alive_ticks = Sweep.ticks(settings.keep_alive_timeout_s)
         max_connections = settings.max_client_connections
         max_per_client = settings.max_connections_per_client
         max_url_bytes = settings.max_url_bytes

@@ -156,6 +156,9 @@ class Endpoint(asyncio.Protocol):
     def _yield_reading(self) -> None:
         """``frames_per_slice`` frames were read in one go: the rest wait for the next slice."""
 
+    def _block_begun(self) -> None:
+        """A header block goes on in CONTINUATION frames (the server bounds how long it may take)."""
+
     # -- frames in ------------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
         buffer = self._buffer
@@ -305,6 +308,7 @@ class Endpoint(asyncio.Protocol):
             if not payload:
                 self._count_empty()
             self._continuation = (stream_id, flags, bytearray(payload))
+            self._block_begun()
 
     def _header_block(self, stream_id: int, end_stream: bool, block: bytes) -> None:
         try:

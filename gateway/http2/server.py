@@ -54,9 +54,9 @@ from gateway.http2.endpoint import (
 )
 from gateway.http2.hpack_codec import HeaderListTooLarge
 from gateway.http2.server_stream import Limits, ServerStream, StreamHandler, read_request
+from gateway.sweep import TICKS_PER_S, Sweep
 
 _RESET_MEMORY = 64  # streams we reset whose late frames are ignored
-_TICK = 1.0  # seconds between the checks of timeouts and flood counters (one timer per connection)
 # After a connection error the socket stays half-open this long, reading and dropping, so the
 # GOAWAY is read before the close (Go's x/net/http2 server waits 1 s too, see _linger).
 _LINGER_S = 1.0
@@ -95,13 +95,18 @@ class Http2ServerConnection(Endpoint):
         self._reserved = 0  # admitted reservations (see Limits)
         self._reserve_limit = limits.max_message + 5
         self._waiting: list[ServerStream] = []  # reservations not admitted yet, oldest first
-        self._calm_pings = max(1, int(limits.pings_per_s * _TICK))
-        self._calm_settings = max(1, int(limits.settings_per_s * _TICK))
-        self._calm_empty = max(1, int(limits.empty_frames_per_s * _TICK))
-        self._calm_resets = max(1, int(limits.resets_per_s * _TICK))
-        self._active = False  # bytes arrived since the last tick
-        self._ticks = self._idle_ticks = self._block_ticks = 0
-        self._timer: asyncio.TimerHandle | None = None
+        self._calm_pings = max(1, limits.pings_per_s)  # per second: the counters' window (see data_received)
+        self._calm_settings = max(1, limits.settings_per_s)
+        self._calm_empty = max(1, limits.empty_frames_per_s)
+        self._calm_resets = max(1, limits.resets_per_s)
+        # Time bounds: the loop's one sweep visits this connection when the earliest may fall due
+        # (gateway.sweep); bytes in stamp the coarse clock, no timer of its own.
+        self._sweep = Sweep.of(asyncio.get_running_loop())
+        self.sweep_due = 0
+        self._born = self._seen = self._sweep.tick  # connected; the last bytes in
+        self._block_started = 0  # when the header block being continued began
+        self._window = self._born // TICKS_PER_S  # the second the flood counters count in
+        self._timer: asyncio.TimerHandle | None = None  # a refusal's answer, a lingering close's end
         self._reset_ids: dict[int, None] = {}
         self._write_paused = False
         self._refused = ""  # why this connection is one too many (a cap's reason): see _refuse
@@ -128,7 +133,7 @@ class Http2ServerConnection(Endpoint):
             return
         self._address = address
         self.connections.add(self)
-        self._timer = loop.call_later(_TICK, self._tick)
+        self._sweep.at(self, Sweep.ticks(limits.preface_timeout))
 
     def _refuse(self, stream_id: int = 0) -> None:
         """One connection too many. Its first request is answered with the reason
@@ -158,6 +163,7 @@ class Http2ServerConnection(Endpoint):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing, self.reading = True, False
+        self._sweep.cancel(self)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -203,34 +209,47 @@ class Http2ServerConnection(Endpoint):
     def data_received(self, data: bytes) -> None:
         if self.write_closed:
             return  # lingering after a connection error: what the client still sends is dropped
-        self._active = True
+        tick = self._seen = self._sweep.tick
+        if tick // TICKS_PER_S != self._window:  # a new second: the flood counters start again
+            self._window = tick // TICKS_PER_S
+            self._pings = self._settings_frames = self._empty_frames = self._resets = 0
         super().data_received(data)
 
-    def _tick(self) -> None:
-        self._timer = None
-        if self.transport is None or self.transport.is_closing():
+    def _block_begun(self) -> None:
+        """A header block left open: its own bound, from now."""
+        self._block_started = self._sweep.tick
+        self._sweep.at(self, Sweep.ticks(self.limits.header_timeout))
+
+    def swept(self) -> None:
+        """The sweep's visit (``gateway.sweep``): the preface, an unfinished header block and
+        idleness are checked against the coarse clock; the connection is filed again for the
+        earliest bound still ahead."""
+        if self.transport is None or self.transport.is_closing() or self.write_closed:
             return
-        limits = self.limits
-        self._ticks += 1
-        self._pings = self._settings_frames = self._empty_frames = self._resets = 0
-        if not self._preface_seen and self._ticks * _TICK >= limits.preface_timeout:
-            self.transport.close()  # not an HTTP/2 client, or a slow one holding a socket
+        limits, now = self.limits, self._sweep.tick
+        if not self._preface_seen:
+            due = self._born + Sweep.ticks(limits.preface_timeout)
+            if now >= due:
+                self.transport.close()  # not an HTTP/2 client, or a slow one holding a socket
+                return
+            self._sweep.at(self, due - now)
             return
-        if self._continuation is None:
-            self._block_ticks = 0
-        else:
-            self._block_ticks += 1
-            if self._block_ticks * _TICK >= limits.header_timeout:
+        if self._continuation is not None:
+            block_due = self._block_started + Sweep.ticks(limits.header_timeout)
+            if now >= block_due:
                 self._connection_error(PROTOCOL_ERROR, f"a header block unfinished after {limits.header_timeout:g} s")
                 return
-        if self._active or self.streams:
-            self._active, self._idle_ticks = False, 0
         else:
-            self._idle_ticks += 1
-            if self._idle_ticks * _TICK >= limits.idle_timeout:
+            block_due = 0
+        idle_ticks = Sweep.ticks(limits.idle_timeout)
+        if self.streams:  # not idle while a call is open: looked at again an idle bound from now
+            idle_due = now + idle_ticks
+        else:
+            idle_due = self._seen + idle_ticks
+            if now >= idle_due:
                 self.goaway(NO_ERROR, "idle")
                 return
-        self._timer = asyncio.get_running_loop().call_later(_TICK, self._tick)
+        self._sweep.at(self, (min(idle_due, block_due) if block_due else idle_due) - now)
 
     # -- frames in ------------------------------------------------------------------------------
     def _on_headers(self, stream_id: int, headers: Headers, end_stream: bool) -> None:

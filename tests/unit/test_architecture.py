@@ -38,7 +38,7 @@ TRANSPORT = ("gateway.proxy", "gateway.grpc", "gateway.pipeline", "gateway.upstr
 FRONTS = ("gateway.proxy", "gateway.grpc", "gateway.http_front", "gateway.http_output", "gateway.asgi",
           "gateway.server")
 # Used by both ports (the HTTP front, HTTP/2 under gRPC) and so below both.
-SHARED = ("gateway.batched_transport", "gateway.byte_budget")
+SHARED = ("gateway.batched_transport", "gateway.byte_budget", "gateway.sweep")
 # (who, may not import, why)
 RULES = [
     (DATA_PLANE, CONTROL_PLANE, "the data plane meets the control plane only at the policy book and the recorder"),
