@@ -8,10 +8,14 @@ then the application stops."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
+import signal
 import socket
 import ssl
+import sys
+from collections.abc import Generator
 
 import uvicorn
 
@@ -19,6 +23,7 @@ from gateway.app import Gateway
 from gateway.drain import accept_queued, serve_accepted
 from gateway.http_front import protocol_for
 from gateway.http_output import GatewayCycle
+from gateway.listen import PortTaken, bind
 from gateway.settings import Settings
 
 log = logging.getLogger("gateway.server")
@@ -54,6 +59,17 @@ class GatewayServer(uvicorn.Server):
         super().__init__(config)
         self.gateway = gateway
 
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        """uvicorn's, except that a SIGTERM drained cleanly ends the process with 0: uvicorn raises
+        the signal again once it has stopped, so a wrapper script read -15, a death by the signal,
+        after a clean drain. SIGINT is raised again as before (a shell's 130)."""
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         """uvicorn's, except for the connections that reached the port just before: those the
         kernel queued are accepted and served, not reset by the close (``gateway.drain``), and
@@ -88,9 +104,33 @@ class GatewayServer(uvicorn.Server):
             await self.lifespan.shutdown()
 
 
+def bind_ports(settings: Settings) -> tuple[socket.socket, socket.socket | None]:
+    """Both ports bound before anything starts, so a taken one is one line naming it and its
+    setting: the gRPC port's bind failed inside the application's startup (a 60-line traceback,
+    and the process then hung) and the HTTP port's among uvicorn's log lines, after startup."""
+    http = bind(settings.host, settings.port, "port")
+    if not settings.grpc_enabled:
+        return http, None
+    try:
+        grpc = bind(settings.host, settings.grpc_port, "grpc_port")
+    except PortTaken:
+        http.close()
+        raise
+    if settings.grpc_server == "grpcio":  # grpcio binds its own: the check is all this can do
+        grpc.close()
+        return http, None
+    return http, grpc
+
+
 def run(settings: Settings) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        http, grpc = bind_ports(settings)
+    except PortTaken as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 1
     gateway = Gateway(settings)
+    gateway.grpc_socket = grpc
     server = GatewayServer(uvicorn_config(settings, gateway), gateway)
-    server.run()
+    server.run(sockets=[http])
     return 0 if server.started else 1

@@ -30,6 +30,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -45,6 +46,7 @@ from fastapi import Depends, Request, Response
 from gateway.admin.deps import actor
 from gateway.app import Gateway
 from gateway.devtools.local_triton import free_port
+from gateway.listen import PortTaken, bind
 from gateway.services.config_intent import apply_declared
 from gateway.settings import Settings, SettingsError
 from gateway.workers.channel import Channel, ChannelClosed
@@ -52,7 +54,7 @@ from gateway.workers.collector import WorkersCollector
 from gateway.workers.deltas import Delta, MergedRecorder
 from gateway.workers.fleet_counts import FleetSums
 from gateway.workers.pins import VERSION_TABLE, PinService
-from gateway.workers.worker import SharedListeners, listener, worker_main
+from gateway.workers.worker import SharedListeners, worker_main
 
 log = logging.getLogger("gateway.workers")
 START_GRACE_S = 60.0  # a new worker may take this long (plus worker_stall_s) to report first
@@ -133,8 +135,8 @@ class Supervisor:
         ``worker_listeners: shared``): the kernel hands each connection to whichever worker
         accepts first. Bound here, listening once the first worker serves."""
         grpc = settings.grpc_enabled and settings.grpc_server == "lean"  # grpcio binds its own (SO_REUSEPORT)
-        return SharedListeners(listener(settings.host, settings.port, reuse_port),
-                               listener(settings.host, settings.grpc_port, reuse_port) if grpc else None)
+        return SharedListeners(bind(settings.host, settings.port, "port", reuse_port),
+                               bind(settings.host, settings.grpc_port, "grpc_port", reuse_port) if grpc else None)
 
     def _bind_slots(self, settings: Settings) -> list[SharedListeners]:
         """``SO_REUSEPORT``: each slot's sockets. The kernel spreads connections over the slots;
@@ -434,5 +436,9 @@ def run_supervised(settings: Settings, config_file: str | Path | None = None,
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import uvloop
 
-    supervisor = Supervisor(settings, str(config_file) if config_file else None, overrides)
+    try:
+        supervisor = Supervisor(settings, str(config_file) if config_file else None, overrides)
+    except PortTaken as exc:  # one line, as with one process
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 1
     return uvloop.run(supervisor.run())

@@ -94,7 +94,7 @@ def test_sigterm_closes_both_ports_and_gives_requests_in_flight_drain_timeout_s(
     assert results["http 8 s"] != "200" and results["grpc 8 s"] != StatusCode.OK, results  # cut at the bound
     # the bound, then the application's stop: well before the 8 s calls (7 s from the signal) would end
     assert drain <= stopped_after < drain + 3.5, (stopped_after, results)
-    assert gw.process.returncode in (0, -signal.SIGTERM)  # uvicorn raises the signal again once it has stopped
+    assert gw.process.returncode == 0, "a clean drain is a clean exit (it was -15: uvicorn raised the signal again)"
 
 
 def test_a_request_cut_by_drain_timeout_s_is_answered_503_in_tritons_error_shape(
