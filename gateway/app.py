@@ -133,7 +133,8 @@ class Gateway(Dispatch):
                                   {name: token.get_secret_value() for name, token in settings.viewer_tokens.items()})
         self.gate = control_gate(ControlMode(settings.triton_control), self.auth, self.policies)
         self.proxy = HttpProxy(self.pipeline, self.upstream, self.gate,
-                               BodyReader(settings.max_body_bytes, budget=self.budget),
+                               BodyReader(settings.max_body_bytes, budget=self.budget,
+                                          max_inflation_ratio=settings.max_inflation_ratio),
                                named_http)
         self.timeline = Timeline(self.store, self.source)  # the console's rollout history (bounded)
         self.control = self._control_app()
@@ -279,6 +280,7 @@ def grpc_limits(settings: Settings) -> Limits:
                   stream_window=settings.grpc_stream_window_bytes,
                   connection_window=settings.grpc_connection_window_bytes,
                   max_header_list=settings.grpc_max_header_list_bytes, max_message=settings.grpc_max_message_bytes,
+                  max_inflation_ratio=settings.max_inflation_ratio,
                   preface_timeout=settings.grpc_preface_timeout_s, header_timeout=settings.grpc_header_timeout_s,
                   idle_timeout=settings.grpc_idle_timeout_s, max_connections=settings.grpc_max_connections,
                   max_connections_per_client=settings.max_connections_per_client)

@@ -14,6 +14,18 @@ from contextlib import contextmanager
 
 from gateway.errors import GatewayBusy
 
+# Below this a compressed body inflates without its ratio being looked at: small JSON bodies of
+# zeros compress past 100:1 (1,000 zeros: 5 KB to 40 bytes), and what they hold is small.
+INFLATION_FLOOR = 64 << 10
+
+
+def inflation_limit(compressed: int, largest: int, ratio: int) -> int:
+    """The most a body of ``compressed`` bytes may inflate to: ``ratio`` times its size (at least
+    :data:`INFLATION_FLOOR`), never past ``largest`` (``max_body_bytes``, ``grpc_max_message_bytes``).
+    The size bound alone let a 199 KiB gzip body hold 64 MiB, and two of them a second kept half the
+    budget full for everyone; with a ratio, what a bomb holds is paid for by the bytes it sends."""
+    return min(largest, max(INFLATION_FLOOR, compressed * ratio))
+
 
 class ByteBudget:
     """The bytes the gateway holds for requests, on both ports, against one ``limit``.

@@ -72,6 +72,10 @@ class Settings(BaseSettings):
     max_buffered_body_bytes: int = Field(256 << 20, ge=1024, description="bytes held for requests at once, all "
                                          "clients and both ports together: bodies, gRPC messages, what they inflate "
                                          "to, shadow copies (503 with Retry-After, gRPC UNAVAILABLE, above)")
+    max_inflation_ratio: int = Field(100, ge=1, le=1_000_000, description="a compressed request body or gRPC "
+                                     "message may inflate to at most this many times its size (64 KiB always), "
+                                     "besides max_body_bytes / grpc_max_message_bytes: 413 / RESOURCE_EXHAUSTED "
+                                     "above, so what a gzip bomb holds is paid for by the bytes it sends")
     max_url_bytes: int = Field(4000, ge=256, le=1 << 20, description="HTTP port: longest URL of a request line; "
                                "414 JSON above, before more of it is read. A URL Triton 2.51 cannot read whole (over "
                                "4,048 bytes as forwarded) is answered 414 whatever this allows")

@@ -16,7 +16,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from gateway.byte_budget import ByteBudget
+from gateway.byte_budget import ByteBudget, inflation_limit
 from gateway.client_address import PerAddress
 from gateway.grpc.status import StatusCode
 from gateway.grpc.wire import MessageTooLarge, grpc_frame, split_messages, status_block
@@ -161,7 +161,7 @@ class GrpcServerConnection(Http2ServerConnection):
             self.finish(call, StatusCode.UNIMPLEMENTED,
                         f"compression {call.compression[:40].decode(errors='replace')!r} is not supported")
             return None
-        limit = self.limits.max_message
+        limit = inflation_limit(len(message), self.limits.max_message, self.limits.max_inflation_ratio)
         first = min(_INFLATE_SLICE, limit + 1)  # a limit below one slice is the bound of the first one too
         try:
             inflated = inflater.decompress(message, first)
@@ -169,38 +169,41 @@ class GrpcServerConnection(Http2ServerConnection):
             self.finish(call, StatusCode.INTERNAL, f"cannot decompress the request message: {exc}")
             return None
         if len(inflated) > limit:
-            self.finish(call, StatusCode.RESOURCE_EXHAUSTED, f"the request message inflates above {limit} bytes")
+            self.finish(call, StatusCode.RESOURCE_EXHAUSTED, self._inflates_above(limit, len(message)))
             return None
         if inflater.eof or len(inflated) < first and not inflater.unconsumed_tail:
             return inflated
         call.inflating = True
-        task = asyncio.get_running_loop().create_task(self._inflate(call, inflater, bytearray(inflated)))
+        task = asyncio.get_running_loop().create_task(self._inflate(call, inflater, bytearray(inflated), limit,
+                                                                    len(message)))
         self._inflations.add(task)  # the loop keeps only a weak reference
         task.add_done_callback(self._inflations.discard)
         return None
 
-    async def _inflate(self, call: ServerStream, inflater: Any, inflated: bytearray) -> None:
+    async def _inflate(self, call: ServerStream, inflater: Any, inflated: bytearray, limit: int,
+                       compressed: int) -> None:
         """The rest of a large message, a slice per loop turn; what it inflates to is charged to the
         budget as it grows (RSS follows the budget, not the number of streams inflating at once)."""
-        limit, budget = self.limits.max_message, self.budget
+        budget = self.budget
         charged = 0
         try:
             while len(inflated) <= limit:
-                if not budget.try_take(len(inflated) + _INFLATE_SLICE - charged):
+                grown = min(len(inflated) + _INFLATE_SLICE, limit + 1)  # what the next slice may grow it to
+                if not budget.try_take(grown - charged):
                     self._over_budget(call)
                     return
-                charged = len(inflated) + _INFLATE_SLICE  # what the next slice may grow it to
+                charged = grown
                 await asyncio.sleep(0)
                 if call.finished:
                     return
-                piece = inflater.decompress(inflater.unconsumed_tail, _INFLATE_SLICE)
+                piece = inflater.decompress(inflater.unconsumed_tail, grown - len(inflated))
                 inflated += piece
                 if inflater.eof or not piece and not inflater.unconsumed_tail:
                     break
             if call.finished:
                 return
             if len(inflated) > limit:
-                self.finish(call, StatusCode.RESOURCE_EXHAUSTED, f"the request message inflates above {limit} bytes")
+                self.finish(call, StatusCode.RESOURCE_EXHAUSTED, self._inflates_above(limit, compressed))
                 return
             call.inflating = False
             assert call.handler is not None
@@ -217,6 +220,12 @@ class GrpcServerConnection(Http2ServerConnection):
             if not call.remote_closed and not call.finished and not call.held \
                     and (call.admitted or not call.reserved):
                 self._stream_credit(call, 1)
+
+    def _inflates_above(self, limit: int, compressed: int) -> str:
+        if limit < self.limits.max_message:
+            return (f"the request message inflates above {limit} bytes ({self.limits.max_inflation_ratio} times its "
+                    f"{compressed} bytes: max_inflation_ratio)")
+        return f"the request message inflates above {limit} bytes"
 
     def reply(self, stream: ServerStream, message: bytes, metadata: bytes = b"") -> None:
         """A whole unary answer: headers, the message and an OK status, in one write."""

@@ -41,6 +41,7 @@ class Limits:
     max_frame: int = 1 << 20
     max_header_list: int = 16 << 10
     max_message: int = 64 << 20
+    max_inflation_ratio: int = 100  # a compressed message inflates to at most this many times its size
     write_high_water: int = 1 << 20  # unread answers past this pause reading from the client
     preface_timeout: float = 10.0
     header_timeout: float = 10.0

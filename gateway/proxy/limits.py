@@ -16,7 +16,8 @@
   somebody thought of.
 - **Bounded decompression.** Wherever the gateway itself decompresses a body (sequence
   affinity reads the JSON header; shadow comparison reads outputs), it inflates at most
-  ``max_body_bytes``, or only the prefix it needs, always with an explicit bound (zlib reads a
+  ``max_body_bytes`` and at most ``max_inflation_ratio`` times the body's size
+  (``byte_budget.inflation_limit``), or only the prefix it needs, always with an explicit bound (zlib reads a
   bound of 0 as "no bound"), one at a time, and charges the result while it keeps it, so a
   gzip bomb costs bounded memory and CPU.
 - **URLs Triton reads whole.** Triton 2.51's HTTP server (libevhtp) reads a request 4,096 bytes
@@ -37,7 +38,7 @@ import zlib
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
-from gateway.byte_budget import ByteBudget
+from gateway.byte_budget import ByteBudget, inflation_limit
 from gateway.errors import ClientGone, PayloadTooLarge
 from gateway.upstream import named_by_connection
 
@@ -62,12 +63,13 @@ class BodyReader:
     (the body stays in memory until then, for the fallback and the shadow).
     """
 
-    __slots__ = ("max_body", "budget", "_inflating")
+    __slots__ = ("max_body", "budget", "max_inflation_ratio", "_inflating")
 
-    def __init__(self, max_body: int = 64 * MIB, max_buffered: int = 256 * MIB, budget: ByteBudget | None = None
-                 ) -> None:
+    def __init__(self, max_body: int = 64 * MIB, max_buffered: int = 256 * MIB, budget: ByteBudget | None = None,
+                 max_inflation_ratio: int = 100) -> None:
         self.max_body = max_body
         self.budget = budget if budget is not None else ByteBudget(max_buffered)
+        self.max_inflation_ratio = max_inflation_ratio
         self._inflating = asyncio.Semaphore(1)
 
     @property
@@ -86,8 +88,11 @@ class BodyReader:
         while it keeps it (:meth:`ByteBudget.charged`)."""
         if encoding not in _COMPRESSED:
             return body
+        limit = inflation_limit(len(body), self.max_body, self.max_inflation_ratio)
+        why = "" if limit == self.max_body else \
+            f" ({self.max_inflation_ratio} times its {len(body)} bytes: max_inflation_ratio)"
         async with self._inflating:
-            return await asyncio.to_thread(inflate, body, encoding, self.max_body, prefix)
+            return await asyncio.to_thread(inflate, body, encoding, limit, prefix, why)
 
     def take(self, size: int) -> None:
         """A body that came whole with its headers is held as well (GatewayBusy if it does not fit)."""
@@ -132,7 +137,7 @@ def content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
     return None
 
 
-def inflate(body: bytes, encoding: bytes | None, limit: int, prefix: int | None = None) -> bytes:
+def inflate(body: bytes, encoding: bytes | None, limit: int, prefix: int | None = None, why: str = "") -> bytes:
     """``body`` decoded from its Content-Encoding (gzip, deflate; anything else as is), at most
     ``limit`` bytes of it, else PayloadTooLarge; only the first ``prefix`` bytes when given.
     A corrupt stream raises zlib.error. A ``prefix`` of 0 (or less) means the whole body, as
@@ -144,7 +149,7 @@ def inflate(body: bytes, encoding: bytes | None, limit: int, prefix: int | None 
         return inflater.decompress(body, prefix)
     data = inflater.decompress(body, limit + 1)
     if len(data) > limit:
-        raise PayloadTooLarge(f"request body decompresses to more than the limit of {limit} bytes")
+        raise PayloadTooLarge(f"request body decompresses to more than the limit of {limit} bytes{why}")
     return data
 
 

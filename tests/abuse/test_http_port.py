@@ -228,8 +228,8 @@ def test_hop_by_hop_headers_are_not_forwarded_either_way(bounded: GatewayThread,
 
 def test_gzip_bomb_with_sequence_affinity(triton: LocalTriton) -> None:
     """Sequence affinity makes the gateway read the body's JSON header; an 80 MB gzip bomb
-    (~80 KB on the wire) is inflated no further than the 64 MiB limit, off the event loop, and
-    refused with 413."""
+    (~80 KB on the wire) is inflated no further than 100 times its size (max_inflation_ratio;
+    the 64 MiB limit before it), off the event loop, and refused with 413."""
     settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url,
                                 policies={"qc": {"weights": {"2": 100}, "sequence_affinity": True}})
     with GatewayThread(settings) as gateway:
@@ -237,8 +237,9 @@ def test_gzip_bomb_with_sequence_affinity(triton: LocalTriton) -> None:
         with Bystander(gateway) as bystander, Attack(gzip_bombs, settings.port, 3, 80) as attack:
             answers = attack.result()
         bystander.check(rss_bound=256 * MB)
-        assert {(status, error) for status, error, _ in answers} == {
-            (413, "request body decompresses to more than the limit of 67108864 bytes")}
+        assert {(status, error) for status, error, size in answers} == {
+            (413, f"request body decompresses to more than the limit of {100 * size} bytes (100 times its {size} "
+                  "bytes: max_inflation_ratio)") for _, _, size in answers}
         assert max(size for _, _, size in answers) < 200_000
         assert triton_inferences(triton) - before <= bystander.inferences
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import random
 import threading
 import time
 import zlib
@@ -65,9 +66,11 @@ def test_a_deflate_bomb_is_inflated_no_further_than_the_limit(gateway: GatewayTh
 @pytest.mark.parametrize("compression", [grpc.Compression.Gzip, grpc.Compression.Deflate])
 def test_a_large_compressed_message_is_inflated_in_slices_and_answered(gateway: GatewayThread,
                                                                        compression: grpc.Compression) -> None:
-    """Not an attack: 20 MiB that compress to ~20 KB are inflated a slice per loop turn, then
-    forwarded, with the messages that came after them in order."""
-    unknown_field = b"\x7a" + varint(20 * MB) + bytes(20 * MB)  # field 15, skipped by Triton's parser
+    """Not an attack: 20 MiB that compress ~50:1 (under max_inflation_ratio) are inflated a slice
+    per loop turn, then forwarded, with the messages that came after them in order. (zlib looks
+    back 32 KiB at most: each 32 KiB of 600 random bytes and zeros compresses on its own.)"""
+    block = random.Random(7).randbytes(600) + bytes((32 << 10) - 600)
+    unknown_field = b"\x7a" + varint(20 * MB) + block * (20 * MB // len(block))  # field 15, skipped by Triton
     channel = grpc.insecure_channel(f"127.0.0.1:{gateway.settings.grpc_port}",
                                     options=[("grpc.max_send_message_length", 32 * MB)])
     call = channel.unary_unary("/inference.GRPCInferenceService/ServerMetadata")
