@@ -128,7 +128,7 @@ class Gateway(Dispatch):
         self.registry.register(FleetCollector(self.fleets))
         self.probes = Probes(self.fleets.default.live, self.book, self.registry, settings.connect_timeout_s,
                              self.sync.problem)
-        self.health = Health(self.probes.problem)  # the gRPC port's grpc.health.v1, on either server
+        self.health = Health(self.probes.problem, settings.grpc_max_health_watches_per_client)  # grpc.health.v1
         self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin,
                                   {name: token.get_secret_value() for name, token in settings.viewer_tokens.items()})
         self.gate = control_gate(ControlMode(settings.triton_control), self.auth, self.policies)
