@@ -115,7 +115,7 @@ class GrpcServerConnection(Http2ServerConnection):
         try:
             messages, used = split_messages(data, self.limits.max_message)
         except MessageTooLarge as exc:
-            self.finish(call, StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            self.finish(call, StatusCode.RESOURCE_EXHAUSTED, f"gateway: the request {exc} (grpc_max_message_bytes)")
             return
         for index, (compressed, message) in enumerate(messages):
             if compressed:
@@ -166,7 +166,7 @@ class GrpcServerConnection(Http2ServerConnection):
         try:
             inflated = inflater.decompress(message, first)
         except zlib.error as exc:
-            self.finish(call, StatusCode.INTERNAL, f"cannot decompress the request message: {exc}")
+            self.finish(call, StatusCode.INTERNAL, f"gateway: cannot decompress the request message: {exc}")
             return None
         if len(inflated) > limit:
             self.finish(call, StatusCode.RESOURCE_EXHAUSTED, self._inflates_above(limit, len(message)))
@@ -209,7 +209,7 @@ class GrpcServerConnection(Http2ServerConnection):
             assert call.handler is not None
             self._hand(call, call.handler, bytes(inflated))
         except zlib.error as exc:
-            self.finish(call, StatusCode.INTERNAL, f"cannot decompress the request message: {exc}")
+            self.finish(call, StatusCode.INTERNAL, f"gateway: cannot decompress the request message: {exc}")
             return
         finally:
             del inflated[:]  # the handler has its own copy
@@ -223,9 +223,9 @@ class GrpcServerConnection(Http2ServerConnection):
 
     def _inflates_above(self, limit: int, compressed: int) -> str:
         if limit < self.limits.max_message:
-            return (f"the request message inflates above {limit} bytes ({self.limits.max_inflation_ratio} times its "
-                    f"{compressed} bytes: max_inflation_ratio)")
-        return f"the request message inflates above {limit} bytes"
+            return (f"gateway: the request message inflates above {limit} bytes ({self.limits.max_inflation_ratio} "
+                    f"times its {compressed} bytes: max_inflation_ratio)")
+        return f"gateway: the request message inflates above {limit} bytes (grpc_max_message_bytes)"
 
     def reply(self, stream: ServerStream, message: bytes, metadata: bytes = b"") -> None:
         """A whole unary answer: headers, the message and an OK status, in one write."""

@@ -268,7 +268,7 @@ def split_messages(data: bytes | bytearray, limit: int = 1 << 30) -> tuple[list[
     while size - pos >= 5:
         length = int.from_bytes(data[pos + 1:pos + 5], "big")
         if length > limit:
-            raise MessageTooLarge(f"message of {length} bytes is above the limit")
+            raise MessageTooLarge(f"message of {length} bytes is above the limit of {limit} bytes")
         if size - pos - 5 < length:
             break
         messages.append((data[pos] != 0, bytes(data[pos + 5:pos + 5 + length])))

@@ -10,14 +10,33 @@ from __future__ import annotations
 
 # (name, what differs): docs/differences.md shows these rows as they are.
 DOCUMENTED_DIFFERENCES: tuple[tuple[str, str], ...] = (
-    ("routing headers", "inference answers (HTTP headers, gRPC initial metadata) carry `x-gateway-route` and, "
-     "when the version is known, `x-gateway-model-version` (unless `expose_version_headers: false`)"),
+    ("ports", "the gateway listens on 8080 (HTTP: `port`) and 8081 (gRPC: `grpc_port`), where Triton listens on "
+     "8000 and 8001; its Prometheus metrics are the gateway's own, on 8080 at `/metrics` (Triton's, on 8002, "
+     "stay Triton's)"),
+    ("routing headers", "inference answers carry `x-gateway-route` and, when the version is known, "
+     "`x-gateway-model-version` (unless `expose_version_headers: false`): as HTTP headers, and on gRPC as initial "
+     "metadata of an answer with a message, but as trailing metadata of an error answered before any message "
+     "(gRPC's trailers-only answer has no initial metadata)"),
+    ("request timeout", "an upstream request that has no answer within `request_timeout_s` (60 s) is answered "
+     "504 / `DEADLINE_EXCEEDED` by the gateway, even where Triton would have answered at 62 s; a gRPC call's "
+     "own deadline replaces it (sent on to Triton no shorter than 1 s, the shorter ones enforced by the "
+     "gateway); streams (`ModelStreamInfer`, `generate_stream`) get none"),
+    ("message and body sizes", "an HTTP body over `max_body_bytes` (64 MiB, Triton's own default) is 413; a gRPC "
+     "message over `grpc_max_message_bytes` (64 MiB) is `RESOURCE_EXHAUSTED` naming the setting (Triton's "
+     "own gRPC port takes a 70 MiB tensor); a URL over `max_url_bytes` (4,000 bytes) is 414; "
+     "header lines past `max_header_bytes` (64 KiB) or `max_header_count` (100) are 431"),
+    ("admission", "past `max_inflight_per_server` (64) requests in flight on a Triton server, a request waits up "
+     "to `queue_timeout_ms` (1 s) and is then answered 429 with `Retry-After` / `RESOURCE_EXHAUSTED`, where "
+     "Triton would have queued it; one client address holds at most `max_connections_per_client` (256) "
+     "connections"),
     ("model control on the data ports", "load/unload, shared-memory (un)registration and trace/log setting "
      "updates are refused (403 / PERMISSION_DENIED) under `triton_control: deny` (the default), need the admin "
-     "token under `admin` (401 without it; the gateway takes it out before forwarding), and pass under `allow`"),
-    ("the gateway's own limits", "requests past the gateway's limits (body, header and URL sizes, connections, "
-     "admission, its own timeouts) are answered by the gateway in Triton's `{\"error\": ...}` shape "
-     "(see the configuration reference), before Triton sees them"),
+     "token under `admin` (401 without it; the gateway takes it out before forwarding), and pass under "
+     "`allow`: `perf_analyzer --shared-memory system|cuda` fails at its registration (and shared memory "
+     "cannot work across hosts anyway); use the admin API to load and unload"),
+    ("the gateway's own answers", "requests the gateway refuses itself (the limits above, connections, "
+     "malformed heads, its timeouts) are answered in Triton's `{\"error\": ...}` shape (gRPC: the status's "
+     "message), starting `gateway: `, before Triton sees them (see the configuration reference)"),
     ("paths outside /v2", "the gateway's own: `/admin`, `/console`, `/metrics`, `/healthz`, `/readyz`; any other "
      "answers 404 `{\"error\": \"Not Found\"}` as JSON (Triton's says `text/plain`)"),
     ("HTTP header details", "the gateway's HTTP answers carry a `date` header (Triton's carry none), write header "
