@@ -41,8 +41,8 @@ TRANSITIONS: dict[tuple[Phase, Phase], str] = {
     (Phase.ROLLING_BACK, Phase.ABORTED): "`abort`: the canary to 0% at once",
     (Phase.PAUSED, Phase.PROGRESSING): "`resume`",
     (Phase.PAUSED, Phase.PROMOTED): "`promote`",
-    (Phase.PAUSED, Phase.ROLLED_BACK): "the fast path: the canary alone failing while paused is held against it "
-    "only after a resume; a final phase reached by a command racing the pause",
+    (Phase.PAUSED, Phase.ROLLED_BACK): "allowed by the table, made by nothing today: the controller leaves a "
+    "paused rollout alone (failures seen while paused never roll a resumed canary back)",
     (Phase.PAUSED, Phase.ABORTED): "`abort`",
 }
 
