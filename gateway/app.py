@@ -105,8 +105,10 @@ class Gateway(Dispatch):
         self.store = store or make_store(settings.store_url, AuditBounds(
             settings.audit_max_events, settings.audit_max_age_days * 86400))
         named = [fleet for fleet in self.fleets if fleet is not self.fleets.default]
-        self.triton = TritonControl(self.fleets.default, {fleet.name: TritonControl(fleet) for fleet in named},
-                                    repository=settings.model_repository)
+        share_s = settings.controller_tick_s  # a rollout's tick reads Triton's index at most this old
+        self.triton = TritonControl(self.fleets.default, {fleet.name: TritonControl(fleet, share_s=share_s)
+                                                          for fleet in named},
+                                    repository=settings.model_repository, share_s=share_s)
         self.fleets.on_join(self.triton.sync_server)
         self.policies = PolicyService(self.store, self.book, self.triton)
         self.sync = StateSync(self.store, self.policies, settings.resync_interval_s, settings.sync_unready_after_s,

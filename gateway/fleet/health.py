@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import socket
 from collections.abc import Awaitable, Callable
@@ -36,31 +35,24 @@ async def resolve_ipv4(name: str) -> list[str]:
     return sorted({str(info[4][0]) for info in infos})
 
 
-async def probe(server: Server, timeout_s: float) -> dict[str, frozenset[str]] | None:
-    """READY versions per model, or None when the server is not ready (or not reachable)."""
+async def probe(server: Server, timeout_s: float, max_age_s: float = 0.0) -> dict[str, frozenset[str]] | None:
+    """READY versions per model, or None when the server is not ready (or not reachable). The
+    index is the server's shared read (``gateway.fleet.reads``): one at most ``max_age_s`` old
+    serves, and an unchanged one is the same mapping as before."""
     try:
         response = await server.control.request(b"GET", b"/v2/health/ready", [], timeout_s=timeout_s)
         await response.read()
         if response.status != 200:
             server.last_error = f"/v2/health/ready answered {response.status}"
             return None
-        response = await server.control.request(b"POST", b"/v2/repository/index",
-                                                [(b"content-type", b"application/json")], b"{}", timeout_s=timeout_s)
-        raw = await response.read()
-        entries = json.loads(raw) if response.status == 200 else None
+        index = await server.reads.index(server, timeout_s, max_age_s)
     except GatewayError as exc:
         server.last_error = exc.message
         return None
     except ValueError:
-        entries = None
-    if not isinstance(entries, list):
         server.last_error = "the repository index did not answer a list"
         return None
-    ready: dict[str, set[str]] = {}
-    for entry in entries:
-        if isinstance(entry, dict) and entry.get("state") == "READY" and "version" in entry:
-            ready.setdefault(str(entry.get("name")), set()).add(str(entry["version"]))
-    return {model: frozenset(versions) for model, versions in ready.items()}
+    return index.ready
 
 
 class FleetMonitor:
@@ -148,7 +140,7 @@ class FleetMonitor:
 
     async def check(self, server: Server) -> None:
         fleet = self.fleet
-        ready = await probe(server, self.timeout_s)
+        ready = await probe(server, self.timeout_s, self.interval_s / 2)  # a read shared within half a period
         if ready is None:
             server.probe_failures += 1
             # A refused connect says the server is gone; a slow answer (busy loading a model, a
@@ -166,7 +158,7 @@ class FleetMonitor:
             server.ejected = False
             server.failures = 0
         if server.in_service:
-            if ready != server.ready:
+            if ready is not server.ready and ready != server.ready:
                 server.ready = ready
                 fleet.changed()
             return

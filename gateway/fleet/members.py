@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from gateway.fleet.config import ServerSpec
+from gateway.fleet.reads import ServerReads
 from gateway.upstream import HttpUpstream
 
 
@@ -47,7 +48,7 @@ class Server:
 
     __slots__ = ("fleet", "spec", "name", "http", "grpc", "control", "probe", "limit", "inflight",
                  "waiters", "failures", "probe_failures", "up", "ejected", "in_service", "ready", "requests", "errors",
-                 "ejections", "refused", "last_error", "__weakref__")
+                 "ejections", "refused", "last_error", "reads", "__weakref__")
 
     def __init__(self, fleet: str, spec: ServerSpec, *, grpc_connect: GrpcConnect, pool_size: int = 128,
                  connect_timeout_s: float = 2.0, request_timeout_s: float = 60.0, max_inflight: int = 0,
@@ -78,6 +79,7 @@ class Server:
         self.ejections = 0
         self.refused = 0
         self.last_error = ""
+        self.reads = ServerReads()  # what the control plane read of it lately, shared (gateway.fleet.reads)
 
     def __repr__(self) -> str:
         return f"Server({self.fleet}/{self.name}, inflight={self.inflight}, in_service={self.in_service})"

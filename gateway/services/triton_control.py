@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Collection
+import urllib.parse
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from typing import Any
 from gateway.errors import Conflict, GatewayError, LoadFailed, NotFound, UpstreamError
 from gateway.fleet.balancer import Fleet
 from gateway.fleet.members import Server
+from gateway.fleet.reads import RepositoryIndex
 from gateway.policy import split_target
 from gateway.services.model_repository import RepositoryUnreadable, read_model_async
 
@@ -90,8 +92,11 @@ class TritonControl:
     fleets (``fleet:version`` keys) in ``require_ready`` and ``is_version_ready``."""
 
     def __init__(self, fleet: Fleet, named: dict[str, TritonControl] | None = None, timeout_s: float = 10.0,
-                 repository: Path | None = None) -> None:
+                 repository: Path | None = None, share_s: float = 0.0) -> None:
         self.fleet = fleet
+        # target_states answers from an index read at most this old (the controller's tick): the
+        # health check's read serves every rollout's tick, whatever the number of rollouts
+        self.share_s = share_s
         self.repository = repository  # the fleet's model repository as this gateway reads it (module docstring)
         self.named = named or {}
         self.timeout_s = timeout_s
@@ -134,16 +139,21 @@ class TritonControl:
             raise UpstreamError(f"fleet '{self.fleet.name}' has no servers")
         return await self.call_on(servers[0], method, path, body, timeout_s)
 
-    async def server_index(self, server: Server) -> list[dict[str, Any]]:
-        status, body = await self.call_on(server, b"POST", "/v2/repository/index", {})
-        if status != 200 or not isinstance(body, list):
-            raise UpstreamError(f"Triton server {server.name}: repository index failed ({status}): {body}")
-        return body
+    async def server_index(self, server: Server, max_age_s: float = 0.0) -> list[dict[str, Any]]:
+        return (await self._index_on(server, max_age_s)).entries
 
-    async def index(self) -> list[dict[str, Any]]:
+    async def _index_on(self, server: Server, max_age_s: float) -> RepositoryIndex:
+        """The server's repository index, read at most ``max_age_s`` ago (``gateway.fleet.reads``:
+        shared with the health check and every other reader)."""
+        try:
+            return await server.reads.index(server, self.timeout_s, max_age_s)
+        except ValueError as exc:
+            raise UpstreamError(f"Triton server {server.name}: repository index failed: {exc}") from exc
+
+    async def index(self, max_age_s: float = 0.0) -> list[dict[str, Any]]:
         """The fleet's repository index: one entry per (model, version), as Triton shapes it."""
         servers = self.servers()
-        indexes = await asyncio.gather(*(self.server_index(server) for server in servers))
+        indexes = await asyncio.gather(*(self.server_index(server, max_age_s) for server in servers))
         if len(servers) == 1:
             return indexes[0]
         merged: dict[tuple[str, str | None], dict[str, Any]] = {}
@@ -165,10 +175,38 @@ class TritonControl:
             out.append(entry)
         return out
 
-    async def versions(self, model: str) -> dict[str, VersionState]:
-        """Every version of ``model`` the fleet's index lists, with its fleet-wide state."""
-        return {str(e["version"]): VersionState(str(e["version"]), e.get("state", "UNKNOWN"), e.get("reason", ""))
-                for e in await self.index() if e.get("name") == model and "version" in e}
+    async def versions(self, model: str, max_age_s: float = 0.0) -> dict[str, VersionState]:
+        """Every version of ``model`` the fleet's index lists, with its fleet-wide state (as
+        :meth:`index` merges it), looked up per model: O(the model's versions)."""
+        servers = self.servers()
+        indexes = await asyncio.gather(*(self._index_on(server, max_age_s) for server in servers))
+        merged: dict[str, VersionState] = {}
+        present: dict[str, set[str]] = {}
+        for server, index in zip(servers, indexes, strict=True):
+            for version, (state, reason) in index.states.get(model, {}).items():
+                present.setdefault(version, set()).add(server.name)
+                seen = merged.get(version)
+                if seen is None:
+                    merged[version] = VersionState(version, state, reason)
+                elif state != "READY" and seen.state == "READY":
+                    merged[version] = VersionState(version, state, f"on server {server.name}: {reason or state}")
+        names = {server.name for server in servers}
+        for version, found in merged.items():
+            missing = sorted(names - present[version])
+            if missing and found.state == "READY":
+                merged[version] = VersionState(version, "UNAVAILABLE", f"not loaded on server {', '.join(missing)}")
+        return merged
+
+    async def ready_versions(self, max_age_s: float = 0.0) -> Mapping[str, frozenset[str]]:
+        """Model -> versions READY on every server of the fleet. With one server, the shared
+        mapping of its index read (the same object while Triton's answer does not change)."""
+        servers = self.servers()
+        indexes = await asyncio.gather(*(self._index_on(server, max_age_s) for server in servers))
+        if len(indexes) == 1:
+            return indexes[0].ready
+        first, *others = indexes
+        return {model: versions for model, ready in first.ready.items()
+                if (versions := ready.intersection(*(other.ready.get(model, ()) for other in others)))}
 
     async def target_states(self, model: str, keys: set[str]) -> tuple[dict[str, VersionState], bool]:
         """The state of each target key (``version`` or ``fleet:version``) on its own fleet, and
@@ -180,7 +218,7 @@ class TritonControl:
         found: dict[str, VersionState] = {}
         busy = False
         for control, pairs in by_fleet.items():
-            states = await control.versions(model)
+            states = await control.versions(model, control.share_s)
             busy = busy or any(state.state in ("LOADING", "UNLOADING") for state in states.values())
             found.update({key: states[version] for key, version in pairs if version in states})
         return found, busy
@@ -197,6 +235,13 @@ class TritonControl:
             await control._require_ready(model, plain)
 
     async def _require_ready(self, model: str, versions: set[str]) -> None:
+        """Each version's own readiness on each server (one small call each, whatever the size of
+        the repository); the index is read only to say why one is not READY."""
+        servers = self.servers()
+        answers = await asyncio.gather(*(self._version_ready(server, model, version)
+                                         for server in servers for version in versions), return_exceptions=True)
+        if all(answer is True for answer in answers):
+            return
         where = "" if not self.named and self.fleet.name == "default" else f" of fleet '{self.fleet.name}'"
         known = await self.versions(model)
         for version in sorted(versions, key=int):
@@ -208,6 +253,16 @@ class TritonControl:
                 why = f" ({state.reason})" if state.reason else ""
                 raise Conflict(f"version {version} of model '{model}' is {state.state} on Triton{where}{why}, "
                                "not READY")
+        for (server, version), answer in zip(((s, v) for s in servers for v in versions), answers, strict=True):
+            if answer is not True:  # READY in the index read after: it was not when asked
+                why = f": {answer}" if isinstance(answer, BaseException) else ""
+                raise Conflict(f"version {version} of model '{model}' was not READY on Triton server "
+                               f"{server.name}{where} when asked{why}")
+
+    async def _version_ready(self, server: Server, model: str, version: str) -> bool:
+        path = f"/v2/models/{urllib.parse.quote(model, safe='')}/versions/{urllib.parse.quote(version, safe='')}/ready"
+        status, _ = await self.call_on(server, b"GET", path, timeout_s=min(self.timeout_s, 5.0))
+        return status == 200
 
     async def is_version_ready(self, model: str, version: str) -> bool | None:
         """True when READY on every server (of the fleet a ``fleet:version`` key names); None when
