@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway.devtools.local_triton import LocalTriton
+from gateway.devtools.local_triton import TARGET_MODELS, LocalTriton
 
 
 @pytest.fixture(autouse=True)
@@ -110,6 +110,24 @@ def session_triton_left_as_found(request: pytest.FixtureRequest) -> Iterator[Non
         while _ready_versions(server) != wanted:
             assert time.monotonic() < deadline, f"the session Triton could not be put back: {_left_changed[-1]}"
             time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def target_models(triton: LocalTriton) -> LocalTriton:
+    """The session's Triton with TARGET_MODELS loaded as well (qc_2026_12; pipe with pre and
+    post), once per session and only where a test needs them: every other test's Triton starts
+    without their five Python stubs. They count as found from then on (the module check above)."""
+    import urllib.request
+
+    for model in TARGET_MODELS:
+        load = urllib.request.Request(f"{triton.http_url}/v2/repository/models/{model}/load", data=b"{}",
+                                      method="POST")
+        urllib.request.urlopen(load, timeout=120).close()
+    for server, wanted in _session_triton:
+        if server is triton:
+            wanted.update({model: versions for model, versions in _ready_versions(server).items()
+                           if model not in wanted})
+    return triton
 
 
 _descriptors_left: list[tuple[int, str]] = []  # (descriptors the module left open, module)

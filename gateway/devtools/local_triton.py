@@ -27,6 +27,11 @@ from pathlib import Path
 SAMPLE_REPOSITORY = Path(__file__).resolve().parents[2] / "deploy" / "model_repository"
 SAMPLE_MODELS = ("qc", "tok", "seq")  # loaded at start; `batched` and `cached` are loaded by the tests that use them
 CACHE_BYTES = 16 * 1024 * 1024
+# A model named per version (qc_2026_12: qc's code, a name per release) and an ensemble (pipe:
+# pre -> qc v2 -> post; loading it loads pre and post): the targets of policies that split
+# between model names and of canaries inside an ensemble. The demo loads them; tests that need
+# them load them into the session's Triton (tests/conftest.py, fixture target_models).
+TARGET_MODELS = ("qc_2026_12", "pipe")
 
 
 class TritonUnavailable(RuntimeError):

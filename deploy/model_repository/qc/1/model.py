@@ -1,4 +1,8 @@
-"""Sample model: OUTPUT0 = INPUT0 * version, with test-controlled faults.
+"""Sample model: OUTPUT0 = INPUT0 * (version + factor_offset), with test-controlled faults.
+
+``factor_offset`` is a parameter of the model's config (0 when absent): ``qc`` answers
+INPUT0 * version, and ``qc_2026_12`` (a model named per version, offset 10) INPUT0 * 11 from
+its version 1 and INPUT0 * 12 from its version 2, so a caller can tell which model answered.
 
 Faults come from a JSON file named by $TRITON_SAMPLE_FAULTS, e.g.
 ``{"qc": {"3": {"error_rate": 0.3, "delay_ms": 200}}}``. ``client_error_rate`` answers that
@@ -88,8 +92,9 @@ def _compute_ms(config, version):
 class TritonPythonModel:
     def initialize(self, args):
         self.version = args["model_version"]
-        self.factor = np.float32(int(self.version))
         config = json.loads(args["model_config"])
+        offset = config.get("parameters", {}).get("factor_offset", {}).get("string_value", "0")
+        self.factor = np.float32(int(self.version) + int(offset))
         self.faults = _Faults(config["name"], self.version)
         self.rng = random.Random()
         self.compute_s = _compute_ms(config, self.version) / 1000.0
