@@ -32,6 +32,9 @@ class PolicyBook:
         # Models whose Triton config has a sequence batcher (``sequence_affinity: auto`` follows
         # it), learnt from Triton off the request path (``services.model_configs``).
         self._sequence_models: frozenset[str] = frozenset()
+        # Models whose stable target is another model's name (their metadata calls are answered
+        # for it): a gRPC metadata call reads its message only when there is one.
+        self.renamed_stables: frozenset[str] = frozenset()
         self.get = self._snapshot.get  # rebound on every swap: one attribute lookup per request
 
     def snapshot(self) -> Mapping[str, Policy]:
@@ -42,7 +45,9 @@ class PolicyBook:
         self._listeners.append(listener)
 
     def compile(self, model: str, spec: PolicySpec, revision: int) -> Policy:
-        return compile_policy(model, spec, revision, self._default_sticky_header, model in self._sequence_models)
+        """``sequence_affinity: auto`` is on when the model, or a model its targets name, batches sequences."""
+        batched = not self._sequence_models.isdisjoint(spec.models(model))
+        return compile_policy(model, spec, revision, self._default_sticky_header, batched)
 
     def sequence_models(self) -> frozenset[str]:
         return self._sequence_models
@@ -55,10 +60,11 @@ class PolicyBook:
         self._sequence_models = models
         if not changed:
             return
-        redo = [m for m, p in self._snapshot.items() if m in changed and p.spec.sequence_affinity == "auto"]
+        redo = [m for m, p in self._snapshot.items()
+                if p.spec.sequence_affinity == "auto" and not changed.isdisjoint(p.spec.models(m))]
         if redo:
             self._swap({**self._snapshot, **{m: self.compile(m, self._snapshot[m].spec, self._snapshot[m].revision)
-                                             for m in redo}})
+                                             for m in redo}}, redo)
             for model in redo:
                 self._notify(model, self._snapshot[model])
 
@@ -78,7 +84,7 @@ class PolicyBook:
             return current  # type: ignore[return-value]
         self._revisions[model] = revision
         policy = self.compile(model, spec, revision)
-        self._swap({**self._snapshot, model: policy})
+        self._swap({**self._snapshot, model: policy}, (model,))
         self._notify(model, policy)
         return policy
 
@@ -92,7 +98,7 @@ class PolicyBook:
         else:
             self._revisions[model] = revision
         if model in self._snapshot:
-            self._swap({m: p for m, p in self._snapshot.items() if m != model})
+            self._swap({m: p for m, p in self._snapshot.items() if m != model}, (model,))
             self._notify(model, None)
 
     def rebuild(self, generation: str, specs: Mapping[str, tuple[PolicySpec, int]], tombstones: Mapping[str, int],
@@ -124,11 +130,17 @@ class PolicyBook:
         replaces it. For a rollback while the store is down: this replica stops sending traffic to
         the canary at once; the store's record catches up when it is back."""
         policy = self.compile(model, spec, self._revisions.get(model, 0))
-        self._swap({**self._snapshot, model: policy})
+        self._swap({**self._snapshot, model: policy}, (model,))
         self._notify(model, policy)
         return policy
 
-    def _swap(self, policies: dict[str, Policy]) -> None:
+    def _swap(self, policies: dict[str, Policy], changed: Collection[str] | None = None) -> None:
+        """``changed``: the only models whose policy differs from the current snapshot (None: any may)."""
+        if changed is None:
+            self.renamed_stables = frozenset(m for m, p in policies.items() if p.renamed_stable is not None)
+        else:
+            renamed = {m for m in changed if m in policies and policies[m].renamed_stable is not None}
+            self.renamed_stables = (self.renamed_stables - set(changed)) | renamed
         snapshot = MappingProxyType(policies)
         self._snapshot = snapshot
         self.get = snapshot.get

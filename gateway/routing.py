@@ -19,7 +19,7 @@ from typing import Protocol
 
 import mmh3
 
-from gateway.policy import PolicySpec, heaviest, target_order
+from gateway.policy import PolicySpec, TargetName, heaviest, parse_target, target_order
 
 BUCKETS = 10_000  # basis points: 0.01 % resolution
 
@@ -62,6 +62,9 @@ class Policy:
     shadow_version: str | None = None
     shadow_bp: int = 0  # mirror when the request's draw is below this
     sequence_affinity: bool = False
+    # The stable (heaviest) target when it is another model's name: the model's metadata, config
+    # and readiness calls answer for it (None: they pass as the client sent them).
+    renamed_stable: TargetName | None = None
 
 
 def layout(weights_bp: Mapping[str, int]) -> tuple[tuple[int, str], ...]:
@@ -91,6 +94,7 @@ def compile_policy(model: str, spec: PolicySpec, revision: int = 0, default_stic
     # just before a rollback may come back "unavailable" after the new policy took its weight.
     weighted = {v: w for v, w in spec.basis_points().items() if w > 0}
     fallbacks = {}
+    stable = parse_target(heaviest(spec.weights))
     for version in {*spec.weights, *(rule.version for rule in spec.rules)}:
         others = {v: w for v, w in weighted.items() if v != version}
         if others:
@@ -108,6 +112,7 @@ def compile_policy(model: str, spec: PolicySpec, revision: int = 0, default_stic
         shadow_version=spec.shadow.version if spec.shadow else None,
         shadow_bp=int(spec.shadow.percent * 100) if spec.shadow else 0,
         sequence_affinity=sequence_batched if spec.sequence_affinity == "auto" else bool(spec.sequence_affinity),
+        renamed_stable=stable if stable.renames(model) else None,
     )
 
 

@@ -18,7 +18,7 @@ from pydantic import DirectoryPath, Field, FilePath, SecretStr, ValidationError,
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gateway.fleet.config import DEFAULT_FLEET, FleetName, FleetSpec, single_server
-from gateway.policy import HeaderName, ModelName, PolicySpec
+from gateway.policy import HeaderName, ModelName, PolicySpec, own_model_twice
 
 
 class SettingsError(ValueError):
@@ -189,6 +189,15 @@ class Settings(BaseSettings):
             except ValueError:
                 raise ValueError(f"{cidr!r} is not an IP network (CIDR such as 10.0.0.0/8 or an address)") from None
         return cidrs
+
+    @field_validator("policies")
+    @classmethod
+    def _one_spelling_per_target(cls, policies: dict[str, PolicySpec]) -> dict[str, PolicySpec]:
+        for model, spec in policies.items():
+            clash = own_model_twice(model, spec)
+            if clash is not None:
+                raise ValueError(f"policy of {model}: {clash}")
+        return policies
 
     @field_validator("triton_url")
     @classmethod

@@ -37,6 +37,7 @@ from typing import Any
 
 from gateway.background import Background
 from gateway.errors import GatewayError, LeaseLost, NotFound, StaleRevision, StoreError
+from gateway.policy import parse_target
 from gateway.rollout import steps
 from gateway.rollout.analysis import Outcome, Verdict, judge
 from gateway.rollout.checks import Checks
@@ -342,7 +343,11 @@ class RolloutController:
 
     async def previous_versions(self, rollout: Rollout) -> list[str]:
         """Loaded versions other than the canary that no policy entry uses, newest first,
-        minus the ``keep_previous`` newest ones: what promotion cleanup unloads."""
+        minus the ``keep_previous`` newest ones: what promotion cleanup unloads. None when the
+        canary is another model's name: the versions of the model it replaced are not versions
+        of the canary's model, and an unversioned target uses whichever is newest."""
+        if parse_target(rollout.canary).renames(rollout.model):
+            return []
         serving = await self.lifecycle.serving(rollout.model)
         policy = await self.store.get_policy(rollout.model)
         used = policy.spec.versions() if policy is not None and policy.spec is not None else set()

@@ -12,8 +12,8 @@ import logging
 import time
 from typing import Any
 
-from gateway.errors import NotFound
-from gateway.policy import PolicySpec, with_weights
+from gateway.errors import BadRequest, NotFound
+from gateway.policy import PolicySpec, own_model_twice, with_weights
 from gateway.policy_book import PolicyBook
 from gateway.services.triton_control import TritonControl
 from gateway.store.base import Event, EventDraft, StateStore, StoredPolicy
@@ -39,6 +39,9 @@ class PolicyService:
                   require_ready: bool = True) -> StoredPolicy:
         """``require_ready=False`` only for rollbacks: moving traffic *away* from a broken
         version must never wait on that version's health."""
+        clash = own_model_twice(model, spec)
+        if clash is not None:
+            raise BadRequest(clash)
         if require_ready:
             await self.triton.require_ready(model, spec.versions())
         stored = await self.store.put_policy(model, spec, expected_revision, event)

@@ -48,7 +48,7 @@ from gateway.errors import Conflict, GatewayError, LoadFailed, NotFound, Upstrea
 from gateway.fleet.balancer import Fleet
 from gateway.fleet.members import Server
 from gateway.fleet.reads import RepositoryIndex
-from gateway.policy import split_target
+from gateway.policy import TargetName, parse_target
 from gateway.services.model_repository import RepositoryUnreadable, read_model_async
 
 
@@ -77,6 +77,15 @@ class VersionState:
     reason: str
 
 
+_Keyed = tuple[str, str | None]  # a target key and the version it names (None: the model's default)
+
+
+def default_state(states: dict[str, VersionState]) -> VersionState | None:
+    """The version Triton serves an unversioned request with: its newest READY one (None: none is)."""
+    ready = [version for version, state in states.items() if state.state == "READY"]
+    return states[max(ready, key=int)] if ready else None
+
+
 @dataclass(frozen=True)
 class LoadPlan:
     """What one reload sends: ``config`` as the override, or, when ``plain``, first a load
@@ -89,7 +98,8 @@ class LoadPlan:
 
 class TritonControl:
     """Model control for one fleet; the default fleet's also answers for targets on the named
-    fleets (``fleet:version`` keys) in ``require_ready`` and ``is_version_ready``."""
+    fleets (``fleet:version`` keys) and of other models (``qc_2026_12``, ``qc_2026_12@2``) in
+    ``require_ready``, ``target_states`` and ``is_version_ready``."""
 
     def __init__(self, fleet: Fleet, named: dict[str, TritonControl] | None = None, timeout_s: float = 10.0,
                  repository: Path | None = None, share_s: float = 0.0) -> None:
@@ -103,15 +113,26 @@ class TritonControl:
         self._lock = asyncio.Lock()  # one reload or join sync at a time per fleet
         self.on_reload: list[Callable[[str], None]] = []  # told the model after every reload (done or not)
 
-    def _for(self, key: str) -> tuple[TritonControl, str]:
-        """The control of the fleet a target key names, and the plain version."""
-        fleet, version = split_target(key)
-        if fleet is None or fleet == self.fleet.name:
-            return self, version
-        control = self.named.get(fleet)
+    def _for(self, key: str) -> tuple[TritonControl, TargetName]:
+        """The control of the fleet a target key names, and the target read."""
+        target = parse_target(key)
+        if target.fleet is None or target.fleet == self.fleet.name:
+            return self, target
+        control = self.named.get(target.fleet)
         if control is None:
-            raise Conflict(f"fleet '{fleet}' (in target '{key}') is not configured on this gateway")
-        return control, version
+            hint = "" if target.model is not None else (
+                f"; version {target.version} of a model named '{target.fleet}' is written "
+                f"'{target.fleet}@{target.version}'")
+            raise Conflict(f"fleet '{target.fleet}' (in target '{key}') is not configured on this gateway{hint}")
+        return control, target
+
+    def _by_model(self, model: str, keys: Collection[str]) -> dict[tuple[TritonControl, str], list[_Keyed]]:
+        """Target keys of ``model``'s policy grouped by the fleet and model they name: (key, version) each."""
+        grouped: dict[tuple[TritonControl, str], list[_Keyed]] = {}
+        for key in keys:
+            control, target = self._for(key)
+            grouped.setdefault((control, target.model or model), []).append((key, target.version))
+        return grouped
 
     def servers(self) -> list[Server]:
         return self.fleet.in_service() or list(self.fleet.servers.values())
@@ -209,42 +230,58 @@ class TritonControl:
                 if (versions := ready.intersection(*(other.ready.get(model, ()) for other in others)))}
 
     async def target_states(self, model: str, keys: set[str]) -> tuple[dict[str, VersionState], bool]:
-        """The state of each target key (``version`` or ``fleet:version``) on its own fleet, and
-        whether anything of ``model`` is loading or unloading on those fleets."""
-        by_fleet: dict[TritonControl, list[tuple[str, str]]] = {}
-        for key in keys:
-            control, version = self._for(key)
-            by_fleet.setdefault(control, []).append((key, version))
+        """The state of each target key of ``model``'s policy (``version``, ``fleet:version``,
+        ``other_model[@version]``) on its own fleet, and whether anything of the models they
+        name is loading or unloading on those fleets. A target without a version stands for
+        Triton's default version of its model (its newest READY one)."""
         found: dict[str, VersionState] = {}
         busy = False
-        for control, pairs in by_fleet.items():
-            states = await control.versions(model, control.share_s)
+        for (control, name), pairs in self._by_model(model, keys).items():
+            states = await control.model_states(name, control.share_s)
             busy = busy or any(state.state in ("LOADING", "UNLOADING") for state in states.values())
-            found.update({key: states[version] for key, version in pairs if version in states})
+            for key, version in pairs:
+                state = states.get(version) if version is not None else default_state(states)
+                if state is not None:
+                    found[key] = state
         return found, busy
 
+    async def model_states(self, model: str, max_age_s: float = 0.0) -> dict[str, VersionState]:
+        """:meth:`versions`, or, for a model the repository index does not list (one loaded through
+        the repository API from a configuration alone, such as an ensemble variant), its READY
+        versions as its metadata lists them (READY on every server)."""
+        states = await self.versions(model, max_age_s)
+        if states:
+            return states
+        ready: set[str] | None = None
+        for server in self.servers():
+            status, metadata = await self.call_on(server, b"GET", f"/v2/models/{model}", timeout_s=2.0)
+            listed = set(metadata.get("versions", [])) if status == 200 and isinstance(metadata, dict) else set()
+            ready = listed if ready is None else ready & listed
+        return {version: VersionState(version, "READY", "") for version in ready or ()}
+
     async def require_ready(self, model: str, versions: set[str]) -> None:
-        """Conflict (409) naming the first version that is not READY on every server of its fleet."""
+        """Conflict (409) naming the first target of ``model``'s policy that is not READY on every
+        server of its fleet."""
         if not versions:
             return
-        by_fleet: dict[TritonControl, set[str]] = {}
-        for key in versions:
-            control, version = self._for(key)
-            by_fleet.setdefault(control, set()).add(version)
-        for control, plain in by_fleet.items():
-            await control._require_ready(model, plain)
+        for (control, name), pairs in self._by_model(model, versions).items():
+            await control._require_ready(name, {version for _, version in pairs}, name != model)
 
-    async def _require_ready(self, model: str, versions: set[str]) -> None:
+    async def _require_ready(self, model: str, versions: set[str | None], other: bool = False) -> None:
         """Each version's own readiness on each server (one small call each, whatever the size of
-        the repository); the index is read only to say why one is not READY."""
+        the repository; None: the model's, any version); the index is read only to say why one is
+        not READY (``other``: a model the policy's targets name, which the index may not list)."""
         servers = self.servers()
         answers = await asyncio.gather(*(self._version_ready(server, model, version)
                                          for server in servers for version in versions), return_exceptions=True)
         if all(answer is True for answer in answers):
             return
         where = "" if not self.named and self.fleet.name == "default" else f" of fleet '{self.fleet.name}'"
-        known = await self.versions(model)
-        for version in sorted(versions, key=int):
+        known = await self.model_states(model) if other else await self.versions(model)
+        if None in versions and default_state(known) is None:
+            raise Conflict(f"model '{model}' has no READY version on Triton{where} "
+                           f"(known: {', '.join(sorted(known, key=int)) or 'none'})")
+        for version in sorted((v for v in versions if v is not None), key=int):
             state = known.get(version)
             if state is None:
                 raise Conflict(f"version {version} of model '{model}' is not known to Triton{where} "
@@ -253,26 +290,28 @@ class TritonControl:
                 why = f" ({state.reason})" if state.reason else ""
                 raise Conflict(f"version {version} of model '{model}' is {state.state} on Triton{where}{why}, "
                                "not READY")
-        for (server, version), answer in zip(((s, v) for s in servers for v in versions), answers, strict=True):
+        for (server, asked), answer in zip(((s, v) for s in servers for v in versions), answers, strict=True):
             if answer is not True:  # READY in the index read after: it was not when asked
                 why = f": {answer}" if isinstance(answer, BaseException) else ""
-                raise Conflict(f"version {version} of model '{model}' was not READY on Triton server "
-                               f"{server.name}{where} when asked{why}")
+                what = f"model '{model}'" if asked is None else f"version {asked} of model '{model}'"
+                raise Conflict(f"{what} was not READY on Triton server {server.name}{where} when asked{why}")
 
-    async def _version_ready(self, server: Server, model: str, version: str) -> bool:
-        path = f"/v2/models/{urllib.parse.quote(model, safe='')}/versions/{urllib.parse.quote(version, safe='')}/ready"
+    async def _version_ready(self, server: Server, model: str, version: str | None) -> bool:
+        versioned = "" if version is None else f"/versions/{urllib.parse.quote(version, safe='')}"
+        path = f"/v2/models/{urllib.parse.quote(model, safe='')}{versioned}/ready"
         status, _ = await self.call_on(server, b"GET", path, timeout_s=min(self.timeout_s, 5.0))
         return status == 200
 
     async def is_version_ready(self, model: str, version: str) -> bool | None:
-        """True when READY on every server (of the fleet a ``fleet:version`` key names); None when
-        no server could be asked."""
-        control, version = self._for(version)
+        """True when READY on every server (of the fleet a ``fleet:version`` key names; of the
+        model a ``model[@version]`` key names); None when no server could be asked."""
+        control, target = self._for(version)
+        path = f"/v2/models/{target.model or model}" + ("" if target.version is None else
+                                                        f"/versions/{target.version}") + "/ready"
         answers = []
         for server in control.servers():
             try:
-                status, _ = await control.call_on(server, b"GET", f"/v2/models/{model}/versions/{version}/ready",
-                                               timeout_s=2.0)
+                status, _ = await control.call_on(server, b"GET", path, timeout_s=2.0)
             except GatewayError:
                 continue
             answers.append(status == 200)

@@ -119,8 +119,9 @@ def test_zero_weight_is_never_chosen_and_full_weight_always(weights: dict[str, D
     ({"weights": {"2": 80.001, "3": 19.999}}, "2 decimal places"),
     ({"weights": {"2": -10, "3": 110}}, "greater than or equal to 0"),
     ({"weights": {}}, "at least one version"),
-    ({"weights": {"v2": 100}}, "pattern"),
-    ({"weights": {"0": 100}}, "pattern"),
+    ({"weights": {"v 2": 100}}, "neither a version nor a model name"),  # "v2" is a model's name: see test_targets
+    ({"weights": {"qc@v2": 100}}, "after '@' comes a version number"),
+    ({"weights": {"0": 100}}, "a version is 1 to 19 digits"),
     ({"weights": {"2": 100}, "colour": "red"}, "Extra inputs"),
     ({"weights": {"2": 100}, "rules": [{"header": "x-canary", "equals": "a"}]}, "version"),
     ({"weights": {"2": 100}, "sticky_header": "bad header"}, "pattern"),

@@ -45,6 +45,20 @@ async def test_policy_round_trip_with_growing_revisions(store: StateStore) -> No
     assert (await store.list_policies())["qc"].revision == 2
 
 
+async def test_a_policy_between_model_names_round_trips_as_written(store: StateStore) -> None:
+    """Targets naming other models (and their versions, on fleets) come back as they were put,
+    in their canonical spelling: the store keeps the policy's own strings."""
+    weights = {"qc": 70, "qc_2026_12": 20, "qc_2026_12@2": 5, "green:qc_2026_12@1": 5}
+    spec = PolicySpec.model_validate({"weights": weights,
+                                      "rules": [{"header": "x-canary", "equals": "1", "version": "default:qc_2026_12"}],
+                                      "shadow": {"version": "green:qc_2026_11", "percent": 5}})
+    await store.put_policy("qc", spec, 0, EventDraft("alice", "put"))
+    stored = await store.get_policy("qc")
+    assert stored is not None and stored.spec == spec
+    assert stored.document()["weights"] == weights
+    assert stored.spec.rules[0].version == "qc_2026_12"  # "default:" is the default fleet, stored unnamed
+
+
 async def test_stale_revision_changes_nothing(store: StateStore) -> None:
     await store.put_policy("qc", SPEC_A, 0, EventDraft("alice", "put"))
     with pytest.raises(StaleRevision, match="revision 1, not 0"):
