@@ -31,7 +31,7 @@ from typing import Protocol
 
 from gateway.client_address import ClientAddresses
 from gateway.errors import BadRequest
-from gateway.policy import DOT_SEGMENTS, split_target
+from gateway.policy import DOT_SEGMENTS, parse_target
 from gateway.policy_book import PolicyBook
 from gateway.routing import (
     MAY_SHADOW,
@@ -107,8 +107,10 @@ def passed_through_names(model: str, version: str | None) -> tuple[str, str | No
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """Where one request goes: a version (None: Triton's default) on a fleet (None: the default
-    fleet). The server of the fleet is chosen per request by the fleet's balancer when the
+    """Where one request goes: a version (None: Triton's default) of a model (None: the one the
+    client called; another name: a renamed target, whose answers the front gives the called
+    name) on a fleet (None: the default fleet); ``key`` is the policy's spelling of it. The
+    server of the fleet is chosen per request by the fleet's balancer when the
     request is sent (``gateway.fleet``), where admission, retry and sequence pins live too. It
     chooses by what the exchange carries, read once by its front (the model, the version sent,
     the sequence fields): a Target is shared by every request to its version, so those stay
@@ -116,6 +118,8 @@ class Target:
 
     version: str | None
     fleet: str | None = None
+    model: str | None = None
+    key: str = ""
 
 
 class ShadowCopy(Protocol):
@@ -125,7 +129,7 @@ class ShadowCopy(Protocol):
     @property
     def model(self) -> str: ...
     @property
-    def version(self) -> str: ...
+    def version(self) -> str | None: ...
 
 
 class Shadow(Protocol):
@@ -248,8 +252,11 @@ class Pipeline:
     def _target(self, version: str | None) -> Target:
         target = self._targets.get(version)
         if target is None:
-            fleet, plain = split_target(version) if version is not None else (None, None)
-            target = Target(plain, fleet)  # "green:3": version 3 on fleet green
+            if version is None:
+                target = Target(None)
+            else:  # "green:3": version 3 on fleet green; "qc_2026_12@2": version 2 of model qc_2026_12
+                name = parse_target(version)
+                target = Target(name.version, name.fleet, name.model, version)
             if len(self._targets) < _MAX_TARGETS:
                 self._targets[version] = target
         return target

@@ -306,12 +306,14 @@ class LoadThread:
 class BackgroundLoad(LoadThread):
     """Steady inference traffic from a thread until stopped; every response is counted."""
 
-    def __init__(self, url: str, concurrency: int = 8, model: str = "qc", body: bytes = INFER_BODY) -> None:
+    def __init__(self, url: str, concurrency: int = 8, model: str = "qc", body: bytes = INFER_BODY,
+                 by_target: bool = False) -> None:
         super().__init__()
         self.url = url
         self.concurrency = concurrency
         self.model = model
         self.body = body
+        self.by_target = by_target  # count answers by x-gateway-model-version (the target), not model_version
         self.result = LoadResult()
         self.started_at = 0.0
         self.seconds = 0.0
@@ -331,7 +333,7 @@ class BackgroundLoad(LoadThread):
                     continue
                 self.result.statuses[response.status] += 1
                 if response.status == 200:
-                    self.result.versions[json.loads(payload)["model_version"]] += 1
+                    self.result.versions[self._answered(response.headers, payload)] += 1
                 else:
                     self.result.failures.append(payload.decode(errors="replace")[:200])
 
@@ -339,6 +341,12 @@ class BackgroundLoad(LoadThread):
         await asyncio.gather(*(worker() for _ in range(self.concurrency)))
         self.seconds = time.monotonic() - self.started_at
         await client.aclose()
+
+
+    def _answered(self, headers: list[tuple[bytes, bytes]], payload: bytes) -> str:
+        if self.by_target:
+            return next(value.decode() for name, value in headers if name.lower() == b"x-gateway-model-version")
+        return str(json.loads(payload)["model_version"])
 
 
 def wait_for(predicate: Any, timeout: float, interval: float = 0.1, what: str = "condition") -> Any:

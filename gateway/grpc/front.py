@@ -274,8 +274,7 @@ class StreamCall(_Call):
     def _send(self, message: bytes, fields: RouteFields, decision: Decision) -> None:
         router = self.front.router
         self.decision = decision
-        self.ledger.sent(fields.model_name, decision)
-        routed = router.routed_message(message, decision)
+        routed = router.stream_send(self.ledger, message, fields.model_name, decision)
         if self.upstream is not None:
             self.upstream.send(routed)
             backlog = self.upstream.backlog
@@ -319,8 +318,7 @@ class StreamCall(_Call):
         replies += payload
         messages, used = split_messages(replies)  # Triton compresses nothing: we never ask it to
         for _, response in messages:
-            self.front.router.record_stream_reply(self.ledger, response)
-            self.connection.send_message(self.stream, response)
+            self.connection.send_message(self.stream, self.front.router.record_stream_reply(self.ledger, response))
         del replies[:used]
 
     def on_close(self, code: int, details: str) -> None:

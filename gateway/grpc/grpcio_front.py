@@ -213,8 +213,7 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
                 if not announced and last is not None:
                     await context.send_initial_metadata(router.announced(last.decision))
                 announced = True
-                router.record_stream_reply(ledger, response)
-                yield response
+                yield router.record_stream_reply(ledger, response)
             code, details = relay.closed or (int(StatusCode.UNKNOWN), "")
             if code:
                 # a malformed message is the client's, the budget running out the gateway's: not a version's
@@ -248,8 +247,7 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
                     fields, policy, decision = router.route(raw, wire)
                     if decision is SEQUENCED:
                         decision = await router.settle(fields, policy, wire, ledger.client)
-                    ledger.sent(fields.model_name, decision)
-                    upstream.send(router.routed_message(raw, decision))
+                    upstream.send(router.stream_send(ledger, raw, fields.model_name, decision))
                     while upstream.backlog > STREAM_BACKLOG and relay.closed is None:
                         relay.drained.clear()
                         await relay.drained.wait()

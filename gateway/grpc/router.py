@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 
 from gateway.errors import BadRequest
+from gateway.grpc.renamed import GrpcRename, grpc_rename, with_model
 from gateway.grpc.status import StatusCode, classify, status_name
 from gateway.grpc.upstream import GrpcUpstream, Reply
 from gateway.grpc.upstream import Metadata as Forwarded
@@ -37,6 +38,9 @@ _QUEUE_FULL = QUEUE_FULL.encode()
 SERVICE = "/inference.GRPCInferenceService/"
 INFER = SERVICE + "ModelInfer"
 STREAM_INFER = SERVICE + "ModelStreamInfer"
+# Reads that answer for a policy's stable target when it is another model's name (Policy.renamed_stable).
+_METADATA, _CONFIG = SERVICE + "ModelMetadata", SERVICE + "ModelConfig"
+_STABLE_READS = frozenset([_METADATA, _CONFIG, SERVICE + "ModelReady"])
 _VERSION_GONE = frozenset([StatusCode.NOT_FOUND, StatusCode.UNAVAILABLE])
 _PINNED = Reason.PINNED
 
@@ -48,7 +52,7 @@ class GrpcInfer:
     client itself once the pipeline is done, so ``deliver`` has nothing to do."""
 
     __slots__ = ("upstream", "fleets", "method", "raw", "model", "version", "sequence", "metadata", "timeout", "code",
-                 "details", "response", "status", "sent_at", "server")
+                 "details", "response", "status", "sent_at", "server", "renamed")
 
     def __init__(self, upstream: GrpcUpstream, method: str, raw: bytes, fields: RouteFields, metadata: Forwarded,
                  timeout: float | None, fleets: Mapping[str, GrpcUpstream] | None = None,
@@ -71,10 +75,17 @@ class GrpcInfer:
         self.response = b""
         self.status = "UNKNOWN"
         self.server = ""  # the fleet's server it went to, noted by the fleet (pipeline.Exchange.server)
+        self.renamed: GrpcRename | None = None  # another model answers: the client sees the name it called
 
     async def send(self, target: Target) -> None:
         version = self.version or target.version
-        message = self.raw if self.version or version is None else with_version(self.raw, version)
+        model, renamed = self.model, None
+        if target.model is not None and target.model != model:  # a renamed target (grpc.renamed)
+            renamed, model = grpc_rename(target.model, model), target.model
+            message = with_model(self.raw, model, None if self.version else version)
+        else:
+            message = self.raw if self.version or version is None else with_version(self.raw, version)
+        self.renamed = renamed
         upstream = self.upstream
         if target.fleet is not None:
             named = self.fleets.get(target.fleet) if self.fleets is not None else None
@@ -85,9 +96,14 @@ class GrpcInfer:
                 return
             upstream = named
         self.code, self.details, self.response = await upstream.unary(
-            self.method, message, self.metadata, self.timeout, model=self.model, version=version,
+            self.method, message, self.metadata, self.timeout, model=model, version=version,
             sequence=self.sequence, for_exchange=self)
         self.status = status_name(self.code)
+        if renamed is not None:
+            if self.code:
+                self.details = renamed.details(self.details)
+            else:
+                self.response = renamed.reply(self.response)
 
     def unavailable(self) -> bool:
         return self.code in _VERSION_GONE
@@ -114,10 +130,14 @@ class GrpcInfer:
         return self.code == StatusCode.OK
 
     def mirror(self, model: str, decision: Decision, shadow: Target) -> GrpcMirror:
-        assert shadow.version is not None
         upstream = self.upstream if shadow.fleet is None else (self.fleets or {}).get(shadow.fleet)
-        return GrpcMirror(model, shadow.version, upstream, self.method, with_version(self.raw, shadow.version),
-                          self.metadata, self.response, shadow.fleet)
+        answering = shadow.model if shadow.model is not None and shadow.model != model else None
+        if answering is not None:  # a renamed shadow: the outputs are compared, not names
+            message = with_model(self.raw, answering, shadow.version)
+        else:
+            message = self.raw if shadow.version is None else with_version(self.raw, shadow.version)
+        return GrpcMirror(model, shadow.version, upstream, self.method, message, self.metadata, self.response,
+                          shadow.fleet, shadow.key, answering)
 
 
 class GrpcRouter:
@@ -154,10 +174,18 @@ class GrpcRouter:
         return await self.pipeline.route_sequence(policy, headers, fields.sequence_id, fields.sequence_start,
                                                   fields.sequence_end, client if fields.sequence_start else None)
 
-    def routed_message(self, raw: bytes, decision: Decision) -> bytes:
-        """A streamed request, addressed to the decision's target."""
-        version = self.pipeline.target(decision).version
-        return raw if version is None or decision.reason is _PINNED else with_version(raw, version)
+    def stream_send(self, ledger: StreamLedger, raw: bytes, model: str, decision: Decision) -> bytes:
+        """A streamed request of ``model``, noted in the stream's ledger and addressed to the
+        decision's target (a renamed one's replies are given the called name: record_stream_reply)."""
+        target = self.pipeline.target(decision)
+        if decision.reason is _PINNED:
+            ledger.sent(model, decision)
+            return raw
+        if target.model is not None and target.model != model:
+            ledger.sent(model, decision, target.model, grpc_rename(target.model, model))
+            return with_model(raw, target.model, target.version)
+        ledger.sent(model, decision)
+        return raw if target.version is None else with_version(raw, target.version)
 
     def new_infer(self, method: str, raw: bytes, fields: RouteFields, forwarded: Forwarded,
                   timeout: float | None, client: str | None = None) -> GrpcInfer:
@@ -168,12 +196,39 @@ class GrpcRouter:
     async def pass_through(self, path: str, message: bytes, metadata: Forwarded, timeout: float | None) -> Reply:
         """A call the gateway does not route (metadata, health, model control the gate admitted):
         sent as it is to the default fleet, which picks a server by the model and version the
-        message names (read here, once, and only when the fleet has a choice to make)."""
+        message names (read here, once, and only when the fleet has a choice to make). A model's
+        unversioned metadata, config or readiness answers for its policy's stable target when
+        that is another model's name (:meth:`_stable_read`)."""
+        if path in _STABLE_READS and self.book.renamed_stables:  # else the message is not read here
+            answered = await self._stable_read(path, message, metadata, timeout)
+            if answered is not None:
+                return answered
         upstream = self.upstream
         if not upstream.chooses_server:
             return await upstream.unary(path, message, metadata, timeout)
         model, version = passed_through_names(*_decoded(*message_model_version(message)))  # bounded as HTTP's
         return await upstream.unary(path, message, metadata, timeout, model=model, version=version)
+
+    async def _stable_read(self, path: str, message: bytes, metadata: Forwarded, timeout: float | None) -> Reply | None:
+        """ModelMetadata / ModelConfig / ModelReady of a model whose policy's stable target is another
+        model (``qc`` -> ``qc_2026_12@2``): asked of that target, answered with the called name. None:
+        the call passes as it is (no such policy, or the client named a version)."""
+        name, version = _decoded(*message_model_version(message))
+        policy = self.book.get(name) if version is None and name else None
+        stable = policy.renamed_stable if policy is not None else None
+        if stable is None or stable.model is None:
+            return None
+        upstream = self.upstream if stable.fleet is None else self.fleets.get(stable.fleet)
+        if upstream is None:
+            return StatusCode.UNAVAILABLE.value, f"gateway: fleet '{stable.fleet}' is not configured", b""
+        renamed = grpc_rename(stable.model, name)
+        code, details, answer = await upstream.unary(path, with_model(message, stable.model, stable.version), metadata,
+                                                     timeout, model=stable.model, version=stable.version)
+        if code:
+            return code, renamed.details(details), answer
+        if path == _CONFIG:
+            return code, details, renamed.config_reply(answer)
+        return code, details, renamed.reply(answer) if path == _METADATA else answer
 
     async def infer(self, exchange: GrpcInfer, model: str, policy: Policy | None, decision: Decision,
                     client: str = "") -> Decision:
@@ -200,8 +255,9 @@ class GrpcRouter:
         so themselves (``gateway: ...``) and name no address."""
         return details or ""
 
-    def record_stream_reply(self, ledger: StreamLedger, response: bytes) -> None:
-        """One ModelStreamInferResponse, charged to the request it answers (``ledger``). A failed
+    def record_stream_reply(self, ledger: StreamLedger, response: bytes) -> bytes:
+        """One ModelStreamInferResponse, charged to the request it answers (``ledger``), as the
+        client gets it (a renamed target's reply with the called name). A failed
         request inside a stream comes back as a message with error_message (field 1) set, and
         the stream stays open; its words say whose fault it was (Triton's full queue: overload;
         a request Triton could not accept: the client's; anything else: the version's). A
@@ -213,16 +269,17 @@ class GrpcRouter:
             reply = StreamReply(b"unreadable reply" if response[:1] == b"\x0a" else b"", b"", True)
         request = ledger.answered(reply.model.decode(errors="replace"), reply.final or bool(reply.error))
         if request is None:
-            return
+            return response
         model, decision = request.model, request.decision
         if reply.error:
             code = StatusCode.RESOURCE_EXHAUSTED if _QUEUE_FULL in reply.error else StatusCode.INTERNAL
             self.record(model, decision, code, request.sent, reply.error.decode(errors="replace"), ledger.client)
-            return
-        self.record(model, decision, StatusCode.OK, request.sent, client=ledger.client)
-        request.replied = self.pipeline.recorder.stream_response(model, decision.version or "", request.sent,
-                                                                 request.replied,
-                                                                 decision.reason not in STEERED_ROUTES)
+        else:
+            self.record(model, decision, StatusCode.OK, request.sent, client=ledger.client)
+            request.replied = self.pipeline.recorder.stream_response(model, decision.version or "", request.sent,
+                                                                     request.replied,
+                                                                     decision.reason not in STEERED_ROUTES)
+        return response if request.rename is None else request.rename.stream_reply(response)
 
     def record_stream_end(self, ledger: StreamLedger, code: int, past_client_deadline: bool) -> None:
         """The stream failed with ``code``. After the deadline the client set (Triton's
@@ -261,15 +318,20 @@ def client_deadline_ran_out(code: int, timeout: float | None, elapsed: float) ->
 
 
 class SentRequest:
-    """A request of a stream not fully answered yet."""
+    """A request of a stream not fully answered yet: ``model`` the client called, ``answering``
+    the model whose replies answer it (another one for a renamed target, whose ``rename`` gives
+    them the called name)."""
 
-    __slots__ = ("model", "decision", "sent", "replied")
+    __slots__ = ("model", "decision", "sent", "replied", "answering", "rename")
 
-    def __init__(self, model: str, decision: Decision) -> None:
+    def __init__(self, model: str, decision: Decision, answering: str | None = None,
+                 rename: GrpcRename | None = None) -> None:
         self.model = model
         self.decision = decision
         self.sent = time.perf_counter()
         self.replied = 0.0  # when its last reply went out; 0.0: none yet
+        self.answering = model if answering is None else answering
+        self.rename = rename
 
 
 class StreamLedger:
@@ -286,16 +348,18 @@ class StreamLedger:
         self.last: SentRequest | None = None
         self.client = client  # the stream's client (peer, or a trusted proxy's x-forwarded-for), for the judge
 
-    def sent(self, model: str, decision: Decision) -> None:
-        self.last = SentRequest(model, decision)
+    def sent(self, model: str, decision: Decision, answering: str | None = None,
+             rename: GrpcRename | None = None) -> None:
+        self.last = SentRequest(model, decision, answering, rename)
         self.pending.append(self.last)
 
     def answered(self, model: str, final: bool) -> SentRequest | None:
-        """The request a reply of ``model`` answers (it leaves the ledger on its ``final`` reply)."""
+        """The request a reply of ``model`` (the model that answered) answers (it leaves the
+        ledger on its ``final`` reply)."""
         pending = self.pending
         if not pending:
             return None
-        index = next((i for i, request in enumerate(pending) if request.model == model), 0)
+        index = next((i for i, request in enumerate(pending) if request.answering == model), 0)
         request = pending[index]
         if final:
             del pending[index]

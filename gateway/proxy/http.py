@@ -28,6 +28,7 @@ from gateway.errors import (
 )
 from gateway.pipeline import Pipeline, Target, checked_model, passed_through_names
 from gateway.proxy.limits import TRITON_MAX_TARGET, BodyReader, end_to_end
+from gateway.proxy.renamed import Rename, is_event_stream, rename, renamed_path
 from gateway.proxy.shadow import Mirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
 from gateway.sequences import SequenceFields, checked_sequence_id
@@ -46,6 +47,8 @@ _UNAVAILABLE_MARKERS = tuple(marker.encode() for marker in VERSION_UNAVAILABLE_M
 _NEEDS_BODY = Decision(None, Reason.SEQUENCE)  # marker: decide after reading the body
 _AS_SENT = Target(None)  # not an inference call: the path goes upstream as the client sent it
 _UNNAMED: tuple[str, str | None] = ("", None)  # a call that names no model: a fleet sends it to any server
+_STABLE_READS = frozenset(["ready", "config"])  # with the metadata call itself: answered for a renamed stable target
+_MAX_RENAMED_TARGET = TRITON_MAX_TARGET + len("/versions/") + 19  # the most Triton reads whole (proxy.limits)
 
 
 class HttpProxy:
@@ -79,6 +82,7 @@ class HttpProxy:
                 f"request URL of {len(target)} bytes: Triton's HTTP server reads at most {TRITON_MAX_TARGET} reliably"))
             return
         model = policy = decision = None
+        as_sent = _AS_SENT  # where a call that is not routed goes
         named = _UNNAMED  # what a call passed through as sent names, for a fleet to choose by
         versioned = True  # the target names its version already (or none is needed)
         if path.startswith("/v2/models/"):
@@ -95,6 +99,8 @@ class HttpProxy:
                     decision = self.pipeline.pinned(parts[2])
                 else:
                     named = _named(parts)
+                    if named[0] and (len(parts) == 1 or len(parts) == 2 and parts[1] in _STABLE_READS):
+                        as_sent = self._stable_read(named[0])
             except BadRequest as exc:  # a name no Triton serves: it reaches no table, header or log
                 await _send_error(send, exc)
                 return
@@ -103,7 +109,16 @@ class HttpProxy:
             if refused is not None:
                 await _send_error(send, refused)
                 return
-        await self._forward(scope, receive, send, target, versioned, model, policy, decision, named)
+        await self._forward(scope, receive, send, target, versioned, model, policy, decision, named, as_sent)
+
+    def _stable_read(self, model: str) -> Target:
+        """A model's unversioned metadata, ready or config: asked of its policy's stable target
+        when that is another model's name (answered with the called name), else as it was sent."""
+        policy = self.book.get(model)
+        stable = policy.renamed_stable if policy is not None else None
+        if stable is None:
+            return _AS_SENT
+        return self.pipeline.target(Decision(stable.key, Reason.DEFAULT))
 
     async def _control(self, scope: Scope, path: str) -> GatewayError | None:
         """Triton model control on the data port: refused, or admitted with its token taken out."""
@@ -126,7 +141,7 @@ class HttpProxy:
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send, target: bytes, versioned: bool,
                        model: str | None, policy: Policy | None, decision: Decision | None,
-                       named: tuple[str, str | None] = _UNNAMED) -> None:
+                       named: tuple[str, str | None] = _UNNAMED, as_sent: Target = _AS_SENT) -> None:
         started = time.perf_counter()
         message = await receive()
         body: bytes = message.get("body", b"")
@@ -148,14 +163,15 @@ class HttpProxy:
                     await _send_error(send, exc)
                 return
             await self._exchange(scope, receive, send, target, versioned, model, policy, decision, body, started,
-                                 sequence, named)
+                                 sequence, named, as_sent)
         finally:
             if held:
                 self.bodies.release(held)
 
     async def _exchange(self, scope: Scope, receive: Receive, send: Send, target: bytes, versioned: bool,
                         model: str | None, policy: Policy | None, decision: Decision | None, body: bytes,
-                        started: float, sequence: SequenceFields | None, named: tuple[str, str | None]) -> None:
+                        started: float, sequence: SequenceFields | None, named: tuple[str, str | None],
+                        as_sent: Target = _AS_SENT) -> None:
         # what a fleet chooses the server by, read once here: the routed model (its version is
         # the target's), or what a call passed through as sent names
         exchange = HttpExchange(self, scope, send, target, versioned, body, named[0] if model is None else model,
@@ -173,7 +189,7 @@ class HttpProxy:
                 watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(receive, exchange))
         try:
             if model is None or decision is None:  # not an inference call: passed through, not routed or recorded
-                await exchange.send(_AS_SENT)
+                await exchange.send(as_sent)
                 await exchange.deliver(None)
             else:
                 await self.pipeline.forward(exchange, model, policy, decision, started, "http", _client(self, scope))
@@ -207,7 +223,7 @@ class HttpProxy:
         cancelled = isinstance(error, ClientGone)
         fault = type(error).__name__ if isinstance(error, UpstreamError) and not cancelled else None
         outcome = Outcome.CANCELLED if cancelled else Outcome.OVERLOAD if isinstance(error, Overloaded) \
-            else Outcome.UPSTREAM_ERROR
+            else Outcome.CLIENT_ERROR if error.status < 500 else Outcome.UPSTREAM_ERROR
         self.pipeline.record(model, decision, outcome, error.status, "http", started, fault, client, server)
 
     async def _route_sequence(self, policy: Policy, scope: Scope, sequence: SequenceFields | None) -> Decision:
@@ -281,7 +297,7 @@ class HttpExchange:
 
     __slots__ = ("proxy", "scope", "send_to_client", "target", "versioned", "body", "response", "status",
                  "handed", "client_left", "task", "stream_of", "started", "delivered", "judged", "model", "version",
-                 "sequence", "server")
+                 "sequence", "server", "renamed")
 
     def __init__(self, proxy: HttpProxy, scope: Scope, send: Send, target: bytes, versioned: bool,
                  body: bytes, model: str = "", version: str | None = None) -> None:
@@ -307,6 +323,7 @@ class HttpExchange:
         self.delivered = 0.0  # when the previous response went to the client; 0.0: none yet
         self.judged = True  # False when the client chose the version: its stream timings are not judged
         self.sequence: SequenceFields | None = None
+        self.renamed: Rename | None = None  # the answer comes from another model than the one called (proxy.renamed)
 
     def _path(self, target: Target) -> bytes:
         if self.versioned or target.version is None:
@@ -316,8 +333,17 @@ class HttpExchange:
     async def send(self, target: Target) -> None:
         scope = self.scope
         upstream = self.proxy.upstream if target.fleet is None else self.proxy.upstream_for(target)
-        self.response = await upstream.request(scope["method"].encode(), self._path(target), scope["headers"],
-                                               self.body, model=self.model, version=self.version or target.version,
+        model, path = self.model, None
+        if target.model is not None and target.model != model:  # a renamed target (its policy's own name: not)
+            self.renamed, model = rename(target.model, model), target.model
+            path = renamed_path(self.target, model, target.version)
+            if len(path) > _MAX_RENAMED_TARGET:  # a longer name than the one called: the limit holds all the same
+                raise UriTooLong(f"request URL of {len(path)} bytes once addressed to '{model}': Triton's HTTP "
+                                 f"server reads at most {_MAX_RENAMED_TARGET} reliably")
+        else:
+            self.renamed = None  # a fallback after a renamed target may answer as the called model
+        self.response = await upstream.request(scope["method"].encode(), path or self._path(target), scope["headers"],
+                                               self.body, model=model, version=self.version or target.version,
                                                sequence=self.sequence, for_exchange=self)
         self.status = self.response.status
 
@@ -341,8 +367,15 @@ class HttpExchange:
             if self.stream_of is not None and response.status == 200:
                 version = decision.version or ""
                 self.judged = decision.reason not in STEERED_ROUTES
-        if response.complete:
+        renamed, chunks, body = self.renamed, None, None
+        if renamed is not None:  # another model answered: the client sees the name it called
+            if response.complete or not is_event_stream(headers):
+                headers, body = await self._renamed(renamed, response, headers)
+            else:
+                chunks = renamed.events(response)  # its length changes: sent chunked
+        elif response.complete:
             body = response.body()
+        if body is not None:
             headers.append((b"content-length", str(len(body)).encode()))
             self.handed = True
             if version is not None:  # the whole stream at once: one delivery
@@ -356,14 +389,25 @@ class HttpExchange:
             await send({"type": "http.response.start", "status": response.status, "headers": headers})
             await send({"type": "http.response.body", "body": body})
             return
-        length = [(name, value) for name, value in response.headers if name.lower() == b"content-length"]
+        length = [] if chunks is not None else [(name, value) for name, value in response.headers
+                                                 if name.lower() == b"content-length"]
         await send({"type": "http.response.start", "status": response.status, "headers": headers + length})
-        async for chunk in response.chunks():
+        async for chunk in chunks or response.chunks():
             if version is not None:
                 self._timed(version)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         self.handed = True
         await send({"type": "http.response.body", "body": b""})
+
+    async def _renamed(self, renamed: Rename, response: UpstreamResponse,
+                       headers: list[tuple[bytes, bytes]]) -> tuple[list[tuple[bytes, bytes]], bytes]:
+        """The whole answer with the called name. One that did not arrive with its headers is
+        read to its end here, charged to the byte budget while it is renamed."""
+        if response.complete:
+            return renamed.answer(response.status, headers, response.body(), self.proxy.bodies.max_body)
+        body = await response.read()
+        with self.proxy.bodies.budget.charged(len(body)):
+            return renamed.answer(response.status, headers, body, self.proxy.bodies.max_body)
 
     def _timed(self, version: str) -> None:
         """A generate_stream response goes to the client now. Triton writes each server-sent
@@ -388,10 +432,14 @@ class HttpExchange:
 
     def mirror(self, model: str, decision: Decision, shadow: Target) -> Mirror:
         response = self.response
-        assert response is not None and shadow.version is not None
-        return Mirror(model, shadow.version, self.scope["method"].encode(), _with_version(self.target, shadow.version),
-                      self.scope["headers"], self.body, response.status, response.body(), response.headers,
-                      shadow.fleet)
+        assert response is not None
+        if shadow.model is not None and shadow.model != model:  # a renamed shadow: the outputs are compared, not names
+            path, answering = renamed_path(self.target, shadow.model, shadow.version), shadow.model
+        else:
+            assert shadow.version is not None
+            path, answering = _with_version(self.target, shadow.version), None
+        return Mirror(model, shadow.version, self.scope["method"].encode(), path, self.scope["headers"], self.body,
+                      response.status, response.body(), response.headers, shadow.fleet, shadow.key, answering)
 
     def client_lost(self) -> None:
         """The client went away before the answer was out: stop the upstream work."""

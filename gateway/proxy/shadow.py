@@ -59,7 +59,7 @@ ABS_TOLERANCE = 1e-5
 @dataclass(frozen=True)
 class Mirror:
     model: str
-    version: str
+    version: str | None  # None: Triton's default version of a renamed target's model
     method: bytes
     target: bytes
     headers: list[tuple[bytes, bytes]]
@@ -68,11 +68,13 @@ class Mirror:
     primary_body: bytes
     primary_headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # its framing: encoding, IHCL
     fleet: str | None = None  # the shadow's fleet ("green:3"); None: the default fleet
+    key: str = ""  # the shadow as its policy names it ("green:3", "qc_2026_12@2")
+    answering: str | None = None  # a renamed shadow's model (the request's path names it already)
 
     @property
     def label(self) -> str:
         """The shadow as its policy names it (``green:3``): its statistics' key, as the rollout reads them."""
-        return self.version if self.fleet is None else f"{self.fleet}:{self.version}"
+        return self.key or (f"{self.version}" if self.fleet is None else f"{self.fleet}:{self.version}")
 
 
 @dataclass(frozen=True)
@@ -81,17 +83,19 @@ class GrpcMirror:
     the shadow's fleet (None: a fleet this gateway does not have, counted as an error)."""
 
     model: str
-    version: str
+    version: str | None
     upstream: GrpcUpstream | None
     path: str
     message: bytes
     metadata: Metadata
     primary: bytes  # the primary's ModelInferResponse
     fleet: str | None = None
+    key: str = ""
+    answering: str | None = None  # a renamed shadow's model (the message names it already)
 
     @property
     def label(self) -> str:
-        return self.version if self.fleet is None else f"{self.fleet}:{self.version}"
+        return self.key or (f"{self.version}" if self.fleet is None else f"{self.fleet}:{self.version}")
 
 
 def held_bytes(mirror: Mirror | GrpcMirror) -> int:
@@ -164,7 +168,7 @@ class ShadowMirror:
             if upstream is None:
                 raise UpstreamUnavailable(f"fleet '{mirror.fleet}' is not configured on this gateway")
             response = await upstream.request(mirror.method, mirror.target, mirror.headers, mirror.body,
-                                              model=mirror.model, version=mirror.version)
+                                              model=mirror.answering or mirror.model, version=mirror.version)
             body = await response.read()
         except GatewayError:
             stats.requests += 1
@@ -199,7 +203,7 @@ class ShadowMirror:
             return
         started = time.perf_counter()
         code, _, answer = await mirror.upstream.unary(mirror.path, mirror.message, mirror.metadata, SHADOW_TIMEOUT_S,
-                                                      model=mirror.model, version=mirror.version)
+                                                      model=mirror.answering or mirror.model, version=mirror.version)
         latency = time.perf_counter() - started
         stats.requests += 1
         stats.latency_sum += latency

@@ -39,6 +39,9 @@ DOCUMENTED_DIFFERENCES: tuple[tuple[str, str], ...] = (
      "message), starting `gateway: `, before Triton sees them (see the configuration reference)"),
     ("paths outside /v2", "the gateway's own: `/admin`, `/console`, `/metrics`, `/healthz`, `/readyz`; any other "
      "answers 404 `{\"error\": \"Not Found\"}` as JSON (Triton's says `text/plain`)"),
+    ("renamed targets", "a policy may send a model's requests to another model's name (`qc` -> `qc_2026_12`): the "
+     "answer, its errors and streams, and the model's metadata, config and ready (answered for the policy's stable "
+     "target) say the name the client called; `x-gateway-model-version` names the target that answered"),
     ("HTTP header details", "the gateway's HTTP answers carry a `date` header (Triton's carry none), write header "
      "names in lower case (HTTP header names are case-insensitive), and may frame a body that Triton sends "
      "`chunked` with a `content-length` (e.g. generate), or the other way round: the body's bytes are the same"),
