@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import queue
+import time
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
@@ -270,7 +271,12 @@ def test_the_shadow_of_a_renamed_target_is_sent_and_counted_under_its_name(gatew
                         counts[result] = float(line.rsplit(" ", 1)[1])
         return counts["agree"], counts["disagree"], counts["error"]
 
-    before = shadow_counts()
+    def settled() -> tuple[float, float, float] | None:  # copies of earlier tests' requests may still be in flight
+        first = shadow_counts()
+        time.sleep(0.3)
+        return first if shadow_counts() == first else None
+
+    before = wait_for(settled, 10, what="the shadow queue to be idle")
     for _ in range(10):
         http_post(gateway, "/v2/models/qc/infer", BODY)
     def compared() -> tuple[float, float, float] | None:
