@@ -10,11 +10,12 @@ SYSTEM_TOOLS := redis-server:redis-server wrk:wrk prometheus:prometheus promtool
 # the benchmark also needs nginx, its yardstick (it starts its own on loopback ports)
 BENCH_TOOLS := $(SYSTEM_TOOLS) nginx:nginx
 
-.PHONY: demo test fuzz bench docs lint system-deps clean help
+.PHONY: demo test check fuzz bench docs lint system-deps clean help
 
 help:
 	@echo "make demo   - create .venv, install, start a local Triton + the gateway, drive a canary"
-	@echo "make test   - create .venv, install, run the whole test suite (starts its own Triton/Redis)"
+	@echo "make test   - create .venv, install, run the whole test suite in parallel (starts its own Triton/Redis)"
+	@echo "make check  - lint, unit, compat and architecture tests: the loop before every commit (< 2 min)"
 	@echo "make fuzz   - the property tests (pytest -m property) with FUZZ_EXAMPLES examples each (default 5000)"
 	@echo "make bench  - gateway overhead vs direct-to-Triton and vs nginx (HTTP and gRPC), one run"
 	@echo "make docs   - build the documentation site from docs/ into site/ (any warning, e.g. a broken link, fails)"
@@ -41,8 +42,19 @@ system-deps:
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/gateway demo
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist), each with its own Triton, Redis and
+# port range; tests/schedule.py groups and orders the work, longest first. It ends with its wall
+# time and slowest tests. An interrupted run (Ctrl-C, SIGTERM) stops every server it started.
+TEST_WORKERS ?= 4
+PARALLEL := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 test: $(STAMP) system-deps
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PARALLEL)
+
+# What to run before each commit: ruff and mypy --strict (tests/unit/test_static_checks.py), the
+# unit and architecture tests, and the compatibility tests against one real Triton per worker.
+check: $(STAMP) system-deps
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 3 --dist loadgroup --no-loadscope-reorder \
+		--durations=5 tests/unit tests/compat
 
 # The same properties as in `make test`, for longer; the worst value each invariant reached is
 # printed at the end ("worst values of the abuse invariants", tests/abuse/worst.py).

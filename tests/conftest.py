@@ -1,3 +1,27 @@
+"""The suite's shared fixtures. `make test` runs it in parallel (pytest-xdist, several worker
+processes, whole modules per worker); a plain `pytest FILE` runs in one process.
+
+How to write a parallel-safe test:
+
+- **Ports**: only ``free_port()`` / ``LocalTriton.on_free_ports()`` (gateway.devtools.local_triton),
+  127.0.0.1 only. Each worker draws from a slice of its own ($FREE_PORT_RANGE, set below), and so
+  do the servers it starts; never a fixed port, never bind(0) for a server the test does not bind.
+- **Triton**: each worker has its own session Triton (fixture ``triton``) and its own faults file
+  (fixture ``faults``, cleared after each test). The tests of one worker run one at a time, so a
+  test may set faults and load or unload versions on it, provided it puts back what it changed
+  (``session_triton_left_as_found`` reloads and names a module that did not). Never write into
+  ``deploy/model_repository``: every worker's Triton serves it; copy it to ``tmp_path`` first
+  (as ``triton_pair`` does). Start a Triton of your own only for what the shared one cannot give:
+  a restart or kill, a different repository or config, a second fleet member (``triton_pair``).
+- **Redis**: fixture ``redis_url``, a database of its own per test on the worker's redis-server.
+- **State**: files under ``tmp_path``; ``store_url`` defaults to ``memory://`` in gateway_settings.
+  Nothing in the working tree but test-artifacts/ under a name of the test's own.
+- **Waiting**: no fixed sleeps; ``wait_for`` a condition or an event, short rollout intervals
+  where the property does not depend on their length. A test over 30 s says why in its docstring
+  (the run's summary names those that don't).
+- **Processes**: stop what you start, in a ``finally`` or a fixture.
+"""
+
 from __future__ import annotations
 
 import itertools
@@ -8,9 +32,28 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
 
-from gateway.devtools.local_triton import TARGET_MODELS, LocalTriton
+from gateway.devtools.local_triton import PORT_RANGE_VARIABLE, TARGET_MODELS, LocalTriton, port_slice
+
+# in this order: the report imports the schedule
+pytest_plugins = ["tests.schedule", "tests.run_report"]
+
+# No per-example deadline (Hypothesis's default is 200 ms): it times each example, and with parallel
+# workers on 2 cores a 0.25 ms example once took 265 ms and failed a property that held. A property
+# is proven by its assertions; a test that means a time bound sets its own deadline.
+hypothesis.settings.register_profile("suite", deadline=None)
+hypothesis.settings.load_profile("suite")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A parallel worker draws its ports from a slice of its own below the ephemeral range; the
+    servers it starts inherit the slice through the environment."""
+    given: dict[str, Any] = getattr(config, "workerinput", {})  # set by xdist in a worker
+    if "workerid" in given:
+        index = int(given["workerid"].removeprefix("gw"))
+        os.environ[PORT_RANGE_VARIABLE] = port_slice(index, int(given["workercount"]))
 
 
 @pytest.fixture(autouse=True)
@@ -64,7 +107,6 @@ def triton(faults_path: Path) -> Iterator[LocalTriton]:
 # assume qc's 1, 2 and 3: one CI run lost version 1 before test_grpc_proxy.py (which module
 # unloaded it is unknown; it did not recur in isolation) and 15 tests in 6 later modules failed.
 _session_triton: list[tuple[LocalTriton, dict[str, set[str]]]] = []
-_left_changed: list[str] = []
 
 
 def _ready_versions(server: LocalTriton) -> dict[str, set[str]]:
@@ -94,8 +136,11 @@ def session_triton_left_as_found(request: pytest.FixtureRequest) -> Iterator[Non
         changed = sorted(model for model in wanted.keys() | found.keys() if wanted.get(model) != found.get(model))
         if not changed:
             return
-        _left_changed.append(f"{request.node.nodeid}: " + "; ".join(
-            f"{model} READY {sorted(found.get(model, ()))}, was {sorted(wanted.get(model, ()))}" for model in changed))
+        left = f"{request.node.nodeid}: " + "; ".join(
+            f"{model} READY {sorted(found.get(model, ()))}, was {sorted(wanted.get(model, ()))}" for model in changed)
+        from tests import run_report
+
+        run_report.note(run_report.LEFT_CHANGED, left)
         import urllib.request
 
         for model in changed:  # Triton keeps a config given with a load: the versions are given back the same way
@@ -108,7 +153,7 @@ def session_triton_left_as_found(request: pytest.FixtureRequest) -> Iterator[Non
             urllib.request.urlopen(load, timeout=120).close()
         deadline = time.monotonic() + 60
         while _ready_versions(server) != wanted:
-            assert time.monotonic() < deadline, f"the session Triton could not be put back: {_left_changed[-1]}"
+            assert time.monotonic() < deadline, f"the session Triton could not be put back: {left}"
             time.sleep(0.2)
 
 
@@ -130,9 +175,6 @@ def target_models(triton: LocalTriton) -> LocalTriton:
     return triton
 
 
-_descriptors_left: list[tuple[int, str]] = []  # (descriptors the module left open, module)
-
-
 @pytest.fixture(autouse=True, scope="module")
 def descriptors_left_open(request: pytest.FixtureRequest) -> Iterator[None]:
     """The test process' open descriptors before and after each module (after a collection, so
@@ -145,19 +187,9 @@ def descriptors_left_open(request: pytest.FixtureRequest) -> Iterator[None]:
     gc.collect()
     left = len(os.listdir("/proc/self/fd")) - before
     if left >= 5:
-        _descriptors_left.append((left, request.node.nodeid))
+        from tests import run_report
 
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if _left_changed:
-        terminalreporter.section("modules that left the session Triton changed (put back)")
-        for line in _left_changed:
-            terminalreporter.write_line(line)
-    if _descriptors_left:
-        terminalreporter.section("modules that left descriptors open (5 or more)")
-        for left, module in sorted(_descriptors_left, reverse=True)[:15]:
-            terminalreporter.write_line(f"{left:5d}  {module}")
-        terminalreporter.write_line(f"open now: {len(os.listdir('/proc/self/fd'))}")
+        run_report.note(run_report.DESCRIPTORS, f"{left:5d}  {request.node.nodeid}", left)
 
 
 @pytest.fixture

@@ -218,10 +218,16 @@ class GatewayProcess:
         import sys
 
         self.process = subprocess.Popen([sys.executable, "-m", "gateway", "serve"], env=self.env)
-        return self.wait_ready()
+        try:
+            return self.wait_ready()
+        except BaseException:
+            self.kill()  # a start that failed leaves no gateway behind
+            raise
 
     def wait_ready(self) -> Self:
-        deadline = time.monotonic() + 20
+        # a start, not a property under test: the python process took over 20 s to import on a
+        # machine loaded by parallel workers beside other work
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"gateway exited with {self.process.returncode}")

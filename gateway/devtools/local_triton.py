@@ -46,18 +46,43 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+# Set by the test suite for each parallel worker ("low-high", high excluded): each worker and the
+# servers it starts draw from a slice of their own, so two workers never pick the same port
+# between one's check and its bind.
+PORT_RANGE_VARIABLE = "FREE_PORT_RANGE"
+
+
+def port_slice(index: int, count: int) -> str:
+    """The $FREE_PORT_RANGE of worker ``index`` of ``count``: its share of the ports free_port uses
+    (of this process's own slice, when it has one: a test run started by a test)."""
+    low, high = _port_range() or (10000, 12000)
+    size = (high - low) // count
+    return f"{low + index * size}-{low + (index + 1) * size}"
+
+
+def _port_range() -> tuple[int, int] | None:
+    low, _ = _ephemeral_range()
+    given = os.environ.get(PORT_RANGE_VARIABLE, "")
+    if given:
+        first, _, last = given.partition("-")
+        return int(first), int(last)
+    return (10000, low) if low > 12000 else None
+
+
 def free_port() -> int:
-    """A port that was free a moment ago, chosen below the kernel's ephemeral range.
+    """A port that was free a moment ago, chosen below the kernel's ephemeral range (or in
+    $FREE_PORT_RANGE, a parallel test worker's own slice of it).
 
     A port the kernel hands out for bind(0) comes from the same range as the source ports of
     outgoing connections: under a load test one of those could take it between this check and
     the server's own bind ("address already in use", seen in loaded test runs). A random port
     below that range can only be taken by another listener choosing it the same way.
     """
-    low, _ = _ephemeral_range()
-    if low > 12000:
+    chosen = _port_range()
+    if chosen is not None:
+        low, high = chosen
         for _ in range(100):
-            port = random.randrange(10000, low)
+            port = random.randrange(low, high - 8)  # room for free_port_block's neighbours
             if port in _handed_out:
                 continue
             with socket.socket() as sock:

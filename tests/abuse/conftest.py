@@ -5,7 +5,6 @@ from collections.abc import Iterator
 import pytest
 
 from gateway.devtools.local_triton import LocalTriton
-from tests.abuse import worst
 from tests.abuse.attack import Attacker
 from tests.support import GatewayThread, gateway_settings
 
@@ -36,11 +35,3 @@ def impatient_gateway(triton: LocalTriton) -> Iterator[GatewayThread]:
     with GatewayThread(settings) as running:
         yield running
 
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Print the worst value each property invariant reached (tests/abuse/worst.py), if any were noted."""
-    lines = worst.summary_lines()
-    if lines:
-        terminalreporter.section("worst values of the abuse invariants")
-        for line in lines:
-            terminalreporter.write_line(line)

@@ -2,8 +2,8 @@
 
 A property test calls `note(name, value)` after each example with what it measured (RSS growth,
 bystander latency, budget left held, series count...). Only the largest value per name is kept; the
-summary hook in tests/abuse/conftest.py prints them at the end of the session, so a long fuzz run
-says how close each invariant came to its bound, not only that none broke.
+run's summary (tests/run_report.py, which gathers them from every parallel worker) prints them at
+the end, so a long fuzz run says how close each invariant came to its bound, not only that none broke.
 """
 from __future__ import annotations
 
@@ -15,7 +15,11 @@ _lock = threading.Lock()  # notes may come from gateway/attacker threads as well
 
 def note(name: str, value: float, bound: float | None = None, unit: str = "") -> None:
     """Keep `value` for `name` if it is the worst (largest) so far; `bound` is shown beside it."""
-    detail = unit if bound is None else f"{unit} (bound {bound:g}{unit})"
+    merge(name, value, unit if bound is None else f"{unit} (bound {bound:g}{unit})")
+
+
+def merge(name: str, value: float, detail: str) -> None:
+    """Keep a value another test process noted (its unit and bound already in ``detail``)."""
     with _lock:
         held = _worst.get(name)
         if held is None or value > held[0]:

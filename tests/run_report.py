@@ -1,0 +1,111 @@
+"""What a run prints at its end, gathered from every parallel worker: its wall time, the tests
+over 30 s whose docstring does not say why, the modules that left the session Triton changed or
+descriptors open, and the abuse invariants' worst values.
+
+Under pytest-xdist the tests run in worker processes and only the controller prints: each worker
+ships its findings in ``workeroutput`` when it ends, and the controller merges them. In a run
+without workers the same findings are printed from the one process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests import schedule
+
+SLOW_S = 30.0  # a test slower than this says why in its docstring (issue 31)
+BUDGET_S = 600.0  # `make test` on the 2-core machine
+
+# section title -> [(sort key, line)]; filled in the process that ran the tests
+_findings: dict[str, list[tuple[float, str]]] = defaultdict(list)
+_busy_s: dict[str, float] = defaultdict(float)  # worker -> summed test time
+_started = time.monotonic()
+
+LEFT_CHANGED = "modules that left the session Triton changed (put back)"
+DESCRIPTORS = "modules that left descriptors open (5 or more; the 15 worst)"
+SLOW_UNSAID = f"tests over {SLOW_S:.0f} s whose docstring does not say why"
+UNSCHEDULED_S = 20.0
+UNSCHEDULED = f"tests over {UNSCHEDULED_S:.0f} s that tests/schedule.py does not know (add them to EXPECTED_S)"
+OPEN_NOW = "descriptors open at the end, per test process"
+
+
+def note(section: str, line: str, key: float = 0.0) -> None:
+    """A line for ``section`` of the summary; lines are printed by descending ``key``."""
+    _findings[section].append((key, line))
+
+
+def _worker_id(config: pytest.Config) -> str:
+    return str(getattr(config, "workerinput", {}).get("workerid", "main"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    started = time.monotonic()
+    yield
+    took = time.monotonic() - started
+    if took > SLOW_S and not (getattr(getattr(item, "obj", None), "__doc__", None) or "").strip():
+        note(SLOW_UNSAID, f"{took:5.0f} s  {item.nodeid}", took)
+    if took > UNSCHEDULED_S and schedule.expected_s(item.nodeid) < UNSCHEDULED_S / 2:
+        note(UNSCHEDULED, f"{took:5.0f} s  {item.nodeid}", took)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """On a worker: hand the findings to the controller (which runs no test itself)."""
+    if getattr(session.config.option, "numprocesses", None) and not hasattr(session.config, "workerinput"):
+        return
+    note(OPEN_NOW, f"{_worker_id(session.config)}: {len(os.listdir('/proc/self/fd'))}")
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        from tests.abuse import worst
+
+        output["run_report"] = json.dumps({"findings": _findings, "worst": worst.worst()})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """On the controller: merge what a worker found."""
+    shipped = getattr(node, "workeroutput", {}).get("run_report")
+    if not shipped:
+        return
+    from tests.abuse import worst
+
+    data = json.loads(shipped)
+    for section, lines in data["findings"].items():
+        _findings[section].extend((key, line) for key, line in lines)
+    for name, (value, detail) in data["worst"].items():
+        worst.merge(name, value, detail)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    node = getattr(report, "node", None)  # set by xdist on the controller
+    worker = str(getattr(getattr(node, "gateway", None), "id", "main"))
+    _busy_s[worker] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    from tests.abuse import worst
+
+    limits = {DESCRIPTORS: 15}
+    for section in (LEFT_CHANGED, DESCRIPTORS, SLOW_UNSAID, UNSCHEDULED, OPEN_NOW):
+        lines = sorted(_findings.get(section, []), key=lambda entry: -entry[0])[:limits.get(section)]
+        if lines:
+            terminalreporter.section(section)
+            for _, line in lines:
+                terminalreporter.write_line(line)
+    worst_lines = worst.summary_lines()
+    if worst_lines:
+        terminalreporter.section("worst values of the abuse invariants")
+        for line in worst_lines:
+            terminalreporter.write_line(line)
+    wall = time.monotonic() - _started
+    terminalreporter.section("wall time")
+    busy = ", ".join(f"{worker} {seconds / 60:.1f} min" for worker, seconds in sorted(_busy_s.items()))
+    terminalreporter.write_line(f"{wall / 60:.1f} min wall ({wall:.0f} s; make test's budget is "
+                                f"{BUDGET_S / 60:.0f} min on 2 cores); tests busy: {busy or 'none'}")
