@@ -125,7 +125,8 @@ class Gateway(Dispatch):
                                           tick_s=settings.controller_tick_s, lifecycle=self.lifecycle,
                                           shadow=self.shadow, lease_ttl_s=settings.controller_lease_ttl_s,
                                           call_timeout_s=settings.controller_call_timeout_s,
-                                          prometheus_url=settings.prometheus_url)
+                                          prometheus_url=settings.prometheus_url,
+                                          history_per_model=settings.rollout_history_per_model)
         self.registry = make_registry(GatewayCollector(self.recorder, self.book))
         self.registry.register(FleetCollector(self.fleets))
         self.probes = Probes(self.fleets.default.live, self.book, self.registry, settings.connect_timeout_s,

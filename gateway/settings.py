@@ -120,6 +120,9 @@ class Settings(BaseSettings):
                                   description="audit trail: keep at most this many events (the newest)")
     audit_max_age_days: float = Field(365.0, gt=0, le=36500,
                                       description="audit trail: drop events older than this many days")
+    rollout_history_per_model: int = Field(20, ge=1, le=1000,
+                                           description="finished rollouts kept per model, with their verdicts and "
+                                           "evidence (GET /admin/models/{model}/rollouts); the oldest goes first")
     admin_token: SecretStr | None = Field(None, description="bearer token for /admin (actor name 'admin')")
     admin_tokens: dict[str, SecretStr] = Field(
         default_factory=dict, description="more named tokens, {actor: token}: one per SRE or automation"

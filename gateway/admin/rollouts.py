@@ -2,12 +2,13 @@
 
 # No `from __future__ import annotations`: FastAPI resolves these annotations at runtime.
 from enum import Enum
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
 from gateway.admin.deps import ERRORS, Actor, ModelName
 from gateway.rollout.controller import RolloutController
+from gateway.rollout.history import finished_rollouts
 from gateway.rollout.spec import RolloutSpec
 
 
@@ -29,6 +30,13 @@ def rollout_router(controller: RolloutController) -> APIRouter:
     @router.get("/models/{model}/rollout", summary="State, step, weights, recent verdicts with their numbers, history")
     async def status(model: ModelName, _: Actor) -> dict[str, Any]:
         return await controller.status(model)
+
+    @router.get("/models/{model}/rollouts",
+                summary="The model's finished rollouts, newest first, each with its verdicts and the judge's evidence "
+                "(the newest rollout_history_per_model are kept)")
+    async def finished(model: ModelName, _: Actor,
+                       limit: Annotated[int, Query(ge=1, le=1000)] = 20) -> dict[str, Any]:
+        return {"model": model, "rollouts": await finished_rollouts(controller.store, model, limit)}
 
     @router.post("/models/{model}/rollout/{command}",
                  summary="promote (next step now), pause, resume, abort (back to stable)")

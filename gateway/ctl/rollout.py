@@ -19,7 +19,7 @@ import httpx
 from rich.console import Console
 
 from gateway.ctl.api import Api, ApiError
-from gateway.ctl.views import ACTIVE, progress_line, rollout_view, waiting_for
+from gateway.ctl.views import ACTIVE, history_view, progress_line, rollout_view, waiting_for
 
 PROMOTED, REJECTED, TIMED_OUT, FAILED = 0, 1, 2, 3
 FINAL_EXIT = {"promoted": PROMOTED, "rolled_back": REJECTED, "aborted": REJECTED}
@@ -81,6 +81,12 @@ def add_rollout_parser(sub: Any) -> None:
     status.set_defaults(ctl=_rollout_status)
     # A usage error of the watch is an error (3): argparse's own 2 would read as a timeout.
     setattr(status, "error", lambda message: _usage_error(status, message))  # noqa: B010
+    history = rollout.add_parser("history", help="the model's finished rollouts, newest first, with why each ended",
+                                 description="GET /admin/models/{model}/rollouts: every finished rollout kept (the "
+                                 "newest rollout_history_per_model), with its verdicts and evidence (--json).")
+    history.add_argument("model")
+    history.add_argument("--limit", type=int, default=20, help="at most this many (20)")
+    history.set_defaults(ctl=_rollout_history)
     for action, text in (("promote", "go to the next step now"), ("pause", "hold the current step"),
                          ("resume", "continue a paused rollout"), ("abort", "send everything back to stable")):
         command = rollout.add_parser(action, help=text)
@@ -141,6 +147,11 @@ def _rollout_start(args: argparse.Namespace, api: Api) -> Any:
             body["rollback"]["steps"] = [float(step) for step in args.rollback_steps.split(",")]
     doc = api.call("POST", f"/admin/models/{args.model}/rollout", body)
     return doc if args.json else rollout_view(doc)
+
+
+def _rollout_history(args: argparse.Namespace, api: Api) -> Any:
+    doc = api.call("GET", f"/admin/models/{args.model}/rollouts?limit={args.limit}")
+    return doc if args.json else history_view(doc)
 
 
 def _rollout_command(args: argparse.Namespace, api: Api) -> Any:

@@ -35,6 +35,29 @@ def rollout_view(doc: dict[str, Any]) -> Table:
     return table
 
 
+def history_view(doc: dict[str, Any]) -> Table:
+    """The finished rollouts of a model, newest first: when, what, how far, and why it ended."""
+    table = Table(title=f"finished rollouts of {doc['model']} (newest first)")
+    for column in ("started (UTC)", "took", "canary vs stable", "ended", "verdicts", "why"):
+        table.add_column(column)
+    for rollout in doc["rollouts"]:
+        took = rollout["last_transition_at"] - rollout["started_at"]
+        outcomes = [v["outcome"] for v in rollout.get("verdicts", [])]
+        table.add_row(_utc(rollout["started_at"]), f"{took:.0f} s", f"{rollout['canary']} vs {rollout['stable']}",
+                      f"{rollout['state']} at step {rollout['step'] + 1} of {len(rollout['steps'])}",
+                      ", ".join(f"{outcomes.count(o)} {o}" for o in dict.fromkeys(outcomes)) or "none",
+                      rollout["reason"])
+    if not doc["rollouts"]:
+        table.caption = "no finished rollout kept"
+    return table
+
+
+def _utc(at: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
 def waiting_for(doc: dict[str, Any]) -> str | None:
     """What an active rollout waits for, naming the command that ends the wait (None when it
     waits for nothing but its next interval, or has ended)."""

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.errors import Conflict, MetricsUnavailable, StaleRevision
 from gateway.policy import PolicySpec, heaviest
-from gateway.rollout import steps
+from gateway.rollout import history, steps
 from gateway.rollout.driver import PolicyMoved, adopt_own_write
 from gateway.rollout.phases import Phase, TransitionError
 from gateway.rollout.spec import RolloutSpec, newest_first
@@ -66,6 +66,8 @@ class RolloutCommands:
         if refused is not None:
             raise Conflict(f"the pre_rollout gate {refused[0].url} refused the rollout: {refused[1]}")
         c.take_samples(rollout)  # the first interval's samples start now
+        if existing is not None:  # archived when it ended; again here, in case that write failed
+            await history.archive(c.store, existing.document, c.history_per_model)
         stored = await c.store.put_rollout(model, rollout.document(), existing.revision if existing else 0)
         c.driver.known[model] = stored  # what the commit below starts from, never an older attempt's
         try:
@@ -120,9 +122,7 @@ class RolloutCommands:
         doc = rollout.document()
         doc["live"] = await self._live_numbers(rollout)
         doc["hooks"] = c.hooks.status(model)
-        for hook in doc["spec"]["webhooks"]:  # a status reader may not sign as the gateway
-            if hook["secret"] is not None:
-                hook["secret"] = "***"
+        doc = history.redacted(doc)  # a status reader may not sign as the gateway
         if c.shadow is not None:
             doc["shadow"] = {version: stats.document() for (m, version), stats in c.shadow.stats.items()
                              if m == model}

@@ -38,7 +38,7 @@ from typing import Any
 from gateway.background import Background
 from gateway.errors import GatewayError, LeaseLost, NotFound, StaleRevision, StoreError
 from gateway.policy import parse_target
-from gateway.rollout import steps
+from gateway.rollout import history, steps
 from gateway.rollout.analysis import Outcome, Verdict, judge
 from gateway.rollout.checks import Checks
 from gateway.rollout.commands import RolloutCommands
@@ -69,7 +69,8 @@ class RolloutController:
     def __init__(self, store: StateStore, triton: TritonControl, policies: PolicyService, source: MetricsSource,
                  recorder: Recorder, clock: Callable[[], float] = time.time, tick_s: float = 1.0,
                  lifecycle: Any = None, shadow: Any = None, lease_ttl_s: float = 15.0,
-                 call_timeout_s: float = 1.5, prometheus_url: str | None = None) -> None:
+                 call_timeout_s: float = 1.5, prometheus_url: str | None = None,
+                 history_per_model: int = history.KEEP_PER_MODEL) -> None:
         self.lifecycle = lifecycle  # gateway.services.lifecycle.ModelLifecycle: unload_previous after promotion
         self.shadow = shadow  # gateway.proxy.shadow.ShadowMirror: shadow numbers in the status
         self.store = bounded(store)  # within a tick each call gets call_timeout_s (see lead())
@@ -95,6 +96,7 @@ class RolloutController:
         self.checks = Checks(prometheus_url, call_timeout_s, recorder.shadow,  # custom checks, shadow agreement
                              lambda model: getattr(self.policies.book.get(model), "shadow_version", None))
         self.commands = RolloutCommands(self)
+        self.history_per_model = history_per_model  # finished rollouts kept per model (gateway.rollout.history)
 
     # -- commands from the admin API (gateway.rollout.commands) ---------------------------------
     async def begin(self, model: str, spec: RolloutSpec, actor: str) -> Rollout:
@@ -312,6 +314,8 @@ class RolloutController:
                              "step": rollout.step, "actor": actor, "reason": rollout.reason}))
         await self.policies.audit(rollout.model, actor, f"rollout_{rollout.phase.value}", rollout.reason,
                                   at=self.clock())
+        if not rollout.phase.active:
+            await history.archive(self.store, rollout.document(), self.history_per_model)
 
     async def _deposed(self) -> None:
         """Another replica holds the lease now: forget what we could not save, and give the

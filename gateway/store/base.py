@@ -206,6 +206,14 @@ class StateStore(Protocol):
         """Remove the model's rollout record if it is still at ``expected_revision``
         (undoes a record whose rollout could not start); StaleRevision otherwise."""
 
+    # -- finished rollouts, kept after a new rollout replaces the record ------------------------
+    async def archive_rollout(self, model: str, document: dict[str, Any], keep: int) -> None:
+        """Keep a finished rollout's document in the model's history, under its ``started_at``
+        (archiving the same rollout again replaces it); only the newest ``keep`` stay."""
+
+    async def rollout_history(self, model: str, limit: int) -> list[dict[str, Any]]:
+        """The model's archived rollouts, newest (by ``started_at``) first, at most ``limit``."""
+
     async def get_applied(self, model: str) -> AppliedIntent | None:
         """What the config file last applied for the model, if anything."""
 

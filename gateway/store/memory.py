@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
@@ -48,6 +49,7 @@ class InMemoryStore:
         self._pins: dict[str, tuple[str, float]] = {}
         self._fenced: dict[str, tuple[str, float, int]] = {}  # name -> (holder, expires, epoch)
         self._loaded: dict[str, list[str]] = {}
+        self._history: dict[str, dict[float, dict[str, Any]]] = {}  # model -> started_at -> document
 
     async def open(self) -> None:
         return None
@@ -112,6 +114,16 @@ class InMemoryStore:
         check_revision("rollout", model, current.revision if current else 0, expected_revision)
         self._rollouts.pop(model, None)
         self._publish(model)
+
+    async def archive_rollout(self, model: str, document: dict[str, Any], keep: int) -> None:
+        kept = self._history.setdefault(model, {})
+        kept[float(document["started_at"])] = copy.deepcopy(document)
+        for started_at in sorted(kept)[:-keep] if keep > 0 else list(kept):
+            del kept[started_at]  # the oldest first
+
+    async def rollout_history(self, model: str, limit: int) -> list[dict[str, Any]]:
+        kept = self._history.get(model, {})
+        return [copy.deepcopy(kept[at]) for at in sorted(kept, reverse=True)[:limit]]
 
     async def get_applied(self, model: str) -> AppliedIntent | None:
         return self._applied.get(model)

@@ -271,6 +271,28 @@ class RedisStore:
         if done == -1:
             raise StaleRevision(f"rollout of model '{model}' is at revision {current}, not {expected_revision}")
 
+    async def archive_rollout(self, model: str, document: dict[str, Any], keep: int) -> None:
+        """A sorted set per model, scored by started_at: the same rollout replaces itself, the
+        oldest go past ``keep``, in one MULTI."""
+        key, started_at = self._key("rollout-history", model), float(document["started_at"])
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zremrangebyscore(key, started_at, started_at)
+            pipe.zadd(key, {json.dumps(document): started_at})
+            pipe.zremrangebyrank(key, 0, -keep - 1)
+            await self._call(pipe.execute())
+
+    async def rollout_history(self, model: str, limit: int) -> list[dict[str, Any]]:
+        raws = await self._call(self.redis.zrevrange(self._key("rollout-history", model), 0, limit - 1))
+        out = []
+        for raw in raws:
+            try:
+                document = json.loads(raw)
+            except ValueError:
+                continue  # an unreadable entry hides no other
+            if isinstance(document, dict):
+                out.append(document)
+        return out
+
     async def get_applied(self, model: str) -> AppliedIntent | None:
         raw = await self._call(self.redis.hget(self._key("applied"), model))
         if not raw:

@@ -63,6 +63,8 @@ CREATE TABLE IF NOT EXISTS draining (model TEXT NOT NULL, version TEXT NOT NULL,
 CREATE TABLE IF NOT EXISTS fenced_leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires REAL NOT NULL,
                                           epoch INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS loaded_versions (model TEXT PRIMARY KEY, versions TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS rollout_history (model TEXT NOT NULL, started_at REAL NOT NULL, document TEXT NOT NULL,
+                                            PRIMARY KEY (model, started_at));
 """
 POLICY_COLUMNS = "model, spec, revision, updated_at, actor"
 
@@ -245,6 +247,22 @@ class SQLiteStore:
 
         await self._run(work)
 
+    async def archive_rollout(self, model: str, document: dict[str, Any], keep: int) -> None:
+        text, started_at = json.dumps(document), float(document["started_at"])
+
+        def body(db: sqlite3.Connection) -> None:
+            db.execute("INSERT OR REPLACE INTO rollout_history VALUES (?, ?, ?)", (model, started_at, text))
+            db.execute("DELETE FROM rollout_history WHERE model = ? AND started_at NOT IN (SELECT started_at FROM "
+                       "rollout_history WHERE model = ? ORDER BY started_at DESC LIMIT ?)", (model, model, keep))
+
+        await self._run(lambda db: self._transaction(db, lambda: body(db)))
+
+    async def rollout_history(self, model: str, limit: int) -> list[dict[str, Any]]:
+        rows = await self._run(lambda db: db.execute(
+            "SELECT document FROM rollout_history WHERE model = ? ORDER BY started_at DESC LIMIT ?",
+            (model, limit)).fetchall())
+        return _readable_history(model, (row[0] for row in rows))
+
     async def get_applied(self, model: str) -> AppliedIntent | None:
         rows = await self._run(lambda db: db.execute(
             "SELECT digest, revision, at FROM applied WHERE model = ?", (model,)).fetchall())
@@ -423,6 +441,20 @@ def _rollout(row: tuple[Any, ...]) -> StoredRollout:
     if not isinstance(document, dict):
         raise CorruptRecord(f"stored rollout of model '{row[0]}' is not a JSON object")
     return StoredRollout(row[0], document, row[2])
+
+
+def _readable_history(model: str, texts: Any) -> list[dict[str, Any]]:
+    """Archived rollout documents; an unreadable one is logged and left out (it hides no other)."""
+    out = []
+    for text in texts:
+        try:
+            document = load_json(text, f"archived rollout of model '{model}'")
+        except CorruptRecord as exc:
+            log.warning("%s: skipped", exc.message)
+            continue
+        if isinstance(document, dict):
+            out.append(document)
+    return out
 
 
 def _load(text: str | None) -> Any:

@@ -112,6 +112,30 @@ async def test_rollout_records_compare_and_set(store: StateStore) -> None:
     assert list(await store.list_rollouts()) == ["qc"]
 
 
+async def test_finished_rollouts_are_kept_newest_first_bounded_per_model(store: StateStore) -> None:
+    """Issue 33: a rollout's record is replaced by the next one's; its archived copy stays, the
+    same rollout archived twice is kept once (its newer copy), and past ``keep`` the oldest goes."""
+    def finished(started_at: float, state: str) -> dict[str, object]:
+        return {"model": "qc", "started_at": started_at, "state": state, "verdicts": [{"outcome": "unhealthy"}],
+                "evidence": {"errors": {"log_lr": [0.5, 1.5]}}, "history": []}
+
+    assert await store.rollout_history("qc", 10) == []
+    await store.archive_rollout("qc", finished(100.0, "rolled_back"), keep=3)
+    await store.archive_rollout("qc", finished(200.5, "aborted"), keep=3)
+    await store.archive_rollout("qc", {**finished(100.0, "rolled_back"), "applied": True}, keep=3)  # again: replaced
+    await store.archive_rollout("other", finished(150.0, "promoted"), keep=3)
+    kept = await store.rollout_history("qc", 10)
+    assert [(d["started_at"], d["state"]) for d in kept] == [(200.5, "aborted"), (100.0, "rolled_back")]
+    assert kept[1]["applied"] is True and kept[1]["evidence"] == {"errors": {"log_lr": [0.5, 1.5]}}
+    assert kept[1]["verdicts"] == [{"outcome": "unhealthy"}] and kept[1]["history"] == []
+    for started_at in (300.0, 400.0, 500.0):
+        await store.archive_rollout("qc", finished(started_at, "promoted"), keep=3)
+    assert [d["started_at"] for d in await store.rollout_history("qc", 10)] == [500.0, 400.0, 300.0]
+    assert [d["started_at"] for d in await store.rollout_history("qc", 2)] == [500.0, 400.0]
+    assert [d["started_at"] for d in await store.rollout_history("other", 10)] == [150.0]
+    assert list(await store.list_rollouts()) == []  # the history is no rollout record
+
+
 async def test_change_feed_says_resync_once_live_then_announces_changed_models(store: StateStore) -> None:
     feed = store.changes()
     assert await asyncio.wait_for(feed.__anext__(), 2) == RESYNC, "live: the caller resyncs, nothing is missed"
