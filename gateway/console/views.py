@@ -14,6 +14,7 @@ from gateway.rollout.controller import RolloutController
 from gateway.services.policies import PolicyService
 from gateway.services.state_sync import StateSync
 from gateway.store.base import Event
+from gateway.store.changes import changes
 from gateway.telemetry.recorder import Recorder
 from gateway.telemetry.sources import MetricsSource
 
@@ -189,4 +190,4 @@ def _matches(event: Event, actor: str | None, action: str | None) -> bool:
 def _event(event: Event) -> dict[str, Any]:
     name, via = split_actor(event.actor)
     return {"id": event.id, "at": event.at, "actor": name, "via": via, "action": event.action,
-            "model": event.model, "reason": event.reason}
+            "model": event.model, "reason": event.reason, "changes": changes(event.before, event.after)}

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gateway.ctl.api import Api, ApiError
@@ -245,13 +246,14 @@ def _events(args: argparse.Namespace, api: Api) -> Any:
     if args.json:
         return data
     table = Table(title="audit trail")
-    for column in ("at", "actor", "action", "model", "reason"):
+    for column in ("at", "actor", "action", "model", "reason", "changes"):
         table.add_column(column)
     import datetime as dt
 
     for event in data["events"]:
         at = dt.datetime.fromtimestamp(event["at"], dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-        table.add_row(at, event["actor"], event["action"], event["model"], event.get("reason") or "")
+        table.add_row(at, event["actor"], event["action"], event["model"], event.get("reason") or "",
+                      escape("\n".join(change["words"] for change in event.get("changes") or [])))
     return table
 
 

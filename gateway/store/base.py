@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway.policy import PolicySpec
+from gateway.store.changes import changes
 
 RESYNC = "*"  # on the change feed: anything may have changed (feed (re)connected): resync everything
 
@@ -85,8 +86,10 @@ class Event:
     id: int = 0
 
     def document(self) -> dict[str, Any]:
+        """With ``changes``: what differs between before and after, field by field (store.changes)."""
         return {"id": self.id, "at": self.at, "actor": self.actor, "action": self.action, "model": self.model,
-                "before": self.before, "after": self.after, "reason": self.reason}
+                "before": self.before, "after": self.after, "reason": self.reason,
+                "changes": changes(self.before, self.after)}
 
 
 @dataclass(frozen=True)
