@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gateway.admin.deps import ERRORS, Actor, ModelName
 from gateway.errors import BadRequest
 from gateway.policy import PolicySpec, SequenceAffinity, Weights
+from gateway.rollout import effects
 from gateway.services.policies import PolicyService
 from gateway.store.base import EventDraft, StoredPolicy
 
@@ -35,6 +36,8 @@ class PolicyOut(BaseModel):
     sequence_affinity: SequenceAffinity = "auto"
     revision: int
     updated_at: float
+    warnings: list[str] = Field(default_factory=list, description="what the change did beyond what it names: a "
+                                "rollout it paused, a header rule it dropped (gateway/rollout/effects.py)")
 
 
 def parse_if_match(value: str | None) -> int | None:
@@ -46,9 +49,15 @@ def parse_if_match(value: str | None) -> int | None:
     return int(text)
 
 
-def policy_response(stored: StoredPolicy, response: Response) -> dict[str, Any]:
+def policy_response(stored: StoredPolicy, response: Response, warnings: list[str] | None = None) -> dict[str, Any]:
     response.headers["ETag"] = f'"{stored.revision}"'
-    return stored.document()
+    return {**stored.document(), "warnings": warnings or []}
+
+
+def held(policies: PolicyService, model: str) -> PolicySpec | None:
+    """The model's policy as this replica's book holds it: what a change's warnings compare with."""
+    policy = policies.book.get(model)
+    return policy.spec if policy is not None else None
 
 
 def admin_router(policies: PolicyService) -> APIRouter:
@@ -67,21 +76,24 @@ def admin_router(policies: PolicyService) -> APIRouter:
                 summary="Replace the model's policy (every routed version must be READY on Triton)")
     async def put_policy(model: ModelName, spec: PolicySpec, response: Response, who: Actor,
                          if_match: IfMatch = None) -> dict[str, Any]:
+        warnings = await effects.of_policy_change(policies.store, model, held(policies, model), spec)
         stored = await policies.put(model, spec, parse_if_match(if_match), EventDraft(who, "put_policy"))
-        return policy_response(stored, response)
+        return policy_response(stored, response, warnings)
 
     @router.patch("/models/{model}/policy/weights", response_model=PolicyOut, summary="Change only the weights")
     async def patch_weights(model: ModelName, change: WeightsChange, response: Response, who: Actor,
                             if_match: IfMatch = None) -> dict[str, Any]:
         weights: dict[str, Decimal] = dict(change.weights)
+        warnings = await effects.of_weights(policies.store, model, held(policies, model), weights)
         stored = await policies.set_weights(model, dict(weights), parse_if_match(if_match),
                                             EventDraft(who, "set_weights", change.reason))
-        return policy_response(stored, response)
+        return policy_response(stored, response, warnings)
 
     @router.delete("/models/{model}/policy", summary="Remove the policy: requests go to Triton's default again")
     async def delete_policy(model: ModelName, who: Actor, if_match: IfMatch = None) -> dict[str, Any]:
+        warnings = await effects.of_policy_change(policies.store, model, held(policies, model), None)
         stored = await policies.delete(model, parse_if_match(if_match), EventDraft(who, "delete_policy"))
-        return {"model": model, "revision": stored.revision, "deleted": True}
+        return {"model": model, "revision": stored.revision, "deleted": True, "warnings": warnings}
 
     @router.get("/events", summary="The audit trail, newest first")
     async def events(_: Actor, model: Annotated[ModelName | None, Query()] = None,

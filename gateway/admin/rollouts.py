@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from gateway.admin.deps import ERRORS, Actor, ModelName
+from gateway.rollout import effects
 from gateway.rollout.controller import RolloutController
 from gateway.rollout.history import finished_rollouts
 from gateway.rollout.spec import RolloutSpec
@@ -17,6 +18,7 @@ class Command(str, Enum):
     pause = "pause"
     resume = "resume"
     abort = "abort"
+    acknowledge = "acknowledge"
 
 
 def rollout_router(controller: RolloutController) -> APIRouter:
@@ -24,8 +26,9 @@ def rollout_router(controller: RolloutController) -> APIRouter:
 
     @router.post("/models/{model}/rollout", summary="Start a progressive rollout (canary must be READY; one per model)")
     async def start(model: ModelName, spec: RolloutSpec, who: Actor) -> dict[str, Any]:
+        warnings = await effects.of_start(controller.store, model, spec)
         await controller.begin(model, spec, who)
-        return await controller.status(model)
+        return {**await controller.status(model), "warnings": warnings}
 
     @router.get("/models/{model}/rollout", summary="State, step, weights, recent verdicts with their numbers, history")
     async def status(model: ModelName, _: Actor) -> dict[str, Any]:
@@ -39,9 +42,14 @@ def rollout_router(controller: RolloutController) -> APIRouter:
         return {"model": model, "rollouts": await finished_rollouts(controller.store, model, limit)}
 
     @router.post("/models/{model}/rollout/{command}",
-                 summary="promote (next step now), pause, resume, abort (back to stable)")
+                 summary="promote (next step now), pause, resume, abort (back to stable); acknowledge a finished "
+                 "rollback (it leaves the console's Needs attention)")
     async def act(model: ModelName, command: Command, who: Actor) -> dict[str, Any]:
-        await controller.command(model, command.value, who)
-        return await controller.status(model)
+        warnings = await effects.of_command(controller.store, model, command.value)
+        if command is Command.acknowledge:
+            await controller.acknowledge(model, who)
+        else:
+            await controller.command(model, command.value, who)
+        return {**await controller.status(model), "warnings": warnings}
 
     return router

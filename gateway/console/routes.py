@@ -16,7 +16,7 @@ from fastapi import APIRouter, Body, FastAPI, Path, Query, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway.admin.api import WeightsChange
+from gateway.admin.api import WeightsChange, held
 from gateway.admin.auth import Authenticator
 from gateway.admin.deps import ModelName
 from gateway.console import guard
@@ -26,6 +26,7 @@ from gateway.console.throttle import LoginThrottle
 from gateway.console.views import Views, console_actor
 from gateway.errors import Forbidden, NotFound, Unauthorized
 from gateway.policy import Version
+from gateway.rollout import effects
 from gateway.rollout.spec import RolloutSpec
 from gateway.services.lifecycle import ModelLifecycle
 from gateway.store.base import EventDraft
@@ -45,6 +46,15 @@ class Command(str, Enum):
     resume = "resume"
     abort = "abort"
     retry = "retry"  # a new rollout with the last one's spec and "retry": true
+    acknowledge = "acknowledge"  # a finished rollback was seen: it leaves "Needs attention"
+
+
+class Preview(BaseModel):
+    """What the confirmation dialog asks about: an action and the body it would send."""
+
+    model_config = ConfigDict(extra="forbid")
+    action: Annotated[str, Field(pattern=r"^(weights|start|promote|pause|resume|abort|retry|acknowledge)$")]
+    body: dict[str, Any] = Field(default_factory=dict)
 
 
 class VersionAction(str, Enum):
@@ -141,12 +151,35 @@ def console_router(views: Views, lifecycle: ModelLifecycle, auth: Authenticator,
         return _no_store(JSONResponse(await views.audit(model, actor, action, page)))
 
     # -- operator actions: the admin API's service calls ------------------------------------------
+    @app.post("/console/api/models/{model}/preview")
+    async def preview(request: Request, model: ModelName, asked: Preview) -> JSONResponse:
+        """What an action would do beyond what it names, for its confirmation (nothing changes)."""
+        guard.session_of(request, sessions)
+        store = views.rollouts.store
+        if asked.action == "weights":
+            try:
+                change = WeightsChange.model_validate(asked.body)
+            except ValidationError as exc:
+                return invalid(exc)
+            warnings = await effects.of_weights(store, model, held(views.policies, model), dict(change.weights))
+        elif asked.action == "start":
+            try:
+                spec = RolloutSpec.model_validate(asked.body)
+            except ValidationError as exc:
+                return invalid(exc)
+            warnings = await effects.of_start(store, model, spec)
+        else:
+            warnings = await effects.of_command(store, model, asked.action)
+        return _no_store(JSONResponse({"warnings": warnings}))
+
     @app.post("/console/api/models/{model}/weights")
     async def set_weights(request: Request, model: ModelName, change: WeightsChange) -> JSONResponse:
         who = console_actor(guard.change_allowed(request, sessions).who.name)
+        warnings = await effects.of_weights(views.rollouts.store, model, held(views.policies, model),
+                                           dict(change.weights))
         stored = await views.policies.set_weights(model, dict(change.weights), None,
                                                   EventDraft(who, "set_weights", change.reason))
-        return _no_store(JSONResponse(stored.document()))
+        return _no_store(JSONResponse({**stored.document(), "warnings": warnings}))
 
     @app.post("/console/api/models/{model}/rollout")
     async def start_rollout(request: Request, model: ModelName,
@@ -156,21 +189,27 @@ def console_router(views: Views, lifecycle: ModelLifecycle, auth: Authenticator,
             spec = RolloutSpec.model_validate(body)
         except ValidationError as exc:
             return invalid(exc)  # the API's 422 message, with the fields named for the form
+        warnings = await effects.of_start(views.rollouts.store, model, spec)
         await views.rollouts.begin(model, spec, who)
-        return _no_store(JSONResponse(await views.rollouts.status(model)))
+        return _no_store(JSONResponse({**await views.rollouts.status(model), "warnings": warnings}))
 
     @app.post("/console/api/models/{model}/rollout/{command}")
     async def rollout_command(request: Request, model: ModelName, command: Command) -> JSONResponse:
         who = console_actor(guard.change_allowed(request, sessions).who.name)
+        warnings: list[str] = []
         if command is Command.retry:
             stored = await views.rollouts.store.get_rollout(model)
             if stored is None:
                 raise NotFound(f"model '{model}' has no rollout to retry")
             spec = RolloutSpec.model_validate({**stored.document["spec"], "retry": True})
+            warnings = await effects.of_start(views.rollouts.store, model, spec)
             await views.rollouts.begin(model, spec, who)
+        elif command is Command.acknowledge:
+            await views.rollouts.acknowledge(model, who)
         else:
+            warnings = await effects.of_command(views.rollouts.store, model, command.value)
             await views.rollouts.command(model, command.value, who)
-        return _no_store(JSONResponse(await views.rollouts.status(model)))
+        return _no_store(JSONResponse({**await views.rollouts.status(model), "warnings": warnings}))
 
     @app.post("/console/api/models/{model}/versions/{version}/{action}")
     async def version_action(request: Request, model: ModelName, version: Version,

@@ -11,6 +11,7 @@ from gateway.console.timeline import Timeline
 from gateway.errors import GatewayError, MetricsUnavailable, NotFound
 from gateway.fleet.registry import Fleets
 from gateway.rollout.controller import RolloutController
+from gateway.rollout.steps import was_rolled_back
 from gateway.services.policies import PolicyService
 from gateway.services.state_sync import StateSync
 from gateway.store.base import Event
@@ -48,7 +49,7 @@ class Views:
     metrics_source: str
 
     async def overview(self) -> dict[str, Any]:
-        attention: list[dict[str, str]] = []
+        attention: list[dict[str, Any]] = []
         store_up = self.recorder.store_up
         try:
             models = await self.policies.models()
@@ -118,8 +119,8 @@ class Views:
         return live
 
     def _attention(self, rollouts: dict[str, dict[str, Any]], fleets: dict[str, list[dict[str, Any]]],
-                   store_up: bool) -> list[dict[str, str]]:
-        found = []
+                   store_up: bool) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
         if not store_up:
             found.append({"level": "error", "text": "the state store is down: this replica serves its last policies"})
         problem = self.sync.problem()
@@ -129,6 +130,10 @@ class Views:
             if doc.get("state") in ATTENTION_STATES:
                 found.append({"level": "warning", "model": model,
                               "text": f"rollout of {model} is {doc['state']}: {doc.get('reason', '')}"})
+            elif unacknowledged_rollback(doc):
+                found.append({"level": "error", "model": model, "acknowledge": True,
+                              "text": f"rollout of {model} was rolled back: {doc.get('reason', '')} (stays here "
+                              "until acknowledged)"})
         for model, blocked in sorted(self.recorder.rollback_blocked.items()):
             if blocked:
                 found.append({"level": "error", "model": model, "text": f"the rollback of {model} is blocked: its "
@@ -140,6 +145,14 @@ class Views:
                     found.append({"level": "warning", "text": f"server {server['server']} of fleet {fleet} is {state}"
                                   + (f": {server['last_error']}" if server.get("last_error") else "")})
         return found
+
+
+def unacknowledged_rollback(doc: dict[str, Any]) -> bool:
+    """A finished rollback nobody has said they saw (it stays in "Needs attention")."""
+    try:
+        return was_rolled_back(doc) and not doc.get("acknowledged")
+    except (KeyError, TypeError):
+        return False  # a record this version cannot read: the rollout page says so
 
 
 def _order(version: str) -> tuple[int, str]:

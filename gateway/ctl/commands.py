@@ -106,6 +106,8 @@ def run_ctl(args: argparse.Namespace) -> int:
     except (httpx.HTTPError, ValueError) as exc:
         print(f"gateway ctl: {exc}", file=sys.stderr)
         return 2
+    for warning in api.warnings:  # on stderr: a script reading --json on stdout still sees them
+        print(f"gateway ctl: note: {in_cli_words(warning, getattr(args, 'flags', {}))}", file=sys.stderr)
     if isinstance(result, Exit):
         return print_exit(result, args.json)
     if args.json:

@@ -88,7 +88,9 @@ def add_rollout_parser(sub: Any) -> None:
     history.add_argument("--limit", type=int, default=20, help="at most this many (20)")
     history.set_defaults(ctl=_rollout_history)
     for action, text in (("promote", "go to the next step now"), ("pause", "hold the current step"),
-                         ("resume", "continue a paused rollout"), ("abort", "send everything back to stable")):
+                         ("resume", "continue a paused rollout"), ("abort", "send everything back to stable"),
+                         ("acknowledge", "say a finished rollback was seen (it leaves the console's Needs "
+                          "attention)")):
         command = rollout.add_parser(action, help=text)
         command.add_argument("model")
         command.set_defaults(ctl=_rollout_command, action=action)

@@ -116,6 +116,28 @@ class RolloutCommands:
             return result
         raise Conflict(f"the rollout of '{model}' kept changing while the {command} ran: try again")
 
+    async def acknowledge(self, model: str, actor: str) -> Rollout:
+        """Someone saw a finished rollback: it leaves the console's "Needs attention" (audited).
+        Acknowledging one already acknowledged changes nothing."""
+        c = self.controller
+        for _ in range(COMMAND_ATTEMPTS):
+            stored, rollout = await c.load(model)
+            if rollout.phase.active or not steps.was_rolled_back(stored.document):
+                raise Conflict(f"nothing to acknowledge: the rollout of '{model}' is {rollout.phase.value}; only a "
+                               "finished rollback waits for an acknowledgement")
+            if rollout.acknowledged is not None:
+                return rollout
+            seen = dataclasses.replace(rollout, acknowledged={"by": actor, "at": c.clock()})
+            try:
+                await c.driver.save(stored, seen, None)
+            except StaleRevision:
+                continue  # the controller wrote the record meanwhile (its weights applied): read it again
+            await c.policies.audit(model, actor, "rollout_acknowledged", f"rollback seen: {rollout.reason}",
+                                   at=c.clock())
+            await history.archive(c.store, seen.document(), c.history_per_model)
+            return seen
+        raise Conflict(f"the rollout of '{model}' kept changing while the acknowledgement ran: try again")
+
     async def status(self, model: str) -> dict[str, Any]:
         c = self.controller
         _, rollout = await c.load(model)

@@ -108,6 +108,9 @@ class RolloutController:
     async def status(self, model: str) -> dict[str, Any]:
         return await self.commands.status(model)
 
+    async def acknowledge(self, model: str, actor: str) -> Rollout:
+        return await self.commands.acknowledge(model, actor)
+
     def show_state(self, model: str, phase: Phase) -> None:
         """/metrics shows the phase through the recorder (the collector knows no rollout types)."""
         self.recorder.set_rollout_state(model, phase.value, PHASES)

@@ -53,6 +53,9 @@ class Rollout:
     # The fast path counts the canary's failures from this moment (the start, the last resume):
     # in the record, so the lease holder resets its counts whichever replica took the command.
     fast_path_from: float = 0.0
+    # A finished rollback stays in the console's "Needs attention" until someone says they saw it:
+    # {"by": actor, "at": time} (commands.acknowledge).
+    acknowledged: dict[str, Any] | None = None
 
     @property
     def settled(self) -> bool:
@@ -111,6 +114,7 @@ class Rollout:
             "applied": self.applied, "apply_reason": self.apply_reason, "pending_revision": self.pending_revision,
             "manual_revision": self.manual_revision, "rollback_step": self.rollback_step,
             "rollback_reason": self.rollback_reason, "fast_path_from": self.fast_path_from,
+            "acknowledged": self.acknowledged,
             # derived, for status readers: the percents of a gradual rollback under way
             "descent": [_number(p) for p in self.descent] if self.phase is Phase.ROLLING_BACK else None,
         }
@@ -130,7 +134,7 @@ class Rollout:
             applied=doc.get("applied", False), apply_reason=doc.get("apply_reason", "not written yet"),
             pending_revision=doc.get("pending_revision", 0), manual_revision=doc.get("manual_revision", 0),
             rollback_step=doc.get("rollback_step", 0), rollback_reason=doc.get("rollback_reason", ""),
-            fast_path_from=doc.get("fast_path_from", 0.0),
+            fast_path_from=doc.get("fast_path_from", 0.0), acknowledged=doc.get("acknowledged"),
         )
 
 
