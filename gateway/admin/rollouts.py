@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query
 from gateway.admin.deps import ERRORS, Actor, ModelName
 from gateway.rollout import effects
 from gateway.rollout.controller import RolloutController
+from gateway.rollout.evidence_words import with_words_all
 from gateway.rollout.history import finished_rollouts
 from gateway.rollout.spec import RolloutSpec
 
@@ -39,7 +40,8 @@ def rollout_router(controller: RolloutController) -> APIRouter:
                 "(the newest rollout_history_per_model are kept)")
     async def finished(model: ModelName, _: Actor,
                        limit: Annotated[int, Query(ge=1, le=1000)] = 20) -> dict[str, Any]:
-        return {"model": model, "rollouts": await finished_rollouts(controller.store, model, limit)}
+        return {"model": model, "rollouts": [with_words_all(doc) for doc in
+                                             await finished_rollouts(controller.store, model, limit)]}
 
     @router.post("/models/{model}/rollout/{command}",
                  summary="promote (next step now), pause, resume, abort (back to stable); acknowledge a finished "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 ACTIVE = ("progressing", "paused", "rolling_back")
@@ -91,7 +92,8 @@ def progress_line(doc: dict[str, Any]) -> str:
 def _evidence_lines(doc: dict[str, Any]) -> list[str]:
     """The statistical judge's last word per metric, in its own summary sentences."""
     metrics = doc["verdicts"][-1].get("metrics", []) if doc["verdicts"] else []
-    return [f"{metric['verdict'].upper():>12}  {metric['summary']}" for metric in metrics]
+    return [f"{metric['verdict'].upper():>12}  {metric['summary']}" + (f"\n{'':>14}{escape(metric['words'])}"
+            if metric.get("words") else "") for metric in metrics]
 
 
 def _descent_lines(doc: dict[str, Any]) -> list[str]:

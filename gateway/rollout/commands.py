@@ -16,6 +16,7 @@ from gateway.errors import Conflict, MetricsUnavailable, StaleRevision
 from gateway.policy import PolicySpec, heaviest
 from gateway.rollout import history, steps
 from gateway.rollout.driver import PolicyMoved, adopt_own_write
+from gateway.rollout.evidence_words import with_words
 from gateway.rollout.phases import Phase, TransitionError
 from gateway.rollout.spec import RolloutSpec, newest_first
 from gateway.rollout.steps import Rollout
@@ -145,6 +146,8 @@ class RolloutCommands:
         doc["live"] = await self._live_numbers(rollout)
         doc["hooks"] = c.hooks.status(model)
         doc = history.redacted(doc)  # a status reader may not sign as the gateway
+        versus = "baseline" if rollout.spec.baseline else "stable"
+        doc["verdicts"] = [with_words(verdict, versus) for verdict in doc["verdicts"]]  # evidence in words too
         if c.shadow is not None:
             doc["shadow"] = {version: stats.document() for (m, version), stats in c.shadow.stats.items()
                              if m == model}
