@@ -19,7 +19,8 @@ How to write a parallel-safe test:
 - **Waiting**: no fixed sleeps; ``wait_for`` a condition or an event, short rollout intervals
   where the property does not depend on their length. A test over 30 s says why in its docstring
   (the run's summary names those that don't).
-- **Processes**: stop what you start, in a ``finally`` or a fixture.
+- **Processes**: stop what you start in a ``finally`` or a fixture; an interrupted run (Ctrl-C,
+  SIGTERM) tears fixtures down, so start servers from fixtures or context managers.
 """
 
 from __future__ import annotations
@@ -35,10 +36,10 @@ from typing import Any
 import hypothesis
 import pytest
 
-from gateway.devtools.local_triton import PORT_RANGE_VARIABLE, TARGET_MODELS, LocalTriton, port_slice
+from gateway.devtools.local_triton import PORT_RANGE_VARIABLE, TARGET_MODELS, LocalTriton, dies_with_parent, port_slice
 
 # in this order: the report imports the schedule
-pytest_plugins = ["tests.schedule", "tests.run_report"]
+pytest_plugins = ["tests.schedule", "tests.run_report", "tests.interrupts"]
 
 # No per-example deadline (Hypothesis's default is 200 ms): it times each example, and with parallel
 # workers on 2 cores a 0.25 ms example once took 265 ms and failed a property that held. A property
@@ -219,7 +220,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     workdir = tmp_path_factory.mktemp("redis")
     process = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                                 "--databases", str(REDIS_DATABASES), "--dir", str(workdir)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, preexec_fn=dies_with_parent())
     deadline = time.monotonic() + 10
     while True:
         try:
@@ -270,7 +271,8 @@ class PrometheusServer:
 
         self.process = subprocess.Popen(
             [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+             f"--web.listen-address=127.0.0.1:{self.port}"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            preexec_fn=dies_with_parent())
         deadline = time.monotonic() + 20
         while True:
             try:

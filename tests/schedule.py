@@ -62,6 +62,7 @@ EXPECTED_S = {
     "tests/integration/test_hostile_judge.py::test_bad_requests_aimed_at_the_canary": 10,
     "tests/integration/test_grpc_health.py::test_sigterm_tells_watchers_not_serving": 12,
     "tests/integration/test_triton_cli.py::test_a_signal_stops_the_tritonserver": 12,
+    "tests/integration/test_interrupted_run.py::test_an_interrupted_parallel_run": 35,
     "tests/console/test_console.py::test_the_page_polls_every_2_s": 13,
     "tests/abuse/test_messages.py::test_inflations_on_many_streams": 10,
     "tests/integration/test_http_proxy.py::test_split_80_20_over_10000": 12,

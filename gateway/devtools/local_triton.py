@@ -10,6 +10,7 @@ all use it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import random
 import shutil
@@ -18,9 +19,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,6 +129,30 @@ def free_port_block(count: int = 3) -> int:
     raise TritonUnavailable("no block of free ports found")
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def dies_with_parent(signum: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the child sent ``signum`` when its parent ends, even by SIGKILL
+    (Linux's PR_SET_PDEATHSIG), so a killed test run or ``gateway triton`` leaves no server behind.
+
+    The kernel sends it when the *thread* that started the child ends: from any thread but the
+    main one this gives None (no preexec_fn), as a server started by a short-lived thread must
+    not stop with it.
+    """
+    if sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork: the child only calls it
+    parent = os.getpid()
+
+    def set_parent_death_signal() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signum)
+        if os.getppid() != parent:  # the parent ended before the call: nothing will tell us
+            os.kill(os.getpid(), signum)
+
+    return set_parent_death_signal
+
+
 def _pytriton_root() -> Path:
     try:
         import pytriton
@@ -221,6 +248,8 @@ class LocalTriton:
         return env
 
     def start(self) -> LocalTriton:
+        """Start tritonserver and wait until it is ready; the server gets SIGTERM when the thread
+        that started it ends (``dies_with_parent``)."""
         if self._process is not None:
             return self
         self._workdir = Path(tempfile.mkdtemp(prefix="local-triton-"))
@@ -234,6 +263,7 @@ class LocalTriton:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=dies_with_parent(),
             )
         self.log_path = log_path
         try:

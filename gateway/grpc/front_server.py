@@ -7,6 +7,7 @@ import asyncio
 import logging
 import socket
 import ssl
+import weakref
 from collections.abc import Callable
 
 from gateway.byte_budget import ByteBudget
@@ -28,10 +29,14 @@ class FrontServer:
     """The listening socket and its connections; ``stop`` is graceful like grpcio's."""
 
     def __init__(self, server: asyncio.Server, front: GrpcFront, connection: Callable[[], GrpcServerConnection],
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None,
+                 accepted: weakref.WeakSet[GrpcServerConnection] | None = None) -> None:
         self.server = server
         self.front = front
         self.connection, self.tls = connection, tls
+        # every connection made, the refused ones too (one over a cap is in no count: it lingers
+        # until its client closes, which kept the loop of an in-process gateway from closing)
+        self.accepted = accepted if accepted is not None else weakref.WeakSet()
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain (``gateway.drain``): the connections the kernel queued are accepted and served;
@@ -58,7 +63,7 @@ class FrontServer:
             if cut:  # they learn why, as the HTTP port's 503 says
                 log.error("drain_timeout_s passed: answering %d gRPC call(s) UNAVAILABLE", cut)
             await asyncio.wait([connection.closed for connection in connections], timeout=_LAST_WORDS_S)
-        for connection in connections:
+        for connection in [*connections, *self.accepted]:
             if connection.transport is not None:
                 connection.transport.abort()
         await self.server.wait_closed()
@@ -77,13 +82,16 @@ async def start_server(router: GrpcRouter, host: str, port: int, gate: ControlGa
     # a TLS handshake is part of getting to the preface: the same bound (asyncio's default is 60 s)
     handshake = limits.preface_timeout if tls is not None else None
     loop = asyncio.get_running_loop()
+    accepted: weakref.WeakSet[GrpcServerConnection] = weakref.WeakSet()
 
     def connection() -> GrpcServerConnection:
-        return GrpcServerConnection(front.on_stream, front.connections, limits, per_client, budget)
+        made = GrpcServerConnection(front.on_stream, front.connections, limits, per_client, budget)
+        accepted.add(made)
+        return made
 
     if sock is not None:
         server = await loop.create_server(connection, sock=sock, ssl=tls, ssl_handshake_timeout=handshake)
     else:
         server = await loop.create_server(connection, host, port, reuse_address=True, reuse_port=reuse_port or None,
                                           ssl=tls, ssl_handshake_timeout=handshake)
-    return FrontServer(server, front, connection, tls)
+    return FrontServer(server, front, connection, tls, accepted)

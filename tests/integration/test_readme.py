@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from gateway.devtools.local_triton import LocalTriton
+from gateway.devtools.local_triton import LocalTriton, dies_with_parent
 from tests.integration.test_tls import Pki, pki  # noqa: F401 (the fixture: a CA and a server certificate)
 from tests.support import GatewayProcess, GatewayThread, gateway_settings
 
@@ -111,7 +111,8 @@ class ServeLine(GatewayProcess):
         self.config = config
 
     def start(self) -> ServeLine:
-        self.process = subprocess.Popen([str(BIN / "gateway"), "serve", "--config", str(self.config)], env=self.env)
+        self.process = subprocess.Popen([str(BIN / "gateway"), "serve", "--config", str(self.config)], env=self.env,
+                                        preexec_fn=dies_with_parent())
         return self.wait_ready()
 
 

@@ -19,7 +19,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from gateway.devtools.local_triton import LocalTriton, free_port
+from gateway.devtools.local_triton import LocalTriton, dies_with_parent, free_port
 from gateway.settings import Settings
 from tests.support import (
     TOKEN,
@@ -179,7 +179,8 @@ class OwnRedis:
         assert binary, "redis-server is not installed: run the suite through `make test`"
         self.process = subprocess.Popen([binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                                          "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.workdir)],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                        preexec_fn=dies_with_parent())
         deadline = time.monotonic() + 10
         while True:
             try:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import redis
 
-from gateway.devtools.local_triton import LocalTriton, free_port
+from gateway.devtools.local_triton import LocalTriton, dies_with_parent, free_port
 from gateway.rollout.controller import LEASE
 from gateway.telemetry.recorder import Window
 from gateway.telemetry.sources import MetricsSource
@@ -96,7 +96,7 @@ class OwnRedis:
         self.process = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
              "--appendfsync", "always", "--dir", str(self.workdir)], stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT)
+            stderr=subprocess.STDOUT, preexec_fn=dies_with_parent())
         wait_for(lambda: self._pings(), 10, what="redis-server")
         return self
 

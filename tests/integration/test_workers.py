@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from gateway.devtools.local_triton import LocalTriton
+from gateway.devtools.local_triton import LocalTriton, dies_with_parent
 from gateway.grpc.status import StatusCode
 from gateway.workers.channel import REPORT_S
 from tests.conftest import Faults
@@ -69,7 +69,8 @@ class Supervised(GatewayProcess):
         import subprocess
         import sys
 
-        self.process = subprocess.Popen([sys.executable, "-m", "gateway", "serve", *self.args], env=self.env)
+        self.process = subprocess.Popen([sys.executable, "-m", "gateway", "serve", *self.args], env=self.env,
+                                        preexec_fn=dies_with_parent())
         try:
             wait_for(self._all_up, 90, interval=0.2, what="every worker up")
         except BaseException:

@@ -54,7 +54,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.devtools.local_triton import LocalTriton, free_port
+from gateway.devtools.local_triton import LocalTriton, dies_with_parent, free_port
 from tests.conftest import Faults
 from tests.integration.test_workers import Supervised, workers_env
 from tests.steady_load import KINDS, SteadyLoad
@@ -174,7 +174,8 @@ class Pod:
         (tmp_path / name).mkdir()
         self.name = name
         self.gateway = Supervised(workers_env(triton, tmp_path / name, 2))
-        self.gateway.process = subprocess.Popen([sys.executable, "-m", "gateway", "serve"], env=self.gateway.env)
+        self.gateway.process = subprocess.Popen([sys.executable, "-m", "gateway", "serve"], env=self.gateway.env,
+                                                preexec_fn=dies_with_parent())
         self.endpoint = (self.gateway.port, self.gateway.grpc_port)
         self.exit: tuple[str, int | None] | None = None  # how it ended: drained, or killed at the grace period
 

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.devtools.local_triton import LocalTriton
+from gateway.devtools.local_triton import LocalTriton, dies_with_parent
 from tests.integration.test_workers import workers_env
 from tests.support import TOKEN, GatewayProcess, wait_for
 
@@ -33,7 +33,8 @@ def test_the_first_worker_reported_up_accepts_connections_on_both_ports(triton: 
     # a short directory: a Unix socket's path may not pass 107 bytes
     with tempfile.TemporaryDirectory(prefix="gw-up-") as run_root:
         gw = GatewayProcess({**workers_env(triton, tmp_path, 2), "TMPDIR": run_root})
-        gw.process = subprocess.Popen([sys.executable, "-m", "gateway", "serve"], env=gw.env)
+        gw.process = subprocess.Popen([sys.executable, "-m", "gateway", "serve"], env=gw.env,
+                                      preexec_fn=dies_with_parent())
         try:
             control = wait_for(lambda: next(Path(run_root).glob("gateway-workers-*/control.sock"), None), 90,
                                interval=0.01, what="the control plane's socket")

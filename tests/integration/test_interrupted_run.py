@@ -1,0 +1,66 @@
+"""An interrupted test run leaves no server behind (issue 31): a parallel run of
+``interrupted/servers_held.py`` (two workers, each holding its session Triton with the
+Python-backend stubs, and Redis and a ``gateway serve`` process or Prometheus) is stopped by
+SIGTERM to its controller or to its process group (as ``timeout`` does), or by Ctrl-C (SIGINT to
+its process group), and then not one process it started is left.
+
+Without tests/interrupts.py and dies_with_parent, SIGTERM to the group killed every worker before
+its teardown and left both Tritons with their stubs, the Redis and the Prometheus running; SIGTERM
+to the controller alone ended the run with -15 (its workers then tore down on their own)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.processes import alive, command_lines, descendants
+from tests.support import wait_for
+
+pytestmark = pytest.mark.triton
+TARGET = Path(__file__).parent / "interrupted" / "servers_held.py"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("how", ["SIGTERM to the controller", "SIGTERM to the group", "Ctrl-C"])
+def test_an_interrupted_parallel_run_leaves_no_process_behind(how: str, tmp_path: Path) -> None:
+    """Over 30 s: a pytest of its own with two workers starts two Tritons, a Redis, Prometheus and a
+    gateway process, and then stops them all (about 30 s on a quiet machine, 95 s at load 15)."""
+    held = tmp_path / "held"
+    held.mkdir()
+    env = {**os.environ, "HELD_DIR": str(held)}
+    run = subprocess.Popen([sys.executable, "-m", "pytest", str(TARGET), "-n", "2", "-p", "no:cacheprovider",
+                            "--basetemp", str(tmp_path / "nested"), "-q", "-o", "timeout=300"],
+                           cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+    started: set[int] = set()
+    try:
+        wait_for(lambda: {p.name for p in held.iterdir()} == {"gateway", "prometheus"} or run.poll() is not None,
+                 120, interval=0.2, what="both tests holding their servers")
+        assert run.poll() is None, run.communicate()[0]
+        started = descendants(run.pid)
+        kinds = " ".join(command_lines(started))
+        for kind in ("tritonserver", "triton_python_backend_stub", "redis-server", "prometheus", "gateway serve"):
+            assert kind in kinds, f"{kind} not started: {kinds}"
+        if how == "Ctrl-C":  # the terminal sends SIGINT to the foreground process group
+            os.killpg(run.pid, signal.SIGINT)
+        elif how == "SIGTERM to the group":  # as `timeout` does
+            os.killpg(run.pid, signal.SIGTERM)
+        else:  # a supervisor that signals the process it started
+            run.send_signal(signal.SIGTERM)
+        output, _ = run.communicate(timeout=150)
+        wait_for(lambda: not any(alive(pid) for pid in started), 30, what="every process the run started to end")
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.communicate(timeout=30)
+        left = command_lines({pid for pid in started if alive(pid)})
+        for pid in started:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert not left, left
+    assert run.returncode == pytest.ExitCode.INTERRUPTED, output[-3000:]

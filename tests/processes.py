@@ -1,0 +1,48 @@
+"""The process tree, read from /proc: what a test or an interrupted run started, and what is left."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _stat(pid: int | str) -> tuple[str, int] | None:
+    """(state, parent pid) of a process, None when it is gone."""
+    try:
+        fields = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[1])
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie has ended; its parent just has not reaped it yet)."""
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+def children(pid: int) -> list[int]:
+    return sorted(int(entry.name) for entry in Path("/proc").iterdir()
+                  if entry.name.isdigit() and (stat := _stat(entry.name)) and stat[0] != "Z" and stat[1] == pid)
+
+
+def descendants(pid: int) -> set[int]:
+    parents = {int(entry.name): stat[1] for entry in Path("/proc").iterdir()
+               if entry.name.isdigit() and (stat := _stat(entry.name)) and stat[0] != "Z"}
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def command_lines(pids: set[int]) -> list[str]:
+    """``pid command`` of each one still there, for a failure message."""
+    out = []
+    for pid in sorted(pids):
+        try:
+            command = (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        out.append(f"{pid} {command[:100].decode(errors='replace')}")
+    return out
