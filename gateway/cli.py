@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -115,19 +116,33 @@ def _rollout_reference(args: argparse.Namespace) -> int:
 
 
 def _triton(args: argparse.Namespace) -> int:
-    from gateway.devtools.local_triton import SAMPLE_MODELS, SAMPLE_REPOSITORY, LocalTriton
+    from gateway.devtools.local_triton import SAMPLE_MODELS, SAMPLE_REPOSITORY, LocalTriton, TritonUnavailable
 
     triton = LocalTriton(repository=args.repository or SAMPLE_REPOSITORY, models=tuple(args.models or SAMPLE_MODELS),
                          http_port=args.http_port, grpc_port=args.http_port + 1, metrics_port=args.http_port + 2)
     print(f"starting tritonserver on {triton.http_url} (gRPC {triton.grpc_url}) ...", flush=True)
-    with triton:
-        print(f"ready: {', '.join(triton.models)} from {triton.repository}; Ctrl-C stops it", flush=True)
-        try:
+    # SIGTERM stops the server as Ctrl-C does (it runs in a session of its own, so no signal sent
+    # to this process reaches it; by default SIGTERM ended this process and left it running)
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    try:
+        with triton:
+            print(f"ready: {', '.join(triton.models)} from {triton.repository}; Ctrl-C stops it", flush=True)
             while True:
                 time.sleep(3600)
-        except KeyboardInterrupt:
-            print("stopping tritonserver", flush=True)
+    except KeyboardInterrupt:
+        print("tritonserver stopped", flush=True)
+    except TritonUnavailable as exc:
+        print(f"gateway triton: {exc}", file=sys.stderr, flush=True)
+        return 1
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM or SIGINT, once: a second one must not cut the server's stop short."""
+    for each in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(each, lambda *_: None)
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -153,6 +153,37 @@ def dies_with_parent(signum: int = signal.SIGTERM) -> Callable[[], None] | None:
     return set_parent_death_signal
 
 
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something listens on ``port``: a bind as a server binds (SO_REUSEADDR, so the
+    TIME_WAIT connections of a server just stopped don't count) fails."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def listens_on(pid: int, port: int) -> bool | None:
+    """Whether process ``pid`` holds the listening socket on TCP ``port`` (None: /proc cannot say)."""
+    try:
+        mine = set()
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                mine.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with open(table) as lines:
+                for line in list(lines)[1:]:
+                    fields = line.split()
+                    if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port \
+                            and f"socket:[{fields[9]}]" in mine:
+                        return True
+    except OSError:
+        return None
+    return False
+
+
 def _pytriton_root() -> Path:
     try:
         import pytriton
@@ -248,10 +279,16 @@ class LocalTriton:
         return env
 
     def start(self) -> LocalTriton:
-        """Start tritonserver and wait until it is ready; the server gets SIGTERM when the thread
-        that started it ends (``dies_with_parent``)."""
+        """Start tritonserver and wait until it is ready. A port already taken is an error (a
+        tritonserver left running by an earlier start would otherwise answer "ready" for this
+        one); the server gets SIGTERM when the thread that started it ends (``dies_with_parent``)."""
         if self._process is not None:
             return self
+        taken = [port for port in (self.http_port, self.grpc_port, self.metrics_port) if port_in_use(port)]
+        if taken:
+            raise TritonUnavailable(
+                f"port {', '.join(map(str, taken))} on 127.0.0.1 is already in use (a tritonserver left running? "
+                f"`ss -ltnp 'sport = :{taken[0]}'` names the process); choose other ports or stop it")
         self._workdir = Path(tempfile.mkdtemp(prefix="local-triton-"))
         backend_dir = _backend_dir(_pytriton_root(), self._workdir / "backends")
         log_path = self.log_file or (self._workdir / "tritonserver.log")
@@ -290,6 +327,9 @@ class LocalTriton:
             if self._process is not None and self._process.poll() is not None:
                 raise TritonUnavailable(f"tritonserver exited with {self._process.returncode}; log: {self.log_path}")
             if self.is_ready():
+                if self._process is not None and listens_on(self._process.pid, self.http_port) is False:
+                    raise TritonUnavailable(f"port {self.http_port} answers, but not from the tritonserver started "
+                                            f"here (pid {self._process.pid}); log: {self.log_path}")
                 return
             time.sleep(0.2)
         raise TritonUnavailable(f"tritonserver not ready after {self.ready_timeout_s:.0f}s; log: {self.log_path}")

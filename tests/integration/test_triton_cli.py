@@ -1,0 +1,76 @@
+"""``gateway triton`` owns the server it starts (issue 33, item 9): SIGTERM or SIGINT stops the
+tritonserver and its Python-backend stubs, and a port another server already holds is an error,
+not "ready" (a second start once reported ready against a server left running by the first, and a
+bad-canary rehearsal ran against that old server)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from gateway.devtools.local_triton import LocalTriton, free_port_block, listens_on
+from tests.processes import alive, children
+from tests.support import wait_for
+
+pytestmark = pytest.mark.triton
+
+
+def gateway_triton(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "gateway", "triton", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_the_tritonserver_it_started_and_its_stubs(signum: int) -> None:
+    cli = gateway_triton("--http-port", str(free_port_block(3)), "--model", "qc")
+    server, stubs = 0, []
+    try:
+        assert cli.stdout is not None
+        for line in cli.stdout:
+            if line.startswith("ready:"):
+                break
+        else:
+            raise AssertionError(f"gateway triton ended with {cli.wait()} before it was ready")
+        [server] = children(cli.pid)
+        stubs = children(server)
+        assert len(stubs) == 3, "qc's three versions, one Python-backend stub each"
+        cli.send_signal(signum)
+        assert cli.wait(60) == 0
+        wait_for(lambda: not any(alive(pid) for pid in [server, *stubs]), 30, what="the server and stubs to end")
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait(10)
+        for pid in [server, *stubs]:
+            if pid and alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        assert cli.stdout is not None
+        cli.stdout.close()
+
+
+def test_a_port_another_server_holds_is_an_error_not_ready(triton: LocalTriton) -> None:
+    """The session Triton holds the ports: the second start says so and exits, and that Triton
+    serves on untouched."""
+    cli = gateway_triton("--http-port", str(triton.http_port), "--model", "qc")
+    try:
+        output, _ = cli.communicate(timeout=60)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait(10)
+    assert cli.returncode == 1, output
+    assert "\nready:" not in f"\n{output}", output
+    assert f"port {triton.http_port}" in output and "already in use" in output, output
+    assert triton.is_ready()
+
+
+def test_readiness_is_that_of_the_process_started(triton: LocalTriton) -> None:
+    """What the readiness check asks besides "ready?": is the listener on the port this process's?"""
+    assert triton.pid is not None
+    assert listens_on(triton.pid, triton.http_port) is True and listens_on(triton.pid, triton.grpc_port) is True
+    assert listens_on(os.getpid(), triton.http_port) is False
+    assert listens_on(triton.pid, free_port_block(1)) is False
