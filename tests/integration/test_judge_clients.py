@@ -195,6 +195,8 @@ def run(gateway: GatewayThread, crowd: Crowd, seconds: float) -> tuple[dict[str,
 
 def test_one_address_aiming_bad_requests_at_an_identical_canary_does_not_roll_it_back(
         gateway: GatewayThread) -> None:
+    """Over 30 s: the rollout runs to its end (steps 10, 50, 100 at 3 s intervals, ~150 req/s) to show the
+    attacker never rolls the canary back."""
     crowd = Crowd(gateway, {"3"}, MALFORMED)
     doc, _ = run(gateway, crowd, 150)
     assert doc["state"] not in ("rolled_back", "rolling_back"), doc["reason"]
@@ -207,6 +209,7 @@ def test_one_address_aiming_bad_requests_at_an_identical_canary_does_not_roll_it
 
 def test_one_address_aiming_at_the_stable_and_baseline_does_not_get_a_failing_canary_past_50(
         gateway: GatewayThread, faults: Faults) -> None:
+    """Over 30 s: the judge needs several 3 s intervals of ~150 req/s to decide on a canary failing 3%."""
     faults.set("qc", "3", error_rate=0.03)
     crowd = Crowd(gateway, {"1", "2"}, UNPARSABLE)
     doc, shares = run(gateway, crowd, 150)
@@ -231,6 +234,8 @@ def client_deadlines(gateway: GatewayThread, version: str) -> int:
 
 def test_one_address_with_a_1ms_grpc_deadline_at_an_identical_canary_does_not_roll_it_back(
         gateway: GatewayThread) -> None:
+    """Over 30 s: the rollout runs to its end (steps 10, 50, 100 at 3 s intervals, ~150 req/s) to show the
+    deadlines never roll it back."""
     crowd = DeadlineCrowd(gateway, {"3"})
     doc, _ = run(gateway, crowd, 150)
     assert doc["state"] not in ("rolled_back", "rolling_back"), doc["reason"]
@@ -242,6 +247,7 @@ def test_one_address_with_a_1ms_grpc_deadline_at_an_identical_canary_does_not_ro
 
 def test_one_address_with_a_1ms_grpc_deadline_at_the_stable_and_baseline_does_not_get_a_failing_canary_past_50(
         gateway: GatewayThread, faults: Faults) -> None:
+    """Over 30 s: the judge needs several 3 s intervals of ~150 req/s to decide on a canary failing 3%."""
     faults.set("qc", "3", error_rate=0.03)
     crowd = DeadlineCrowd(gateway, {"1", "2"})
     doc, shares = run(gateway, crowd, 150)

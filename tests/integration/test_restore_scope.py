@@ -41,6 +41,7 @@ def managed(url: str) -> dict[str, str]:
 
 
 def test_loads_on_tritons_own_port_are_left_alone_and_the_gateways_own_are_restored() -> None:
+    """Over 30 s: a Triton of its own is stopped and started again, and the gateway must see it gone and back."""
     own = LocalTriton.on_free_ports(models=("qc",)).start()  # restarted below
     try:
         settings = gateway_settings(own.http_url, admin_token=TOKEN, controller_tick_s=0.2)

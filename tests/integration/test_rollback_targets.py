@@ -94,6 +94,8 @@ def ready_versions(triton: LocalTriton) -> set[str]:
 
 def test_the_stable_is_protected_and_triton_restarts_neither_roll_back_nor_lose_loaded_versions(
         faults_path: Path) -> None:
+    """Over 30 s: a Triton of its own is restarted twice (each a full start with its models) under a running
+    rollout."""
     own = LocalTriton.on_free_ports(models=("qc",), faults_file=faults_path).start()
     try:
         settings = gateway_settings(own.http_url, admin_token=TOKEN, controller_tick_s=0.2,

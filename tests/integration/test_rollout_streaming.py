@@ -175,6 +175,8 @@ def test_grpc_model_stream_infer_responses_are_timed_per_version(triton: LocalTr
 
 
 def test_a_streaming_canary_like_the_stable_is_promoted_on_the_streaming_metrics(gateway: GatewayThread) -> None:
+    """Over 30 s: an identical canary is promoted only on evidence, at the statistical judge's default 3 s
+    intervals over every step."""
     with StreamLoad(gateway.url) as load:
         doc = streamed_rollout(gateway, load, 120)
     assert not load.failures, load.failures[:3]

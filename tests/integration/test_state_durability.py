@@ -27,6 +27,7 @@ pytestmark = pytest.mark.triton
 
 
 def test_kill_9_and_restart_keeps_policy_revision_and_audit_trail(triton: LocalTriton, tmp_path: Path) -> None:
+    """Can pass 30 s on a loaded machine: the gateway process is started twice."""
     env = {"GATEWAY_TRITON_URL": triton.http_url, "GATEWAY_STORE_URL": f"sqlite:///{tmp_path}/state.db",
            "GATEWAY_ADMIN_TOKEN": TOKEN}
     first = GatewayProcess(env).start()
@@ -119,6 +120,7 @@ def test_weight_shift_under_constant_load_fails_no_request(triton: LocalTriton) 
 
 
 def test_ctl_commands_against_a_running_gateway(triton: LocalTriton) -> None:
+    """Can pass 30 s on a loaded machine: each `gateway ctl` command is a Python process of its own (~1 s each)."""
     with GatewayThread(gateway_settings(triton.http_url, admin_tokens={"sre-bob": "bob-token-123"})) as gw:
         def ctl(*args: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run([sys.executable, "-m", "gateway", "ctl", "--url", gw.url, "--token", "bob-token-123",
@@ -143,6 +145,7 @@ def test_ctl_commands_against_a_running_gateway(triton: LocalTriton) -> None:
 
 
 def test_ctl_policy_set_changes_only_what_its_flags_name(triton: LocalTriton) -> None:
+    """Can pass 30 s on a loaded machine: each `gateway ctl` command is a Python process of its own (~1 s each)."""
     with GatewayThread(gateway_settings(triton.http_url, admin_token=TOKEN)) as gw:
         def ctl(*args: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run([sys.executable, "-m", "gateway", "ctl", "--url", gw.url, "--token", TOKEN, "--json",

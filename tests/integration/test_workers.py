@@ -112,6 +112,8 @@ def total(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: s
 
 def test_metrics_and_the_judge_count_every_request_of_three_workers_exactly(
         triton: LocalTriton, tmp_path: Path) -> None:
+    """Over 30 s: three worker processes start (each imports the whole gateway) and the first verdict waits for
+    a 10 s interval."""
     with supervised(workers_env(triton, tmp_path, 3, controller_tick_s="0.5")) as gw:
         status, doc = admin_call(gw.url, "POST", "/admin/models/qc/rollout", {
             "canary": "3", "judge": "thresholds", "steps": [50, 100], "interval_s": 10, "min_requests": 20})
@@ -153,6 +155,7 @@ def test_metrics_and_the_judge_count_every_request_of_three_workers_exactly(
 
 def test_a_failing_canary_is_rolled_back_on_every_worker_within_two_ticks(
         triton: LocalTriton, tmp_path: Path, faults: Faults) -> None:
+    """Can pass 30 s on a loaded machine: two worker processes start, each importing the whole gateway."""
     tick = 0.5
     faults.set("qc", "3", error_rate=0.5)
     with supervised(workers_env(triton, tmp_path, 2, controller_tick_s=str(tick))) as gw:
@@ -176,6 +179,7 @@ def test_a_failing_canary_is_rolled_back_on_every_worker_within_two_ticks(
 
 def test_an_http_sequence_over_fresh_connections_stays_on_one_version_and_one_server(
         triton_pair: tuple[LocalTriton, LocalTriton], tmp_path: Path) -> None:
+    """Over 30 s: a fleet of two Tritons and a gateway with worker processes are started for it."""
     fleet = {"servers": [{"http": s.http_url, "grpc": s.grpc_url} for s in triton_pair]}
     env = workers_env(triton_pair[0], tmp_path, 3, fleets={"default": fleet},
                       policies={"qc": {"weights": {"2": 50, "3": 50}, "sequence_affinity": True}})
@@ -201,6 +205,7 @@ def test_an_http_sequence_over_fresh_connections_stays_on_one_version_and_one_se
 
 def test_kill_9_of_a_worker_under_load_is_replaced_within_a_second_and_costs_only_its_requests(
         triton: LocalTriton, tmp_path: Path) -> None:
+    """Over 30 s: worker processes start, and the killed one's replacement starts under load."""
     with supervised(workers_env(triton, tmp_path, 2)) as gw:
         before = {w["index"]: w["requests"] for w in workers(gw.url)["workers"]}
         with BackgroundLoad(gw.url, concurrency=8) as load:
@@ -342,6 +347,7 @@ def test_admission_at_three_times_the_limit_refuses_the_share_one_process_would(
 
 def test_a_stalled_worker_is_replaced_and_sighup_applies_the_config_file_worker_by_worker(
         triton: LocalTriton, tmp_path: Path) -> None:
+    """Can pass 30 s: each worker is replaced in turn, and each replacement imports the whole gateway."""
     config = tmp_path / "gateway.yaml"
     config.write_text('policies:\n  qc: {weights: {"2": 100}}\n')
     env = workers_env(triton, tmp_path, 2, worker_stall_s="1")

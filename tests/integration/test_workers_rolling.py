@@ -210,6 +210,8 @@ class Pod:
 
 def test_a_rolling_update_of_two_replicas_with_two_workers_each_fails_no_request(
         triton: LocalTriton, tmp_path: Path, faults: Faults) -> None:
+    """Over 30 s: two replicas of two worker processes each are started, and each is replaced in turn under
+    load."""
     pre_stop_s, grace_s = manifest()
     assert PROPAGATION_S < pre_stop_s < grace_s
     faults.set("qc", "2", delay_ms=100)

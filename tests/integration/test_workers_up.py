@@ -31,6 +31,7 @@ pytestmark = pytest.mark.triton
 def test_the_first_worker_reported_up_accepts_connections_on_both_ports(triton: LocalTriton,
                                                                         tmp_path: Path) -> None:
     # a short directory: a Unix socket's path may not pass 107 bytes
+    """Can pass 30 s on a loaded machine: a supervisor and its worker processes start."""
     with tempfile.TemporaryDirectory(prefix="gw-up-") as run_root:
         gw = GatewayProcess({**workers_env(triton, tmp_path, 2), "TMPDIR": run_root})
         gw.process = subprocess.Popen([sys.executable, "-m", "gateway", "serve"], env=gw.env,
