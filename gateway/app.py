@@ -42,6 +42,7 @@ from gateway.grpc.health import Health
 from gateway.grpc.router import GrpcRouter
 from gateway.grpc.upstream import GrpcUpstream
 from gateway.http2.server_stream import Limits
+from gateway.metrics_port import MetricsAccess, MetricsServer, tls_options
 from gateway.pipeline import Pipeline
 from gateway.policy_book import PolicyBook
 from gateway.proxy.http import HttpProxy
@@ -129,8 +130,10 @@ class Gateway(Dispatch):
                                           history_per_model=settings.rollout_history_per_model)
         self.registry = make_registry(GatewayCollector(self.recorder, self.book))
         self.registry.register(FleetCollector(self.fleets))
+        metrics_token = settings.metrics_token.get_secret_value() if settings.metrics_token is not None else None
         self.probes = Probes(self.fleets.default.live, self.book, self.registry, settings.connect_timeout_s,
-                             self.sync.problem)
+                             self.sync.problem, MetricsAccess(metrics_token, settings.metrics_port))
+        self.metrics_server: MetricsServer | None = None
         self.health = Health(self.probes.problem, settings.grpc_max_health_watches_per_client)  # grpc.health.v1
         self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin,
                                   {name: token.get_secret_value() for name, token in settings.viewer_tokens.items()})
@@ -213,6 +216,15 @@ class Gateway(Dispatch):
         if self.settings.controller_enabled:
             self.rollouts.start()
         self.timeline.start()
+        await self._start_metrics()
+
+    async def _start_metrics(self) -> None:
+        """``metrics_port``: /metrics on its own port, served by the process that holds the registry."""
+        settings = self.settings
+        if settings.metrics_port is not None:
+            self.metrics_server = MetricsServer(self.probes.access, self.probes.metrics, settings.host, tls_options(
+                settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file))
+            await self.metrics_server.start()
 
     async def _start_grpc(self) -> None:
         settings = self.settings
@@ -247,6 +259,8 @@ class Gateway(Dispatch):
 
     async def _stop(self) -> None:
         await self._grpc_drained()  # first: its calls in flight still use the fleets, shadow, log, policies
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
         await self.timeline.stop()
         await self.rollouts.stop()
         await self.sync.stop()

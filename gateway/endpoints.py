@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from gateway.errors import GatewayError
+from gateway.metrics_port import MetricsAccess, guarded
 from gateway.policy_book import PolicyBook
 from gateway.telemetry.exposition import SnapshotRegistry
 
@@ -24,19 +25,21 @@ class Probes:
     answers from the same :meth:`problem`."""
 
     def __init__(self, live: Live, book: PolicyBook, registry: SnapshotRegistry,
-                 timeout_s: float, sync_problem: Callable[[], str | None] = lambda: None) -> None:
+                 timeout_s: float, sync_problem: Callable[[], str | None] = lambda: None,
+                 access: MetricsAccess | None = None) -> None:
         self.sync_problem = sync_problem  # why policy sync makes this replica unready, if it does
         self.live = live
         self.book = book
         self.registry = registry
         self.timeout_s = timeout_s
+        self.access = access or MetricsAccess(None, None)  # metrics_token, metrics_port (gateway.metrics_port)
         self.started = False  # set by the lifespan once the policies are loaded
 
     def router(self) -> APIRouter:
         router = APIRouter(include_in_schema=False)
         router.add_api_route("/healthz", self.healthz, methods=["GET"])
         router.add_api_route("/readyz", self.readyz, methods=["GET"])
-        router.add_api_route("/metrics", self.metrics, methods=["GET"])
+        router.add_api_route("/metrics", guarded(self.access, self.metrics, on_own_port=False), methods=["GET"])
         return router
 
     async def metrics(self, request: Request) -> Response:

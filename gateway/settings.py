@@ -152,6 +152,12 @@ class Settings(BaseSettings):
                                           "this long is replaced; a tick is cut off at half of it")
     controller_call_timeout_s: float = Field(1.5, gt=0, le=60, description="timeout of each metrics query and "
                                              "Triton call in a controller tick (well inside the lease)")
+    metrics_token: SecretStr | None = Field(None, description="/metrics answers only 'Authorization: Bearer "
+                                            "<metrics_token>' (401 otherwise): it counts requests per version and "
+                                            "names Triton's addresses")
+    metrics_port: int | None = Field(None, ge=1, le=65535, description="serve /metrics on this port only (the HTTP "
+                                     "port answers 404 for it); with --workers, the control plane's. Unset: on "
+                                     "the HTTP port")
     access_log: bool = Field(False, description="one JSON line per request on stdout, written off the hot path")
     expose_version_headers: bool = Field(True, description="answers name the version that served them and how it "
                                          "was picked (x-gateway-model-version, x-gateway-route); off: a client "
@@ -248,6 +254,8 @@ class Settings(BaseSettings):
         secrets = [t.get_secret_value() for t in (*self.admin_tokens.values(), *self.viewer_tokens.values())]
         if self.admin_token is not None:
             secrets.append(self.admin_token.get_secret_value())
+        if self.metrics_token is not None:
+            secrets.append(self.metrics_token.get_secret_value())
         if any(len(secret) < 8 for secret in secrets):
             raise ValueError("admin tokens must be at least 8 characters")
         if len(set(secrets)) != len(secrets):
@@ -255,6 +263,13 @@ class Settings(BaseSettings):
         if self.triton_control == "admin" and not self.actor_tokens() and not self.insecure_admin:
             raise ValueError("triton_control=admin needs an admin token to check: set GATEWAY_ADMIN_TOKEN "
                              "(or admin_tokens), or choose triton_control=deny")
+        return self
+
+    @model_validator(mode="after")
+    def _ports_differ(self) -> Settings:
+        if self.metrics_port is not None and self.metrics_port in (self.port, self.grpc_port):
+            raise ValueError(f"metrics_port {self.metrics_port} is the HTTP or gRPC port: give /metrics a port of its "
+                             "own, or leave metrics_port unset to serve it on the HTTP port")
         return self
 
     @model_validator(mode="after")
