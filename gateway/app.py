@@ -23,6 +23,7 @@ from gateway.admin.auth import Authenticator
 from gateway.admin.deps import JsonBodies
 from gateway.admin.fleets import fleets_router
 from gateway.admin.rollouts import rollout_router
+from gateway.admin.throttle import TokenThrottle
 from gateway.admin.versions import versions_router
 from gateway.asgi import Dispatch
 from gateway.byte_budget import ByteBudget
@@ -130,13 +131,16 @@ class Gateway(Dispatch):
                                           history_per_model=settings.rollout_history_per_model)
         self.registry = make_registry(GatewayCollector(self.recorder, self.book))
         self.registry.register(FleetCollector(self.fleets))
+        self.throttle = TokenThrottle()  # wrong tokens per client: console, /admin, data-port control, /metrics
         metrics_token = settings.metrics_token.get_secret_value() if settings.metrics_token is not None else None
         self.probes = Probes(self.fleets.default.live, self.book, self.registry, settings.connect_timeout_s,
-                             self.sync.problem, MetricsAccess(metrics_token, settings.metrics_port))
+                             self.sync.problem, MetricsAccess(metrics_token, settings.metrics_port, self.throttle,
+                                                              self.pipeline.clients))
         self.metrics_server: MetricsServer | None = None
         self.health = Health(self.probes.problem, settings.grpc_max_health_watches_per_client)  # grpc.health.v1
         self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin,
-                                  {name: token.get_secret_value() for name, token in settings.viewer_tokens.items()})
+                                  {name: token.get_secret_value() for name, token in settings.viewer_tokens.items()},
+                                  self.throttle)
         self.gate = control_gate(ControlMode(settings.triton_control), self.auth, self.policies)
         self.proxy = HttpProxy(self.pipeline, self.upstream, self.gate,
                                BodyReader(settings.max_body_bytes, budget=self.budget,
@@ -160,6 +164,7 @@ class Gateway(Dispatch):
         app = FastAPI(title="triton-gateway admin API", version="1", lifespan=self._lifespan,
                       docs_url="/admin/docs", redoc_url=None, openapi_url="/admin/openapi.json")
         app.state.auth = self.auth  # read by the shared Actor dependency (gateway.admin.deps)
+        app.state.clients = self.pipeline.clients  # who a request's client is (trusted proxies, /64)
         app.add_middleware(JsonBodies)  # curl -d's bodies are JSON; other media types 415
         app.include_router(self.probes.router())
         app.include_router(admin_router(self.policies), prefix="/admin", tags=["admin"])

@@ -64,6 +64,19 @@ class ClientAddresses:
                 return client_key(address)
         return client_key(peer)
 
+    def of_control(self, peer: str | None, headers: Iterable[tuple[bytes, bytes]]) -> str:
+        """The client of a request to the control app (``/admin``, ``/console``, ``/metrics``). Without
+        a peer it came over the control plane's Unix socket (``--workers``): the last
+        ``X-Forwarded-For`` line is the TCP peer the worker's forwarder saw and appended, the lines
+        before it what that peer sent (believed only from a trusted proxy, as always)."""
+        if peer:
+            return self.of(peer, headers)
+        lines = [value for name, value in headers if name == b"x-forwarded-for"]
+        if not lines:
+            return "unknown"
+        seen = lines[-1].rpartition(b",")[2].strip().decode("latin-1")
+        return self.of(seen, [(b"x-forwarded-for", line) for line in lines[:-1]])
+
     def is_trusted(self, address: str) -> bool:
         verdict = self._verdicts.get(address)
         if verdict is None:

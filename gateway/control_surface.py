@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from gateway.errors import BadRequest, Forbidden, GatewayError, Unauthorized
+from gateway.errors import BadRequest, Forbidden, GatewayError, TooManyAttempts, Unauthorized
 from gateway.grpc.router import SERVICE as GRPC_SERVICE
 from gateway.grpc.status import status_for
 from gateway.grpc.wire import WireError, top_level_field
@@ -200,13 +200,15 @@ class ControlGate:
     :class:`GatewayError`; ``audit`` writes the audit line (and raises if it cannot).
     """
 
-    def __init__(self, mode: ControlMode, actor: Callable[[str | None], str], audit: Auditor) -> None:
+    def __init__(self, mode: ControlMode, actor: Callable[[str | None, str, str], str], audit: Auditor) -> None:
         self.mode = mode
         self._actor = actor
         self._audit = audit
 
-    async def admit(self, call: ControlCall, authorization: str | None, protocol: str) -> GatewayError | None:
-        """None: forward the call. Otherwise the refusal to answer with (nothing was forwarded)."""
+    async def admit(self, call: ControlCall, authorization: str | None, protocol: str,
+                    client: str = "") -> GatewayError | None:
+        """None: forward the call. Otherwise the refusal to answer with (nothing was forwarded).
+        A wrong token counts against ``client`` (``gateway.admin.throttle``)."""
         if self.mode is ControlMode.ALLOW:
             return None
         if call.action is ControlAction.UNNORMALISED_PATH:
@@ -214,7 +216,9 @@ class ControlGate:
         if self.mode is ControlMode.DENY:
             return Forbidden(call.refusal())
         try:
-            actor = self._actor(authorization)
+            actor = self._actor(authorization, client, f"Triton control on the {protocol} data port")
+        except TooManyAttempts as exc:
+            return exc
         except Unauthorized as exc:
             return Unauthorized(f"{call.described} changes Triton and needs an admin bearer token on the data port "
                                 f"(GATEWAY_TRITON_CONTROL=admin): {exc.message}")
@@ -226,12 +230,13 @@ class ControlGate:
             return exc
         return None
 
-    async def admit_grpc(self, path: str, message: bytes, metadata: Metadata) -> tuple[int, str, Metadata]:
+    async def admit_grpc(self, path: str, message: bytes, metadata: Metadata,
+                         client: str = "") -> tuple[int, str, Metadata]:
         """``(0, "", metadata to forward)`` to go on, else ``(status code, details, ())`` to answer with."""
         call = grpc_control_call(path, message)
         if call is None:
             return 0, "", metadata
-        refused = await self.admit(call, _authorization(metadata), "grpc")
+        refused = await self.admit(call, _authorization(metadata), "grpc", client)
         if refused is not None:
             return status_for(refused), refused.message, ()
         return 0, "", tuple((k, v) for k, v in metadata if k not in ("authorization", b"authorization"))

@@ -31,40 +31,56 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.admin.auth import digest
-from gateway.errors import GatewayError, NotFound, Unauthorized
+from gateway.admin.throttle import TokenThrottle
+from gateway.client_address import ClientAddresses
+from gateway.errors import GatewayError, NotFound, TooManyAttempts, Unauthorized
 
 log = logging.getLogger("gateway")
 Render = Callable[[Request], Awaitable[Response]]
 
 
 class MetricsAccess:
-    """The token ``/metrics`` asks for (None: none), and whether the HTTP port serves it."""
+    """The token ``/metrics`` asks for (None: none), and whether the HTTP port serves it. A wrong
+    token counts against its client in the node's :class:`TokenThrottle`, like every token."""
 
-    def __init__(self, token: str | None, own_port: int | None) -> None:
+    def __init__(self, token: str | None, own_port: int | None, throttle: TokenThrottle | None = None,
+                 clients: ClientAddresses | None = None) -> None:
         self._digest = None if token is None else digest(token)
         self.own_port = own_port
+        self.throttle = throttle or TokenThrottle()
+        self.clients = clients or ClientAddresses()
 
-    def refusal(self, authorization: str | None, on_own_port: bool) -> GatewayError | None:
+    def refusal(self, request: Request, on_own_port: bool) -> GatewayError | None:
         """Why this request may not read ``/metrics``, or None."""
         if self.own_port is not None and not on_own_port:
             return NotFound(f"/metrics is served on its own port ({self.own_port}: metrics_port)")
         if self._digest is None:
             return None
-        scheme, _, presented = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(digest(presented.strip()), self._digest):
+        scheme, _, presented = (request.headers.get("authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or not presented:
+            return Unauthorized("/metrics needs 'Authorization: Bearer <metrics_token>'")
+        client = self.clients.of_control(request.client.host if request.client else None, request.scope["headers"])
+        try:
+            self.throttle.check(client)
+        except TooManyAttempts as exc:
+            return exc
+        if not hmac.compare_digest(digest(presented.strip()), self._digest):
+            self.throttle.failed(client, "/metrics")
             return Unauthorized("/metrics needs 'Authorization: Bearer <metrics_token>'")
         return None
 
 
 def _answer(refusal: GatewayError) -> JSONResponse:
-    headers = {"www-authenticate": "Bearer"} if isinstance(refusal, Unauthorized) else {}
+    headers = {name.decode(): value.decode() for name, value in refusal.headers}
+    if isinstance(refusal, Unauthorized):
+        headers["www-authenticate"] = "Bearer"
     return JSONResponse({"error": refusal.message}, status_code=refusal.status, headers=headers)
 
 
 def guarded(access: MetricsAccess, render: Render, on_own_port: bool) -> Render:
     """``render`` behind ``access``'s checks, for the HTTP port's app or the metrics port's."""
     async def metrics(request: Request) -> Response:
-        refusal = access.refusal(request.headers.get("authorization"), on_own_port)
+        refusal = access.refusal(request, on_own_port)
         if refusal is not None:
             return _answer(refusal)
         return await render(request)
@@ -79,7 +95,8 @@ class MetricsServer:
         assert access.own_port is not None
         app = Starlette(routes=[Route("/metrics", guarded(access, render, on_own_port=True), methods=["GET"])])
         config = uvicorn.Config(app, host=host, port=access.own_port, lifespan="off", access_log=False,
-                                log_level="warning", server_header=False, **tls)  # type: ignore[arg-type]
+                                proxy_headers=False, log_level="warning", server_header=False,
+                                **tls)  # type: ignore[arg-type]
         self.server = _SignalFree(config)
         self._task: asyncio.Task[None] | None = None
 

@@ -37,6 +37,9 @@ def uvicorn_config(settings: Settings, app: Gateway | None = None) -> uvicorn.Co
         loop="uvloop",
         http=protocol_for(settings),
         ws="none",  # no WebSocket here: an upgraded connection would leave the front's bounds and counts
+        # who a client is comes from trusted_proxies alone (gateway.client_address): uvicorn's own
+        # proxy headers believed any X-Forwarded-For from 127.0.0.1, so a local client chose its address
+        proxy_headers=False,
         timeout_keep_alive=settings.keep_alive_timeout_s,
         lifespan="on",
         access_log=False,  # our own access log is structured and off the hot path

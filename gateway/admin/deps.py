@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.admin.auth import Authenticator
+from gateway.client_address import ClientAddresses
 from gateway.policy import ModelName
 
 __all__ = ["Actor", "ERRORS", "ErrorBody", "JsonBodies", "ModelName", "actor"]
@@ -48,12 +49,22 @@ ERRORS[400] = {"model": ErrorBody, "description": "malformed header (e.g. If-Mat
 
 
 def actor(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
-    """The actor (audit-trail name) behind the request's bearer token; 401/503 otherwise. A viewer
-    token may read (GET) and is refused anything else with 403."""
+    """The actor (audit-trail name) behind the request's bearer token; 401/503 otherwise (429 while
+    its client is locked out for wrong tokens). A viewer token may read (GET) and is refused
+    anything else with 403."""
     auth: Authenticator = request.app.state.auth
+    client = request_client(request)
     if request.method in ("GET", "HEAD"):
-        return auth.identify(authorization).name
-    return auth.actor(authorization)
+        return auth.identify(authorization, client).name
+    return auth.actor(authorization, client)
+
+
+def request_client(request: Request) -> str:
+    """Whose request this is, as the rest of the gateway says it (trusted proxies, IPv6 /64, the
+    workers' forwarder: :meth:`ClientAddresses.of_control`)."""
+    clients: ClientAddresses = request.app.state.clients
+    peer = request.client.host if request.client is not None else None
+    return clients.of_control(peer, request.scope["headers"])
 
 
 Actor = Annotated[str, Depends(actor)]

@@ -18,13 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.admin.api import WeightsChange, held
 from gateway.admin.auth import Authenticator
-from gateway.admin.deps import ModelName
+from gateway.admin.deps import ModelName, request_client
 from gateway.console import guard
 from gateway.console.assets import IMMUTABLE, Assets
 from gateway.console.sessions import Sessions
-from gateway.console.throttle import LoginThrottle
 from gateway.console.views import Views, console_actor
-from gateway.errors import Forbidden, NotFound, Unauthorized
+from gateway.errors import Forbidden, NotFound
 from gateway.policy import Version
 from gateway.rollout import effects
 from gateway.rollout.spec import RolloutSpec
@@ -66,13 +65,12 @@ def install_console(app: FastAPI, views: Views, lifecycle: ModelLifecycle, auth:
                     session_ttl_s: float) -> None:
     """The console's routes on the control app (so whatever serves /admin serves /console too: the
     HTTP port, or the control plane behind ``--workers``), and its security headers."""
-    app.include_router(console_router(views, lifecycle, auth, Sessions(session_ttl_s), session_ttl_s,
-                                      LoginThrottle()))
+    app.include_router(console_router(views, lifecycle, auth, Sessions(session_ttl_s), session_ttl_s))
     app.add_middleware(guard.SecureHeaders)
 
 
 def console_router(views: Views, lifecycle: ModelLifecycle, auth: Authenticator, sessions: Sessions,
-                   session_ttl_s: float, throttle: LoginThrottle) -> APIRouter:
+                   session_ttl_s: float) -> APIRouter:
     app = APIRouter(include_in_schema=False)  # not part of the admin API's OpenAPI document
     assets = Assets()
 
@@ -93,14 +91,9 @@ def console_router(views: Views, lifecycle: ModelLifecycle, auth: Authenticator,
     @app.post("/console/login")
     async def login(request: Request, body: Login) -> JSONResponse:
         guard.same_origin(request)
-        client = _login_address(request)
-        throttle.check(client)  # 429 while this address is locked out: the token is not even compared
-        try:
-            who = auth.token_identity(body.token.strip())
-        except Unauthorized:
-            throttle.failed(client)  # logs the first failure and each lockout, not every guess
-            raise
-        throttle.succeeded(client)
+        # 429 while this client is locked out for wrong tokens here or anywhere else (the token is
+        # not even compared); a wrong one counts and is logged at the first and at each lockout
+        who = auth.token_identity(body.token.strip(), request_client(request), "the console")
         session = sessions.open(who)
         log.info("console login: %s (%s)", who.name, who.role)
         response = JSONResponse(_session(session.who.name, session.who.role, session.csrf, views))
@@ -224,16 +217,6 @@ def console_router(views: Views, lifecycle: ModelLifecycle, auth: Authenticator,
 
 def _session(name: str, role: str, csrf: str, views: Views) -> dict[str, Any]:
     return {"actor": name, "role": role, "csrf": csrf, "rates_from": views.rates_from()}
-
-
-def _login_address(request: Request) -> str:
-    """Whose login this is, for the failure limit: the TCP peer; over the control plane's Unix
-    socket (``--workers``: no peer address) the address the worker's forwarder appended last to
-    ``X-Forwarded-For``. A TCP client's own ``X-Forwarded-For`` is never believed."""
-    if request.client is not None and request.client.host:
-        return request.client.host
-    forwarded = request.headers.getlist("x-forwarded-for")
-    return forwarded[-1].rpartition(",")[2].strip() or "unknown" if forwarded else "unknown"
 
 
 def _no_store(response: JSONResponse) -> JSONResponse:

@@ -181,7 +181,8 @@ class UnaryCall(_Call):
         assert self.message is not None
         metadata: Any = client_metadata(self.stream.headers)
         if gate is not None:  # Triton model control is refused here, or admitted and audited
-            refused, details, metadata = await gate.admit_grpc(self.stream.path, self.message, metadata)
+            refused, details, metadata = await gate.admit_grpc(self.stream.path, self.message, metadata,
+                                                               self.client)
             if refused:
                 self.finish(refused, details)
                 return

@@ -155,7 +155,8 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
         async def passthrough(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
             forwarded: Any = _forwarded(context)
             if self.gate is not None:  # Triton model control is refused here, or admitted and audited
-                refused, details, forwarded = await self.gate.admit_grpc(method, raw, forwarded)
+                client = self.router.pipeline.clients.of(grpcio_peer(context.peer()), _wire(forwarded))
+                refused, details, forwarded = await self.gate.admit_grpc(method, raw, forwarded, client)
                 if refused:
                     await context.abort(_STATUS[refused], details)
             code, details, answer = await self.router.pass_through(method, raw, forwarded,

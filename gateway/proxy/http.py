@@ -129,7 +129,7 @@ class HttpProxy:
         for name, value in scope["headers"]:
             if name == b"authorization":
                 authorization = value.decode("latin-1")
-        refused = await self.gate.admit(call, authorization, "http")
+        refused = await self.gate.admit(call, authorization, "http", _client(self, scope))
         if refused is None:  # the admin token is the gateway's, not Triton's business
             scope["headers"] = [(name, value) for name, value in scope["headers"] if name != b"authorization"]
         return refused

@@ -4,9 +4,11 @@ length-prefixed pickled tuples ``(kind, *fields)``, both ways.
 Both ends are this package's own processes (started by the supervisor, spawn context), so
 pickle carries the policy specs and deltas as they are. Worker to control plane: ``hello``,
 ``delta`` (every ``REPORT_S``: the recorder's delta, the event loop's lag, the policy
-push it runs, the sequence pins it touched), ``pins`` (sequence-pin calls, answered at once).
-Control plane to worker: ``policies`` (a snapshot of the policy book, by push number, with
-the versions the rollouts watch), ``pinned`` (answers), ``drain``.
+push it runs, the sequence pins it touched), ``pins`` (sequence-pin calls, answered at once),
+``auth_failed`` (a wrong token on a data port: the control plane counts it). Control plane to
+worker: ``policies`` (a snapshot of the policy book, by push number, with the versions the
+rollouts watch), ``pinned`` (answers), ``drain``, ``locked`` (a client locked out for wrong
+tokens, until a monotonic time).
 """
 
 from __future__ import annotations

@@ -113,6 +113,7 @@ class Supervisor:
         self.recorder = self.control.recorder
         self.recorder.watch_changed = self._schedule_push
         self.control.book.on_change(lambda _model, _policy: self._schedule_push())
+        self.control.throttle.on_lockout = self._lock_out  # wrong tokens: one count per node, the workers' too
         self.pins = PinService(self._pin_table)
         self.fleet_sums = FleetSums(self.control.fleets)  # /admin/fleets and gateway_fleet_server_*: the node's
         self.slots = [WorkerSlot(index) for index in range(self.count)]
@@ -212,6 +213,13 @@ class Supervisor:
                 with contextlib.suppress(ChannelClosed):
                     slot.channel.send(*message)
 
+    def _lock_out(self, client: str, until: float) -> None:
+        """Every worker refuses ``client``'s tokens until ``until`` (monotonic: one clock per node)."""
+        for slot in self.slots:
+            if slot.channel is not None:
+                with contextlib.suppress(ChannelClosed):
+                    slot.channel.send("locked", client, until)
+
     # -- the channel --------------------------------------------------------------------------------
     async def _serve_channel(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         channel = Channel(reader, writer)
@@ -233,6 +241,8 @@ class Supervisor:
                     self.cost.seconds += channel.decode_s  # reading the report is part of its cost
                     channel.decode_s = 0.0
                     self._merge(slot, pid, current, message[1], message[2], message[3])
+                elif message[0] == "auth_failed":
+                    self.control.throttle.failed(message[1], message[2])
                 elif message[0] == "ack" and current:
                     slot.push = message[1]
                 elif message[0] == "serving" and current:
@@ -372,6 +382,7 @@ class Supervisor:
         loop.add_signal_handler(signal.SIGHUP, hangup)
         server = _QuietServer(uvicorn.Config(self.control, uds=os.path.join(self.run_dir, "control.sock"),
                                              lifespan="on", log_level=self.settings.log_level, access_log=False,
+                                             proxy_headers=False,  # ClientAddresses.of_control reads them
                                              timeout_graceful_shutdown=CONTROL_STOP_S))
         serving = loop.create_task(server.serve())
         channel = await asyncio.start_unix_server(self._serve_channel, os.path.join(self.run_dir, "channel.sock"),

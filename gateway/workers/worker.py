@@ -219,6 +219,7 @@ class WorkerGateway(Gateway):
         self.shadow.start()
         self.channel = await Channel.connect(os.path.join(self.run_dir, "channel.sock"))
         self.channel.send("hello", self.index, os.getpid())
+        self.throttle.relay = self._relay_failure  # wrong tokens are counted by the node's control plane
         self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._report())]
         await asyncio.wait_for(self._first_push.wait(), 30)  # serve only with the node's policies
         if self.settings.grpc_enabled:
@@ -252,6 +253,8 @@ class WorkerGateway(Gateway):
                 os._exit(3)  # the supervisor is gone; a worker without it must not go on alone
             if message[0] == "policies":
                 self._apply(*message[1:])
+            elif message[0] == "locked":  # a client the control plane locked out for wrong tokens
+                self.throttle.lock(message[1], message[2])
 
     def _apply(self, push: int, specs: dict[str, tuple[PolicySpec, int]], watched: set[tuple[str, str]],
                sequence_models: frozenset[str]) -> None:
@@ -262,6 +265,10 @@ class WorkerGateway(Gateway):
         self._first_push.set()
         if self.channel is not None:
             self.channel.send("ack", push)
+
+    def _relay_failure(self, client: str, where: str) -> None:
+        if self.channel is not None and not self.channel.writer.is_closing():
+            self.channel.send("auth_failed", client, where)
 
     async def _report(self) -> None:
         loop = asyncio.get_running_loop()

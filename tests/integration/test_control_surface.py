@@ -148,3 +148,32 @@ def test_admin_mode_over_grpc(admitting: GatewayThread, triton: LocalTriton, tok
     assert [(e["action"], e["actor"]) for e in audit] == [("triton_model_load", "admin"),
                                                           ("triton_model_unload", "admin")]
     channel.close()
+
+
+@pytest.mark.parametrize("server", ["lean", "grpcio"])
+def test_wrong_control_tokens_on_the_data_ports_share_the_count(triton: LocalTriton, server: str) -> None:
+    """The gRPC metadata token took unlimited guesses; it counts with the HTTP port's (and the
+    admin API's): past the free tries the client waits (429, RESOURCE_EXHAUSTED) and Triton is
+    never asked, the right token included."""
+    settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url, admin_token=TOKEN,
+                                triton_control="admin", grpc_server=server)
+    with GatewayThread(settings) as gateway:
+        channel, client = grpc_stub(gateway)
+        unload = service_pb2.RepositoryModelUnloadRequest(model_name="tok")
+        codes = []
+        for n in range(5):
+            try:
+                client.RepositoryModelUnload(unload, metadata=[("authorization", f"Bearer guess-{n}-xx")], timeout=10)
+            except grpc.RpcError as exc:
+                codes.append(exc.code())
+        assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 5
+        status, _ = post(f"{gateway.url}/v2/repository/models/tok/unload", headers={"Authorization": "Bearer guess-h"})
+        assert status == 401  # the sixth wrong token, on the HTTP port
+        with pytest.raises(grpc.RpcError) as caught:
+            client.RepositoryModelUnload(unload, metadata=[("authorization", f"Bearer {TOKEN}")], timeout=10)
+        assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "too many wrong tokens" in (caught.value.details() or "")
+        assert post(f"{gateway.url}/v2/repository/models/tok/unload", headers=AUTH)[0] == 429
+        audited = gateway.call(gateway.app.store.events("tok"))  # read inside: this client is locked out of /admin
+        assert tok_ready(triton) and not [e for e in audited if e.action.startswith("triton_")]
+        channel.close()

@@ -11,11 +11,11 @@ import httpx
 import pytest
 
 from gateway.admin.auth import Authenticator, Identity
+from gateway.admin.throttle import FORGET_AFTER_S, FREE_FAILURES, MAX_LOCKOUT_S, TokenThrottle
 from gateway.app import Gateway
 from gateway.console import vendor
 from gateway.console.assets import Assets
 from gateway.console.sessions import MAX_SESSIONS, MAX_SESSIONS_PER_LOGIN, Sessions
-from gateway.console.throttle import FORGET_AFTER_S, FREE_FAILURES, MAX_LOCKOUT_S, LoginThrottle
 from gateway.console.timeline import Timeline
 from gateway.console.views import console_actor, split_actor, why
 from gateway.errors import Forbidden, TooManyAttempts, Unauthorized
@@ -88,14 +88,14 @@ def test_expired_sessions_go_before_anyone_live_is_dropped() -> None:
 
 def test_failed_logins_from_one_address_back_off_and_are_forgotten() -> None:
     now = [1000.0]
-    throttle = LoginThrottle(clock=lambda: now[0])
+    throttle = TokenThrottle(clock=lambda: now[0])
     for _ in range(FREE_FAILURES):
         throttle.check("10.0.0.7")
-        throttle.failed("10.0.0.7")
+        throttle.failed("10.0.0.7", "the console")
     throttle.check("10.0.0.7")  # the free ones cost nothing
     waits = []
     for _ in range(12):
-        throttle.failed("10.0.0.7")
+        throttle.failed("10.0.0.7", "the console")
         with pytest.raises(TooManyAttempts) as refused:
             throttle.check("10.0.0.7")
         waits.append(refused.value.retry_after_s)
@@ -104,17 +104,16 @@ def test_failed_logins_from_one_address_back_off_and_are_forgotten() -> None:
         now[0] += refused.value.retry_after_s
         throttle.check("10.0.0.7")  # the wait is over
     assert waits[:4] == [1, 2, 4, 8] and max(waits) == MAX_LOCKOUT_S == waits[-1]
-    throttle.failed("10.0.0.7")
+    throttle.failed("10.0.0.7", "the console")
     now[0] += FORGET_AFTER_S
     throttle.check("10.0.0.7")
-    throttle.failed("10.0.0.7")  # forgotten: a first failure again, no wait
+    throttle.failed("10.0.0.7", "the console")  # forgotten: a first failure again, no wait
     throttle.check("10.0.0.7")
-    throttle.succeeded("10.0.0.7")
 
 
 async def test_a_login_flood_gets_429_with_retry_after_and_a_few_log_lines(caplog: pytest.LogCaptureFixture) -> None:
     headers = {"Origin": "https://gw.example"}
-    caplog.set_level(logging.DEBUG, logger="gateway.console")
+    caplog.set_level(logging.DEBUG, logger="gateway.auth")
     async with client() as http:
         codes = [(await http.post("/console/login", json={"token": f"guess-{n}"}, headers=headers)).status_code
                  for n in range(FREE_FAILURES + 1)]
@@ -122,8 +121,8 @@ async def test_a_login_flood_gets_429_with_retry_after_and_a_few_log_lines(caplo
         for token in ("guess-x", OPERATOR):  # while locked out, even the right token waits
             answer = await http.post("/console/login", json={"token": token}, headers=headers)
             assert answer.status_code == 429 and int(answer.headers["retry-after"]) >= 1
-            assert "too many failed console logins" in answer.json()["error"] and "set-cookie" not in answer.headers
-    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and "login refused" in r.getMessage()]
+            assert "too many wrong tokens" in answer.json()["error"] and "set-cookie" not in answer.headers
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and "wrong token" in r.getMessage()]
     assert len(warnings) == 2, [r.getMessage() for r in warnings]  # the first failure, and the lockout
     assert all("guess" not in r.getMessage() for r in caplog.records)  # never the token
 

@@ -119,7 +119,7 @@ class _Audit:
         self.lines.append((call, actor, protocol))
 
 
-def _actor(authorization: str | None) -> str:
+def _actor(authorization: str | None, client: str = "", where: str = "") -> str:
     if authorization != "Bearer right-token":
         raise Unauthorized("invalid bearer token")
     return "sre"
