@@ -29,6 +29,7 @@ from gateway.asgi import Dispatch
 from gateway.byte_budget import ByteBudget
 from gateway.client_address import ClientAddresses
 from gateway.console.routes import install_console
+from gateway.console.sessions import Sessions
 from gateway.console.timeline import Timeline
 from gateway.console.views import Views
 from gateway.control_surface import ControlCall, ControlGate, ControlMode
@@ -49,6 +50,7 @@ from gateway.policy_book import PolicyBook
 from gateway.proxy.http import HttpProxy
 from gateway.proxy.limits import BodyReader
 from gateway.proxy.shadow import ShadowMirror
+from gateway.reload import LIVE
 from gateway.rollout.controller import RolloutController
 from gateway.sequences import SequencePins
 from gateway.services.config_intent import apply_declared
@@ -138,6 +140,7 @@ class Gateway(Dispatch):
                                                               self.pipeline.clients))
         self.metrics_server: MetricsServer | None = None
         self.health = Health(self.probes.problem, settings.grpc_max_health_watches_per_client)  # grpc.health.v1
+        self.sessions = Sessions(settings.console_session_ttl_s)  # console logins (in this process' memory)
         self.auth = Authenticator(settings.actor_tokens(), settings.insecure_admin,
                                   {name: token.get_secret_value() for name, token in settings.viewer_tokens.items()},
                                   self.throttle)
@@ -174,8 +177,24 @@ class Gateway(Dispatch):
         install_error_handlers(app)
         install_console(app, Views(self.policies, self.rollouts, self.fleets, self.sync, self.source, self.recorder,
                                    self.timeline, self.settings.metrics_source),
-                        self.lifecycle, self.auth, self.settings.console_session_ttl_s)
+                        self.lifecycle, self.auth, self.sessions)
         return app
+
+    async def reconfigure(self, new: Settings) -> None:
+        """SIGHUP: the settings the control plane applies at once (``gateway.reload.LIVE``). A token
+        removed or replaced is refused from now on and its console sessions end."""
+        gone = self.auth.replace(new.actor_tokens(), new.insecure_admin,
+                                 {name: token.get_secret_value() for name, token in new.viewer_tokens.items()})
+        ended = self.sessions.end_for(gone)
+        if gone:
+            log.warning("SIGHUP: the tokens of %s are gone or replaced: %d console session(s) ended",
+                        ", ".join(sorted(f"{who.name} ({who.role})" for who in gone)), ended)
+        self.probes.access.replace_token(None if new.metrics_token is None else new.metrics_token.get_secret_value())
+        self.pipeline.clients.replace(new.trusted_proxies)
+        self.sessions.ttl_s = new.console_session_ttl_s
+        logging.getLogger().setLevel(new.log_level.upper())
+        await apply_declared(self.store, new.policies)
+        self.settings = self.settings.model_copy(update={name: getattr(new, name) for name in LIVE})
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, _: FastAPI) -> AsyncIterator[None]:

@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="serve /admin without a token (a warning is logged); never in production")
     serve.add_argument("--workers", metavar="N", help="data-plane worker processes: a number, or auto for the cores "
                        "this process may use (default 1; GATEWAY_WORKERS). Above 1: one control plane in the "
-                       "supervising process, SIGHUP re-reads --config")
+                       "supervising process. SIGHUP re-reads --config: tokens and policies apply at once, workers "
+                       "are replaced for the rest; the log names what needs a restart")
     serve.set_defaults(handler=_serve)
 
     triton = commands.add_parser("triton", help="run a local Triton server from the nvidia-pytriton wheel",
@@ -98,7 +99,7 @@ def _serve(args: argparse.Namespace) -> int:
         return run_supervised(settings, args.config, overrides)
     from gateway.server import run
 
-    return run(settings)
+    return run(settings, args.config, overrides)
 
 
 def _config_reference(args: argparse.Namespace) -> int:

@@ -45,8 +45,14 @@ def client_key(address: str) -> str:
 
 class ClientAddresses:
     def __init__(self, trusted_proxies: Sequence[str] = ()) -> None:
-        self.trusted: tuple[Network, ...] = tuple(ipaddress.ip_network(cidr, strict=False) for cidr in trusted_proxies)
+        self.trusted: tuple[Network, ...] = ()
         self._verdicts: dict[str, bool] = {}
+        self.replace(trusted_proxies)
+
+    def replace(self, trusted_proxies: Sequence[str]) -> None:
+        """Trust these proxies from now on (SIGHUP)."""
+        self.trusted = tuple(ipaddress.ip_network(cidr, strict=False) for cidr in trusted_proxies)
+        self._verdicts = {}
 
     def of(self, peer: str | None, headers: Iterable[tuple[bytes, bytes]] = ()) -> str:
         """The client of a request from ``peer`` with these (lower-case) headers."""

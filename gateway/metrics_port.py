@@ -50,6 +50,10 @@ class MetricsAccess:
         self.throttle = throttle or TokenThrottle()
         self.clients = clients or ClientAddresses()
 
+    def replace_token(self, token: str | None) -> None:
+        """The token ``/metrics`` asks for from now on (SIGHUP)."""
+        self._digest = None if token is None else digest(token)
+
     def refusal(self, request: Request, on_own_port: bool) -> GatewayError | None:
         """Why this request may not read ``/metrics``, or None."""
         if self.own_port is not None and not on_own_port:

@@ -15,7 +15,9 @@ import signal
 import socket
 import ssl
 import sys
-from collections.abc import Generator
+from collections.abc import Coroutine, Generator
+from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -24,7 +26,8 @@ from gateway.drain import accept_queued, serve_accepted
 from gateway.http_front import protocol_for
 from gateway.http_output import GatewayCycle
 from gateway.listen import PortTaken, bind
-from gateway.settings import Settings
+from gateway.reload import changed, sort_out
+from gateway.settings import Settings, SettingsError
 
 log = logging.getLogger("gateway.server")
 
@@ -56,11 +59,40 @@ def uvicorn_config(settings: Settings, app: Gateway | None = None) -> uvicorn.Co
 
 class GatewayServer(uvicorn.Server):
     """uvicorn's server, whose shutdown (SIGTERM) closes the gRPC port with the HTTP port and
-    drains both together; the application's stop (lifespan) waits for the gRPC calls too."""
+    drains both together; the application's stop (lifespan) waits for the gRPC calls too. Given
+    where its settings came from, SIGHUP reads them again (``gateway.reload``)."""
 
-    def __init__(self, config: uvicorn.Config, gateway: Gateway) -> None:
+    def __init__(self, config: uvicorn.Config, gateway: Gateway, config_file: str | Path | None = None,
+                 overrides: dict[str, Any] | None = None, reloads: bool = False) -> None:
         super().__init__(config)
         self.gateway = gateway
+        self.config_file = config_file
+        self.overrides = overrides or {}
+        self.reloads = reloads  # the process' main server: SIGHUP is ours (a test's thread cannot take signals)
+        self._reloading: set[asyncio.Task[None]] = set()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.reloads:
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(signal.SIGHUP, lambda: self._spawn(self.reload()))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._reloading.add(task)
+        task.add_done_callback(self._reloading.discard)
+
+    async def reload(self) -> None:
+        """SIGHUP in one process: what the control plane applies at once (tokens, sessions, ...) is
+        applied; everything else is named as needing a restart (no second data plane to swap in)."""
+        try:
+            new = Settings.load(self.config_file, **self.overrides)
+        except SettingsError as exc:
+            log.error("SIGHUP: %s: keeping the running settings", exc)
+            return
+        reload = sort_out(changed(self.gateway.settings, new), False, str(self.config_file or "the environment"))
+        await self.gateway.reconfigure(new)
+        log.log(logging.WARNING if reload.restart else logging.INFO, "%s", reload.describe())
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
@@ -125,7 +157,7 @@ def bind_ports(settings: Settings) -> tuple[socket.socket, socket.socket | None]
     return http, grpc
 
 
-def run(settings: Settings) -> int:
+def run(settings: Settings, config_file: str | Path | None = None, overrides: dict[str, Any] | None = None) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         http, grpc = bind_ports(settings)
@@ -134,6 +166,6 @@ def run(settings: Settings) -> int:
         return 1
     gateway = Gateway(settings)
     gateway.grpc_socket = grpc
-    server = GatewayServer(uvicorn_config(settings, gateway), gateway)
+    server = GatewayServer(uvicorn_config(settings, gateway), gateway, config_file, overrides, reloads=True)
     server.run(sockets=[http])
     return 0 if server.started else 1

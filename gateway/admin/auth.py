@@ -38,16 +38,17 @@ class Authenticator:
 
     def replace(self, tokens: dict[str, str], insecure: bool = False, viewers: dict[str, str] | None = None
                 ) -> set[Identity]:
-        """New tokens (SIGHUP): from now on only these are taken. Returns the identities that are
-        gone (removed, or their role changed), whose sessions must end."""
-        before = self.identities()
+        """New tokens (SIGHUP): from now on only these are taken. Returns the identities whose
+        token is gone or was replaced (a rotated token may be a leaked one): their sessions end."""
+        before = self._digests()
         self._tokens = [(name, digest(token), "operator") for name, token in tokens.items()]
         self._tokens += [(name, digest(token), "viewer") for name, token in (viewers or {}).items()]
         self.insecure = insecure
-        return before - self.identities()
+        after = self._digests()
+        return {who for who, token in before.items() if after.get(who) != token}
 
-    def identities(self) -> set[Identity]:
-        return {Identity(name, role) for name, _, role in self._tokens}
+    def _digests(self) -> dict[Identity, bytes]:
+        return {Identity(name, role): token for name, token, role in self._tokens}
 
     @property
     def tokenless(self) -> bool:

@@ -62,15 +62,14 @@ class VersionAction(str, Enum):
 
 
 def install_console(app: FastAPI, views: Views, lifecycle: ModelLifecycle, auth: Authenticator,
-                    session_ttl_s: float) -> None:
+                    sessions: Sessions) -> None:
     """The console's routes on the control app (so whatever serves /admin serves /console too: the
     HTTP port, or the control plane behind ``--workers``), and its security headers."""
-    app.include_router(console_router(views, lifecycle, auth, Sessions(session_ttl_s), session_ttl_s))
+    app.include_router(console_router(views, lifecycle, auth, sessions))
     app.add_middleware(guard.SecureHeaders)
 
 
-def console_router(views: Views, lifecycle: ModelLifecycle, auth: Authenticator, sessions: Sessions,
-                   session_ttl_s: float) -> APIRouter:
+def console_router(views: Views, lifecycle: ModelLifecycle, auth: Authenticator, sessions: Sessions) -> APIRouter:
     app = APIRouter(include_in_schema=False)  # not part of the admin API's OpenAPI document
     assets = Assets()
 
@@ -97,7 +96,7 @@ def console_router(views: Views, lifecycle: ModelLifecycle, auth: Authenticator,
         session = sessions.open(who)
         log.info("console login: %s (%s)", who.name, who.role)
         response = JSONResponse(_session(session.who.name, session.who.role, session.csrf, views))
-        guard.set_cookie(response, request, session, session_ttl_s)
+        guard.set_cookie(response, request, session, sessions.ttl_s)
         return _no_store(response)
 
     @app.post("/console/logout")

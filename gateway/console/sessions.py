@@ -1,7 +1,8 @@
 """Console logins: a token is exchanged once for a server-side session behind an HttpOnly cookie.
 
-Sessions live in this replica's memory (bounded): a logout or the end of
-``console_session_ttl_s`` ends one for good; a restart ends them all (log in again).
+Sessions live in this replica's memory (bounded): a logout, the end of ``console_session_ttl_s``,
+or a SIGHUP that removes or replaces the login's token ends one for good; a restart ends them
+all (log in again).
 """
 
 from __future__ import annotations
@@ -73,6 +74,14 @@ class Sessions:
                 mine.pop(session.id, None)
                 if not mine:
                     del self._of[session.who]
+
+    def end_for(self, gone: set[Identity]) -> int:
+        """End every session of these identities (their token was removed or replaced: SIGHUP);
+        how many ended."""
+        ended = [session_id for who in gone for session_id in self._of.get(who, {})]
+        for session_id in ended:
+            self.close(session_id)
+        return len(ended)
 
     def _purge_expired(self) -> None:
         """Expired sessions go before anyone's live one: the oldest are at the front."""

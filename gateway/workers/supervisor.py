@@ -16,9 +16,10 @@ Supervision:
   heartbeat) is killed and replaced;
 - SIGTERM / SIGINT: every worker drains (its listeners close, requests in flight finish,
   bounded by ``drain_timeout_s``), then the control plane stops;
-- SIGHUP: the config file is read again; if it is valid, its declared policies are applied
-  and the workers are replaced one at a time with the new settings, each new one serving
-  before the old one drains.
+- SIGHUP: the config file is read again; if it is valid, the control plane applies what it
+  can at once (tokens, and the sessions of removed ones end; declared policies; ...), the
+  workers are replaced one at a time with the new settings, each new one serving before the old
+  one drains, and what only a restart applies is named (``gateway.reload``).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from gateway.admin.deps import actor
 from gateway.app import Gateway
 from gateway.devtools.local_triton import free_port
 from gateway.listen import PortTaken, bind
-from gateway.services.config_intent import apply_declared
+from gateway.reload import Reload, changed, sort_out
 from gateway.settings import Settings, SettingsError
 from gateway.workers.channel import Channel, ChannelClosed
 from gateway.workers.collector import WorkersCollector
@@ -118,6 +119,7 @@ class Supervisor:
         self.fleet_sums = FleetSums(self.control.fleets)  # /admin/fleets and gateway_fleet_server_*: the node's
         self.slots = [WorkerSlot(index) for index in range(self.count)]
         self.push = 0
+        self.last_reload: Reload | None = None  # what the last SIGHUP applied, and what needs a restart
         self.cost = MergeCost()
         self._push_scheduled = False
         self._stopping = False
@@ -182,7 +184,8 @@ class Supervisor:
     def describe(self) -> dict[str, Any]:
         now = time.monotonic()
         return {"policy_push": self.push, "all_current": self.current() == self.count,
-                "listeners": "reuse_port" if self.shared is None else "shared", "workers": [
+                "listeners": "reuse_port" if self.shared is None else "shared",
+                "last_reload": None if self.last_reload is None else self.last_reload.document(), "workers": [
             {"index": slot.index, "pid": slot.process.pid if slot.process else None, "started_at": slot.started_at,
              "up": slot.ready.is_set(), "policy_push": slot.push, "current": slot.push == self.push,
              "restarts": slot.restarts, "requests": slot.requests, "loop_lag_s": round(slot.lag_s, 4),
@@ -339,7 +342,8 @@ class Supervisor:
                         os.kill(process.pid or 0, signal.SIGKILL)
 
     async def reload(self) -> None:
-        """SIGHUP: read the config file again; apply it, replacing the workers one at a time."""
+        """SIGHUP: read the config file again; apply what the control plane can at once, replace the
+        workers one at a time for the rest, and name what only a restart applies (``gateway.reload``)."""
         try:
             settings = Settings.load(self.config_file, **self.overrides)
         except SettingsError as exc:
@@ -349,13 +353,19 @@ class Supervisor:
             settings = settings.model_copy(update={"grpc_port": self.settings.grpc_port})
         moved = (settings.host, settings.port, settings.grpc_port) != (self.settings.host, self.settings.port,
                                                                      self.settings.grpc_port)
+        reload = sort_out(changed(self.settings, settings), True, self.config_file or "the environment")
         if self.shared is not None and moved:  # the shared sockets are bound once, at start
-            log.warning("SIGHUP: host and ports stay as they are with shared listeners: a restart moves them")
+            reload.applied = [name for name in reload.applied if name not in ("host", "port", "grpc_port")]
+            reload.restart += [name for name in ("host", "port", "grpc_port")
+                               if getattr(settings, name) != getattr(self.settings, name)]
+        # what is in force only after a restart stays as it is for the workers too: both planes agree
+        settings = settings.model_copy(update={name: getattr(self.settings, name) for name in reload.restart})
         replaced = []
         if self.shared is None and moved:
             replaced, self.slot_listeners = self.slot_listeners, self._bind_slots(settings)
-        await apply_declared(self.control.store, settings.policies)
+        await self.control.reconfigure(settings)  # tokens, sessions, declared policies, ...: at once
         self.settings = settings
+        self.last_reload = reload
         for slot in self.slots:
             old = slot.process
             self._start(slot, settings)
@@ -364,7 +374,7 @@ class Supervisor:
             if old is not None and old.is_alive():
                 os.kill(old.pid or 0, signal.SIGTERM)
         self._close_listeners(replaced)
-        log.info("SIGHUP: settings from %s applied, workers replaced", self.config_file)
+        log.log(logging.WARNING if reload.restart else logging.INFO, "%s (workers replaced)", reload.describe())
 
     # -- running --------------------------------------------------------------------------------
     async def run(self) -> int:
@@ -383,6 +393,7 @@ class Supervisor:
         server = _QuietServer(uvicorn.Config(self.control, uds=os.path.join(self.run_dir, "control.sock"),
                                              lifespan="on", log_level=self.settings.log_level, access_log=False,
                                              proxy_headers=False,  # ClientAddresses.of_control reads them
+                                             server_header=False, date_header=False,  # the worker's answer has them
                                              timeout_graceful_shutdown=CONTROL_STOP_S))
         serving = loop.create_task(server.serve())
         channel = await asyncio.start_unix_server(self._serve_channel, os.path.join(self.run_dir, "channel.sock"),
