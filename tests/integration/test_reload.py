@@ -50,7 +50,7 @@ def test_sighup_applies_tokens_in_one_process_and_names_the_rest(triton: LocalTr
         process = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(config)], env=env,
                                    stdout=output, stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: status_of(f"{url}/admin/models", "alice-token-1") == 200, 30, what="the gateway up")
+        wait_for(lambda: status_of(f"{url}/admin/models", "alice-token-1") == 200, 60, what="the gateway up")
         login = urllib.request.Request(f"{url}/console/login", method="POST", data=b'{"token": "bob-token-1"}',
                                        headers={"Origin": url, "Content-Type": "application/json"})
         with urllib.request.urlopen(login, timeout=10) as answer:
@@ -60,7 +60,7 @@ def test_sighup_applies_tokens_in_one_process_and_names_the_rest(triton: LocalTr
         config.write_text(json.dumps({"admin_tokens": {"alice": "alice-token-2"}, "max_body_bytes": 1 << 20,
                                       "max_buffered_body_bytes": 128 << 20}))
         process.send_signal(signal.SIGHUP)
-        wait_for(lambda: status_of(f"{url}/admin/models", "alice-token-2") == 200, 10, what="the new token")
+        wait_for(lambda: status_of(f"{url}/admin/models", "alice-token-2") == 200, 30, what="the new token")
         assert process.poll() is None, "SIGHUP no longer ends the process"
         assert status_of(f"{url}/admin/models", "bob-token-1") == 401
         assert status_of(f"{url}/admin/models", "alice-token-1") == 401
