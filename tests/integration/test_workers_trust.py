@@ -72,6 +72,9 @@ def call(url: str, method: str, path: str, token: str | None, body: Any = None,
 
 
 def test_bodies_tokens_and_metrics_at_the_workers_edge(triton: LocalTriton, tmp_path: Path) -> None:
+    """One supervised node (~45 s: its start, 200 MiB sent): a 192 MiB body to a path no worker
+    serves grew the workers by 385 MiB and was answered 400; wrong data-port tokens were counted
+    per worker; /metrics on its own port is the control plane's."""
     metrics_port = free_port()
     env = workers_env(triton, tmp_path, 2, metrics_port=str(metrics_port), metrics_token="scrape-token-1",
                       triton_control="admin")
@@ -107,7 +110,8 @@ def test_bodies_tokens_and_metrics_at_the_workers_edge(triton: LocalTriton, tmp_
 def test_sighup_applies_tokens_ends_removed_sessions_and_names_what_needs_a_restart(
         triton: LocalTriton, tmp_path: Path) -> None:
     """A removed operator token still wrote a policy after a reload (200, audited), the new
-    token got 401, and the removed identity's console session went on."""
+    token got 401, and the removed identity's console session went on. ~50 s: a supervised node
+    started, then each worker replaced."""
     config = tmp_path / "gateway.yaml"
     config.write_text(json.dumps({"admin_tokens": {"alice": "alice-token-1", "bob": "bob-token-1"},
                                   "policies": {"qc": {"weights": {"2": 100}}}}))
