@@ -465,3 +465,21 @@ class HookReceiver:
         self.server.shutdown()
         self.server.server_close()
         self._thread.join(5)
+
+
+def pipe_as_in_the_repository(triton: Any) -> None:
+    """The sample ensemble ``pipe`` on ``triton`` as deploy/model_repository has it: no variant of a
+    canary inside it (pipe__qc_3) loaded, qc pinned to version 2 (a promotion pins 3)."""
+    from gateway.devtools.local_triton import SAMPLE_REPOSITORY
+    from gateway.services.model_repository import read_model
+
+    def post(path: str, body: bytes) -> None:
+        request = urllib.request.Request(triton.http_url + path, data=body, method="POST")
+        urllib.request.urlopen(request, timeout=120).close()
+
+    post("/v2/repository/models/pipe__qc_3/unload", b"{}")
+    with urllib.request.urlopen(triton.http_url + "/v2/models/pipe/config", timeout=10) as response:
+        loaded = json.loads(response.read())
+    wanted = read_model(SAMPLE_REPOSITORY, "pipe").config
+    if loaded["ensemble_scheduling"] != wanted["ensemble_scheduling"]:
+        post("/v2/repository/models/pipe/load", json.dumps({"parameters": {"config": json.dumps(wanted)}}).encode())

@@ -40,7 +40,12 @@ def add_rollout_parser(sub: Any) -> None:
                              "resume, abort").add_subparsers(metavar="ACTION", required=True)
     start = rollout.add_parser("start", help="start moving traffic to a canary step by step")
     start.add_argument("model")
-    start.add_argument("--canary", required=True, help="the new version")
+    target = start.add_mutually_exclusive_group(required=True)
+    target.add_argument("--canary", help="the new target: a version (3), fleet:version, another model (qc_2026_12) "
+                        "or model@version (qc_2026_12@2)")
+    target.add_argument("--composing", metavar="MODEL@VERSION", help="MODEL is an ensemble: canary this composing "
+                        "model's version inside it (qc@3): the gateway loads a variant of the ensemble pinning it, "
+                        "splits the ensemble between the two, and on promotion pins it in the ensemble itself")
     start.add_argument("--stable", help="default: the version now taking most traffic")
     start.add_argument("--baseline", help="a copy of the stable loaded as an older version than the canary: it "
                        "takes the canary's weight and the canary is judged against it (small hosts, sub-ms models)")
@@ -131,7 +136,7 @@ def in_cli_words(message: str, flags: dict[str, str]) -> str:
 
 
 def _rollout_start(args: argparse.Namespace, api: Api) -> Any:
-    body: dict[str, Any] = {"canary": args.canary}
+    body: dict[str, Any] = {"canary": args.canary} if args.canary else {"composing": args.composing}
     for name in ("stable", "baseline", "interval_s", "max_error_rate", "max_p99_ms", "max_p99_ratio", "min_requests",
                  "failure_limit", "judge", "max_error_rate_increase", "max_client_error_rate_increase",
                  "max_latency_increase", "inconclusive_limit", "critical_error_rate"):

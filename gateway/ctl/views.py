@@ -19,7 +19,7 @@ def rollout_view(doc: dict[str, Any]) -> Table:
     waiting = waiting_for(doc)
     table = Table(title=f"rollout of {doc['model']}: {doc['state']} (steps {steps})",
                   caption="\n".join([doc["reason"], *([waiting] if waiting else []), *_descent_lines(doc),
-                                     *_evidence_lines(doc), *_hook_lines(doc)]))
+                                     *_evidence_lines(doc), *_variant_lines(doc), *_hook_lines(doc)]))
     for column in ("version", "role", "weight %", "requests", "error rate", "p99 ms"):
         table.add_column(column, justify="right")
     live = doc.get("live", {})
@@ -87,6 +87,19 @@ def progress_line(doc: dict[str, Any]) -> str:
            f"{doc['canary']} at {canary}%: {doc['reason']}"
     waiting = waiting_for(doc)
     return f"{line}; {waiting}" if waiting else line
+
+
+def _variant_lines(doc: dict[str, Any]) -> list[str]:
+    """A canary inside an ensemble: its variant, where it stands, and the composing model's versions in Triton."""
+    variant = doc.get("variant") or {}
+    if not variant:
+        return []
+    lines = [f"variant {variant['name']} of ensemble {variant['ensemble']}: {variant['model']} "
+             f"{variant['stable_version']} -> {variant['canary_version']} ({variant.get('state') or 'planned'})"]
+    attribution = variant.get("attribution") or {}
+    if attribution.get("summary"):
+        lines.append(attribution["summary"])
+    return lines
 
 
 def _evidence_lines(doc: dict[str, Any]) -> list[str]:

@@ -6,8 +6,10 @@
    default (statistical) judge against a same-size baseline (version 1, the stable's code):
    the gateway judges each interval and rolls back on its own;
 4. repairs version 3 and starts a new rollout: it walks every step and is promoted;
-5. prints what happened and the evidence each decision rested on, stops everything it
-   started, and exits 0 when both rollouts ended as they should.
+5. prints what happened and the evidence each decision rested on;
+6. the second story (``demo_ensemble``): a canary of qc v3 inside the ensemble ``pipe``, through
+   a variant the gateway loads on both Tritons and, once promoted, pins into ``pipe`` itself;
+   then stops everything it started, and exits 0 when every rollout ended as it should.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from rich.live import Live
 from rich.table import Table
 
 from gateway.ctl.views import rollout_view
-from gateway.devtools.local_triton import LocalTriton, free_port
+from gateway.devtools.demo_ensemble import ensemble_story
+from gateway.devtools.local_triton import SAMPLE_MODELS, TARGET_MODELS, LocalTriton, free_port
 from gateway.upstream import HttpUpstream
 
 BODY = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}).encode()
@@ -298,12 +301,13 @@ def run_demo(keep_running: bool = False) -> int:
     faults.write_text("{}")
     console.print("[bold]1. starting two local Tritons[/] (nvidia-pytriton wheel, sample model repository), "
                   "one fleet ...")
-    triton = LocalTriton.on_free_ports(faults_file=faults).start()
+    models = SAMPLE_MODELS + TARGET_MODELS  # the ensemble pipe and qc_2026_12 too (the second story)
+    triton = LocalTriton.on_free_ports(faults_file=faults, models=models).start()
     second: LocalTriton | None = None
     gateway: subprocess.Popen[bytes] | None = None
     traffic: Traffic | None = None
     try:
-        second = LocalTriton.on_free_ports(faults_file=faults).start()
+        second = LocalTriton.on_free_ports(faults_file=faults, models=models).start()
         gateway, url, grpc_url = start_gateway(triton, workdir, [triton, second])
         console.print(f"   Tritons {triton.http_url} and {second.http_url}, gateway {url} (gRPC {grpc_url}); "
                       "policy qc: 100% version 2")
@@ -329,6 +333,12 @@ def run_demo(keep_running: bool = False) -> int:
         ok = first["state"] == "rolled_back" and healthy["state"] == "promoted"
         console.print("[bold green]the gateway rolled back the bad version and promoted the good one[/]" if ok
                       else "[bold red]unexpected outcome[/]")
+        console.print("[bold]4. a canary inside an ensemble[/]: qc version 3 inside pipe (pre -> qc 2 -> post), "
+                      "through the variant pipe__qc_3 the gateway loads on both Tritons")
+        inside = ensemble_story(console, url, admin)
+        console.print("[bold green]promoted into pipe itself, no request mixing the arms[/]" if inside
+                      else "[bold red]unexpected outcome inside the ensemble[/]")
+        ok = ok and inside
         if keep_running:
             console.print(f"[bold]keeping the stack up[/]: gateway {url} (admin token {TOKEN}), Triton "
                           f"{triton.http_url}. Ctrl-C stops it.")

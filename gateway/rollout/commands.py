@@ -12,14 +12,17 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from gateway.errors import Conflict, MetricsUnavailable, StaleRevision
-from gateway.policy import PolicySpec, heaviest
+from gateway.errors import Conflict, GatewayError, MetricsUnavailable, StaleRevision
+from gateway.policy import PolicySpec, heaviest, parse_target
 from gateway.rollout import history, steps
 from gateway.rollout.driver import PolicyMoved, adopt_own_write
 from gateway.rollout.evidence_words import with_words
 from gateway.rollout.phases import Phase, TransitionError
 from gateway.rollout.spec import RolloutSpec, newest_first
 from gateway.rollout.steps import Rollout
+from gateway.services.engine_stats import EngineReading
+from gateway.services.ensembles import LOADED, gateway_pins
+from gateway.store.base import StoredPolicy, StoredRollout
 
 if TYPE_CHECKING:
     from gateway.rollout.controller import RolloutController
@@ -41,6 +44,27 @@ class RolloutCommands:
                            f"({existing.document['state']}); abort it first")
         policy = await c.store.get_policy(model)
         stable = spec.stable or await self._default_stable(model, policy.spec if policy else None)
+        if spec.composing is None:
+            return await self._begin(model, spec, actor, existing, policy, stable, {})
+        if parse_target(stable).renames(model):
+            raise Conflict(f"the stable of '{model}' is {stable}, another model: a canary inside the ensemble splits "
+                           f"'{model}' itself and its variant (name a version of it as the stable)")
+        variant = await c.ensembles.prepare(model, spec.composing)
+        variant["kept_pins"] = gateway_pins(existing.document if existing is not None else None)
+        spec = spec.model_copy(update={"canary": variant["name"]})
+        await c.ensembles.load(variant)
+        try:
+            _, reading = await c.ensembles.attribution(variant)  # where the composing versions' counters start
+            return await self._begin(model, spec, actor, existing, policy, stable,
+                                     {**variant, "state": LOADED, "reading": reading.document(),
+                                      "started_reading": reading.document()})
+        except BaseException:
+            await c.ensembles.unload(variant)  # nothing of a rollout that did not start stays loaded
+            raise
+
+    async def _begin(self, model: str, spec: RolloutSpec, actor: str, existing: StoredRollout | None,
+                     policy: StoredPolicy | None, stable: str, variant: dict[str, Any]) -> Rollout:
+        c = self.controller
         if stable == spec.canary:
             raise Conflict(f"version {stable} already takes most of the traffic: name another stable version")
         if spec.baseline is not None:
@@ -61,7 +85,7 @@ class RolloutCommands:
         versions = {stable, spec.canary} | ({spec.baseline} if spec.baseline else set())
         await c.triton.require_ready(model, versions)
         rollout = dataclasses.replace(steps.begin(model, spec, stable, c.clock()),
-                                      policy_revision=policy.revision if policy else 0)
+                                      policy_revision=policy.revision if policy else 0, variant=variant)
         c.fast.count_from(rollout)  # only failures from now on count (the lease holder's: see FastPath.check)
         refused = await c.hooks.refusal(rollout, ("pre_rollout",), c.call_timeout_s)
         if refused is not None:
@@ -151,7 +175,21 @@ class RolloutCommands:
         if c.shadow is not None:
             doc["shadow"] = {version: stats.document() for (m, version), stats in c.shadow.stats.items()
                              if m == model}
+        if rollout.variant:
+            doc["variant"] = await self._variant_status(rollout)
         return doc
+
+    async def _variant_status(self, rollout: Rollout) -> dict[str, Any]:
+        """The variant's record without Triton's raw counters, and the composing model's two
+        versions in Triton since the rollout started (``attribution``; null when unreadable)."""
+        variant = rollout.variant
+        shown = {key: value for key, value in variant.items() if key not in ("reading", "started_reading")}
+        try:
+            since = EngineReading.from_document(variant.get("started_reading"))
+            shown["attribution"], _ = await self.controller.ensembles.attribution(variant, since)
+        except GatewayError as exc:
+            shown["attribution"] = {"summary": f"Triton's statistics unreadable: {exc.message}"}
+        return shown
 
     async def _default_stable(self, model: str, policy: PolicySpec | None) -> str:
         c = self.controller

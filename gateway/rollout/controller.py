@@ -51,6 +51,8 @@ from gateway.rollout.readings import Samples, take_samples, watch, windows
 from gateway.rollout.rollback import critical_verdict
 from gateway.rollout.spec import RolloutSpec
 from gateway.rollout.steps import Rollout
+from gateway.rollout.variant_steps import VariantSteps
+from gateway.services.ensembles import FOLDED, LOADED, EnsembleCanaries
 from gateway.services.policies import PolicyService
 from gateway.services.triton_control import TritonControl
 from gateway.store.base import Fence, StateStore, StoredPolicy, StoredRollout
@@ -97,6 +99,8 @@ class RolloutController:
                              lambda model: getattr(self.policies.book.get(model), "shadow_version", None))
         self.commands = RolloutCommands(self)
         self.history_per_model = history_per_model  # finished rollouts kept per model (gateway.rollout.history)
+        self.ensembles = EnsembleCanaries(triton)  # the variants of canaries inside ensembles
+        self.variants = VariantSteps(self)
 
     # -- commands from the admin API (gateway.rollout.commands) ---------------------------------
     async def begin(self, model: str, spec: RolloutSpec, actor: str) -> Rollout:
@@ -168,6 +172,10 @@ class RolloutController:
             return
         if rollout.phase is Phase.PAUSED:
             return
+        if rollout.variant.get("state") in (LOADED, FOLDED) and not rollout.phase.active and rollout.applied \
+                and not rollout.manual_revision:
+            await self.commit(stored, await self.variants.settle(rollout), policy, fence, ACTOR)
+            return
         decided, metric = await self._decide(rollout, now)
         unsaved = self._unsaved.get(rollout.model)
         if metric is None and unsaved is not None and unsaved[1] == rollout:
@@ -209,6 +217,8 @@ class RolloutController:
                 return steps.on_verdict(rollout, verdict, now), None
             verdict, evidence = await self._judge(rollout)
             judged = steps.on_verdict(rollout, verdict, now, evidence)
+            if judged.variant and judged.verdicts:
+                judged = await self.variants.attributed(judged)
             gated = await self.hooks.gated(rollout, judged, now, self.call_timeout_s)
             if gated is not judged:
                 return gated, "gate" if gated.phase is Phase.ROLLED_BACK else None
@@ -379,6 +389,7 @@ class RolloutController:
                 await self.lifecycle.restore()
             except GatewayError as exc:
                 log.warning("restoring loaded versions failed: %s", exc)
+            await self.variants.restore(self._listed)
 
         self._restoring = self._background.spawn(restore())
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gateway.policy import Percent, TargetKey, target_order
+from gateway.policy import Percent, TargetKey, parse_target, target_order
 from gateway.rollout.check_spec import Check, unique_names
 from gateway.rollout.hook_spec import Gate, Webhook
 from gateway.rollout.rollback_spec import RollbackSpec
@@ -22,7 +22,12 @@ STATISTICAL_ONLY = frozenset({"baseline", "max_error_rate_increase", "max_latenc
 class RolloutSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    canary: TargetKey = Field(description="the new version (fleet:version for a version on a named fleet)")
+    canary: TargetKey = Field("", description="the new target: a version, fleet:version, another model or "
+                              "model@version (left out with composing: the gateway names the ensemble's variant)")
+    composing: TargetKey | None = Field(
+        None, description="an ensemble's rollout of one of its composing models: model@version (qc@3). The gateway "
+        "loads a variant of the ensemble whose steps running that model pin that version, splits the ensemble "
+        "between itself and the variant, and on promotion pins the version in the ensemble itself")
     stable: TargetKey | None = Field(None, description="default: the version now taking most traffic")
     baseline: TargetKey | None = Field(
         None, description="a copy of the stable model loaded as a version of its own, older than the canary: it "
@@ -113,6 +118,18 @@ class RolloutSpec(BaseModel):
         if any(b <= a for a, b in zip(steps, steps[1:])):
             raise ValueError("steps must be strictly ascending")
         return steps
+
+    @model_validator(mode="after")
+    def _a_canary(self) -> RolloutSpec:
+        if self.composing is not None:
+            target = parse_target(self.composing)
+            if target.model is None or target.version is None or target.fleet is not None:
+                raise ValueError("composing is a composing model's version: model@version (qc@3), no fleet")
+            if self.baseline is not None:
+                raise ValueError("a canary inside an ensemble is judged against the ensemble itself: no baseline")
+        elif not self.canary:
+            raise ValueError("canary: the target to roll out (or composing, for a model inside an ensemble)")
+        return self
 
     @model_validator(mode="after")
     def _distinct_versions(self) -> RolloutSpec:

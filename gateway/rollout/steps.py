@@ -56,11 +56,26 @@ class Rollout:
     # A finished rollback stays in the console's "Needs attention" until someone says they saw it:
     # {"by": actor, "at": time} (commands.acknowledge).
     acknowledged: dict[str, Any] | None = None
+    # A canary inside an ensemble (spec.composing): the variant's record (services.ensembles.plan),
+    # its state ("loaded", then "folded" on promotion, "unloaded" at the end) and Triton's last
+    # reading of the composing model's versions (attribution). Empty for any other rollout.
+    variant: dict[str, Any] = field(default_factory=dict)
 
     @property
     def settled(self) -> bool:
-        """Nothing left to drive: a final phase whose weights are in place, or left to humans."""
-        return not self.phase.active and (self.applied or self.manual_revision > 0)
+        """Nothing left to drive: a final phase whose weights are in place (and whose ensemble
+        variant is unloaded), or left to humans."""
+        if self.phase.active:
+            return False
+        if self.manual_revision > 0:
+            return True
+        return self.applied and self.variant.get("state", "unloaded") == "unloaded"
+
+    @property
+    def folded(self) -> bool:
+        """A promoted ensemble canary whose version the ensemble itself now pins: the traffic
+        goes back to the ensemble (the variant runs the same stages) before it is unloaded."""
+        return self.phase is Phase.PROMOTED and self.variant.get("state") in ("folded", "unloaded")
 
     @property
     def canary(self) -> str:
@@ -88,6 +103,8 @@ class Rollout:
         return self.spec.baseline or self.stable
 
     def weights(self) -> dict[str, Decimal]:
+        if self.folded:
+            return {self.stable: Decimal(100), self.canary: Decimal(0)}
         canary = self.canary_percent
         if self.spec.baseline is None:
             return {self.stable: Decimal(100) - canary, self.canary: canary}
@@ -114,7 +131,7 @@ class Rollout:
             "applied": self.applied, "apply_reason": self.apply_reason, "pending_revision": self.pending_revision,
             "manual_revision": self.manual_revision, "rollback_step": self.rollback_step,
             "rollback_reason": self.rollback_reason, "fast_path_from": self.fast_path_from,
-            "acknowledged": self.acknowledged,
+            "acknowledged": self.acknowledged, "variant": self.variant,
             # derived, for status readers: the percents of a gradual rollback under way
             "descent": [_number(p) for p in self.descent] if self.phase is Phase.ROLLING_BACK else None,
         }
@@ -135,6 +152,7 @@ class Rollout:
             pending_revision=doc.get("pending_revision", 0), manual_revision=doc.get("manual_revision", 0),
             rollback_step=doc.get("rollback_step", 0), rollback_reason=doc.get("rollback_reason", ""),
             fast_path_from=doc.get("fast_path_from", 0.0), acknowledged=doc.get("acknowledged"),
+            variant=doc.get("variant") or {},
         )
 
 

@@ -33,7 +33,7 @@ import pytest
 
 from gateway.devtools.local_triton import LocalTriton, dies_with_parent
 from tests.integration.test_tls import Pki, pki  # noqa: F401 (the fixture: a CA and a server certificate)
-from tests.support import GatewayProcess, GatewayThread, gateway_settings
+from tests.support import GatewayProcess, GatewayThread, gateway_settings, pipe_as_in_the_repository
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -133,13 +133,16 @@ def serve_line(triton: LocalTriton, directory: Path) -> ServeLine:
 
 
 @pytest.fixture
-def readme_gateway(triton: LocalTriton, tmp_path: Path) -> Iterator[GatewayProcess]:
-    """A fresh gateway for each block: each block reads as a story of its own."""
-    gateway = serve_line(triton, tmp_path)
+def readme_gateway(target_models: LocalTriton, tmp_path: Path) -> Iterator[GatewayProcess]:
+    """A fresh gateway for each block: each block reads as a story of its own (the sample's
+    ensemble and per-version model loaded, as `make demo` serves them; the ensemble put back as
+    the repository has it after each block: a block may leave a canary inside it)."""
+    gateway = serve_line(target_models, tmp_path)
     try:
         yield gateway
     finally:
         gateway.stop()
+        pipe_as_in_the_repository(target_models)
 
 
 @pytest.fixture(scope="module")
