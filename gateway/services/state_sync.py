@@ -116,7 +116,7 @@ class StateSync:
         for stored in scan.policies.values():
             self.policies.apply(stored)
         for model in self.book.known() - scan.policies.keys() - scan.corrupt.keys():
-            if model in self.book.snapshot():
+            if self.book.holds(model):
                 log.warning("policy of %s is gone from the store: back to Triton's default version", model)
             self.book.remove(model)
 

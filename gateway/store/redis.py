@@ -130,6 +130,7 @@ class RedisStore:
         self.heartbeat_s = heartbeat_s  # the change feed pings when quiet, to notice a dead connection
         self._redis: aioredis.Redis | None = None
         self._scripts: dict[str, Any] = {}
+        self._parsed: dict[str, tuple[str, StoredPolicy]] = {}  # model -> (stored text, its record)
 
     @property
     def redis(self) -> aioredis.Redis:
@@ -170,7 +171,17 @@ class RedisStore:
 
     async def get_policy(self, model: str) -> StoredPolicy | None:
         generation, (raw,) = await self._read(self._key("policy", model))
-        return _policy(model, raw, generation) if raw else None
+        return self._policy(model, raw, generation) if raw else None
+
+    def _policy(self, model: str, raw: str, generation: str) -> StoredPolicy:
+        """The record parsed, or the one parsed from the same text before: a full resync parses
+        only the records that changed (gateway.store.records.SpecCache says why)."""
+        kept = self._parsed.get(model)
+        if kept is not None and kept[0] == raw and kept[1].generation == generation:
+            return kept[1]
+        stored = _policy(model, raw, generation)
+        self._parsed[model] = (raw, stored)
+        return stored
 
     async def _all(self, kind: str) -> tuple[str, dict[str, str]]:
         """The generation and every record of a kind (policy, rollout) by model, as stored."""
@@ -194,9 +205,10 @@ class RedisStore:
         policies, corrupt = {}, {}
         for model, raw in raws.items():
             try:
-                policies[model] = _policy(model, raw, generation)
+                policies[model] = self._policy(model, raw, generation)
             except CorruptRecord as exc:
                 corrupt[model] = exc.message
+        self._parsed = {model: self._parsed[model] for model in policies}
         return PolicyScan(generation, policies, corrupt)
 
     async def put_policy(self, model: str, spec: PolicySpec | None, expected_revision: int | None,

@@ -39,7 +39,7 @@ from gateway.store.base import (
 )
 from gateway.store.budget import CALL_BUDGET_S
 from gateway.store.memory import check_guard, check_revision, fence_message
-from gateway.store.records import load_json, spec_from_document, stored_spec
+from gateway.store.records import SpecCache, load_json, stored_spec
 
 T = TypeVar("T")
 log = logging.getLogger("gateway.store")
@@ -65,7 +65,16 @@ CREATE TABLE IF NOT EXISTS fenced_leases (name TEXT PRIMARY KEY, holder TEXT NOT
 CREATE TABLE IF NOT EXISTS loaded_versions (model TEXT PRIMARY KEY, versions TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS rollout_history (model TEXT NOT NULL, started_at REAL NOT NULL, document TEXT NOT NULL,
                                             PRIMARY KEY (model, started_at));
+CREATE TABLE IF NOT EXISTS changes (id INTEGER PRIMARY KEY CHECK (id = 1), count INTEGER NOT NULL);
+INSERT OR IGNORE INTO changes VALUES (1, 0);
 """
+# Every write of a policy or rollout record, by any connection (another replica, a hand edit),
+# counts in `changes`: the change feed reads that one number each poll, and lists every record's
+# revision only when it moved (listing them every 0.5 s cost O(models) with nothing changing).
+TRIGGERS = "\n".join(
+    f"CREATE TRIGGER IF NOT EXISTS {table}_{event.lower()} AFTER {event} ON {table} "
+    "BEGIN UPDATE changes SET count = count + 1 WHERE id = 1; END;"
+    for table in ("policies", "rollouts") for event in ("INSERT", "UPDATE", "DELETE"))
 POLICY_COLUMNS = "model, spec, revision, updated_at, actor"
 
 
@@ -84,6 +93,7 @@ class SQLiteStore:
         # take the threads the rest of the process shares (DNS lookups, to_thread).
         self._worker = _worker()
         self._generation = ""
+        self._specs = SpecCache()  # a full read parses only the records whose text changed
 
     async def open(self) -> None:
         def connect() -> tuple[sqlite3.Connection, str]:
@@ -91,6 +101,7 @@ class SQLiteStore:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")  # durable before the API answers
             db.executescript(SCHEMA)
+            db.executescript(TRIGGERS)
             columns = {row[1] for row in db.execute("PRAGMA table_info(policies)")}
             if "actor" not in columns:  # a file from before the writer was kept with the record
                 db.execute("ALTER TABLE policies ADD COLUMN actor TEXT NOT NULL DEFAULT ''")
@@ -150,7 +161,7 @@ class SQLiteStore:
     async def get_policy(self, model: str) -> StoredPolicy | None:
         rows = await self._run(lambda db: db.execute(
             f"SELECT {POLICY_COLUMNS} FROM policies WHERE model = ?", (model,)).fetchall())
-        return _policy(rows[0], self._generation) if rows else None
+        return _policy(rows[0], self._generation, self._specs) if rows else None
 
     async def list_policies(self) -> dict[str, StoredPolicy]:
         return (await self.scan_policies()).policies
@@ -160,9 +171,10 @@ class SQLiteStore:
         policies, corrupt = {}, {}
         for row in rows:
             try:
-                policies[row[0]] = _policy(row, self._generation)
+                policies[row[0]] = _policy(row, self._generation, self._specs)
             except CorruptRecord as exc:
                 corrupt[row[0]] = exc.message
+        self._specs.keep_only(policies)
         return PolicyScan(self._generation, policies, corrupt)
 
     async def put_policy(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
@@ -178,7 +190,7 @@ class SQLiteStore:
         check_revision("policy", model, revision, expected_revision)
         _check_guard(db, model, guard)
         try:
-            current = _policy(rows[0], self._generation) if rows else None
+            current = _policy(rows[0], self._generation, self._specs) if rows else None
         except CorruptRecord:  # overwriting a corrupt record is how it gets repaired
             current = None
         stored = StoredPolicy(model, spec, revision + 1, time.time(), self._generation, event.actor)
@@ -273,18 +285,22 @@ class SQLiteStore:
                                               (model, intent.digest, intent.revision, intent.at)))
 
     async def changes(self) -> AsyncIterator[str]:
-        seen = await self._revisions()
+        count, seen = await self._change_count(), await self._revisions()
         yield RESYNC
         broken = False
         while True:
             await asyncio.sleep(self.poll_s)
             try:
+                now_count = await self._change_count()
+                if now_count == count and not broken:
+                    continue  # no policy or rollout was written: one number read, nothing listed
                 now = await self._revisions()
             except StoreError as exc:
                 if not broken:
                     log.warning("change poll failed (%s): retrying", exc)
                 broken = True
                 continue
+            count = now_count
             if broken:  # changes made while we could not look are found by a full resync
                 broken = False
                 yield RESYNC
@@ -294,6 +310,10 @@ class SQLiteStore:
             for key in seen.keys() - now.keys():
                 yield key[1]  # a record removed behind our back
             seen = now
+
+    async def _change_count(self) -> int:
+        row = await self._run(lambda db: db.execute("SELECT count FROM changes WHERE id = 1").fetchone())
+        return int(row[0]) if row else 0
 
     async def _revisions(self) -> dict[tuple[str, str], int]:
         rows = await self._run(lambda db: db.execute(
@@ -430,9 +450,9 @@ def _live_reports(rows: list[tuple[Any, ...]]) -> list[ReplicaReport]:
     return reports
 
 
-def _policy(row: tuple[Any, ...], generation: str) -> StoredPolicy:
+def _policy(row: tuple[Any, ...], generation: str, specs: SpecCache) -> StoredPolicy:
     what = f"stored policy of model '{row[0]}' (revision {row[2]})"
-    spec = spec_from_document(load_json(row[1], what), what) if row[1] else None
+    spec = specs.spec(row[0], row[1], what) if row[1] else None
     return StoredPolicy(row[0], spec, row[2], row[3], generation, row[4] or "")
 
 

@@ -2,35 +2,41 @@
 
 The hot path is untouched: a worker's :class:`DeltaRecorder` is the plain
 :class:`~gateway.telemetry.recorder.Recorder` (``record()`` is inherited, keyword arguments
-and all), and :meth:`DeltaRecorder.take_delta` finds what changed by comparing the
-cumulative counters with the copy it reported last (every 250 ms, off the request path).
-A delta holds only integers (and latency sums): counts per label set, per (model, version,
-second) and outcome, histogram buckets, plus the latency samples of the watched versions
-with how many values each one was drawn from.
+and all). A report costs what changed, not what the worker has ever seen: the tables that only
+count (totals per label set, requests whose client chose the version, upstream errors) are
+handed over whole and started afresh at each report, and the per-second slots are visited only
+for the (series, second) pairs the recorder noted as first touched since (plus the current
+second's, which may still grow). Histograms travel sparse, as (bucket, count) pairs, so the
+control plane's merge is proportional to the samples, not to label sets x buckets. Measured
+before (bench/scale.py, --workers 2, traffic over 1,000 models): 143-188 ms CPU/s on the
+supervisor, when every report diffed every label set and merged 31 buckets each.
 
 The control plane's :class:`MergedRecorder` adds deltas in, so ``/metrics`` and the rollout
 judge read one recorder with the exact sum over workers. Reservoir samples merge into a
 uniform sample of the union (:class:`MergedSample`): a hypergeometric draw of how many
 values each side keeps, then a uniform choice inside each side.
 
-Both classes reach into the recorder's own tables (they are the recorder, as subclasses):
-``gateway/telemetry/recorder.py`` stays as it is.
+Both classes reach into the recorder's own tables (they are the recorder, as subclasses).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, MutableSequence, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from gateway.telemetry.recorder import (
+    HIST_SECONDS,
     LATENCY_BOUNDS,
     MAX_CLIENTS,
     OUTCOMES,
     OVERFLOW_CLIENT,
+    ZERO_HIST,
     Outcome,
     Recorder,
     ShadowStats,
@@ -42,13 +48,14 @@ _SHADOW_FIELDS = ("requests", "errors", "compared", "agreed", "dropped")
 Sample = tuple[int, list[float]]  # (values it was drawn from, the values)
 
 
-def _minus(now: list[int], before: list[int] | None) -> list[int] | None:
-    """``now - before`` element-wise, None when nothing changed."""
+Sparse = tuple[tuple[int, int], ...]  # (bucket, count) of a histogram's non-zero buckets
+
+
+def sparse(hist: Sequence[int], before: Sequence[int] | None = None) -> Sparse:
+    """``hist`` (minus ``before``) as its non-zero (bucket, count) pairs."""
     if before is None:
-        return list(now) if any(now) else None
-    if now == before:
-        return None
-    return [a - b for a, b in zip(now, before)]
+        return tuple((index, count) for index, count in enumerate(hist) if count)
+    return tuple((index, count - then) for index, (count, then) in enumerate(zip(hist, before)) if count != then)
 
 
 @dataclass
@@ -56,14 +63,14 @@ class Delta:
     """One worker's report. Every count is an increment since its previous report, except
     ``inflight`` (the worker's current requests in flight: a gauge)."""
 
-    totals: dict[tuple[str, str, str, str, str], tuple[int, float, list[int]]] = field(default_factory=dict)
-    # per (model, version, second): requests, errors, client errors, overloads, then the histogram
-    seconds: dict[tuple[str, str, int], list[int]] = field(default_factory=dict)
+    totals: dict[tuple[str, str, str, str, str], tuple[int, float, Sparse]] = field(default_factory=dict)
+    # per (model, version, second): requests, errors, client errors, overloads, the histogram
+    seconds: dict[tuple[str, str, int], tuple[int, int, int, int, Sparse]] = field(default_factory=dict)
     outcomes: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
     steered: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
     upstream_errors: dict[tuple[str, str, str], int] = field(default_factory=dict)
-    shadow: dict[tuple[str, str], tuple[list[int], float, list[int]]] = field(default_factory=dict)
-    streams: dict[tuple[str, str, bool], tuple[int, float, list[int]]] = field(default_factory=dict)
+    shadow: dict[tuple[str, str], tuple[list[int], float, Sparse]] = field(default_factory=dict)
+    streams: dict[tuple[str, str, bool], tuple[int, float, Sparse]] = field(default_factory=dict)
     samples: dict[tuple[str, str], Sample] = field(default_factory=dict)
     stream_samples: dict[tuple[str, str, bool], Sample] = field(default_factory=dict)
     # per watched version, each client's (answered, upstream errors, 4xx): the judge caps each client's share
@@ -81,14 +88,13 @@ class DeltaRecorder(Recorder):
 
     def __init__(self, horizon_s: int = 300, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(horizon_s, clock)
-        self._sent_totals: dict[Any, tuple[int, float, list[int]]] = {}
-        self._sent_seconds: dict[tuple[str, str, int], list[int]] = {}
-        self._sent_outcomes: dict[Any, dict[Outcome, int]] = {}
-        self._sent_steered: dict[Any, dict[Outcome, int]] = {}
-        self._sent_errors: dict[Any, int] = {}
+        self._touched = []  # the recorder notes each series' first request of a second here
+        self._current: set[tuple[tuple[str, str], int]] = set()  # visited, and still in their second
+        # what was reported of each (series, second) still current: its counts and histogram
+        self._sent_seconds: dict[tuple[tuple[str, str], int], tuple[tuple[int, int, int, int], array[int]]] = {}
+        self._sent_outcomes: dict[tuple[str, str], dict[Outcome, int]] = {}
         self._sent_shadow: dict[Any, tuple[list[int], float, list[int]]] = {}
         self._sent_streams: dict[Any, tuple[int, float, list[int]]] = {}
-        self._last_second = int(clock())
 
     def watch_only(self, watched: set[tuple[str, str]]) -> None:
         """Sample exactly these versions' latencies (the control plane's rollouts watch them)."""
@@ -98,16 +104,20 @@ class DeltaRecorder(Recorder):
         for model, version in watched:
             self.watch_latencies(model, version)
 
+    def remove_inflight(self, key: tuple[str, str]) -> None:
+        """As the recorder does, and a version with nothing in flight leaves the table: a report
+        carries the requests in flight now, not every version that ever had one."""
+        inflight = self._inflight
+        count = inflight[key] - 1
+        if count:
+            inflight[key] = count
+        else:
+            del inflight[key]
+
     def take_delta(self) -> Delta:
         delta = Delta()
-        self._take_totals(delta)
+        self._take_counts(delta)
         self._take_seconds(delta)
-        delta.outcomes = _outcome_increments(self._series_outcomes(), self._sent_outcomes)
-        delta.steered = _outcome_increments(self.steered_outcome_totals(), self._sent_steered)
-        for key, count in list(self.upstream_errors.items()):
-            if count != self._sent_errors.get(key, 0):
-                delta.upstream_errors[key] = count - self._sent_errors.get(key, 0)
-                self._sent_errors[key] = count
         self._take_shadow(delta)
         self._take_streams(delta)
         for watched, reservoir in list(self._reservoirs.items()):
@@ -123,41 +133,63 @@ class DeltaRecorder(Recorder):
                     if part.seen:
                         seen = part.seen
                         delta.stream_samples[(model, version, first)] = (seen, part.take())
-        delta.inflight = {key: count for key, count in self.inflight.items() if count}
+        delta.inflight = dict(self._inflight)
         return delta
 
-    def _series_outcomes(self) -> dict[tuple[str, str], dict[Outcome, int]]:
-        return {key: series.outcomes for key, series in list(self._series.items())}
-
-    def _take_totals(self, delta: Delta) -> None:
-        for label, totals in list(self.totals.items()):
-            sent = self._sent_totals.get(label)
-            if sent is not None and sent[0] == totals.count:
-                continue
-            count, total, hist = sent if sent is not None else (0, 0.0, [0] * _BUCKETS)
-            delta.totals[label] = (totals.count - count, totals.sum - total,
-                                   [a - b for a, b in zip(totals.hist, hist)])
-            self._sent_totals[label] = (totals.count, totals.sum, list(totals.hist))
+    def _take_counts(self, delta: Delta) -> None:
+        """The tables that only count are handed over whole and started afresh: each holds only
+        the label sets touched since the last report."""
+        totals, self._totals = self._totals, {}
+        steered, self._steered = self._steered, {}
+        errors, self._upstream_errors = self._upstream_errors, {}
+        self.totals = MappingProxyType(self._totals)
+        self.upstream_errors = MappingProxyType(self._upstream_errors)
+        delta.totals = {label: (entry.count, entry.sum, sparse(entry.hist)) for label, entry in totals.items()}
+        delta.steered = {key: {outcome.value: count for outcome, count in counts.items() if count}
+                         for key, counts in steered.items()}
+        delta.upstream_errors = errors
 
     def _take_seconds(self, delta: Delta) -> None:
-        """The per-second slots written since the last report (the judge's windows)."""
+        """The (series, second) pairs touched since the last report, and those of the current
+        second reported before (they may have grown): the judge's windows and the outcomes."""
+        touched, self._touched = self._touched, []
+        assert touched is not None
         now = int(self._clock())
-        first = min(self._last_second, now)
-        self._last_second = now
-        for (model, version), series in list(self._series.items()):
-            for second in range(first, now + 1):
-                slot = second % self._slots
-                if series.stamp[slot] != second:
-                    continue
-                current = [series.requests[slot], series.errors[slot], series.client_errors[slot],
-                           series.overloads[slot], *series.hist[slot]]
-                key = (model, version, second)
-                change = _minus(current, self._sent_seconds.get(key))
-                if change is not None:
-                    delta.seconds[key] = change
-                    self._sent_seconds[key] = current
-        for key in [key for key in self._sent_seconds if key[2] < now - 2]:
-            del self._sent_seconds[key]
+        visit = self._current.union(touched)
+        self._current = {pair for pair in visit if pair[1] >= now}
+        slots, series_of = self._slots, self._series
+        outcomes_of: dict[tuple[str, str], dict[Outcome, int]] = {}
+        for pair in visit:
+            key, second = pair
+            series = series_of.get(key)
+            if series is None:
+                continue
+            outcomes_of[key] = series.outcomes
+            slot = second % slots
+            if series.stamp[slot] != second:
+                continue  # older than the ring (a report late by a whole horizon): gone
+            counts = (series.requests[slot], series.errors[slot], series.client_errors[slot], series.overloads[slot])
+            hist = series.histogram(second) if now - second < HIST_SECONDS else None
+            sent = self._sent_seconds.pop(pair, None)
+            if sent is None:
+                change = (*counts, sparse(hist) if hist is not None else ())
+            elif sent[0] == counts:
+                change = None
+            else:
+                then = sent[0]
+                change = (counts[0] - then[0], counts[1] - then[1], counts[2] - then[2], counts[3] - then[3],
+                          sparse(hist, sent[1]) if hist is not None else ())
+            if change is not None:
+                delta.seconds[(key[0], key[1], second)] = change
+            if pair in self._current:
+                self._sent_seconds[pair] = (counts, array("I", hist) if hist is not None else array("I", ZERO_HIST))
+        for key, outcomes in outcomes_of.items():
+            before = self._sent_outcomes.get(key)
+            changed = {outcome.value: count - (before[outcome] if before else 0)
+                       for outcome, count in outcomes.items() if count != (before[outcome] if before else 0)}
+            if changed:
+                delta.outcomes[key] = changed
+                self._sent_outcomes[key] = dict(outcomes)
 
     def _take_shadow(self, delta: Delta) -> None:
         for key, stats in list(self.shadow.items()):
@@ -167,7 +199,7 @@ class DeltaRecorder(Recorder):
                 continue
             before = sent or ([0] * len(counts), 0.0, [0] * _BUCKETS)
             delta.shadow[key] = ([a - b for a, b in zip(counts, before[0])], stats.latency_sum - before[1],
-                                 [a - b for a, b in zip(stats.histogram, before[2])])
+                                 sparse(stats.histogram, before[2]))
             self._sent_shadow[key] = (counts, stats.latency_sum, list(stats.histogram))
 
     def _take_streams(self, delta: Delta) -> None:
@@ -178,22 +210,8 @@ class DeltaRecorder(Recorder):
                 if sent is not None and sent[0] == totals.count:
                     continue
                 count, total, hist = sent or (0, 0.0, [0] * _BUCKETS)
-                delta.streams[key] = (totals.count - count, totals.sum - total,
-                                      [a - b for a, b in zip(totals.hist, hist)])
+                delta.streams[key] = (totals.count - count, totals.sum - total, sparse(totals.hist, hist))
                 self._sent_streams[key] = (totals.count, totals.sum, list(totals.hist))
-
-
-def _outcome_increments(now: dict[Any, dict[Outcome, int]], sent: dict[Any, dict[Outcome, int]]
-                        ) -> dict[Any, dict[str, int]]:
-    out: dict[Any, dict[str, int]] = {}
-    for key, counts in now.items():
-        before = sent.get(key)
-        changed = {outcome.value: count - (before.get(outcome, 0) if before else 0)
-                   for outcome, count in counts.items() if count != (before.get(outcome, 0) if before else 0)}
-        if changed:
-            out[key] = changed
-            sent[key] = dict(counts)
-    return out
 
 
 class MergedSample:
@@ -263,8 +281,8 @@ class MergedRecorder(Recorder):
 
     def forget_worker(self, worker: int) -> None:
         """A worker (by process id) is gone: its requests in flight are no longer in flight."""
+        self._merge_inflight(worker, {})
         self._worker_inflight.pop(worker, None)
-        self._sum_inflight()
 
     def merge(self, worker: int, delta: Delta) -> None:
         for label, (count, total, hist) in delta.totals.items():
@@ -285,18 +303,18 @@ class MergedRecorder(Recorder):
                 steered[Outcome(outcome)] = steered.get(Outcome(outcome), 0) + count
         for kind, errors in delta.upstream_errors.items():
             self._upstream_errors[kind] = self._upstream_errors.get(kind, 0) + errors
-        for version_key, (shadow_counts, latency, hist) in delta.shadow.items():
+        for version_key, (shadow_counts, latency, shadow_hist) in delta.shadow.items():
             stats: ShadowStats = self.shadow_stats(*version_key)
             for name, bump in zip(_SHADOW_FIELDS, shadow_counts):
                 setattr(stats, name, getattr(stats, name) + bump)
             stats.latency_sum += latency
-            _add(stats.histogram, hist)
-        for (model, version, first), (count, total, hist) in delta.streams.items():
+            _add(stats.histogram, shadow_hist)
+        for (model, version, first), (count, total, stream_hist) in delta.streams.items():
             stream = self._streams.get((model, version)) or self._new_stream((model, version))
             timings = stream.first if first else stream.gap
             timings.count += count
             timings.sum += total
-            _add(timings.hist, hist)
+            _add(timings.hist, stream_hist)
         for watched, (seen, values) in delta.samples.items():
             sample = self._reservoirs.get(watched)
             if isinstance(sample, MergedSample):
@@ -309,8 +327,7 @@ class MergedRecorder(Recorder):
                 part = streamed.samples[0 if first else 1]
                 if isinstance(part, MergedSample):
                     part.merge(seen, values)
-        self._worker_inflight[worker] = delta.inflight
-        self._sum_inflight()
+        self._merge_inflight(worker, delta.inflight)
 
     def _merge_clients(self, watched: tuple[str, str], clients: dict[str, tuple[int, int, int]]) -> None:
         table = self._clients.get(watched)
@@ -329,7 +346,8 @@ class MergedRecorder(Recorder):
             counts[2] += client_errors
 
     def _merge_seconds(self, delta: Delta) -> None:
-        for (model, version, second), change in delta.seconds.items():
+        now = int(self._clock())
+        for (model, version, second), (requests, errors, client_errors, overloads, hist) in delta.seconds.items():
             series = self._series.get((model, version)) or self._new_series((model, version))
             slot = second % self._slots
             if series.stamp[slot] != second:
@@ -338,25 +356,25 @@ class MergedRecorder(Recorder):
                 series.stamp[slot] = second
                 series.requests[slot] = series.errors[slot] = series.client_errors[slot] = 0
                 series.overloads[slot] = 0
-                series.hist[slot] = [0] * _BUCKETS
-            series.requests[slot] += change[0]
-            series.errors[slot] += change[1]
-            series.client_errors[slot] += change[2]
-            series.overloads[slot] += change[3]
-            _add(series.hist[slot], change[4:])
+            series.requests[slot] += requests
+            series.errors[slot] += errors
+            series.client_errors[slot] += client_errors
+            series.overloads[slot] += overloads
+            if hist and now - second < HIST_SECONDS and series.hist_stamp[second % HIST_SECONDS] <= second:
+                _add(series.histogram_for(second), hist)
 
-    def _sum_inflight(self) -> None:
-        summed: dict[tuple[str, str], int] = {}
-        for counts in self._worker_inflight.values():
-            for key, count in counts.items():
-                summed[key] = summed.get(key, 0) + count
-        for key in self._inflight:
-            self._inflight[key] = summed.pop(key, 0)
-        self._inflight.update(summed)
+    def _merge_inflight(self, worker: int, now: dict[tuple[str, str], int]) -> None:
+        """The worker's requests in flight now replace its previous ones: the sum changes by the
+        difference, over the versions either one names (a version back to 0 stays, at 0)."""
+        before = self._worker_inflight.get(worker, {})
+        self._worker_inflight[worker] = now
+        inflight = self._inflight
+        for key in before.keys() | now.keys():
+            change = now.get(key, 0) - before.get(key, 0)
+            if change:
+                inflight[key] = inflight.get(key, 0) + change
 
-
-def _add(into: list[int], change: list[int]) -> None:
-    for index, count in enumerate(change):
-        if count:
-            into[index] += count
+def _add(into: MutableSequence[int], change: Sparse) -> None:
+    for index, count in change:
+        into[index] += count
 

@@ -113,7 +113,8 @@ class Supervisor:
         self.control = ControlPlane(settings.model_copy(update={"grpc_enabled": False}))
         self.recorder = self.control.recorder
         self.recorder.watch_changed = self._schedule_push
-        self.control.book.on_change(lambda _model, _policy: self._schedule_push())
+        self._changed: set[str] = set()  # models whose policy changed since the last push
+        self.control.book.on_change(self._policy_changed)
         self.control.throttle.on_lockout = self._lock_out  # wrong tokens: one count per node, the workers' too
         self.pins = PinService(self._pin_table)
         self.fleet_sums = FleetSums(self.control.fleets)  # /admin/fleets and gateway_fleet_server_*: the node's
@@ -193,6 +194,10 @@ class Supervisor:
             for slot in self.slots]}
 
     # -- policies to every worker -----------------------------------------------------------------
+    def _policy_changed(self, model: str, _policy: object) -> None:
+        self._changed.add(model)
+        self._schedule_push()
+
     def _schedule_push(self) -> None:
         if self._push_scheduled:
             return
@@ -202,15 +207,24 @@ class Supervisor:
             return
         self._push_scheduled = False
 
-    def _policies(self) -> tuple[Any, ...]:
-        specs = {model: (policy.spec, policy.revision) for model, policy in self.control.book.snapshot().items()}
+    def _policies(self, models: set[str] | None = None) -> tuple[Any, ...]:
+        """A push: every policy (``models`` None: a worker's first), or those of ``models`` (None
+        for a model whose policy is gone), with the versions the rollouts watch."""
         book = self.control.book
-        return "policies", self.push, specs, set(self.recorder.watched()), book.sequence_models()
+        specs: dict[str, tuple[Any, int] | None]
+        if models is None:
+            specs = {model: (policy.spec, policy.revision) for model, policy in book.snapshot().items()}
+        else:
+            specs = {model: None if (policy := book.get(model)) is None else (policy.spec, policy.revision)
+                     for model in models}
+        return "policies", self.push, specs, set(self.recorder.watched()), book.sequence_models(), models is None
 
     def _push_all(self) -> None:
+        """What changed since the last push, to every worker: a PUT sends its one model."""
         self._push_scheduled = False
         self.push += 1
-        message = self._policies()
+        changed, self._changed = self._changed, set()
+        message = self._policies(changed)
         for slot in self.slots:
             if slot.channel is not None:
                 with contextlib.suppress(ChannelClosed):

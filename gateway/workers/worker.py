@@ -280,10 +280,18 @@ class WorkerGateway(Gateway):
             elif message[0] == "locked":  # a client the control plane locked out for wrong tokens
                 self.throttle.lock(message[1], message[2])
 
-    def _apply(self, push: int, specs: dict[str, tuple[PolicySpec, int]], watched: set[tuple[str, str]],
-               sequence_models: frozenset[str]) -> None:
+    def _apply(self, push: int, specs: dict[str, tuple[PolicySpec, int] | None], watched: set[tuple[str, str]],
+               sequence_models: frozenset[str], whole: bool) -> None:
+        """A push: every policy (``whole``: the first one after hello), or the models that changed."""
         self.book.set_sequence_models(sequence_models)  # what `sequence_affinity: auto` compiles to
-        self.book.rebuild(f"push-{push}", specs, {})
+        if whole:
+            self.book.rebuild(f"push-{push}", {model: spec for model, spec in specs.items() if spec is not None}, {})
+        else:
+            for model, stored in specs.items():
+                if stored is None:
+                    self.book.remove(model)
+                else:
+                    self.book.put(model, stored[0], stored[1], force=True)
         self.recorder.watch_only(watched)
         self.push = push
         self._first_push.set()
