@@ -279,6 +279,12 @@ class GrpcRouter:
             request.replied = self.pipeline.recorder.stream_response(model, decision.version or "", request.sent,
                                                                      request.replied,
                                                                      decision.reason not in STEERED_ROUTES)
+        if reply.error and not reply.model:
+            # A failed request's reply names no model, so which request it answers is a guess (the
+            # oldest): its words are given every renamed target's called name the stream has pending.
+            for rename in {r.rename for r in (request, *ledger.pending) if r.rename is not None}:
+                response = rename.stream_reply(response)
+            return response
         return response if request.rename is None else request.rename.stream_reply(response)
 
     def record_stream_end(self, ledger: StreamLedger, code: int, past_client_deadline: bool) -> None:

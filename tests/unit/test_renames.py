@@ -112,3 +112,24 @@ def test_grpc_requests_and_replies() -> None:
     out_stream = service_pb2.ModelStreamInferResponse.FromString(renamed.stream_reply(streamed.SerializeToString()))
     assert out_stream.error_message == "bad input for model 'qc'" and out_stream.infer_response.model_name == "qc"
     assert renamed.details("unexpected shape for model 'qc_2026_12'") == "unexpected shape for model 'qc'"
+
+
+def test_a_stream_error_naming_no_model_gets_every_pending_targets_called_name() -> None:
+    """A failed request's reply on a stream names no model, so the ledger charges it to the oldest
+    request (here another model's): its words must say the called names all the same."""
+    from typing import Any
+
+    from gateway.grpc.router import GrpcRouter, StreamLedger
+    from gateway.pipeline import Pipeline
+    from gateway.policy_book import PolicyBook
+    from gateway.routing import Decision, Reason
+    from gateway.telemetry.recorder import Recorder
+
+    upstream: Any = None  # nothing is sent: only a reply is read
+    router = GrpcRouter(Pipeline(PolicyBook(), Recorder()), upstream)
+    ledger = StreamLedger()
+    ledger.sent("chat", Decision("tok", Reason.WEIGHTED), "tok", grpc_rename("tok", "chat"))
+    ledger.sent("qc", Decision("qc_2026_12", Reason.RULE), "qc_2026_12", grpc_rename("qc_2026_12", "qc"))
+    error = service_pb2.ModelStreamInferResponse(error_message="unexpected shape for model 'qc_2026_12'")
+    out = service_pb2.ModelStreamInferResponse.FromString(router.record_stream_reply(ledger, error.SerializeToString()))
+    assert out.error_message == "unexpected shape for model 'qc'"
