@@ -5,19 +5,26 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def _stat(pid: int | str) -> tuple[str, int] | None:
-    """(state, parent pid) of a process, None when it is gone."""
+def _stat(pid: int | str) -> tuple[str, int, int] | None:
+    """(state, parent pid, start time in clock ticks after boot) of a process, None when it is gone."""
     try:
         fields = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return fields[0], int(fields[1])
+    return fields[0], int(fields[1]), int(fields[19])
 
 
-def alive(pid: int) -> bool:
-    """Running (a zombie has ended; its parent just has not reaped it yet)."""
+def started_at(pid: int) -> int | None:
+    """When the process started: with its pid, who it is (pids are reused within minutes here)."""
     stat = _stat(pid)
-    return stat is not None and stat[0] != "Z"
+    return None if stat is None else stat[2]
+
+
+def alive(pid: int, started: int | None = None) -> bool:
+    """Running (a zombie has ended; its parent just has not reaped it yet), and when ``started``
+    is given, the same process that started then, not another that got its pid since."""
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z" and (started is None or stat[2] == started)
 
 
 def children(pid: int) -> list[int]:

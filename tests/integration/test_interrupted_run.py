@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import alive, command_lines, descendants
+from tests.processes import alive, command_lines, descendants, started_at
 from tests.support import wait_for
 
 pytestmark = pytest.mark.triton
@@ -37,13 +37,13 @@ def test_an_interrupted_parallel_run_leaves_no_process_behind(how: str, tmp_path
                             "--basetemp", str(tmp_path / "nested"), "-q", "-o", "timeout=300"],
                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            start_new_session=True)
-    started: set[int] = set()
+    started: dict[int, int | None] = {}  # pid: its start time (pids are reused within minutes)
     try:
         wait_for(lambda: {p.name for p in held.iterdir()} == {"gateway", "prometheus"} or run.poll() is not None,
                  120, interval=0.2, what="both tests holding their servers")
         assert run.poll() is None, run.communicate()[0]
-        started = descendants(run.pid)
-        kinds = " ".join(command_lines(started))
+        started = {pid: started_at(pid) for pid in descendants(run.pid)}
+        kinds = " ".join(command_lines(set(started)))
         for kind in ("tritonserver", "triton_python_backend_stub", "redis-server", "prometheus", "gateway serve"):
             assert kind in kinds, f"{kind} not started: {kinds}"
         if how == "Ctrl-C":  # the terminal sends SIGINT to the foreground process group
@@ -53,14 +53,15 @@ def test_an_interrupted_parallel_run_leaves_no_process_behind(how: str, tmp_path
         else:  # a supervisor that signals the process it started
             run.send_signal(signal.SIGTERM)
         output, _ = run.communicate(timeout=150)
-        wait_for(lambda: not any(alive(pid) for pid in started), 30, what="every process the run started to end")
+        wait_for(lambda: not any(alive(pid, since) for pid, since in started.items()), 30,
+                 what="every process the run started to end")
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
             run.communicate(timeout=30)
-        left = command_lines({pid for pid in started if alive(pid)})
-        for pid in started:
-            if alive(pid):
+        left = command_lines({pid for pid, since in started.items() if alive(pid, since)})
+        for pid, since in started.items():
+            if alive(pid, since):
                 os.kill(pid, signal.SIGKILL)
     assert not left, left
     assert run.returncode == pytest.ExitCode.INTERRUPTED, output[-3000:]

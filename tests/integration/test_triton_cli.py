@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from gateway.devtools.local_triton import LocalTriton, free_port_block, listens_on
-from tests.processes import alive, children
+from tests.processes import alive, children, started_at
 from tests.support import wait_for
 
 pytestmark = pytest.mark.triton
@@ -27,7 +27,7 @@ def gateway_triton(*args: str) -> subprocess.Popen[str]:
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_stops_the_tritonserver_it_started_and_its_stubs(signum: int) -> None:
     cli = gateway_triton("--http-port", str(free_port_block(3)), "--model", "qc")
-    server, stubs = 0, []
+    server, stubs, since = 0, [], {}
     try:
         assert cli.stdout is not None
         for line in cli.stdout:
@@ -37,16 +37,17 @@ def test_a_signal_stops_the_tritonserver_it_started_and_its_stubs(signum: int) -
             raise AssertionError(f"gateway triton ended with {cli.wait()} before it was ready")
         [server] = children(cli.pid)
         stubs = children(server)
+        since = {pid: started_at(pid) for pid in [server, *stubs]}  # pids are reused within minutes here
         assert len(stubs) == 3, "qc's three versions, one Python-backend stub each"
         cli.send_signal(signum)
         assert cli.wait(60) == 0
-        wait_for(lambda: not any(alive(pid) for pid in [server, *stubs]), 30, what="the server and stubs to end")
+        wait_for(lambda: not any(alive(pid, at) for pid, at in since.items()), 30, what="the server and stubs to end")
     finally:
         if cli.poll() is None:
             cli.kill()
             cli.wait(10)
-        for pid in [server, *stubs]:
-            if pid and alive(pid):
+        for pid, at in since.items():
+            if alive(pid, at):
                 os.kill(pid, signal.SIGKILL)
         assert cli.stdout is not None
         cli.stdout.close()
