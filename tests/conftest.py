@@ -132,6 +132,13 @@ def session_triton_left_as_found(request: pytest.FixtureRequest) -> Iterator[Non
     summary, so one module's leftover fails no other module and the culprit shows in the log."""
     yield
     for server, wanted in list(_session_triton):
+        if server.returncode is not None:  # it died under this module: started again, named in the summary
+            from tests import run_report
+
+            run_report.note(run_report.LEFT_CHANGED, f"{request.node.nodeid}: the session Triton exited with "
+                                                     f"{server.returncode}; started again on its ports")
+            server.stop()
+            server.start()
         try:
             found = _ready_versions(server)
         except OSError:

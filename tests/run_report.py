@@ -28,7 +28,7 @@ _findings: dict[str, list[tuple[float, str]]] = defaultdict(list)
 _busy_s: dict[str, float] = defaultdict(float)  # worker -> summed test time
 _started = time.monotonic()
 
-LEFT_CHANGED = "modules that left the session Triton changed (put back)"
+LEFT_CHANGED = "modules that left the session Triton changed or dead (put back)"
 DESCRIPTORS = "modules that left descriptors open (5 or more; the 15 worst)"
 SLOW_UNSAID = f"tests over {SLOW_S:.0f} s whose docstring does not say why"
 UNSCHEDULED_S = 20.0

@@ -184,6 +184,19 @@ def listens_on(pid: int, port: int) -> bool | None:
     return False
 
 
+def _kill_group(pgid: int) -> None:
+    """SIGKILL every process still in process group ``pgid`` (looked up, so no other group is hit)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            group = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2])
+            if group == pgid:
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            continue
+
+
 def _pytriton_root() -> Path:
     try:
         import pytriton
@@ -242,6 +255,11 @@ class LocalTriton:
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status of a server that ended by itself (None while it runs, or not started)."""
+        return self._process.poll() if self._process else None
 
     def command(self, backend_dir: Path) -> list[str]:
         root = _pytriton_root()
@@ -345,6 +363,8 @@ class LocalTriton:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait(5)
+        elif process is not None:  # it died by itself (a crash, SIGKILL): its stubs outlive it, in its group
+            _kill_group(process.pid)
         if self._workdir is not None and self.log_file is None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
