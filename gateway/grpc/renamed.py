@@ -18,6 +18,7 @@ the gRPC path (``grpc.wire``):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -66,33 +67,30 @@ class GrpcRename:
 
     def config_reply(self, message: bytes) -> bytes:
         """A ModelConfigResponse: ``config`` (field 1) is a ModelConfig whose field 1 is the name."""
-        try:
-            out = []
-            for number, wire, span in _fields(message):
-                if wire != 2:
-                    return message
-                value = message[span[0]:span[1]]
-                out.append(_field(number, self.reply(value) if number == _NAME else value))
-            return b"".join(out)
-        except WireError:
-            return message
+        return _fields_rewritten(message, {_NAME: self.reply})
 
     def stream_reply(self, message: bytes) -> bytes:
         """A ModelStreamInferResponse: its infer_response renamed, its error_message's quoted name too."""
-        try:
-            out = []
-            for number, wire, span in _fields(message):
-                if wire != 2:
-                    return message  # no such field in a ModelStreamInferResponse: leave it to the client
-                value = message[span[0]:span[1]]
-                if number == _INFER_RESPONSE:
-                    value = self.reply(value)
-                elif number == _NAME:
-                    value = self.details(value.decode(errors="surrogateescape")).encode(errors="surrogateescape")
-                out.append(_field(number, value))
-            return b"".join(out)
-        except WireError:
-            return message
+        return _fields_rewritten(message, {_INFER_RESPONSE: self.reply, _NAME: self._error})
+
+    def _error(self, text: bytes) -> bytes:
+        return self.details(text.decode(errors="surrogateescape")).encode(errors="surrogateescape")
+
+
+def _fields_rewritten(message: bytes, rewrites: dict[int, Callable[[bytes], bytes]]) -> bytes:
+    """``message`` with its top-level fields of these numbers rewritten (all of its fields are
+    length-delimited; anything else, or bytes that are not a message, leave it as it is)."""
+    try:
+        out = []
+        for number, wire, span in _fields(message):
+            if wire != 2:
+                return message
+            value = message[span[0]:span[1]]
+            rewrite = rewrites.get(number)
+            out.append(_field(number, value if rewrite is None else rewrite(value)))
+        return b"".join(out)
+    except WireError:
+        return message
 
 
 @lru_cache(maxsize=1024)

@@ -14,17 +14,15 @@ from __future__ import annotations
 import gzip
 import json
 import struct
-import threading
 from collections.abc import Iterator
 from typing import Any
 
-import grpc
 import pytest
 from tritonclient.grpc import service_pb2
 
 from gateway.devtools.local_triton import LocalTriton
 from tests.compat.http_compare import Answer, assert_same, call
-from tests.compat.test_grpc import SERVICE, qc_request, tok_request, unary
+from tests.compat.test_grpc import SERVICE, qc_request, stream, tok_request, unary
 from tests.support import TOKEN, GatewayThread, gateway_settings
 
 pytestmark = pytest.mark.triton
@@ -131,14 +129,14 @@ def test_compressed_answers_are_renamed_and_compressed_again(target_models: Loca
     assert_same(expected(inflated(direct), "qc"), inflated(through), f"{encoding} answer")
 
 
-def renamed_request(message: Any, model: str) -> bytes:
+def renamed(message: Any, model: str) -> Any:
     copy = type(message)()
     copy.CopyFrom(message)
     if hasattr(copy, "model_name"):
         copy.model_name = model
     else:
         copy.name = model
-    return bytes(copy.SerializeToString())
+    return copy
 
 
 GRPC_CALLS: list[tuple[str, str, Any]] = [
@@ -154,7 +152,7 @@ GRPC_CALLS: list[tuple[str, str, Any]] = [
 @pytest.mark.parametrize(("what", "method", "request_"), GRPC_CALLS, ids=[c[0] for c in GRPC_CALLS])
 def test_grpc_answers_are_tritons_with_the_called_name(target_models: LocalTriton, gateway: GatewayThread, what: str,
                                                        method: str, request_: Any) -> None:
-    direct = unary(target_models.grpc_url, SERVICE + method, renamed_request(request_, "qc_2026_12"))
+    direct = unary(target_models.grpc_url, SERVICE + method, renamed(request_, "qc_2026_12").SerializeToString())
     through = unary(f"127.0.0.1:{gateway.settings.grpc_port}", SERVICE + method, request_.SerializeToString())
     assert through[0] == direct[0] and through[3] == direct[3], what
     assert through[1] == direct[1].replace("'qc_2026_12'", "'qc'") and "qc_2026_12" not in through[1], what
@@ -169,26 +167,6 @@ def test_grpc_answers_are_tritons_with_the_called_name(target_models: LocalTrito
     assert response.FromString(through[2]) == wanted, what
 
 
-def stream(address: str, requests: list[bytes], expected_replies: int, timeout: float = 20) -> list[bytes]:
-    with grpc.insecure_channel(address) as channel:
-        call_ = channel.stream_stream(SERVICE + "ModelStreamInfer", request_serializer=None, response_deserializer=None)
-        done = threading.Event()
-
-        def messages() -> Iterator[bytes]:
-            yield from requests
-            done.wait(timeout)
-
-        replies = call_(messages(), timeout=timeout)
-        out = []
-        for reply in replies:
-            out.append(reply)
-            if len(out) == expected_replies:
-                break
-        done.set()
-        replies.cancel()
-        return out
-
-
 @pytest.mark.parametrize(("called", "requests", "replies"), [
     ("qc", [qc_request(), qc_request(values=[1, 2, 3], shape=(1, 3)), qc_request(name="X")], 3),
     ("chat", [tok_request(tokens=4)], 4),
@@ -196,9 +174,8 @@ def stream(address: str, requests: list[bytes], expected_replies: int, timeout: 
 def test_streams_are_tritons_with_the_called_name(target_models: LocalTriton, gateway: GatewayThread, called: str,
                                                   requests: list[Any], replies: int) -> None:
     answering = RENAMED[called]
-    direct = stream(target_models.grpc_url, [renamed_request(r, answering) for r in requests], replies)
-    through = stream(f"127.0.0.1:{gateway.settings.grpc_port}", [renamed_request(r, called) for r in requests],
-                     replies)
+    direct = stream(target_models.grpc_url, [renamed(r, answering) for r in requests], replies)
+    through = stream(f"127.0.0.1:{gateway.settings.grpc_port}", [renamed(r, called) for r in requests], replies)
     assert len(direct) == replies
     wanted = []
     for raw in direct:
