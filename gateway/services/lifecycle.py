@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from gateway.errors import Conflict, LoadFailed, NotFound
-from gateway.policy import without_version
+from gateway.policy import parse_target, without_version
 from gateway.services.policies import PolicyService
 from gateway.services.replicas import Replicas
 from gateway.services.triton_control import TritonControl, restore_target, with_change
@@ -107,6 +107,26 @@ class ModelLifecycle:
         if weight:
             raise Conflict(f"version {version} of model '{model}' takes {weight}% of its traffic in policy revision "
                            f"{stored.revision if stored else 0}: move its weight to another version first")
+        await self._refuse_if_named_elsewhere(model, version)
+
+    async def _refuse_if_named_elsewhere(self, model: str, version: str) -> None:
+        """409 naming another model that still needs the version: a policy whose weight goes to it
+        (``qc`` -> ``qc_2026_12@2``), or an ensemble's active canary running it inside its variant."""
+        for other, stored in (await self.store.list_policies()).items():
+            if other == model or stored.spec is None:
+                continue
+            for key, weight in stored.spec.weights.items():
+                target = parse_target(key)
+                if weight and target.model == model and target.version == version and target.fleet is None:
+                    raise Conflict(f"version {version} of model '{model}' takes {weight}% of the traffic of "
+                                   f"'{other}' (target {key}): move that weight first")
+        for other, record in (await self.store.list_rollouts()).items():
+            variant = record.document.get("variant") or {}
+            if variant.get("model") == model and variant.get("canary_version") == version \
+                    and record.document["state"] in ("progressing", "paused", "rolling_back"):
+                raise Conflict(f"version {version} of model '{model}' runs inside '{variant['name']}', the variant "
+                               f"of the {record.document['state']} canary of ensemble '{other}': abort or finish "
+                               "that rollout first")
 
     async def _record(self, model: str, loaded: list[str] | None = None, unloaded: list[str] | None = None) -> None:
         """Note a load or unload the gateway made (only those are ever restored)."""

@@ -94,6 +94,8 @@ def test_at_20_percent_every_request_runs_one_arms_stages_only(gateway: GatewayT
     assert abs(arms[(VARIANT, 3)] - 200) <= 5, arms
     assert {name for _, _, name in answers} == {"pipe"}
     assert triton_get(pipe, f"/v2/models/{VARIANT}/ready")[0] == 200
+    status, doc = admin_call(gateway.url, "POST", "/admin/models/qc/versions/3/unload")
+    assert status == 409 and "runs inside 'pipe__qc_3'" in doc["error"], doc  # the variant needs it
 
     status, doc = admin_call(gateway.url, "POST", "/admin/models/pipe/rollout/abort")
     assert status == 200 and doc["state"] == "aborted", doc

@@ -59,6 +59,15 @@ def test_a_failing_model_name_is_rolled_back_and_bad_targets_change_nothing(gate
         in metrics
 
 
+def test_a_version_another_models_policy_sends_traffic_to_is_not_unloaded(gateway: GatewayThread) -> None:
+    assert admin_call(gateway.url, "PUT", "/admin/models/qc/policy", {"weights": {"2": 90, "qc_2026_12@1": 10}})[0] \
+        == 200
+    status, doc = admin_call(gateway.url, "POST", "/admin/models/qc_2026_12/versions/1/unload")
+    assert status == 409 and "takes 10% of the traffic of 'qc' (target qc_2026_12@1)" in doc["error"], doc
+    with urllib.request.urlopen(gateway.url + "/v2/models/qc_2026_12/versions/1/ready", timeout=10) as response:
+        assert response.status == 200
+
+
 def test_a_healthy_model_name_is_promoted_and_still_answers_as_qc(gateway: GatewayThread) -> None:
     with BackgroundLoad(gateway.url, by_target=True) as load:
         time.sleep(0.5)
