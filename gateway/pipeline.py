@@ -254,6 +254,8 @@ class Pipeline:
         if target is None:
             if version is None:
                 target = Target(None)
+            elif version.isdigit():  # a version of the called model: a policy's, or one a client pinned ("0" too)
+                target = Target(version, key=version)
             else:  # "green:3": version 3 on fleet green; "qc_2026_12@2": version 2 of model qc_2026_12
                 name = parse_target(version)
                 target = Target(name.version, name.fleet, name.model, version)

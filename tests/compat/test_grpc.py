@@ -104,6 +104,7 @@ CALLS: list[tuple[str, str, Any]] = [
     ("ModelInfer wrong shape", "ModelInfer", qc_request(values=[1, 2, 3], shape=(1, 3))),
     ("ModelInfer unknown input", "ModelInfer", qc_request(name="X")),
     ("ModelInfer unknown version", "ModelInfer", qc_request("9")),
+    ("ModelInfer version 0", "ModelInfer", qc_request("0")),
     ("ModelInfer sequence never started", "ModelInfer", seq_request(8400, 1)),
 ]
 

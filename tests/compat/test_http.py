@@ -71,6 +71,8 @@ INFERS: list[tuple[str, str, Any]] = [
                                                             "data": [1, 2, 3, 4]}]}),
     ("unknown model", "/v2/models/nope/infer", QC),
     ("unknown version", "/v2/models/qc/versions/9/infer", QC),
+    ("version 0", "/v2/models/qc/versions/0/infer", QC),  # not a target a policy can name: still Triton's answer
+    ("version 00", "/v2/models/qc/versions/00/infer", QC),
     ("not JSON", "/v2/models/qc/infer", None),
     ("BYTES to a decoupled model", "/v2/models/tok/infer",
      {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]}),
