@@ -130,7 +130,8 @@ class Gateway(Dispatch):
                                           shadow=self.shadow, lease_ttl_s=settings.controller_lease_ttl_s,
                                           call_timeout_s=settings.controller_call_timeout_s,
                                           prometheus_url=settings.prometheus_url,
-                                          history_per_model=settings.rollout_history_per_model)
+                                          history_per_model=settings.rollout_history_per_model,
+                                          holder=self.replicas.replica)
         self.registry = make_registry(GatewayCollector(self.recorder, self.book))
         self.registry.register(FleetCollector(self.fleets))
         self.throttle = TokenThrottle()  # wrong tokens per client: console, /admin, data-port control, /metrics

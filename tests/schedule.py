@@ -71,12 +71,13 @@ EXPECTED_S = {
     "tests/integration/test_workers_trust.py::test_bodies_tokens_and_metrics_at_the_workers_edge": 45,
     "tests/integration/test_lifecycle.py::test_promotion_unloads_every_previous_version": 12,
     "tests/integration/test_reload.py::test_sighup_applies_tokens_in_one_process": 10,
+    "tests/integration/test_lease_failover.py::test_a_rollback_is_applied_within_5_s": 35,
 }
 HEAVY = ("tests/integration/test_judge_acceptance.py", "tests/integration/test_judge_clients.py",
          "tests/integration/test_rollout_streaming.py", "tests/integration/test_rollout_statistical.py",
          "tests/integration/test_hostile_judge.py", "tests/integration/test_workers.py",
          "tests/integration/test_workers_rolling.py", "tests/integration/test_workers_up.py",
-         "tests/integration/test_workers_trust.py")
+         "tests/integration/test_workers_trust.py", "tests/integration/test_lease_failover.py")
 HEAVY_STREAMS = 2
 BY_DIRECTORY_S = {"tests/integration/": 2.0, "tests/console/": 3.0, "tests/abuse/": 0.5, "tests/compat/": 0.3}
 UNIT_S = 0.05

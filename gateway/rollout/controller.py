@@ -1,9 +1,10 @@
 """The rollout controller: a level-triggered reconcile tick over every rollout, and its loop.
 
 All state lives in the store, so any replica can run a tick and a restarted gateway carries on
-at the same step. Only the holder of the fenced ``rollout-controller`` lease runs the loop, and
-every write it makes carries the lease's epoch: a holder deposed mid-tick (a pause longer than
-the lease) has its writes refused by the store. Each tick, per rollout not yet settled:
+at the same step. Only the holder of the fenced ``rollout-controller`` lease
+(:mod:`gateway.rollout.lease`, kept apart from the ticks) runs the loop, and every write it
+makes carries the lease's epoch: a holder deposed mid-tick (a pause longer than the lease) has
+its writes refused by the store. Each tick, per rollout not yet settled:
 
 1. a policy revision the rollout did not write is a human's: an active rollout pauses, a
    finished one yields, and the human's weights are never overwritten;
@@ -27,6 +28,7 @@ same fenced commit as the tick; what the tick reads of telemetry is in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -46,6 +48,7 @@ from gateway.rollout.driver import PolicyDriver, PolicyMoved, adopt_own_write, m
 from gateway.rollout.fast_path import FastPath
 from gateway.rollout.hooks import PHASE_EVENTS, Hooks
 from gateway.rollout.judge import Evidence, VersionSample, assess, client_weighted, fold
+from gateway.rollout.lease import ControllerLease
 from gateway.rollout.phases import Phase
 from gateway.rollout.readings import Samples, take_samples, watch, windows
 from gateway.rollout.rollback import critical_verdict
@@ -56,23 +59,21 @@ from gateway.services.ensembles import FOLDED, LOADED, EnsembleCanaries
 from gateway.services.policies import PolicyService
 from gateway.services.triton_control import TritonControl
 from gateway.store.base import Fence, StateStore, StoredPolicy, StoredRollout
-from gateway.store.budget import Budget, bounded, call_budget
+from gateway.store.budget import bounded, call_budget
 from gateway.telemetry.recorder import Recorder
 from gateway.telemetry.sources import MetricsSource
 
 log = logging.getLogger("gateway.rollout")
 ACTOR = "rollout-controller"
-LEASE = "rollout-controller"
 PHASES = tuple(phase.value for phase in Phase)
-LEASE_PROBE_S = 0.25  # a renewal's budget while the store is away (an answering store takes milliseconds)
 
 
 class RolloutController:
     def __init__(self, store: StateStore, triton: TritonControl, policies: PolicyService, source: MetricsSource,
                  recorder: Recorder, clock: Callable[[], float] = time.time, tick_s: float = 1.0,
-                 lifecycle: Any = None, shadow: Any = None, lease_ttl_s: float = 15.0,
+                 lifecycle: Any = None, shadow: Any = None, lease_ttl_s: float = 3.0,
                  call_timeout_s: float = 1.5, prometheus_url: str | None = None,
-                 history_per_model: int = history.KEEP_PER_MODEL) -> None:
+                 history_per_model: int = history.KEEP_PER_MODEL, holder: str | None = None) -> None:
         self.lifecycle = lifecycle  # gateway.services.lifecycle.ModelLifecycle: unload_previous after promotion
         self.shadow = shadow  # gateway.proxy.shadow.ShadowMirror: shadow numbers in the status
         self.store = bounded(store)  # within a tick each call gets call_timeout_s (see lead())
@@ -84,12 +85,12 @@ class RolloutController:
         self.tick_s = tick_s
         self.lease_ttl_s = lease_ttl_s
         self.call_timeout_s = call_timeout_s  # every metrics query and Triton call of a tick, well inside the TTL
-        self.holder = uuid.uuid4().hex
+        self.holder = holder or uuid.uuid4().hex  # the replica's name: the store shows who judges
         self.fast = FastPath(recorder, triton, call_timeout_s)
         self.driver = PolicyDriver(self.store, triton, policies, self.fast)
         self._listed = self.driver.known  # the newest records seen: the tick's memory while the store is down
-        self.fence: Fence | None = None  # set while this replica holds the lease
-        self._store_away = False  # the last lease renewal failed (store locked, down or silent)
+        self.lease = ControllerLease(self.store, self.holder, lease_ttl_s, tick_s, call_timeout_s,
+                                     on_lost=self._deposed, on_held=self._restore_loaded_versions)
         # model -> (base revision, state the store has not taken, the metric that decided it)
         self._unsaved: dict[str, tuple[int, Rollout, str | None]] = {}
         self._background = Background()  # the loop, and unload tasks after promotions
@@ -146,7 +147,7 @@ class RolloutController:
                 self._unsaved.pop(model, None)  # someone else wrote: next tick starts from the store
             except LeaseLost as exc:
                 log.warning("rollout controller deposed: %s", exc)
-                await self._deposed()
+                await self.lease.lost(fence)
                 return
             except StoreError as exc:
                 log.warning("rollout of %s: store unavailable (%s): kept in memory", model, exc)
@@ -330,6 +331,15 @@ class RolloutController:
         if not rollout.phase.active:
             await history.archive(self.store, rollout.document(), self.history_per_model)
 
+    @property
+    def fence(self) -> Fence | None:
+        """The lease's epoch while this replica holds it (:class:`ControllerLease`)."""
+        return self.lease.fence
+
+    @fence.setter
+    def fence(self, fence: Fence | None) -> None:
+        self.lease.fence = fence
+
     async def _deposed(self) -> None:
         """Another replica holds the lease now: forget what we could not save, and give the
         book back to the store's record (a local rollback is the new holder's to decide)."""
@@ -396,9 +406,11 @@ class RolloutController:
     # -- the loop ------------------------------------------------------------------------------
     def start(self) -> None:
         self._background.spawn(self._run())
+        self._background.spawn(self.lease.keep())
 
     async def stop(self) -> None:
         await self._background.cancel_all()
+        await self.lease.hand_over()
         await self.hooks.close()
 
     async def _run(self) -> None:
@@ -408,42 +420,28 @@ class RolloutController:
             except GatewayError as exc:
                 log.warning("rollout controller tick failed: %s", exc)
             except TimeoutError:
-                log.warning("rollout controller tick ran past half the lease (%.1fs): cut short", self.lease_ttl_s / 2)
+                log.warning("rollout controller tick ran past %.1fs: cut short", self.lease.tick_bound_s)
             except Exception:  # never let one bad tick stop the loop for good
                 log.exception("rollout controller tick crashed")
-            await asyncio.sleep(self.tick_s)
+            with contextlib.suppress(TimeoutError):  # a lease just taken over ticks at once
+                async with asyncio.timeout(self.tick_s):
+                    await self.lease.taken.wait()
+            self.lease.taken.clear()
 
     async def lead(self) -> None:
-        """Renew (or take) the fenced lease, then tick with its epoch. With the store down, the
-        replica that held the lease last goes on ticking from memory (no one else can take it).
+        """Keep or take the fenced lease (:meth:`ControllerLease.hold`), then tick with its epoch.
 
         Every store call of the tick (the lease's included) gets ``call_timeout_s``, and once
         one has failed the tick asks the store nothing more: a store that is locked or silent
         costs a tick one call timeout, so a rollback decided meanwhile reaches this replica's
         policy book within a tick or two, however long the store stays away."""
         with call_budget(self.call_timeout_s) as budget:
-            await self._lead(budget)
-
-    async def _lead(self, budget: Budget) -> None:
-        # Once the store has failed a renewal, it is only probed (briefly) until it answers
-        # again: a last holder ticking from memory does not wait a call timeout every tick.
-        probe = self.call_timeout_s if not self._store_away else min(self.call_timeout_s, LEASE_PROBE_S)
-        try:
-            with call_budget(probe):
-                epoch = await self.store.acquire_fenced_lease(LEASE, self.holder, self.lease_ttl_s)
-        except StoreError as exc:
-            self._store_away = True
-            budget.failure = f"the lease was not renewed: {exc}"  # the tick asks the store nothing more
-            if self.fence is None:
-                return
-            log.warning("rollout controller: lease not renewed (%s): last holder, ticking from memory", exc)
-        else:
-            self._store_away = False
-            if epoch is None and self.fence is not None:
-                await self._deposed()
-            self.fence = Fence(LEASE, self.holder, epoch) if epoch is not None else None
-            if self.fence is None:
-                return
-            self._restore_loaded_versions()
-        async with asyncio.timeout(self.lease_ttl_s / 2):  # a tick never outlives the lease it started with
-            await self.tick(self.fence)
+            held = self.fence is not None
+            if not self.lease.keeping or not held:  # the keeper renews between ticks (gateway.rollout.lease)
+                with call_budget(self.lease.renewal_budget_s()):
+                    held = await self.lease.hold(budget)
+            elif self.lease.store_away:  # its last renewal failed: the tick judges from memory, asking nothing
+                budget.failure = "the lease was not renewed: the store is away"
+            if held and self.fence is not None:
+                async with asyncio.timeout(self.lease.tick_bound_s):
+                    await self.tick(self.fence)

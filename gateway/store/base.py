@@ -242,6 +242,15 @@ class StateStore(Protocol):
         Renewing keeps the epoch; taking it anew (first time, after expiry, from another holder)
         gives the previous epoch + 1, durably, so epochs never repeat for a name."""
 
+    async def renew_fenced_lease(self, name: str, holder: str, epoch: int, ttl_s: float) -> bool:
+        """Extend the fenced lease ``name`` by ``ttl_s`` only if ``holder`` holds it at ``epoch`` and
+        it has not expired; False (nothing changes) otherwise: a holder that lost its lease
+        never takes it back by renewing, so another replica can take it over."""
+
+    async def release_fenced_lease(self, name: str, holder: str, epoch: int) -> None:
+        """Give the fenced lease up now, if ``holder`` holds it at ``epoch`` (a graceful stop: the
+        next replica takes it without waiting out the TTL). The epoch record stays."""
+
     async def put_policy_fenced(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
                                 event: EventDraft, fence: Fence, guard: Guard | None = None) -> StoredPolicy:
         """:meth:`put_policy`, done only if ``fence`` is still the lease's current holder and epoch,

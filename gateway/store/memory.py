@@ -203,6 +203,19 @@ class InMemoryStore:
         fenced[name] = (holder, now + ttl_s, epoch)
         return epoch
 
+    async def renew_fenced_lease(self, name: str, holder: str, epoch: int, ttl_s: float) -> bool:
+        current = self._fenced.get(name)
+        now = time.monotonic()
+        if current is None or (current[0], current[2]) != (holder, epoch) or current[1] < now:
+            return False
+        self._fenced[name] = (holder, now + ttl_s, epoch)
+        return True
+
+    async def release_fenced_lease(self, name: str, holder: str, epoch: int) -> None:
+        current = self._fenced.get(name)
+        if current is not None and (current[0], current[2]) == (holder, epoch):
+            self._fenced[name] = (holder, 0.0, epoch)  # expired: the epoch stays for the next taker
+
     def _check_fence(self, fence: Fence) -> None:
         current = self._fenced.get(fence.name)
         if current is None or (current[0], current[2]) != (fence.holder, fence.epoch):

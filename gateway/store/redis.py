@@ -378,6 +378,19 @@ class RedisStore:
             max(1, int(ttl_s * 1000))))
         return None if int(epoch) < 0 else int(epoch)
 
+    async def renew_fenced_lease(self, name: str, holder: str, epoch: int, ttl_s: float) -> bool:
+        renewed = await self._call(self.redis.eval(
+            _RENEW_FENCED, 2, self._key("fence", name), self._key("fence", name) + ":live", holder, epoch,
+            max(1, int(ttl_s * 1000))))
+        return bool(renewed)
+
+    async def release_fenced_lease(self, name: str, holder: str, epoch: int) -> None:
+        await self._call(self.redis.eval(
+            "local fence = redis.call('HMGET', KEYS[1], 'holder', 'epoch') "
+            "if fence[1] == ARGV[1] and tonumber(fence[2]) == tonumber(ARGV[2]) and redis.call('GET', KEYS[2]) == "
+            "ARGV[1] then redis.call('DEL', KEYS[2]) end return 0",
+            2, self._key("fence", name), self._key("fence", name) + ":live", holder, epoch))
+
     async def put_policy_fenced(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
                                 event: EventDraft, fence: Fence, guard: Guard | None = None) -> StoredPolicy:
         now, record, finished = await self._policy_write(model, spec, event)
@@ -525,6 +538,14 @@ if not live then
 end
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 return epoch
+"""
+# Renew only our own live lease at our epoch: a lapsed one is never taken back this way.
+_RENEW_FENCED = """
+local fence = redis.call('HMGET', KEYS[1], 'holder', 'epoch')
+if fence[1] ~= ARGV[1] or tonumber(fence[2]) ~= tonumber(ARGV[2]) then return 0 end
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return 1
 """
 # _CAS behind a fence check: KEYS[5] is the fence record, ARGV[8] the holder, ARGV[9] the epoch;
 # the guarded record is KEYS[6], its revision ARGV[10].

@@ -351,6 +351,28 @@ class SQLiteStore:
 
         return await self._run(work)
 
+    async def renew_fenced_lease(self, name: str, holder: str, epoch: int, ttl_s: float) -> bool:
+        def work(db: sqlite3.Connection) -> bool:
+            def body() -> bool:
+                now = time.time()
+                cursor = db.execute("UPDATE fenced_leases SET expires = ? WHERE name = ? AND holder = ? AND epoch = ? "
+                                    "AND expires > ?", (now + ttl_s, name, holder, epoch, now))
+                return cursor.rowcount == 1
+
+            return self._transaction(db, body)
+
+        return await self._run(work)
+
+    async def release_fenced_lease(self, name: str, holder: str, epoch: int) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            def body() -> None:
+                db.execute("UPDATE fenced_leases SET expires = 0 WHERE name = ? AND holder = ? AND epoch = ?",
+                           (name, holder, epoch))
+
+            self._transaction(db, body)
+
+        await self._run(work)
+
     async def put_policy_fenced(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
                                 event: EventDraft, fence: Fence, guard: Guard | None = None) -> StoredPolicy:
         def work(db: sqlite3.Connection) -> StoredPolicy:

@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from gateway.devtools.local_triton import LocalTriton, dies_with_parent, free_port
-from gateway.rollout.controller import LEASE
+from gateway.rollout.lease import LEASE
 from gateway.telemetry.recorder import Window
 from gateway.telemetry.sources import MetricsSource
 from tests.conftest import Faults
@@ -258,8 +258,9 @@ def test_an_sre_patch_during_a_slowed_tick_pauses_and_keeps_the_sres_weights(tri
 def test_two_gateways_on_one_redis_a_deposed_holders_writes_are_rejected(
         triton: LocalTriton, redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
     """Two gateways share Redis. The holder's tick is held at its metrics query; the test lets
-    its lease expire (deletes the live key, as a TTL would) so the other gateway takes it with
-    the next epoch; the deposed holder's verdict write is then refused by the store."""
+    its lease expire (its renewals stop, as a paused process's would, and the live key goes, as
+    the TTL would take it) so the other gateway takes it with the next epoch; the deposed
+    holder's verdict write is then refused by the store."""
     # A database of its own: the lease must be contested by these two gateways only, never by a
     # gateway another test left running on the session Redis's database 0.
     redis_url = redis_url.rsplit("/", 1)[0] + "/7"
@@ -280,6 +281,13 @@ def test_two_gateways_on_one_redis_a_deposed_holders_writes_are_rejected(
         waiting.gate.clear()
         assert held.entered.wait(5), "the holder's tick is at its metrics query"
         before = client.get("gateway:rollout:qc")
+        paused = asyncio.Event()  # never set: the holder's lease keeper waits for ever, as if paused
+
+        async def pause(*_: Any) -> Any:
+            await paused.wait()
+
+        keeper_store: Any = holder.app.rollouts.lease.store
+        keeper_store.renew_fenced_lease = keeper_store.acquire_fenced_lease = pause
         client.delete(f"gateway:fence:{LEASE}:live")  # the lease lapses mid-tick
         wait_for(lambda: other.app.rollouts.fence is not None, 5, what="the other gateway to take the lease")
         assert other.app.rollouts.fence.epoch == epoch + 1  # type: ignore[union-attr]

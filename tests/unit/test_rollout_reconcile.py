@@ -10,7 +10,8 @@ import pytest
 
 from gateway.errors import LeaseLost, StoreError
 from gateway.policy import PolicySpec
-from gateway.rollout.controller import LEASE, RolloutController
+from gateway.rollout.controller import RolloutController
+from gateway.rollout.lease import LEASE
 from gateway.rollout.spec import RolloutSpec
 from gateway.services.policies import PolicyService
 from gateway.store.base import EventDraft, Fence

@@ -429,6 +429,23 @@ async def test_fenced_lease_epoch_grows_only_when_the_lease_changes_hands(store:
     assert await store.acquire_fenced_lease("controller", "b", 0.3) == first + 1
 
 
+async def test_a_fenced_lease_is_renewed_only_by_its_live_holder_and_given_up_at_once(store: StateStore) -> None:
+    """What the controller's lease keeper relies on: a renewal extends a live lease at its epoch
+    and never takes back one that lapsed; giving it up lets the next holder in without waiting."""
+    epoch = await store.acquire_fenced_lease("controller", "a", 0.3)
+    assert epoch is not None
+    assert await store.renew_fenced_lease("controller", "a", epoch, 0.3)
+    assert not await store.renew_fenced_lease("controller", "b", epoch, 0.3), "not b's"
+    assert not await store.renew_fenced_lease("controller", "a", epoch + 1, 0.3), "not at another epoch"
+    await asyncio.sleep(0.4)
+    assert not await store.renew_fenced_lease("controller", "a", epoch, 0.3), "a lapsed lease is not taken back"
+    assert await store.acquire_fenced_lease("controller", "b", 5) == epoch + 1
+    await store.release_fenced_lease("controller", "a", epoch)  # not a's any more: nothing happens
+    assert await store.acquire_fenced_lease("controller", "c", 5) is None
+    await store.release_fenced_lease("controller", "b", epoch + 1)
+    assert await store.acquire_fenced_lease("controller", "c", 5) == epoch + 2, "at once, not after the TTL"
+
+
 async def test_a_deposed_holders_fenced_writes_are_refused(store: StateStore) -> None:
     epoch_a = await store.acquire_fenced_lease("controller", "a", 0.2)
     assert epoch_a is not None
