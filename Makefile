@@ -10,7 +10,7 @@ SYSTEM_TOOLS := redis-server:redis-server wrk:wrk prometheus:prometheus promtool
 # the benchmark also needs nginx, its yardstick (it starts its own on loopback ports)
 BENCH_TOOLS := $(SYSTEM_TOOLS) nginx:nginx
 
-.PHONY: demo test check fuzz bench docs lint system-deps clean help
+.PHONY: demo test check fuzz bench docs screenshots lint system-deps clean help
 
 help:
 	@echo "make demo   - create .venv, install, start a local Triton + the gateway, drive a canary"
@@ -19,6 +19,7 @@ help:
 	@echo "make fuzz   - the property tests (pytest -m property) with FUZZ_EXAMPLES examples each (default 5000)"
 	@echo "make bench  - gateway overhead vs direct-to-Triton and vs nginx (HTTP and gRPC), one run"
 	@echo "make docs   - build the documentation site from docs/ into site/ (any warning, e.g. a broken link, fails)"
+	@echo "make screenshots - every console page at 1440x900 and 390x844 into docs/screenshots/ (the layout test)"
 	@echo "make lint   - ruff and mypy --strict"
 
 # constraints.txt holds the versions the suite passed with, so a clean clone's venv is the one
@@ -69,6 +70,12 @@ bench: $(STAMP)
 
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict
+
+# The console's pages as docs/console.md shows them: the module that checks their layout at both
+# widths, keeping its whole-page screenshots (a real gateway, Triton and Debian's chromium).
+screenshots: $(STAMP) system-deps
+	CONSOLE_SCREENSHOTS=docs/screenshots PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -p no:cacheprovider \
+		tests/console/test_operator_view.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check gateway tests bench

@@ -60,6 +60,7 @@ from gateway.services.policies import PolicyService
 from gateway.services.replicas import Replicas
 from gateway.services.state_sync import StateSync
 from gateway.services.triton_control import TritonControl
+from gateway.services.version_diff import VersionDifferences
 from gateway.settings import Settings
 from gateway.store.base import AuditBounds, StateStore, make_store
 from gateway.telemetry.access_log import AccessLog
@@ -151,6 +152,7 @@ class Gateway(Dispatch):
                                           max_inflation_ratio=settings.max_inflation_ratio),
                                named_http)
         self.timeline = Timeline(self.store, self.source)  # the console's rollout history (bounded)
+        self.differences = VersionDifferences(self.triton, settings.model_repository)  # a version vs the stable
         self.control = self._control_app()
 
     def _grpc_connect(self, address: str) -> GrpcUpstream:
@@ -173,11 +175,11 @@ class Gateway(Dispatch):
         app.include_router(self.probes.router())
         app.include_router(admin_router(self.policies), prefix="/admin", tags=["admin"])
         app.include_router(rollout_router(self.rollouts), prefix="/admin", tags=["rollout"])
-        app.include_router(versions_router(self.lifecycle), prefix="/admin", tags=["versions"])
+        app.include_router(versions_router(self.lifecycle, self.differences), prefix="/admin", tags=["versions"])
         app.include_router(fleets_router(self.fleets), prefix="/admin", tags=["fleets"])
         install_error_handlers(app)
         install_console(app, Views(self.policies, self.rollouts, self.fleets, self.sync, self.source, self.recorder,
-                                   self.timeline, self.settings.metrics_source),
+                                   self.timeline, self.settings.metrics_source, self.differences),
                         self.lifecycle, self.auth, self.sessions)
         return app
 

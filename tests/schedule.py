@@ -64,6 +64,9 @@ EXPECTED_S = {
     "tests/integration/test_triton_cli.py::test_a_signal_stops_the_tritonserver": 12,
     "tests/integration/test_interrupted_run.py::test_an_interrupted_parallel_run": 35,
     "tests/console/test_console.py::test_the_page_polls_every_2_s": 13,
+    # one browser per module ties each console module's tests into one unit: its tests' sum
+    "tests/console/test_console.py": 5,
+    "tests/console/test_operator_view.py": 7,
     "tests/abuse/test_messages.py::test_inflations_on_many_streams": 10,
     "tests/integration/test_http_proxy.py::test_split_80_20_over_10000": 12,
     "tests/integration/test_fleet.py::test_http_and_grpc_requests_split_evenly_between_two_servers": 35,

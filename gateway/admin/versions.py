@@ -1,14 +1,16 @@
 """Version lifecycle endpoints: load beside the serving versions; drain, then unload."""
 
 # No `from __future__ import annotations`: FastAPI resolves these annotations at runtime.
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, Body, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.admin.deps import ERRORS, Actor, ModelName
+from gateway.errors import BadRequest, Conflict
 from gateway.policy import Version
 from gateway.services.lifecycle import ModelLifecycle
+from gateway.services.version_diff import VersionDifferences, stable_of
 
 
 class LoadRequest(BaseModel):
@@ -18,8 +20,28 @@ class LoadRequest(BaseModel):
         "it, Triton's current configuration of the model, with the versions to serve")
 
 
-def versions_router(lifecycle: ModelLifecycle) -> APIRouter:
+def versions_router(lifecycle: ModelLifecycle, differences: VersionDifferences) -> APIRouter:
     router = APIRouter(responses=ERRORS)
+
+    @router.get("/models/{model}/versions/{version}/differences",
+                summary="What differs between the version and the stable one (or ?against=): Triton's configuration "
+                "field by field, and the files of both version folders where model_repository is set")
+    async def compare(model: ModelName, version: Version, _: Actor,
+                      against: Annotated[str | None, Query(max_length=300)] = None) -> dict[str, Any]:
+        reason = "chosen"
+        if against is None:
+            policy = await lifecycle.store.get_policy(model)
+            rollout = await lifecycle.store.get_rollout(model)
+            against, reason = stable_of(version, policy.document() if policy and policy.spec else None,
+                                        rollout.document if rollout is not None else None,
+                                        sorted(await lifecycle.serving(model)))
+            if against is None:
+                raise Conflict(f"version {version} of model '{model}': {reason}")
+        try:
+            found = await differences.compare(model, version, against)
+        except ValueError as exc:
+            raise BadRequest(f"against: {exc}") from None
+        return {"model": model, "version": version, "against": against, "against_why": reason, **found}
 
     @router.post("/models/{model}/versions/{version}/load",
                  summary="Load a version beside the serving ones; 200 once READY, Triton's reason if it fails")

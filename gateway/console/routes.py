@@ -22,7 +22,7 @@ from gateway.admin.deps import ModelName, request_client
 from gateway.console import guard
 from gateway.console.assets import IMMUTABLE, Assets
 from gateway.console.sessions import Sessions
-from gateway.console.views import Views, console_actor
+from gateway.console.views import ModelNotFound, Views, console_actor
 from gateway.errors import Forbidden, NotFound
 from gateway.policy import Version
 from gateway.rollout import effects
@@ -127,7 +127,21 @@ def console_router(views: Views, lifecycle: ModelLifecycle, auth: Authenticator,
     @app.get("/console/api/models/{model}")
     async def model_page(request: Request, model: AnyModel) -> JSONResponse:
         guard.session_of(request, sessions)
-        return _no_store(JSONResponse(await views.model(model)))
+        try:
+            return _no_store(JSONResponse(await views.model(model)))
+        except ModelNotFound as exc:  # the page draws "not found", with no action on it
+            return _no_store(JSONResponse({"error": exc.message, "not_found": True, "known": exc.known},
+                                          status_code=404))
+
+    @app.get("/console/api/models/{model}/versions/{version}")
+    async def version_page(request: Request, model: AnyModel, version: Version,
+                           against: Annotated[str | None, Query(max_length=300)] = None) -> JSONResponse:
+        guard.session_of(request, sessions)
+        try:
+            return _no_store(JSONResponse(await views.version(model, version, against)))
+        except ModelNotFound as exc:
+            return _no_store(JSONResponse({"error": exc.message, "not_found": True, "known": exc.known},
+                                          status_code=404))
 
     @app.get("/console/api/fleets")
     async def fleets(request: Request) -> JSONResponse:
@@ -160,6 +174,10 @@ def console_router(views: Views, lifecycle: ModelLifecycle, auth: Authenticator,
             except ValidationError as exc:
                 return invalid(exc)
             warnings = await effects.of_start(store, model, spec)
+        elif asked.action == "retry":
+            stored = await store.get_rollout(model)
+            warnings = [] if stored is None else await effects.of_start(
+                store, model, RolloutSpec.model_validate({**stored.document["spec"], "retry": True}))
         else:
             warnings = await effects.of_command(store, model, asked.action)
         return _no_store(JSONResponse({"warnings": warnings}))

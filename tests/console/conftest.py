@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import BrowserContext, Page, Playwright, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
 
 from gateway.devtools.local_triton import LocalTriton
 from tests.support import GatewayThread, gateway_settings
@@ -70,11 +70,18 @@ class Watched:
         return found
 
 
+@pytest.fixture(scope="module")
+def browser(playwright: Playwright) -> Iterator[Browser]:
+    """One Chromium per module (a start costs ~1 s of the suite's budget each time)."""
+    launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    yield launched
+    launched.close()
+
+
 @pytest.fixture
-def context(playwright: Playwright, tmp_path: Path) -> Iterator[BrowserContext]:
-    """A Chromium of its own with a fresh profile (--user-data-dir) for each test."""
-    made = playwright.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=CHROMIUM,
-                                                         args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 800})
+def context(browser: Browser) -> Iterator[BrowserContext]:
+    """A fresh browser context for each test: no cookie, storage or cache of another test."""
+    made = browser.new_context(viewport={"width": 1280, "height": 800})
     made.add_init_script(WATCH)
     yield made
     made.close()

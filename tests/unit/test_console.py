@@ -243,3 +243,21 @@ async def test_the_login_limit_is_per_client_behind_the_workers_forwarder_and_no
                                  headers={**origin, "X-Forwarded-For": "10.1.0.99"})
     assert answer.status_code == 429
 
+
+
+def test_live_figures_cover_the_current_interval_never_before_the_weights_changed() -> None:
+    """Issue 33 (friction 2): the overview's live figures were a 5-minute average."""
+    from gateway.console.views import live_window
+
+    now = 10_000.0
+    assert live_window({"updated_at": now - 3600}, None, now) == {"seconds": 30.0, "label": "the last 30 s"}
+    changed = live_window({"updated_at": now - 12.5}, None, now)
+    assert changed == {"seconds": 12.5, "label": "the last 12 s (since the weights changed)"}
+    rollout = {"state": "progressing", "spec": {"interval_s": 60}, "step_started_at": now - 20,
+               "last_transition_at": now - 20}
+    assert live_window({"updated_at": now - 3600}, rollout, now) == {
+        "seconds": 20.0, "label": "this interval: the last 20 s of the rollout's 60 s (since the weights changed)"}
+    paused = {**rollout, "state": "paused", "step_started_at": now - 500, "last_transition_at": now - 400}
+    assert live_window({"updated_at": now - 3600}, paused, now)["seconds"] == 60.0
+    assert live_window({"updated_at": now - 0.2}, paused, now)["seconds"] == 1.0  # at least the current second
+    assert live_window(None, {**rollout, "state": "promoted"}, now)["seconds"] == 30.0

@@ -2,10 +2,14 @@
 // will happen, then POSTed with the session's CSRF token (console.js: api, h, fill, state).
 "use strict";
 // -- actions (operators; a viewer sees them disabled, and the server refuses them anyway) ------------------
-function confirmAction(text) {
+// ``effects``: what the action does beyond what it names (the server's preview of it: the same
+// words its answer will carry), listed under the sentence; none, nothing is listed.
+function confirmAction(text, effects) {
   return new Promise((resolve) => {
     const dialog = $("confirm");
     $("confirm-text").textContent = text;
+    fill($("confirm-effects"), (effects || []).map((e) => h("li", { text: e })));
+    $("confirm-effects").hidden = !(effects || []).length;
     dialog.addEventListener("close", () => resolve(dialog.returnValue === "ok"), { once: true });
     dialog.returnValue = "";
     dialog.showModal();
@@ -13,21 +17,34 @@ function confirmAction(text) {
   });
 }
 
+// Asks the server what an action would do beyond its name (nothing changes); [] when it cannot tell.
+async function previewOf(path, body) {
+  const match = /^\/console\/api\/models\/([^/]+)\/(weights|rollout)(?:\/(\w+))?$/.exec(path);
+  if (!match) return [];
+  const action = match[2] === "weights" ? "weights" : match[3] || "start";
+  try {
+    const answer = await api("/console/api/models/" + match[1] + "/preview", { method: "POST", body: { action, body: body || {} } });
+    return answer.ok ? answer.body.warnings || [] : [];
+  } catch (e) { return []; }
+}
+
 async function act(text, path, body, resultEl, form) {
   if (!canAct()) return;
-  if (!(await confirmAction(text))) return;
+  const effects = await previewOf(path, body);
+  if (!(await confirmAction(text, effects))) return;
   for (const err of (form || document).querySelectorAll(".field-error")) err.remove();
   resultEl.className = "result";
   resultEl.textContent = "working…";
   const result = await api(path, { method: "POST", body: body === undefined ? {} : body });
   if (result.ok) {
-    resultEl.textContent = "Done: " + text;
+    const said = (result.body && result.body.warnings) || [];
+    resultEl.textContent = "Done: " + text + (said.length ? " Also: " + said.join("; ") + "." : "");
   } else {
     const message = (result.body && result.body.error) || "HTTP " + result.status;
     resultEl.className = "result error";
     resultEl.textContent = message;
     if (result.status === 422 && form && result.body.fields) showFieldErrors(form, result.body.fields, message);
-    if (result.status === 401) { showLogin("Your session ended: log in again."); return; }
+    if (result.status === 401) { showLogin("Your session ended: log in again, then send it again: what you typed is kept.", true); return; }
   }
   refresh();
 }
@@ -51,7 +68,7 @@ function describeWeights(model, weights) {
 function drawActions(data) {
   const r = data.rollout;
   const versions = data.versions.map((v) => v.version);
-  const key = JSON.stringify([data.model, data.versions.map((v) => v.version + " " + v.state), r ? [r.state, r.step, r.started_at] : null, state.session.role]);
+  const key = JSON.stringify([data.model, data.versions.map((v) => v.version + " " + v.state), r ? [r.state, r.step, r.started_at, r.needs_acknowledgement] : null, state.session.role]);
   if (state.actionsFor === key) return;
   const slot = $("actions-slot");
   if (slot.contains(document.activeElement) && document.activeElement.tagName !== "BUTTON" && state.actionsFor) return;  // never under the user's typing
@@ -71,6 +88,7 @@ function drawActions(data) {
       ["resume", "Resume", "Resume the rollout of " + model + ": its weights (" + Object.entries(r.weights).map(([v, w]) => w + "% to version " + v).join(", ") + ") apply again.", ["paused"]],
       ["abort", "Abort", "Abort the rollout of " + model + ": send 100% of " + model + " to version " + r.stable + ".", ["progressing", "paused", "rolling_back"]],
       ["retry", "Retry", "Start the rollout of version " + r.canary + " of " + model + " again with the same spec (retry).", ["rolled_back", "aborted"]],
+      ["acknowledge", "Acknowledge rollback", acknowledgeText(model), r.needs_acknowledgement ? [r.state] : []],
     ];
     for (const [command, label, text, states] of commands) {
       rolloutBox.append(h("button", { type: "button", id: "action-" + command, disabled: disabled || !states.includes(r.state),

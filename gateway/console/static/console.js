@@ -49,11 +49,14 @@ async function api(path, options = {}) {
 }
 
 // -- login -----------------------------------------------------------------------------------------
-function showLogin(message) {
+// ``keep``: the session ended under the page (it expired, or ended on the server): the page stays
+// as it is, hidden, so whatever was typed into a form is still there after the next login.
+function showLogin(message, keep) {
   state.session = null;
   stopPolling();
   $("login").hidden = false;
-  fill($("page"), );
+  if (keep && state.route && $("page").childNodes.length) $("page").hidden = true;
+  else { fill($("page"), ); $("page").hidden = false; }
   $("who").textContent = "";
   $("logout").hidden = true;
   $("nav").hidden = true;
@@ -82,7 +85,8 @@ function startSession(session) {
   $("nav").hidden = false;
   $("who").textContent = session.actor + " (" + session.role + (session.role === "viewer" ? ", read-only" : "") + ")";
   $("logout").hidden = false;
-  route();
+  if ($("page").hidden && state.route) { $("page").hidden = false; refresh(); }  // back where the session ended
+  else route();
 }
 
 async function logout() {
@@ -95,7 +99,11 @@ function parseRoute() {
   const hash = location.hash.replace(/^#\/?/, "");
   const [path, query] = hash.split("?");
   const params = new URLSearchParams(query || "");
-  if (path.startsWith("model/")) return { page: "model", model: decodeURIComponent(path.slice(6)), params };
+  if (path.startsWith("model/")) {
+    const [model, version] = path.slice(6).split("/version/");
+    if (version !== undefined) return { page: "version", model: decodeURIComponent(model), version: decodeURIComponent(version), params };
+    return { page: "model", model: decodeURIComponent(model), params };
+  }
   if (path === "fleets" || path === "audit") return { page: path, params };
   return { page: "overview", params };
 }
@@ -127,15 +135,23 @@ async function refresh() {
   try {
     const url = { overview: "/console/api/overview", fleets: "/console/api/fleets",
       model: "/console/api/models/" + encodeURIComponent(current.model || ""),
+      version: "/console/api/models/" + encodeURIComponent(current.model || "") + "/versions/" + encodeURIComponent(current.version || ""),
       audit: "/console/api/audit?" + auditQuery(current.params) }[current.page];
     const result = await api(url);
     if (current !== state.route) return;
-    if (result.status === 401) { showLogin("Your session ended: log in again."); return; }
-    if (!result.ok) throw new Error((result.body && result.body.error) || "HTTP " + result.status);
-    state.data = result.body;
-    state.lastOk = Date.now();
-    state.failing = result.body.store_up === false ? "the state store is down" : null;
-    draw(current, result.body);
+    if (result.status === 401) { showLogin("Your session ended: log in again. The page is kept as it was.", true); return; }
+    if (result.status === 404 && (current.page === "model" || current.page === "version") && result.body && result.body.not_found) {
+      state.data = result.body;
+      state.lastOk = Date.now();
+      state.failing = null;
+      drawNotFound(current, result.body);
+    } else {
+      if (!result.ok) throw new Error((result.body && result.body.error) || "HTTP " + result.status);
+      state.data = result.body;
+      state.lastOk = Date.now();
+      state.failing = result.body.store_up === false ? "the state store is down" : null;
+      draw(current, result.body);
+    }
   } catch (e) {
     state.failing = e.message || String(e);
   }
@@ -160,6 +176,7 @@ function draw(current, data) {
   if (current.page === "overview") drawOverview(data);
   else if (current.page === "fleets") drawFleets(data);
   else if (current.page === "audit") drawAudit(data, current.params);
+  else if (current.page === "version") drawVersion(data);
   else drawModel(data);
 }
 
@@ -183,19 +200,22 @@ function table(headers, rows, caption) {
     h("tbody", {}, rows)));
 }
 
-function tags(versions) {
-  return versions.map((v) => h("span", { class: "tag state-" + v.state, title: v.reason || "" }, v.version + " " + v.state));
+function tags(versions, model) {
+  return versions.map((v) => model
+    ? h("a", { class: "tag state-" + v.state, title: v.reason || "", href: versionHref(model, v.version) }, v.version + " " + v.state)
+    : h("span", { class: "tag state-" + v.state, title: v.reason || "" }, v.version + " " + v.state));
 }
+const versionHref = (model, version) => modelHref(model) + "/version/" + encodeURIComponent(version);
 
 // -- Overview ----------------------------------------------------------------------------------------
 function drawOverview(data) {
   const attention = data.attention.length
-    ? h("ul", { class: "attention" }, data.attention.map((a) => h("li", { class: a.level },
-      a.model ? h("a", { href: modelHref(a.model), text: a.text }) : a.text)))
+    ? h("ul", { class: "attention" }, data.attention.map(attentionItem))
     : h("p", { class: "muted", text: "Nothing needs attention." });
   const rows = data.models.map((m) => {
+    const window = m.live_window || {};
     const live = Object.entries(m.live || {}).map(([v, l]) => h("div", {}, "v" + v + ": " + l.rps.toFixed(2) +
-      " req/s, errors " + pct(l.error_rate)));
+      " req/s, errors " + pct(l.error_rate) + " (" + l.requests + " in " + Math.round(window.seconds || 0) + " s)"));
     const servers = (m.servers || []).map((s) => h("div", {}, (s.fleet === "default" ? "" : s.fleet + "/") + s.server +
       ": " + (s.ready.length ? s.ready.join(", ") : "none READY") + (s.ejected ? " (ejected)" : s.up === false ? " (down)" : "")));
     const policy = m.policy;
@@ -203,23 +223,35 @@ function drawOverview(data) {
       (policy.rules || []).length ? (policy.rules.length + " header rule(s)") : null,
       policy.sticky_header ? "sticky on " + policy.sticky_header : null,
       policy.shadow ? "shadow to " + (policy.shadow.version || JSON.stringify(policy.shadow)) : null,
-      policy.sequence_affinity ? "sequence affinity" : null].filter(Boolean).join("; ") || "weights only" : "Triton's default";
+      policy.sequence_affinity === true ? "sequence affinity" : null].filter(Boolean).join("; ") || "weights only" : "Triton's default";
     const r = m.rollout;
     return h("tr", { "data-model": m.name },
       h("th", { scope: "row" }, h("a", { href: modelHref(m.name), text: m.name })),
       h("td", {}, tags(m.versions), servers),
       h("td", {}, policy ? weightsBar(policy.weights, "weights of " + m.name) : h("span", { class: "muted", text: "no policy" })),
       h("td", { text: routes }),
-      h("td", {}, live.length ? live : h("span", { class: "muted", text: "no traffic" })),
+      h("td", { class: "live-cell" }, live.length ? live : h("span", { class: "muted", text: "no traffic" }),
+        window.label ? h("div", { class: "muted window", text: window.label }) : null),
       h("td", {}, r ? [h("strong", { text: r.state }), " step " + (r.step + 1) + " of " + (r.steps || []).length +
         ", canary " + r.canary] : h("span", { class: "muted", text: "none" })));
   });
   fill($("page"), 
     h("h1", { text: "Overview" }),
     h("section", { class: "panel", "aria-labelledby": "attention-title" }, h("h2", { id: "attention-title", text: "Needs attention" }), attention),
-    h("p", { class: "muted", text: "Live rates over the last " + data.window_s / 60 + " minutes, from " + data.rates_from + "." }),
+    h("p", { class: "muted", text: "Live: each model's current interval (its rollout's own while one runs, else the last " +
+      data.window_s + " s), never reaching back before its weights last changed; from " + data.rates_from + "." }),
     table(["Model", "Versions (Triton) and servers", "Weights", "Routes", "Live", "Rollout"], rows));
 }
+
+// A finished rollback stays here until an operator acknowledges it (audited).
+function attentionItem(a) {
+  const result = h("span", { class: "result", role: "status" });
+  return h("li", { class: a.level }, a.model ? h("a", { href: modelHref(a.model), text: a.text }) : a.text,
+    a.acknowledge ? [" ", h("button", { type: "button", class: "ack", "data-acknowledge": a.model, disabled: !canAct(),
+      onclick: () => act(acknowledgeText(a.model), "/console/api/models/" + encodeURIComponent(a.model) + "/rollout/acknowledge",
+        {}, result) }, "Acknowledge"), result] : null);
+}
+const acknowledgeText = (model) => "Acknowledge the rollback of " + model + ": it leaves Needs attention, and the audit trail records who saw it.";
 
 // -- Fleets ------------------------------------------------------------------------------------------
 function drawFleets(data) {
@@ -260,15 +292,42 @@ function drawAudit(data, params) {
   const page = data.page;
   const go = (p) => { const q = new URLSearchParams(auditQuery(params)); q.set("page", p); location.hash = "#/audit?" + q; };
   fill($("audit-body"), 
-    table(["When", "Model", "Actor", "Via", "Action", "Reason"], data.events.map((e) => h("tr", { "data-id": e.id },
+    table(["When", "Model", "Actor", "Via", "Action", "Reason", "Changes"], data.events.map((e) => h("tr", { "data-id": e.id },
       h("td", { text: stamp(e.at) }), h("td", {}, h("a", { href: modelHref(e.model), text: e.model })),
       h("td", { text: e.actor }), h("td", { text: "via: " + e.via }), h("td", { text: e.action }),
-      h("td", { text: e.reason || "" }))), "Newest first"),
+      h("td", { class: "reason", text: e.reason || "" }), h("td", { class: "changes" }, changeList(e.changes)))), "Newest first"),
     h("div", { class: "pager" },
       h("button", { type: "button", disabled: page === 0, onclick: () => go(page - 1), text: "Newer" }),
       h("span", { text: "page " + (page + 1) }),
       h("button", { type: "button", disabled: !data.more, onclick: () => go(page + 1), text: "Older" }),
       data.scan_limit ? h("span", { class: "muted", text: "filters search the newest " + data.scan_limit + " events" }) : null));
+}
+
+// An audit entry's before and after as what changed: removed struck out, added underlined.
+function changeList(changes) {
+  if (!changes || !changes.length) return h("span", { class: "muted", text: "–" });
+  return h("ul", { class: "diff" }, changes.map((c) => h("li", { class: c.change, "data-path": c.path },
+    h("code", { text: c.path }), " ",
+    c.change === "added" ? h("ins", { text: shown(c.after) }) :
+      c.change === "removed" ? h("del", { text: shown(c.before) }) :
+        [h("del", { text: shown(c.before) }), " → ", h("ins", { text: shown(c.after) })])));
+}
+// JSON with a space after each comma and colon, so a long value wraps between its fields
+const shown = (value) => (typeof value === "string" ? value : JSON.stringify(value).replace(/([,:])(?=\S)/g, "$1 "));
+
+// -- Not found -----------------------------------------------------------------------------------------
+function drawNotFound(current, data) {
+  for (const chart of state.charts.values()) chart.plot.destroy();
+  state.charts.clear();
+  state.actionsFor = null;
+  const what = current.page === "version" ? "Version " + current.version + " of " + current.model : "Model " + current.model;
+  fill($("page"), h("h1", {}, what),
+    h("section", { class: "panel notfound", id: "not-found", role: "alert" }, h("h2", { text: "Not found" }),
+      h("p", { text: data.error }),
+      data.known && data.known.length ? h("p", { id: "known" }, current.page === "version" ? "Its versions: " : "Models: ",
+        data.known.flatMap((k, i) => [i ? ", " : "",
+          h("a", { href: current.page === "version" ? versionHref(current.model, k) : modelHref(k), text: k })])) : null,
+      h("p", { class: "muted", text: "Nothing here can be changed: every action needs a model Triton knows." })));
 }
 
 // -- Model ---------------------------------------------------------------------------------------------
@@ -292,11 +351,14 @@ function drawModel(data) {
         h("dt", { text: "sticky header" }), h("dd", { text: policy.sticky_header || "none" }),
         h("dt", { text: "rules" }), h("dd", {}, (policy.rules || []).length ? h("pre", { text: JSON.stringify(policy.rules, null, 1) }) : "none"),
         h("dt", { text: "shadow" }), h("dd", { text: policy.shadow ? JSON.stringify(policy.shadow) : "none" }),
-        h("dt", { text: "sequence affinity" }), h("dd", { text: policy.sequence_affinity ? "on" : "off" }),
+        h("dt", { text: "sequence affinity" }), h("dd", { text: policy.sequence_affinity === "auto"
+          ? "auto (on where Triton batches the model's sequences)" : policy.sequence_affinity ? "on" : "off" }),
         h("dt", { text: "updated" }), h("dd", { text: stamp(policy.updated_at) }))]
       : h("p", { class: "muted", text: "No routing policy: requests go to Triton's default version." }),
-    h("h3", { text: "Versions on Triton" }), h("div", {}, tags(data.versions))),
-    r ? rolloutPanel(data, r) : h("section", { class: "panel" }, h("h2", { text: "Rollout" }), h("p", { class: "muted", text: "No rollout." })));
+    h("h3", { text: "Versions on Triton" }), h("div", { id: "version-tags" }, tags(data.versions, data.model)),
+    h("p", { class: "muted", text: "Each version's page shows what differs from the stable version." })),
+    r ? rolloutPanel(data, r) : h("section", { class: "panel" }, h("h2", { text: "Rollout" }), h("p", { class: "muted", text: "No rollout." })),
+    pastRollouts(data));
   drawCharts(data);
   drawActions(data);
 }
@@ -334,11 +396,37 @@ function rolloutPanel(data, r) {
       (r.applied ? "" : " (" + r.apply_reason + ")")),
     gates.length || webhooks ? h("div", {}, h("h3", { text: "Gates and webhooks" }), gates, webhooks) : null,
     h("h3", { text: "Verdict history" }),
-    table(["When", "Step", "Outcome", "Metrics", "Reason"], verdicts.slice().reverse().map((v) => h("tr", {},
-      h("td", { text: time(v.at) }), h("td", { class: "num", text: (v.step ?? 0) + 1 }), h("td", { text: v.outcome }),
-      h("td", {}, (v.metrics || []).map((m) => h("div", {}, m.name + ": " + m.verdict + (m.effect === null ? "" :
-        " (effect " + num(m.effect) + ", 95% " + num(m.low) + " to " + num(m.high) + ", e " + num(m.e_value) + "/" + num(m.e_threshold) + ")")))),
-      h("td", { text: v.reason })))));
+    verdictTable(verdicts));
+}
+
+// Each interval's verdict: per metric its numbers and, beside them, what they mean in words.
+function verdictTable(verdicts) {
+  return table(["When", "Step", "Outcome", "Evidence (numbers and words)", "Reason"], verdicts.slice().reverse().map((v) => h("tr", {},
+    h("td", { text: time(v.at) }), h("td", { class: "num", text: (v.step ?? 0) + 1 }), h("td", { text: v.outcome }),
+    h("td", { class: "evidence" }, (v.metrics || []).map((m) => h("div", { class: "metric", "data-metric": m.name },
+      h("strong", { text: m.name + ": " + m.verdict }),
+      m.effect === null || m.effect === undefined ? null : h("span", { class: "numbers", text: " effect " + num(m.effect) +
+        " (95% " + num(m.low) + " to " + num(m.high) + "), e-value " + num(m.e_value) + " of " + num(m.e_threshold) + " needed" }),
+      m.words ? h("p", { class: "words", text: m.words }) : null))),
+    h("td", { class: "reason", text: v.reason }))));
+}
+
+// Finished rollouts kept by the store: what ran, how it ended and why, with its verdicts.
+function pastRollouts(data) {
+  const past = data.history || [];
+  return h("section", { class: "panel", id: "past-rollouts" }, h("h2", { text: "Past rollouts" }),
+    past.length ? table(["Started", "Canary vs stable", "Ended", "Verdicts", "Why"], past.map((p) => {
+      const outcomes = (p.verdicts || []).map((v) => v.outcome);
+      const counts = [...new Set(outcomes)].map((o) => outcomes.filter((x) => x === o).length + " " + o).join(", ");
+      return h("tr", { "data-started": p.started_at },
+        h("td", { text: stamp(p.started_at) }), h("td", { text: p.canary + " vs " + p.stable }),
+        h("td", {}, h("strong", { text: p.state }), " at step " + (p.step + 1) + " of " + p.steps.length +
+          (p.acknowledged ? ", acknowledged by " + p.acknowledged.by : "")),
+        h("td", {}, counts || "none", (p.verdicts || []).length ? h("details", {}, h("summary", { text: "show" }),
+          verdictTable((p.verdicts || []).slice().sort((a, b) => a.at - b.at))) : null),
+        h("td", { class: "reason", text: p.reason }));
+    }), "Newest first; each kept with its verdicts and the judge's evidence")
+      : h("p", { class: "muted", text: "No finished rollout kept for this model." }));
 }
 
 // The verdicts kept by the console's timeline (every interval) merged with the rollout record's own.
@@ -347,6 +435,40 @@ function historyVerdicts(data) {
   for (const i of (data.timeline && data.timeline.intervals) || []) byAt.set(i.at, i.verdict);
   if (data.rollout) for (const v of data.rollout.verdicts || []) byAt.set(v.at, v);
   return [...byAt.values()].filter((v) => !data.rollout || v.at >= data.rollout.started_at).sort((a, b) => a.at - b.at);
+}
+
+// -- Version -------------------------------------------------------------------------------------------
+// One version: its state on Triton (an unloaded one points to loading it) and what differs from the
+// stable version: Triton's configuration, field by field, and the files where the gateway reads the
+// model repository.
+function drawVersion(data) {
+  const model = data.model, version = data.version;
+  const result = h("p", { class: "result", role: "status" });
+  const st = data.state || { state: "UNKNOWN", reason: "" };
+  const ready = st.state === "READY";
+  const load = h("button", { type: "button", id: "action-load-version", class: "primary", disabled: !canAct(),
+    onclick: () => act("Load version " + version + " of " + model + " beside the serving versions.",
+      "/console/api/models/" + encodeURIComponent(model) + "/versions/" + encodeURIComponent(version) + "/load", {}, result) },
+  "Load version " + version);
+  const cfg = data.config || {}, files = data.files || {};
+  fill($("page"), h("h1", {}, "Version ", h("span", { id: "version-name", text: version }), " of ",
+    h("a", { href: modelHref(model), text: model })),
+  h("section", { class: "panel", id: "version-state" }, h("h2", { text: "On Triton" }),
+    h("p", {}, h("span", { class: "tag state-" + st.state, text: st.state }), st.reason ? " " + st.reason : ""),
+    ready ? null : h("div", { id: "load-hint", class: "why" }, h("p", { text: data.load_hint }), load, result)),
+  h("section", { class: "panel", id: "differences" }, h("h2", { text: "What differs from " + (data.against ? "version " + data.against : "the stable") }),
+    h("p", { class: "muted", text: data.against_why || "" }),
+    h("h3", { text: "Triton configuration" }),
+    cfg.note ? h("p", { id: "config-note", text: cfg.note }) : null,
+    (cfg.fields || []).length ? table(["Field", "This version", "Version " + data.against, "In words"], cfg.fields.map((f) => h("tr", { "data-field": f.field },
+      h("th", { scope: "row", text: f.field }), h("td", { text: f.canary }), h("td", { text: f.stable }), h("td", { class: "reason", text: f.words })))) : null,
+    (cfg.all || []).length ? h("details", {}, h("summary", { text: "every configuration field that differs (" + cfg.all.length + ")" }), changeList(cfg.all)) : null,
+    h("h3", { text: "Files" }),
+    files.readable ? [
+      h("p", { id: "files-summary", text: files.summary }),
+      (files.differing || []).length ? table(["File", "Change"], files.differing.map((f) => h("tr", { "data-file": f.path },
+        h("td", {}, h("code", { text: f.path })), h("td", { text: f.change })))) : null]
+      : h("p", { class: "muted", id: "files-summary", text: files.why || "the gateway does not read the model repository" })));
 }
 
 // -- start -------------------------------------------------------------------------------------------
