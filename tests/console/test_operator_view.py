@@ -196,8 +196,10 @@ def test_charts_mark_weight_changes_give_p99_its_own_panel_and_draw_one_point_sa
     median lay flat; nothing marked where the weights changed."""
     call(gateway, "PATCH", "/admin/models/qc/policy/weights", {"weights": {"2": 100}})
     with BackgroundLoad(gateway.url):
+        # traffic first, and one canary request is enough: the first interval is judged healthy (one point)
+        wait_for(lambda: gateway.app.recorder.window("qc", "2", 1).requests >= 10, 20, what="traffic")
         call(gateway, "POST", "/admin/models/qc/rollout", {
-            "canary": "3", "steps": [10], "interval_s": 1, "judge": "thresholds", "min_requests": 5,
+            "canary": "3", "steps": [10], "interval_s": 1, "judge": "thresholds", "min_requests": 1,
             "manual_gates": True, "retry": True})
         wait_for(lambda: call(gateway, "GET", "/admin/models/qc/rollout")["awaiting_promote"], 30,
                  what="one healthy verdict, then a wait for a promote")
