@@ -96,6 +96,12 @@ class LoadPlan:
     says: str
 
 
+def load_hint(model: str, version: str) -> str:
+    """What a refusal naming a version that is not serving adds: how to load it."""
+    return (f": load it with `gateway ctl versions load {model} {version}` "
+            f"(POST /admin/models/{model}/versions/{version}/load)")
+
+
 class TritonControl:
     """Model control for one fleet; the default fleet's also answers for targets on the named
     fleets (``fleet:version`` keys) and of other models (``qc_2026_12``, ``qc_2026_12@2``) in
@@ -285,11 +291,11 @@ class TritonControl:
             state = known.get(version)
             if state is None:
                 raise Conflict(f"version {version} of model '{model}' is not known to Triton{where} "
-                               f"(known: {', '.join(sorted(known, key=int)) or 'none'})")
+                               f"(known: {', '.join(sorted(known, key=int)) or 'none'}){load_hint(model, version)}")
             if state.state != "READY":
                 why = f" ({state.reason})" if state.reason else ""
                 raise Conflict(f"version {version} of model '{model}' is {state.state} on Triton{where}{why}, "
-                               "not READY")
+                               f"not READY{'' if state.state == 'LOADING' else load_hint(model, version)}")
         for (server, asked), answer in zip(((s, v) for s in servers for v in versions), answers, strict=True):
             if answer is not True:  # READY in the index read after: it was not when asked
                 why = f": {answer}" if isinstance(answer, BaseException) else ""

@@ -112,3 +112,13 @@ def test_a_finished_rollback_needs_attention_until_acknowledged(gateway: Gateway
     assert kept[0]["state"] == "rolled_back" and kept[0]["acknowledged"]["by"] == "admin (via: console)"
     status, doc = admin_call(gateway.url, "POST", "/admin/models/tok/rollout/acknowledge")
     assert status == 404, doc
+
+
+def test_a_version_that_is_not_loaded_is_refused_with_how_to_load_it(gateway: GatewayThread) -> None:
+    """Friction 7: an unloaded version read 'not known to Triton' with no pointer to loading it.
+    (qc's version 4 is in the repository; config.pbtxt serves 1-3.)"""
+    status, doc = admin_call(gateway.url, "PATCH", "/admin/models/qc/policy/weights", {"weights": {"2": 90, "4": 10}})
+    assert status == 409, doc
+    assert doc["error"].startswith("version 4 of model 'qc' is not known to Triton (known: 1, 2, 3)"), doc
+    assert doc["error"].endswith(": load it with `gateway ctl versions load qc 4` "
+                                 "(POST /admin/models/qc/versions/4/load)"), doc
