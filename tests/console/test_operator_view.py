@@ -113,6 +113,20 @@ def state_of(gateway: GatewayThread) -> str:
     return str(call(gateway, "GET", "/admin/models/qc/rollout")["state"])
 
 
+def judged_rollout(gateway: GatewayThread) -> None:
+    """A rollout of qc with a verdict or more (the charts' data), made here if none has one yet:
+    each test stands on its own, whatever ran before it."""
+    status, doc = admin_call(gateway.url, "GET", "/admin/models/qc/rollout", token=OPERATOR_TOKEN)
+    if status == 200 and doc["verdicts"]:
+        return
+    call(gateway, "PATCH", "/admin/models/qc/policy/weights", {"weights": {"2": 100}})
+    with BackgroundLoad(gateway.url):
+        wait_for(lambda: gateway.app.recorder.window("qc", "2", 1).requests >= 10, 20, what="traffic")
+        call(gateway, "POST", "/admin/models/qc/rollout", {"canary": "3", "steps": [10], "interval_s": 1,
+                                                           "judge": "thresholds", "min_requests": 1, "retry": True})
+        wait_for(lambda: state_of(gateway) == "promoted", 30, what="a promotion")
+
+
 def confirm(page: Page, button: str) -> str:
     """Press an action button; the dialog's sentence and what else it says; confirm."""
     page.click(button)
@@ -152,6 +166,7 @@ def test_a_rolled_back_canary_in_words_needs_attention_until_acknowledged_and_st
         page: Page, gateway: GatewayThread, faults: Faults) -> None:
     """Frictions 6 and 8, and the verdicts' words: evidence said in words beside the numbers; the
     rollback waits in Needs attention for an acknowledgement; the next rollout keeps it listed."""
+    call(gateway, "PATCH", "/admin/models/qc/policy/weights", {"weights": {"2": 100}})
     faults.set("qc", "3", error_rate=0.3)
     with BackgroundLoad(gateway.url):
         call(gateway, "POST", "/admin/models/qc/rollout", {"canary": "3", "steps": [10, 50, 100], "interval_s": 2,
@@ -199,8 +214,10 @@ def test_charts_mark_weight_changes_give_p99_its_own_panel_and_draw_one_point_sa
         # traffic first, and one canary request is enough: the first interval is judged healthy (one point)
         wait_for(lambda: gateway.app.recorder.window("qc", "2", 1).requests >= 10, 20, what="traffic")
         call(gateway, "POST", "/admin/models/qc/rollout", {
-            "canary": "3", "steps": [10], "interval_s": 1, "judge": "thresholds", "min_requests": 1,
-            "manual_gates": True, "retry": True})
+            "canary": "3", "steps": [10], "interval_s": 3, "judge": "thresholds", "min_requests": 1,
+            "max_p99_ratio": 1000, "max_error_rate": 1, "manual_gates": True, "retry": True})
+        # one verdict, healthy, then a wait for a promote: 3 s hold canary requests whatever the load,
+        # and no limit a loaded machine could cross (a p99 of version 3 warming up) makes it two
         wait_for(lambda: call(gateway, "GET", "/admin/models/qc/rollout")["awaiting_promote"], 30,
                  what="one healthy verdict, then a wait for a promote")
         page.goto(gateway.url + "/console#/model/qc")
@@ -209,7 +226,7 @@ def test_charts_mark_weight_changes_give_p99_its_own_panel_and_draw_one_point_sa
                                         "reference 2 low:1,reference 2 high:1,floor:1")
         span = chart.evaluate("() => { const u = state.charts.get('chart-error-rate').plot; "
                               "return u.scales.x.max - u.scales.x.min; }")
-        assert span <= 60, f"one point drawn over {span / 86400:.0f} days, not a few intervals"
+        assert span <= 60, f"one point drawn over {span / 86400:.0f} days, not a few intervals of 3 s"
         latency = page.locator("#chart-latency")
         expect(latency).to_have_attribute("data-drawn", "canary 3 p50:1,canary 3 p90:1,reference 2 p50:1,"
                                           "reference 2 p90:1")
@@ -217,6 +234,8 @@ def test_charts_mark_weight_changes_give_p99_its_own_panel_and_draw_one_point_sa
         said = confirm(page, "#action-promote")
         assert "send 100% of qc to version 3 now" in said
         expect(page.locator("#rollout-state")).to_have_text("promoted")
+        wait_for(lambda: call(gateway, "GET", "/admin/models/qc/policy")["weights"].get("3") == 100, 10,
+                 what="the promoted weights")
     expect(chart).to_have_attribute("data-marks", "1")  # the promotion's weights, on every chart
     expect(latency).to_have_attribute("data-marks", "1")
     shown = [float(v) for v in latency.evaluate("""() => { const u = state.charts.get('chart-latency').plot;
@@ -227,6 +246,7 @@ def test_charts_mark_weight_changes_give_p99_its_own_panel_and_draw_one_point_sa
 def test_a_missing_model_or_version_is_not_found_and_an_unloaded_version_points_to_loading_it(
         page: Page, gateway: GatewayThread) -> None:
     """Friction 7: '#/model/qcc' drew a whole page with every action on it."""
+    call(gateway, "PATCH", "/admin/models/qc/policy/weights", {"weights": {"3": 100}})  # the stable: 3
     page.goto(gateway.url + "/console#/model/qcc")
     expect(page.locator("#not-found")).to_contain_text("model 'qcc' not found")
     expect(page.locator("#not-found")).to_contain_text("qc")  # the models that exist, as links
@@ -278,6 +298,7 @@ PAGES = (("login", None, "#login"), ("overview", "#/overview", "tr[data-model='q
 def test_every_page_reads_at_1440_and_at_390_with_no_broken_word_and_no_sideways_page(
         page: Page, gateway: GatewayThread) -> None:
     """Friction 3: at 390 px the tables broke words letter by letter ('M o d el', 'READ Y')."""
+    judged_rollout(gateway)
     expect_diff = page.locator("#audit-body td.changes del, #audit-body td.changes ins")
     kept = os.environ.get("CONSOLE_SCREENSHOTS")
     found: dict[str, list[str]] = {}
