@@ -2,7 +2,8 @@
 
 Direct-to-Triton says what the gateway costs; nginx says whether that cost is reasonable for a
 proxy at all. nginx runs with one worker (the gateway is one process on one event loop), HTTP/1.1
-keep-alive to Triton's HTTP port and `grpc_pass` to its gRPC port, no access log: the cheapest
+keep-alive to Triton's HTTP port and `grpc_pass` with keep-alive to its gRPC port (without it
+nginx opened a connection per call), no access log: the cheapest
 configuration a team would put in front of Triton if it only needed to forward.
 """
 
@@ -33,6 +34,7 @@ http {{
     scgi_temp_path {workdir}/scgi;
     client_max_body_size 64m;
     upstream triton_http {{ server {http_upstream}; keepalive 64; }}
+    upstream triton_grpc {{ server {grpc_upstream}; keepalive 64; }}  # without it: a connection per call
     server {{
         listen 127.0.0.1:{http_port};
         location / {{
@@ -43,7 +45,7 @@ http {{
     }}
     server {{
         listen 127.0.0.1:{grpc_port} http2;
-        location / {{ grpc_pass grpc://{grpc_upstream}; }}
+        location / {{ grpc_pass grpc://triton_grpc; }}
     }}
 }}
 """

@@ -29,7 +29,7 @@ from pathlib import Path
 import scale_harness
 from scale_harness import SWEEPS
 
-SWEEP_MODULES = ("scale_models",)  # each registers its sweeps on import
+SWEEP_MODULES = ("scale_models", "scale_data")  # each registers its sweeps on import
 
 
 def main() -> int:
@@ -48,6 +48,10 @@ def main() -> int:
     unknown = [name for name in chosen if name not in SWEEPS]
     if unknown:
         parser.error(f"unknown sweep(s) {', '.join(unknown)}: choose from {', '.join(SWEEPS)}")
+    for tool in ("wrk", "h2load"):  # h2load: the gRPC rows of the data-plane sweeps
+        if not shutil.which(tool):
+            print(f"bench/scale.py: {tool} not found (make bench installs it)", file=sys.stderr)
+            return 2
     if not shutil.which("wrk"):
         print("bench/scale.py: wrk not found (make bench installs it)", file=sys.stderr)
         return 2

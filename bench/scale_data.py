@@ -1,26 +1,26 @@
-"""The data plane at size: connection and body sweeps, the gateway beside nginx, in one run.
+"""The data plane at size (issue 37): connection and body sweeps, the gateway beside nginx.
 
-Against ``bench/stub_triton.py`` (a fixed answer, no inference: only the proxies are measured),
-one gateway process and one nginx worker (``bench/nginx.py``) in front of the same stub:
+Sweeps of ``bench/scale.py`` (registered with ``scale_harness.sweep``). Against
+``bench/stub_triton.py`` (a fixed answer, no inference: only the proxies are measured), one
+gateway process (``scale_harness.GATEWAY_TREE``: this tree, or ``--base``'s) and one nginx worker
+(``bench/nginx.py``, keep-alive to the stub on both protocols) in front of the same stub:
 
-- ``connections``: 16, 1,000 and 5,000 connections each sending requests back to back (wrk
-  for HTTP, h2load with one stream per connection for gRPC): throughput, the share of answers
-  that were not OK (the gateway's own 429 / RESOURCE_EXHAUSTED / 503 included, counted from
-  its ``/metrics``), CPU per request, and throughput as a fraction of the 16-connection row;
-- ``idle``: 1,000 and 5,000 connections that sent one request (HTTP) or the HTTP/2 preface
-  (gRPC) and then nothing: the proxy's CPU per second of wall time while they sit (schedstat,
-  ns), and how many are still open at the end;
-- ``bodies``: request bodies (HTTP, a binary tensor after its JSON header) and messages
-  (gRPC ``ModelInferRequest.raw_input_contents``) of 1 KB, 64 KB, 1 MB and 8 MB, 8 in flight:
-  CPU per MB of request, and the peak RSS growth of a fresh gateway over the bytes in flight.
+- ``connections``: 16, 1,000 and 5,000 connections each sending requests back to back (wrk for
+  HTTP, h2load with one stream per connection for gRPC): throughput, the share of answers that
+  were not OK (the gateway's own 429 / RESOURCE_EXHAUSTED / 503 included, counted by its
+  ``/metrics``), CPU per request, and useful throughput as a fraction of the 16-connection row;
+- ``idle``: 0, 1,000 and 5,000 connections that sent one request (HTTP) or the HTTP/2 preface
+  (gRPC) and then nothing, from 100 client addresses: the proxy's CPU per second of wall time
+  while they sit (schedstat, ns), above the no-connection row, and how many are still open;
+- ``bodies``: request bodies (HTTP, a binary tensor after its JSON header) and messages (gRPC
+  ``ModelInferRequest.raw_input_contents``) of 1 KB, 64 KB, 1 MB and 8 MB, 8 in flight: CPU
+  per MB of request, and the peak RSS growth of a fresh gateway over the bytes in flight.
 
-Rows alternate gateway and nginx within each cell (``--rounds``), medians shown; the load
-generator, both proxies and the stub share the machine's cores.
+Each cell alternates gateway and nginx (``--rounds``, order flipped every round; medians);
+the load generator, both proxies and the stub share the machine's cores.
 
-    .venv/bin/python bench/scale_data.py                      # every sweep
-    .venv/bin/python bench/scale_data.py --sweeps idle,bodies --seconds 5
-
-``bench/scale.py`` runs these sweeps with its own (``SWEEPS``), in the same run.
+    .venv/bin/python bench/scale.py --only connections,idle,bodies --rounds 3
+    .venv/bin/python bench/scale.py --only bodies --base 8c86ecb     # another commit's gateway
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
 import nginx  # noqa: E402
+import scale_harness  # noqa: E402
+from scale_harness import Table, sweep  # noqa: E402
 
 from gateway.devtools.local_triton import free_port  # noqa: E402
 
@@ -213,12 +215,13 @@ class Bench:
     @contextlib.contextmanager
     def gateway(self, **env: str) -> Iterator[Proxy]:
         port, grpc_port = free_port(), free_port()
-        environment = dict(os.environ, PYTHONPATH=str(ROOT), GATEWAY_PORT=str(port),
+        tree = scale_harness.GATEWAY_TREE
+        environment = dict(os.environ, PYTHONPATH=str(tree), GATEWAY_PORT=str(port),
                            GATEWAY_GRPC_PORT=str(grpc_port), GATEWAY_TRITON_URL=f"http://127.0.0.1:{self.stub_http}",
                            GATEWAY_TRITON_GRPC_URL=f"127.0.0.1:{self.stub_grpc}", GATEWAY_LOG_LEVEL="error",
                            GATEWAY_STORE_URL="memory://", **{**self.gateway_env, **env})
         process = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(self.config)],
-                                   cwd=ROOT, env=environment, stdout=subprocess.DEVNULL)
+                                   cwd=tree, env=environment, stdout=subprocess.DEVNULL)
         try:
             wait_http(f"http://127.0.0.1:{port}/readyz")
             yield Proxy("gateway", process.pid, port, grpc_port, True)
@@ -248,14 +251,11 @@ class Bench:
         spent = cpu_s(proxy.pid, before)
         stats = json.loads(out.stdout.strip().splitlines()[-1])
         requests = max(stats["requests"], 1)
-        not_ok = _non_2xx(out.stdout) + stats["errors"]
-        if proxy.metrics:
-            after = answered(proxy.http_port)
-            refused = sum(v - counted.get(k, 0) for k, v in after.items() if k.startswith("http:")
-                          and not k.endswith(":200"))
-            not_ok = max(not_ok, refused)
+        not_ok = (_non_2xx(out.stdout) + stats["errors"]) / requests
+        if proxy.metrics:  # what the gateway answered, refusals included (wrk counts only what it read)
+            not_ok = _share_not_ok(counted, answered(proxy.http_port), "http:", ":200")
         return Cell(rps=stats["requests"] / stats["seconds"], cpu_us=spent / requests * 1e6,
-                    not_ok=not_ok / requests, p99_ms=stats["p99_us"] / 1000)
+                    not_ok=not_ok, p99_ms=stats["p99_us"] / 1000)
 
     def h2load(self, proxy: Proxy, body: Path, connections: int, seconds: float) -> Cell:
         counted = answered(proxy.http_port) if proxy.metrics else {}
@@ -274,15 +274,13 @@ class Bench:
         assert done and finished, out.stdout
         requests = max(int(done.group(3)), 1)
         wall = float(finished.group(1)) / (1000 if finished.group(2) == "ms" else 1)
-        not_ok = float(done.group(5)) + float(done.group(6))
+        not_ok = (float(done.group(5)) + float(done.group(6))) / requests
         if proxy.metrics:  # a gRPC refusal is an HTTP 200 with a grpc-status: the gateway counts them
-            after = answered(proxy.http_port)
-            not_ok += sum(v - counted.get(k, 0) for k, v in after.items() if k.startswith("grpc:")
-                          and not k.endswith(":OK"))
+            not_ok = _share_not_ok(counted, answered(proxy.http_port), "grpc:", ":OK")
         p99 = re.search(r"time for request:\s+\S+\s+\S+\s+(\S+)", out.stdout)
         rps = requests / wall if wall else 0.0
         self.grpc_rate[body] = max(rps, 50.0)  # the next run of this body lasts about ``seconds``
-        return Cell(rps=rps, cpu_us=spent / requests * 1e6, not_ok=not_ok / requests,
+        return Cell(rps=rps, cpu_us=spent / requests * 1e6, not_ok=not_ok,
                     p99_ms=_ms(p99.group(1)) if p99 else 0.0)
 
     def alternate(self, loads: list[tuple[Proxy | None, Callable[[Proxy], Cell]]]) -> list[Cell | None]:
@@ -393,43 +391,108 @@ def body_sweep(bench: Bench) -> list[Row]:
     return rows
 
 
-SWEEPS: dict[str, Callable[[Bench], list[Row]]] = {
-    "connections": connection_sweep, "idle": idle_sweep, "bodies": body_sweep}
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("connections, idle and bodies sweeps (issue 37)")
+    group.add_argument("--data-s", type=float, default=5.0, help="seconds of load (or idling) per cell (5)")
+    group.add_argument("--data-set", action="append", default=[], metavar="NAME=VALUE",
+                       help="a gateway setting for these sweeps, e.g. --data-set max_connections_per_client=10000")
+    group.add_argument("--no-nginx", action="store_true", help="the gateway alone")
 
 
-def print_rows(rows: list[Row]) -> None:
-    for sweep in SWEEPS:
-        chosen = [row for row in rows if row.sweep == sweep]
-        if not chosen:
-            continue
-        print(f"\n{sweep}")
-        if sweep == "connections":
-            print(f"{'load':<22} | {'gw rps':>8} {'not ok':>7} {'of 16':>6} {'cpu us':>7} {'p99 ms':>7} | "
-                  f"{'nginx rps':>9} {'not ok':>7} {'of 16':>6} {'cpu us':>7}")
-            for row in chosen:
-                g, n = row.gateway, row.nginx or Cell()
-                print(f"{row.label:<22} | {g.rps:>8.0f} {g.not_ok:>7.1%} {g.extra.get('of_16', 0):>6.2f} "
-                      f"{g.cpu_us:>7.0f} {g.p99_ms:>7.1f} | {n.rps:>9.0f} {n.not_ok:>7.1%} "
-                      f"{n.extra.get('of_16', 0):>6.2f} {n.cpu_us:>7.0f}")
-        elif sweep == "idle":
-            print(f"{'load':<22} | {'gw cpu ms/s':>11} {'open at end':>11} | {'nginx cpu ms/s':>14} "
-                  f"{'open at end':>11}")
-            for row in chosen:
-                g, n = row.gateway, row.nginx or Cell()
-                print(f"{row.label:<22} | {g.extra.get('cpu_ms_per_s', 0):>11.2f} "
-                      f"{g.extra.get('open_at_end', 0):>11.0f} | {n.extra.get('cpu_ms_per_s', 0):>14.2f} "
-                      f"{n.extra.get('open_at_end', 0):>11.0f}")
-        else:
-            print(f"{'load':<22} | {'gw rps':>8} {'cpu ms/MB':>9} {'RSS +MB':>8} {'RSS/flight':>10} {'not ok':>7} | "
-                  f"{'nginx rps':>9} {'cpu ms/MB':>9}")
-            for row in chosen:
-                g, n = row.gateway, row.nginx or Cell()
-                print(f"{row.label:<22} | {g.rps:>8.0f} {g.extra.get('cpu_ms_per_mb', 0):>9.3f} "
-                      f"{g.extra.get('rss_growth_mb', 0):>8.1f} {g.extra.get('rss_over_in_flight', 0):>10.2f} "
-                      f"{g.not_ok:>7.1%} | {n.rps:>9.0f} {n.extra.get('cpu_ms_per_mb', 0):>9.3f}")
+@contextlib.contextmanager
+def _bench(args: argparse.Namespace) -> Iterator[Bench]:
+    for tool in ("wrk", "h2load"):
+        if not shutil.which(tool):
+            raise RuntimeError(f"{tool} not found (`make bench` installs it)")
+    settings = dict(pair.split("=", 1) for pair in args.data_set)
+    workdir = Path(tempfile.mkdtemp(prefix="gateway-scale-data-"))
+    try:
+        with Bench(workdir, args.data_s, args.rounds, with_nginx=not args.no_nginx,
+                   gateway_env={f"GATEWAY_{name.upper()}": value for name, value in settings.items()}) as bench:
+            yield bench
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _settings_note(args: argparse.Namespace) -> list[str]:
+    changed = ", ".join(args.data_set) or "none"
+    return [f"gateway settings besides its defaults: {changed}; medians of {args.rounds} alternating round(s) of "
+            f"{args.data_s:g} s; load generator, proxies and stub share the machine's cores"]
+
+
+def _f(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+@sweep("connections", "16, 1,000 and 5,000 active connections on both protocols, nginx beside: throughput, "
+       "refusals, CPU per request")
+def connections_table(args: argparse.Namespace) -> list[Table]:
+    with _bench(args) as bench:
+        rows = connection_sweep(bench)
+    table = Table("active connections (issue 37)", ["load", "gateway rps", "not OK", "of 16", "CPU us/req",
+                                                    "p99 ms", "nginx rps", "nginx not OK", "nginx of 16",
+                                                    "nginx CPU us/req"], notes=_settings_note(args) + [
+        "not OK: answers other than 200 / OK (the gateway's from its /metrics); of 16: useful throughput "
+        "(OK answers per second) over the same proxy's 16-connection row"])
+    for row in rows:
+        g, n = row.gateway, row.nginx
+        table.rows.append({"load": row.label, "gateway rps": _f(g.rps, 0), "not OK": f"{g.not_ok:.1%}",
+                           "of 16": _f(g.extra.get("of_16")), "CPU us/req": _f(g.cpu_us, 0),
+                           "p99 ms": _f(g.p99_ms, 1), "nginx rps": _f(n.rps, 0) if n else "-",
+                           "nginx not OK": f"{n.not_ok:.1%}" if n else "-",
+                           "nginx of 16": _f(n.extra.get("of_16")) if n else "-",
+                           "nginx CPU us/req": _f(n.cpu_us, 0) if n else "-"})
+    return [table]
+
+
+@sweep("idle", "0, 1,000 and 5,000 idle connections on both protocols, nginx beside: CPU per second")
+def idle_table(args: argparse.Namespace) -> list[Table]:
+    with _bench(args) as bench:
+        rows = idle_sweep(bench)
+    base: dict[str, float] = {}
+    table = Table("idle connections (issue 37)", ["load", "gateway CPU ms/s", "above 0 conns", "open at end",
+                                                  "nginx CPU ms/s", "nginx open at end"],
+                  notes=_settings_note(args) + ["above 0 conns: less the same port's row without connections "
+                                                "(the gateway's own health checks and ticks)"])
+    for row in rows:
+        g, n = row.gateway, row.nginx
+        protocol = row.label.split()[0]
+        cpu = g.extra.get("cpu_ms_per_s", 0.0)
+        base.setdefault(protocol, cpu)
+        table.rows.append({"load": row.label, "gateway CPU ms/s": _f(cpu), "above 0 conns": _f(cpu - base[protocol]),
+                           "open at end": int(g.extra.get("open_at_end", 0)),
+                           "nginx CPU ms/s": _f(n.extra.get("cpu_ms_per_s")) if n else "-",
+                           "nginx open at end": int(n.extra.get("open_at_end", 0)) if n else "-"})
+    return [table]
+
+
+@sweep("bodies", "1 KB to 8 MB bodies and messages on both protocols, nginx beside: CPU per MB, peak RSS")
+def bodies_table(args: argparse.Namespace) -> list[Table]:
+    with _bench(args) as bench:
+        rows = body_sweep(bench)
+    table = Table("request size (issue 37)", ["load", "gateway rps", "CPU ms/MB", "RSS +MB", "RSS / in flight",
+                                              "not OK", "nginx rps", "nginx CPU ms/MB"],
+                  notes=_settings_note(args) + [
+                      f"{BODY_CONCURRENCY} requests in flight; RSS +MB: a fresh gateway's peak RSS (VmHWM) over its "
+                      "idle RSS; RSS / in flight: that growth over the bytes of the requests in flight"])
+    for row in rows:
+        g, n = row.gateway, row.nginx
+        table.rows.append({"load": row.label, "gateway rps": _f(g.rps, 0),
+                           "CPU ms/MB": _f(g.extra.get("cpu_ms_per_mb"), 3),
+                           "RSS +MB": _f(g.extra.get("rss_growth_mb"), 1),
+                           "RSS / in flight": _f(g.extra.get("rss_over_in_flight")), "not OK": f"{g.not_ok:.1%}",
+                           "nginx rps": _f(n.rps, 0) if n else "-",
+                           "nginx CPU ms/MB": _f(n.extra.get("cpu_ms_per_mb"), 3) if n else "-"})
+    return [table]
 
 
 # -- helpers --------------------------------------------------------------------------------------
+def _share_not_ok(before: dict[str, float], after: dict[str, float], protocol: str, ok: str) -> float:
+    counts = {key: value - before.get(key, 0.0) for key, value in after.items() if key.startswith(protocol)}
+    total = sum(counts.values())
+    return sum(value for key, value in counts.items() if not key.endswith(ok)) / total if total else 0.0
+
+
 def _non_2xx(wrk_output: str) -> int:
     match = re.search(r"Non-2xx or 3xx responses: (\d+)", wrk_output)
     return int(match.group(1)) if match else 0
@@ -507,40 +570,9 @@ def hold(spec: str) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sweeps", default=",".join(SWEEPS), help=f"comma-separated, of {', '.join(SWEEPS)}")
-    parser.add_argument("--seconds", type=float, default=5.0, help="seconds of load (or idling) per cell (5)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating runs per proxy and cell (3)")
-    parser.add_argument("--no-nginx", action="store_true", help="the gateway alone")
-    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                        help="a gateway setting for this run, e.g. --set max_connections_per_client=10000")
-    parser.add_argument("--hold", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.hold:
-        hold(args.hold)
-        return 0
-    for tool in ("wrk", "h2load"):
-        if not shutil.which(tool):
-            print(f"bench: {tool} not found (`make bench` installs it)", file=sys.stderr)
-            return 2
-    chosen = [name.strip() for name in args.sweeps.split(",") if name.strip()]
-    unknown = set(chosen) - set(SWEEPS)
-    if unknown:
-        parser.error(f"unknown sweeps: {', '.join(sorted(unknown))}")
-    workdir = Path(tempfile.mkdtemp(prefix="gateway-scale-data-"))
-    rows: list[Row] = []
-    try:
-        settings = dict(pair.split("=", 1) for pair in args.set)
-        gateway_env = {f"GATEWAY_{name.upper()}": value for name, value in settings.items()}
-        if gateway_env:
-            print("gateway settings besides the defaults:", ", ".join(f"{k}={v}" for k, v in settings.items()))
-        with Bench(workdir, args.seconds, args.rounds, with_nginx=not args.no_nginx,
-                   gateway_env=gateway_env) as bench:
-            for name in chosen:
-                rows += SWEEPS[name](bench)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    print_rows(rows)
+    parser = argparse.ArgumentParser(description="the idle connections' holder of the idle sweep (a child process)")
+    parser.add_argument("--hold", required=True, help="protocol:port:count")
+    hold(parser.parse_args().hold)
     return 0
 
 
