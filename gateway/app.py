@@ -61,7 +61,7 @@ from gateway.services.replicas import Replicas
 from gateway.services.state_sync import StateSync
 from gateway.services.triton_control import TritonControl
 from gateway.services.version_diff import VersionDifferences
-from gateway.settings import Settings
+from gateway.settings import LISTEN_BACKLOG, Settings
 from gateway.store.base import AuditBounds, StateStore, make_store
 from gateway.telemetry.access_log import AccessLog
 from gateway.telemetry.fleet_metrics import FleetCollector
@@ -267,7 +267,7 @@ class Gateway(Dispatch):
             self.grpc_server = await start_front(self.grpc_router, settings.host, settings.grpc_port, self.gate,
                                                  tls.serving(settings, tls.H2), grpc_limits(settings),
                                                  self.budget, self.health, reuse_port=self.reuse_port,
-                                                 sock=self.grpc_socket)
+                                                 sock=self.grpc_socket, backlog=LISTEN_BACKLOG)
 
     def drain_grpc(self) -> None:
         """SIGTERM (``gateway.server.GatewayServer``): the gRPC port stops accepting now, as the

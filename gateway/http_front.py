@@ -85,9 +85,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     body_idle_timeout_s: ClassVar[float] = 10.0
     header_ticks: ClassVar[int] = Sweep.ticks(10.0)  # the bounds in the sweep's ticks
     body_ticks: ClassVar[int] = Sweep.ticks(10.0)
-    keep_alive_ticks: ClassVar[int] = Sweep.ticks(5.0)
-    max_connections: ClassVar[int] = 4096
-    max_per_client: ClassVar[int] = 256
+    keep_alive_ticks: ClassVar[int] = Sweep.ticks(75.0)
+    max_connections: ClassVar[int] = 16384
+    max_per_client: ClassVar[int] = 4096
     max_url_bytes: ClassVar[int] = 4000
     max_header_bytes: ClassVar[int] = 64 << 10
     max_header_count: ClassVar[int] = 100

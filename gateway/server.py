@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import resource
 import signal
 import socket
 import ssl
@@ -27,7 +28,7 @@ from gateway.http_front import protocol_for
 from gateway.http_output import GatewayCycle
 from gateway.listen import PortTaken, bind
 from gateway.reload import changed, sort_out
-from gateway.settings import Settings, SettingsError
+from gateway.settings import LISTEN_BACKLOG, Settings, SettingsError
 
 log = logging.getLogger("gateway.server")
 
@@ -44,6 +45,7 @@ def uvicorn_config(settings: Settings, app: Gateway | None = None) -> uvicorn.Co
         # proxy headers believed any X-Forwarded-For from 127.0.0.1, so a local client chose its address
         proxy_headers=False,
         timeout_keep_alive=settings.keep_alive_timeout_s,
+        backlog=LISTEN_BACKLOG,
         lifespan="on",
         access_log=False,  # our own access log is structured and off the hot path
         server_header=False,
@@ -139,6 +141,27 @@ class GatewayServer(uvicorn.Server):
             await self.lifespan.shutdown()
 
 
+def open_files_for(settings: Settings) -> int:
+    """Raise this process' soft limit of open files to its hard limit (as nginx's
+    worker_rlimit_nofile and Go's runtime do): the connection limits need a descriptor each,
+    and a container's soft limit is often 1,024 while its hard limit is far higher. Logs a
+    warning when even the hard limit is below what the connection limits need. Returns the limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    needed = settings.max_client_connections + (settings.grpc_max_connections if settings.grpc_enabled else 0) + \
+        settings.pool_size + 256  # clients on both ports, the pool to Triton, and the rest (files, probes)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        log.warning("open files limit %d is below what the connection limits need (%d: max_client_connections + "
+                    "grpc_max_connections + pool_size + 256): raise the hard limit (ulimit -n, the container's "
+                    "nofile) or lower the limits; past it a connection is not accepted", soft, needed)
+    return soft
+
+
 def bind_ports(settings: Settings) -> tuple[socket.socket, socket.socket | None]:
     """Both ports bound before anything starts, so a taken one is one line naming it and its
     setting: the gRPC port's bind failed inside the application's startup (a 60-line traceback,
@@ -159,6 +182,7 @@ def bind_ports(settings: Settings) -> tuple[socket.socket, socket.socket | None]
 
 def run(settings: Settings, config_file: str | Path | None = None, overrides: dict[str, Any] | None = None) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    open_files_for(settings)
     try:
         http, grpc = bind_ports(settings)
     except PortTaken as exc:

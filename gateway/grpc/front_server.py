@@ -72,10 +72,12 @@ class FrontServer:
 async def start_server(router: GrpcRouter, host: str, port: int, gate: ControlGate | None = None,
                        tls: ssl.SSLContext | None = None, limits: Limits | None = None,
                        budget: ByteBudget | None = None, health: Health | None = None,
-                       reuse_port: bool = False, sock: socket.socket | None = None) -> FrontServer:
+                       reuse_port: bool = False, sock: socket.socket | None = None,
+                       backlog: int = 100) -> FrontServer:
     """``tls``: gRPC over TLS on the same port (the context offers ALPN h2), else plaintext h2c.
     ``reuse_port``: one of several processes' listeners on the port (gateway.workers);
-    ``sock``: a socket bound already (the workers' shared listener), instead of host and port."""
+    ``sock``: a socket bound already (the workers' shared listener), instead of host and port;
+    ``backlog``: connections the kernel queues before they are accepted."""
     front = GrpcFront(router, gate, health)
     limits = limits or Limits()
     per_client = PerAddress()  # the connections of each client address, for max_connections_per_client
@@ -90,8 +92,9 @@ async def start_server(router: GrpcRouter, host: str, port: int, gate: ControlGa
         return made
 
     if sock is not None:
-        server = await loop.create_server(connection, sock=sock, ssl=tls, ssl_handshake_timeout=handshake)
+        server = await loop.create_server(connection, sock=sock, ssl=tls, ssl_handshake_timeout=handshake,
+                                          backlog=backlog)
     else:
         server = await loop.create_server(connection, host, port, reuse_address=True, reuse_port=reuse_port or None,
-                                          ssl=tls, ssl_handshake_timeout=handshake)
+                                          ssl=tls, ssl_handshake_timeout=handshake, backlog=backlog)
     return FrontServer(server, front, connection, tls, accepted)

@@ -46,8 +46,8 @@ class Limits:
     preface_timeout: float = 10.0
     header_timeout: float = 10.0
     idle_timeout: float = 300.0
-    max_connections: int = 4096  # client connections of the whole server; the next is refused with GOAWAY
-    max_connections_per_client: int = 256  # from one client address; the next is refused the same way
+    max_connections: int = 16384  # client connections of the whole server; the next is refused with GOAWAY
+    max_connections_per_client: int = 4096  # from one client address; the next is refused the same way
     # per second; past them: GOAWAY ENHANCE_YOUR_CALM
     pings_per_s: int = 100  # counted between answers only, so a busy client's BDP probes never trip it
     settings_per_s: int = 100

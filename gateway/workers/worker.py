@@ -51,7 +51,7 @@ from gateway.asgi import Asgi
 from gateway.policy import PolicySpec
 from gateway.proxy.http import Receive, Scope, Send
 from gateway.proxy.shadow import ShadowMirror
-from gateway.server import GatewayServer, uvicorn_config
+from gateway.server import GatewayServer, open_files_for, uvicorn_config
 from gateway.settings import Settings
 from gateway.store.base import make_store
 from gateway.workers.channel import REPORT_S, BlockingChannel, Channel, ChannelClosed
@@ -363,6 +363,7 @@ def worker_main(settings: Settings, count: int, run_dir: str, orders: Connection
     logging.basicConfig(level=settings.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s %(name)s[w{index}]: %(message)s")
     app.assign(index)
+    open_files_for(app.settings)
     mine = shared[index] if isinstance(shared, list) else shared  # SO_REUSEPORT: the sockets of its slot
     for other in shared if isinstance(shared, list) else ():
         if other is not mine:  # the other slots' sockets are theirs
