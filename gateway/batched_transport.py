@@ -17,20 +17,21 @@ import asyncio
 from typing import Any
 
 Data = bytes | bytearray | memoryview
-
+_JOIN_BELOW = 64 << 10  # pending bytes under which the pieces are joined
 
 class BatchedTransport(asyncio.Transport):
     """``raw``, but the writes of one loop iteration are joined into one ``raw.write()`` on the
     loop's next turn. ``close`` and ``write_eof`` send what is pending first; ``abort`` drops it.
     After :meth:`shut` (a lingering close) nothing written goes out."""
 
-    __slots__ = ("raw", "_loop", "_pending", "shut_down")
+    __slots__ = ("raw", "_loop", "_pending", "_size", "shut_down")
 
     def __init__(self, raw: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__()
         self.raw = raw
         self._loop = loop
         self._pending: list[Data] | None = None
+        self._size = 0  # bytes pending
         self.shut_down = False  # see shut
 
     def write(self, data: Data) -> None:
@@ -39,14 +40,24 @@ class BatchedTransport(asyncio.Transport):
         pending = self._pending
         if pending is None:
             self._pending = [data]
+            self._size = len(data)
             self._loop.call_soon(self.flush)
         else:
             pending.append(data)
+            self._size += len(data)
 
     def flush(self) -> None:
+        """Small pieces are joined into one ``write`` (a copy of a few KB is cheaper than a vector of
+        them); large ones go in one ``writelines`` (uvloop writes them with one writev, the pieces
+        as they are: a large message's views are never joined here)."""
         pending, self._pending = self._pending, None
         if pending and not self.raw.is_closing():
-            self.raw.write(pending[0] if len(pending) == 1 else b"".join(pending))
+            if len(pending) == 1:
+                self.raw.write(pending[0])
+            elif self._size < _JOIN_BELOW:
+                self.raw.write(b"".join(pending))
+            else:
+                self.raw.writelines(pending)
 
     def shut(self) -> None:
         """What was written goes out now, and nothing written after: the connection is in a
@@ -88,7 +99,7 @@ class BatchedTransport(asyncio.Transport):
         self.raw.set_write_buffer_limits(high, low)
 
     def get_write_buffer_size(self) -> int:
-        return self.raw.get_write_buffer_size() + sum(len(piece) for piece in self._pending or ())
+        return self.raw.get_write_buffer_size() + (self._size if self._pending else 0)
 
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
         self.raw.set_protocol(protocol)

@@ -29,12 +29,13 @@ the prefixes below are how the fleet tells a call never sent from a connection t
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Protocol
 from urllib.parse import unquote
 
 from gateway.errors import OWN_ANSWER
 from gateway.grpc.status import StatusCode
-from gateway.grpc.wire import grpc_frame
+from gateway.grpc.wire import Message, grpc_parts, peek, take
 from gateway.http2.endpoint import (
     CANCEL,
     PREFACE,
@@ -67,7 +68,7 @@ Reply = tuple[int, str, bytes]
 
 class StreamListener(Protocol):
     def on_headers(self, headers: Headers) -> None: ...
-    def on_data(self, payload: bytes) -> None: ...
+    def on_data(self, payload: bytes | memoryview) -> None: ...  # a view of what was read, valid while referenced
     def on_close(self, code: int, details: str) -> None: ...
     def on_drained(self) -> None: ...  # part or all of the call's send queue went out (see ``backlog``)
 
@@ -90,7 +91,7 @@ class _Call(StreamState):
         self.listener = listener
         self.headers: Headers | None = None
         self.trailers: Headers | None = None
-        self.chunks: list[bytes] = []
+        self.chunks: deque[memoryview] = deque()
 
 
 class Http2Connection(Endpoint):
@@ -178,7 +179,7 @@ class Http2Connection(Endpoint):
         if end_stream:
             self._finish(call, _reply(call))
 
-    def _on_data(self, stream: StreamState, payload: bytes, end_stream: bool) -> None:
+    def _on_data(self, stream: StreamState, payload: memoryview, end_stream: bool) -> None:
         call: _Call = stream  # type: ignore[assignment]
         if call.listener is not None:
             if payload:
@@ -247,7 +248,7 @@ class Http2Connection(Endpoint):
         self.streams[stream_id] = call
         return call
 
-    def start(self, header_block: bytes, message: bytes, timeout: float | None = None,
+    def start(self, header_block: bytes, message: Message, timeout: float | None = None,
               slot: Slot | None = None) -> _Call:
         """A unary call: the request goes out now (as far as the windows allow); the tick ends it
         a little after ``timeout`` if Triton has not answered by then. ``slot``: released as it ends."""
@@ -256,7 +257,7 @@ class Http2Connection(Endpoint):
         call.slot = slot
         if timeout is not None:
             call.deadline = loop.time() + timeout + _DEADLINE_GRACE_S
-        self.send(call, grpc_frame(message), end=True, before=self.headers_frames(call.id, header_block))
+        self.send(call, grpc_parts(message), end=True, before=self.headers_frames(call.id, header_block))
         return call
 
     def open(self, header_block: bytes, listener: StreamListener) -> _Call:
@@ -265,9 +266,9 @@ class Http2Connection(Endpoint):
         self.write(self.headers_frames(call.id, header_block))
         return call
 
-    def send_message(self, call: _Call, message: bytes) -> None:
+    def send_message(self, call: _Call, message: Message) -> None:
         if call.id in self.streams:
-            self.send(call, grpc_frame(message))
+            self.send(call, grpc_parts(message))
 
     @staticmethod
     def backlog(call: _Call) -> int:
@@ -328,10 +329,13 @@ def _reply(call: _Call) -> Reply:
     code, message = status_of(call.headers, call.trailers)
     if code != OK or call.listener is not None:
         return code, message, b""
-    data = call.chunks[0] if len(call.chunks) == 1 else b"".join(call.chunks)
-    if len(data) < 5 or data[0] != 0:
+    chunks = call.chunks
+    size = sum(len(chunk) for chunk in chunks)
+    head = peek(chunks, 5) if size >= 5 else b""
+    if len(head) < 5 or head[0] != 0:
         return INTERNAL, f"{OWN_ANSWER}Triton sent no response message (or a compressed one)", b""
-    length = int.from_bytes(data[1:5], "big")
-    if len(data) < 5 + length:
+    length = int.from_bytes(head[1:5], "big")
+    if size < 5 + length:
         return INTERNAL, f"{OWN_ANSWER}Triton's response message is truncated", b""
-    return OK, message, data[5:5 + length]
+    take(chunks, 5)
+    return OK, message, take(chunks, length)  # the pieces joined once

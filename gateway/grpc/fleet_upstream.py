@@ -22,6 +22,7 @@ from gateway.grpc.client_connection import GOING_AWAY, LOST, NOT_CONNECTED
 from gateway.grpc.status import FAULTS, StatusCode
 from gateway.grpc.upstream import GrpcUpstream, Reply, Slot, StreamListener, UpstreamStream
 from gateway.grpc.upstream import Metadata as GrpcMetadata
+from gateway.grpc.wire import Message
 from gateway.sequences import SequenceFields, checked_sequence_id
 from gateway.upstream import NotesServer
 
@@ -49,7 +50,7 @@ class FleetGrpc(GrpcUpstream):
         """Several servers: the front reads the model and version of a call it does not route."""
         return self.fleet.single is None
 
-    async def unary(self, path: str, message: bytes, metadata: GrpcMetadata = (),
+    async def unary(self, path: str, message: Message, metadata: GrpcMetadata = (),
                     timeout: float | None = None, *, model: str | bytes = "", version: str | bytes | None = None,
                     sequence: SequenceFields | None = None, for_exchange: NotesServer | None = None,
                     slot: Slot | None = None) -> Reply:
@@ -108,7 +109,7 @@ class FleetGrpc(GrpcUpstream):
         server = await self.fleet.admit(server, model, version, None)
         return server, max(timeout - (loop.time() - started), 0.001)
 
-    async def _call(self, server: Server, path: str, message: bytes, metadata: GrpcMetadata,
+    async def _call(self, server: Server, path: str, message: Message, metadata: GrpcMetadata,
                     timeout: float | None) -> Reply:
         server.requests += 1
         # the slot goes back as the call ends on the connection (or on the way out), not when this task runs again

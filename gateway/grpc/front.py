@@ -33,7 +33,7 @@ from gateway.grpc.router import INFER, SERVICE, STREAM_INFER, GrpcRouter, Stream
 from gateway.grpc.server_connection import GrpcServerConnection
 from gateway.grpc.status import StatusCode, status_for
 from gateway.grpc.upstream import TRITON_DEADLINE_FLOOR_S, UpstreamStream
-from gateway.grpc.wire import RouteFields, WireError, metadata_block, split_messages
+from gateway.grpc.wire import Message, RouteFields, WireError, message_size, metadata_block, split_messages
 from gateway.http2.endpoint import Headers
 from gateway.http2.server_stream import ServerStream, StreamHandler
 from gateway.pipeline import SEQUENCED
@@ -203,7 +203,7 @@ class StreamCall(_Call):
     def __init__(self, front: GrpcFront, connection: GrpcServerConnection, stream: ServerStream) -> None:
         super().__init__(front, connection, stream)
         self.upstream: UpstreamStream | None = None
-        self.waiting: list[bytes] = []  # routed requests that arrived before the upstream stream opened
+        self.waiting: list[Message] = []  # routed requests that arrived before the upstream stream opened
         self.ended = False
         self.decision: Decision | None = None  # the last message's: the routing metadata the stream announces
         self.ledger = StreamLedger(self.client)  # each reply charged to its own request's decision
@@ -281,7 +281,7 @@ class StreamCall(_Call):
             backlog = self.upstream.backlog
         else:
             self.waiting.append(routed)
-            backlog = sum(len(waiting) for waiting in self.waiting)
+            backlog = sum(message_size(waiting) for waiting in self.waiting)
         if backlog > self.connection.limits.stream_window:
             self.connection.hold(self.stream)  # Triton reads slower than the client sends: pause the client
 
@@ -314,7 +314,7 @@ class StreamCall(_Call):
     def _routing_block(self) -> bytes:
         return b"" if self.decision is None else decision_block(self.front.router.announced(self.decision))
 
-    def on_data(self, payload: bytes) -> None:
+    def on_data(self, payload: bytes | memoryview) -> None:
         replies = self.replies
         replies += payload
         messages, used = split_messages(replies)  # Triton compresses nothing: we never ask it to

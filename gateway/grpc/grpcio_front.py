@@ -284,7 +284,7 @@ class _StreamRelay:
     def on_headers(self, headers: Headers) -> None:
         """Nothing to do: the routing metadata goes out with the first reply."""
 
-    def on_data(self, payload: bytes) -> None:
+    def on_data(self, payload: bytes | memoryview) -> None:
         buffer = self.buffer
         buffer += payload
         messages, used = split_messages(buffer)  # Triton compresses nothing: we never ask it to

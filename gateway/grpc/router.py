@@ -19,9 +19,11 @@ from gateway.grpc.status import StatusCode, classify, status_name
 from gateway.grpc.upstream import GrpcUpstream, Reply
 from gateway.grpc.upstream import Metadata as Forwarded
 from gateway.grpc.wire import (
+    Message,
     RouteFields,
     StreamReply,
     WireError,
+    addressed,
     message_model_version,
     route_fields,
     stream_reply,
@@ -82,9 +84,9 @@ class GrpcInfer:
         model, renamed = self.model, None
         if target.model is not None and target.model != model:  # a renamed target (grpc.renamed)
             renamed, model = grpc_rename(target.model, model), target.model
-            message = with_model(self.raw, model, None if self.version else version)
+            message = addressed(self.raw, None if self.version else version, model)
         else:
-            message = self.raw if self.version or version is None else with_version(self.raw, version)
+            message = addressed(self.raw, None if self.version else version)
         self.renamed = renamed
         upstream = self.upstream
         if target.fleet is not None:
@@ -174,7 +176,7 @@ class GrpcRouter:
         return await self.pipeline.route_sequence(policy, headers, fields.sequence_id, fields.sequence_start,
                                                   fields.sequence_end, client if fields.sequence_start else None)
 
-    def stream_send(self, ledger: StreamLedger, raw: bytes, model: str, decision: Decision) -> bytes:
+    def stream_send(self, ledger: StreamLedger, raw: bytes, model: str, decision: Decision) -> Message:
         """A streamed request of ``model``, noted in the stream's ledger and addressed to the
         decision's target (a renamed one's replies are given the called name: record_stream_reply)."""
         target = self.pipeline.target(decision)
@@ -183,9 +185,9 @@ class GrpcRouter:
             return raw
         if target.model is not None and target.model != model:
             ledger.sent(model, decision, target.model, grpc_rename(target.model, model))
-            return with_model(raw, target.model, target.version)
+            return addressed(raw, target.version, target.model)
         ledger.sent(model, decision)
-        return raw if target.version is None else with_version(raw, target.version)
+        return addressed(raw, target.version)
 
     def new_infer(self, method: str, raw: bytes, fields: RouteFields, forwarded: Forwarded,
                   timeout: float | None, client: str | None = None) -> GrpcInfer:

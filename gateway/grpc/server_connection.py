@@ -13,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from gateway.byte_budget import ByteBudget, inflation_limit
 from gateway.client_address import PerAddress
 from gateway.grpc.status import StatusCode
-from gateway.grpc.wire import MessageTooLarge, grpc_frame, split_messages, status_block
+from gateway.grpc.wire import grpc_parts, peek, status_block, take
 from gateway.http2.endpoint import StreamState
 from gateway.http2.hpack_codec import literal, literal_indexed_name
 from gateway.http2.server import Http2ServerConnection
@@ -69,9 +70,11 @@ class GrpcServerConnection(Http2ServerConnection):
             cut += 1
         return cut
 
-    def _announced(self, buffer: bytearray) -> int:
+    def _announced(self, stream: ServerStream) -> int:
         """A length-prefixed message: 1 flag byte, 4 bytes of length, then the message."""
-        return int.from_bytes(buffer[1:5], "big") + 5 if len(buffer) >= 5 else 0
+        if stream.gathered < 5 or stream.pieces is None:
+            return 0
+        return int.from_bytes(peek(stream.pieces, 5)[1:5], "big") + 5
 
     def _answer_too_large(self, stream_id: int, reason: str) -> None:
         answer = _RESPONSE_HEADERS + status_block(StatusCode.RESOURCE_EXHAUSTED, reason)
@@ -94,7 +97,10 @@ class GrpcServerConnection(Http2ServerConnection):
         if handler.streaming or self._charge(call, len(message)):
             handler.on_message(message)
 
-    def _on_data(self, stream: StreamState, payload: bytes, end_stream: bool) -> None:
+    def _on_data(self, stream: StreamState, payload: memoryview, end_stream: bool) -> None:
+        """DATA into messages. ``payload`` is a view of what was read: a message within it is copied
+        out once; one spread over frames keeps views of its pieces until it is whole, then they
+        are joined once (``_take``). Either way a message is copied exactly once on its way in."""
         call: ServerStream = stream  # type: ignore[assignment]
         handler = call.handler
         if call.finished or handler is None:
@@ -103,51 +109,84 @@ class GrpcServerConnection(Http2ServerConnection):
             if end_stream:
                 call.remote_closed = True
             return
+        pieces = call.pieces
+        handed = False
+        if not call.gathered and not call.inflating:  # messages begin at the front of this payload: read in place
+            pos, size, limit = 0, len(payload), self.limits.max_message
+            while size - pos >= 5:
+                length = int.from_bytes(payload[pos + 1:pos + 5], "big")
+                if length > limit:
+                    self._too_large(call, length)
+                    return
+                if size - pos - 5 < length:
+                    break
+                compressed = payload[pos] != 0
+                message = bytes(payload[pos + 5:pos + 5 + length])  # the one copy
+                pos += 5 + length
+                if not self._message(call, handler, compressed, message, payload[pos:], end_stream):
+                    return
+                handed = True
+            if pos < size:
+                pieces = call.pieces = deque() if pieces is None else pieces
+                pieces.append(payload[pos:])
+                call.gathered = size - pos
+        elif payload:
+            pieces = call.pieces = deque() if pieces is None else pieces
+            pieces.append(payload)
+            call.gathered += len(payload)
         if call.inflating:  # what follows waits, in order, for the message being inflated
-            call.buffer += payload
             if end_stream:
                 call.remote_closed = call.end_pending = True
             return
-        buffer = call.buffer
-        if buffer:  # a message split over DATA frames; usually not, and then payload is parsed as it is
-            buffer += payload
-        data = buffer or payload
-        try:
-            messages, used = split_messages(data, self.limits.max_message)
-        except MessageTooLarge as exc:
-            self.finish(call, StatusCode.RESOURCE_EXHAUSTED, f"gateway: the request {exc} (grpc_max_message_bytes)")
-            return
-        for index, (compressed, message) in enumerate(messages):
-            if compressed:
-                inflated = self._decompress(call, message)
-                if inflated is None:  # answered, or inflating in slices: what follows it waits
-                    if call.inflating:
-                        rest = b"".join((b"\x01" if flag else b"\x00") + len(later).to_bytes(4, "big") + later
-                                        for flag, later in messages[index + 1:])
-                        call.buffer[:] = rest + data[used:]
-                        call.remote_closed = call.end_pending = end_stream
-                    return
-                message = inflated
-            self._hand(call, handler, message)
-            if call.finished:
+        while call.gathered >= 5 and pieces:  # a message spread over frames
+            length = int.from_bytes(peek(pieces, 5)[1:5], "big")
+            if length > self.limits.max_message:
+                self._too_large(call, length)
                 return
-        if buffer:
-            del buffer[:used]
-        elif used < len(payload):
-            buffer += payload[used:]
-        if messages and handler.streaming and call.reserved and not call.handed:
+            if call.gathered < 5 + length:
+                break
+            compressed = take(pieces, 5)[0] != 0
+            message = take(pieces, length)  # the one copy: the pieces joined
+            call.gathered -= 5 + length
+            if not self._message(call, handler, compressed, message, None, end_stream):
+                return
+            handed = True
+        if handed and handler.streaming and call.reserved and not call.handed:
             if call.held:
                 call.handed = True  # the upstream has not taken it yet: the reservation stays until release
             else:
                 self._unreserve(call)  # on its way upstream
         if end_stream:
-            if buffer:
+            if call.gathered:
                 self.finish(call, StatusCode.INTERNAL, "the request ended inside a message")
             else:
                 self._end_of_request(call)
             return
-        if len(buffer) >= 5 and not call.reserved:  # a message spread over frames: it reserves its size
-            self._reserve(call, int.from_bytes(buffer[1:5], "big") + 5)
+        if call.gathered >= 5 and not call.reserved:  # a message spread over frames: it reserves its size
+            self._reserve(call, self._announced(call))
+
+    def _too_large(self, call: ServerStream, length: int) -> None:
+        self.finish(call, StatusCode.RESOURCE_EXHAUSTED,
+                    f"gateway: the request message of {length} bytes is above the limit (grpc_max_message_bytes)")
+
+    def _message(self, call: ServerStream, handler: StreamHandler, compressed: bool, message: bytes,
+                 rest: memoryview | None, end_stream: bool) -> bool:
+        """A whole message to the handler (inflated first); False when the call was answered, or
+        inflation goes on a slice per loop turn: ``rest`` (what followed it in the payload read in
+        place) then waits in the call's pieces, with the END_STREAM that came."""
+        if compressed:
+            inflated = self._decompress(call, message)
+            if inflated is None:
+                if call.inflating:
+                    if rest:
+                        pieces = call.pieces = deque() if call.pieces is None else call.pieces
+                        pieces.append(rest)
+                        call.gathered += len(rest)
+                    call.remote_closed = call.end_pending = end_stream
+                return False
+            message = inflated
+        self._hand(call, handler, message)
+        return not call.finished
 
     def _decompress(self, call: ServerStream, message: bytes) -> bytes | None:
         """The inflated message, if one slice inflates all of it; else None: the call was answered
@@ -216,7 +255,7 @@ class GrpcServerConnection(Http2ServerConnection):
             budget.release(charged)
         if not call.finished:
             call.remote_closed = False  # set again, now in order, by what waited
-            self._on_data(call, b"", call.end_pending)
+            self._on_data(call, memoryview(b""), call.end_pending)
             if not call.remote_closed and not call.finished and not call.held \
                     and (call.admitted or not call.reserved):
                 self._stream_credit(call, 1)
@@ -235,7 +274,7 @@ class GrpcServerConnection(Http2ServerConnection):
         self._pings = 0
         before = self.headers_frames(stream.id, _RESPONSE_HEADERS + metadata)
         trailer = self.headers_frames(stream.id, _OK_TRAILER, end_stream=True)
-        self.send(stream, grpc_frame(message), trailer=trailer, before=before)
+        self.send(stream, grpc_parts(message), trailer=trailer, before=before)
         if stream.pending is None:
             self._forget(stream)
 
@@ -249,7 +288,7 @@ class GrpcServerConnection(Http2ServerConnection):
         if stream.finished:
             return
         self.send_headers(stream)
-        self.send(stream, grpc_frame(message))
+        self.send(stream, grpc_parts(message))
 
     def finish(self, stream: ServerStream, code: int, details: str = "", metadata: bytes = b"") -> None:
         """The status; a trailers-only response when no headers went out yet."""
@@ -266,3 +305,4 @@ class GrpcServerConnection(Http2ServerConnection):
         self.send(stream, b"", trailer=trailer)
         if stream.pending is None:
             self._forget(stream)
+

@@ -44,6 +44,7 @@ from gateway.grpc.client_connection import (
     _Call,
 )
 from gateway.grpc.status import StatusCode
+from gateway.grpc.wire import Message
 from gateway.http2.hpack_codec import literal, literal_indexed_name
 from gateway.sequences import SequenceFields
 from gateway.upstream import NotesServer
@@ -116,7 +117,7 @@ class GrpcUpstream:
             return prefix + extra + literal(b"grpc-timeout", grpc_timeout(timeout))
         return prefix + extra + self._default_timeout
 
-    async def unary(self, path: str, message: bytes, metadata: Metadata = (),
+    async def unary(self, path: str, message: Message, metadata: Metadata = (),
                     timeout: float | None = None, *, model: str | bytes = "", version: str | bytes | None = None,
                     sequence: SequenceFields | None = None, for_exchange: NotesServer | None = None,
                     slot: Slot | None = None) -> Reply:
@@ -218,7 +219,7 @@ class UpstreamStream:
         self.connection = connection
         self.call = call
 
-    def send(self, message: bytes) -> None:
+    def send(self, message: Message) -> None:
         self.connection.send_message(self.call, message)
 
     @property

@@ -16,6 +16,7 @@ first two fields for the fleet's choice of server, once, by the front.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from gateway.http2.hpack_codec import literal
@@ -235,8 +236,35 @@ def _varint_or_end(data: bytes, pos: int) -> tuple[int, int]:
 
 def with_version(raw: bytes, version: str) -> bytes:
     """The same message with ``model_version`` set: a trailing field 2 overrides earlier ones."""
+    return raw + version_field(version)
+
+
+def version_field(version: str) -> bytes:
+    """Field 2 (``model_version``) on the wire: appended to a message, it overrides the client's."""
     encoded = version.encode()
-    return raw + b"\x12" + _encode_varint(len(encoded)) + encoded
+    return b"\x12" + _encode_varint(len(encoded)) + encoded
+
+
+# A message as it is forwarded: as the client sent it, or (raw, field) with a version field after
+# it. The tensors are never copied to append a field: the two go out one after the other.
+Message = bytes | tuple[bytes, bytes]
+
+
+def addressed(raw: bytes, version: str | None, model: str | None = None) -> Message:
+    """``raw`` sent to ``version`` (None: the one it names, if any), of ``model`` (None: the one
+    it names; a renamed target's, grpc.renamed): fields 1 and 2 appended, the last value wins."""
+    tail = b"" if model is None else _length_delimited(0x0A, model.encode())
+    if version is not None:
+        tail += version_field(version)
+    return (raw, tail) if tail else raw
+
+
+def _length_delimited(tag: int, value: bytes) -> bytes:
+    return bytes((tag,)) + _encode_varint(len(value)) + value
+
+
+def message_size(message: Message) -> int:
+    return len(message) if isinstance(message, bytes) else len(message[0]) + len(message[1])
 
 
 def _encode_varint(value: int) -> bytes:
@@ -255,6 +283,15 @@ def _encode_varint(value: int) -> bytes:
 def grpc_frame(message: bytes) -> bytes:
     """One gRPC length-prefixed message (uncompressed)."""
     return b"\x00" + len(message).to_bytes(4, "big") + message
+
+
+def grpc_parts(message: Message) -> tuple[bytes, ...]:
+    """One gRPC length-prefixed message (uncompressed) as the parts it is sent in: the prefix,
+    then the message's own buffers (never joined into a copy of it)."""
+    if isinstance(message, bytes):
+        return b"\x00" + len(message).to_bytes(4, "big"), message
+    raw, field = message
+    return b"\x00" + (len(raw) + len(field)).to_bytes(4, "big"), raw, field
 
 
 class MessageTooLarge(ValueError):
@@ -293,3 +330,42 @@ def status_block(code: int, details: str) -> bytes:
         return _OK_TRAILER
     block = literal(b"grpc-status", str(code).encode())
     return block + literal(b"grpc-message", grpc_message(details)) if details else block
+
+
+# -- messages out of the pieces they arrived in (DATA frames, reads) --------------------------------
+def peek(pieces: deque[memoryview], count: int) -> bytes:
+    """The first ``count`` bytes held in ``pieces`` (at least that many are), left in place."""
+    first = pieces[0]
+    if len(first) >= count:
+        return bytes(first[:count])
+    out = bytearray()
+    for piece in pieces:
+        out += piece[:count - len(out)]
+        if len(out) >= count:
+            break
+    return bytes(out)
+
+
+def take(pieces: deque[memoryview], count: int) -> bytes:
+    """The first ``count`` bytes held in ``pieces`` (at least that many are), taken out of them
+    and joined into one ``bytes``: the message's one copy."""
+    if not count:
+        return b""
+    first = pieces[0]
+    if len(first) >= count:
+        if len(first) == count:
+            pieces.popleft()
+        else:
+            pieces[0] = first[count:]
+        return bytes(first[:count])
+    parts = []
+    while count:
+        piece = pieces[0]
+        if len(piece) <= count:
+            parts.append(pieces.popleft())
+            count -= len(piece)
+        else:
+            parts.append(piece[:count])
+            pieces[0] = piece[count:]
+            count = 0
+    return b"".join(parts)

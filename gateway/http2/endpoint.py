@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from collections import deque
+from typing import TypeVar
 
 from gateway.batched_transport import BatchedTransport
 from gateway.http2.hpack_codec import Decoder, HeaderListTooLarge, HpackError
@@ -31,6 +33,7 @@ _HEADER = struct.Struct(">BHBBI")
 _UNLIMITED = 1 << 62
 
 Headers = list[tuple[bytes, bytes]]
+_Payload = TypeVar("_Payload", bytes, memoryview)
 
 
 class ProtocolError(ValueError):
@@ -43,6 +46,11 @@ class ProtocolError(ValueError):
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     return _HEADER.pack(len(payload) >> 16, len(payload) & 0xFFFF, kind, flags, stream_id) + payload
+
+
+def frame_head(kind: int, flags: int, stream_id: int, length: int) -> bytes:
+    """A frame's 9-byte header alone: its payload goes out as it is, after it."""
+    return _HEADER.pack(length >> 16, length & 0xFFFF, kind, flags, stream_id)
 
 
 _SETTING_KEYS = {"header_table_size": 1, "enable_push": 2, "max_concurrent_streams": 3, "initial_window": 4,
@@ -61,11 +69,53 @@ def open_windows(size: int = _CONNECTION_WINDOW) -> bytes:
     return frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", size - 65535)) if size > 65535 else b""
 
 
-def unpad(payload: bytes) -> bytes:
+def unpad(payload: _Payload) -> _Payload:
     """A PADDED frame's content; padding as long as the payload is a PROTOCOL_ERROR (RFC 9113 6.1)."""
     if not payload or payload[0] >= len(payload):
         raise ProtocolError("padding longer than the frame")
     return payload[1:len(payload) - payload[0]]
+
+
+Data = bytes | memoryview
+# Given to send: one buffer, or the parts of one (a gRPC prefix, a message, a field after it) sent
+# as they are, never joined into one when large.
+Payload = Data | tuple[Data, ...]
+_JOIN_BELOW = 16 << 10  # smaller payloads are joined into one write; larger ones go out as views of their parts
+
+
+class Queued:
+    """DATA bytes waiting for flow-control window: views of what was given to send, in order,
+    never copied. ``len()`` is the bytes waiting."""
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self) -> None:
+        self.parts: deque[memoryview] = deque()
+        self.size = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def add(self, data: Payload) -> None:
+        for part in data if isinstance(data, tuple) else (data,):
+            if len(part):
+                self.parts.append(part if isinstance(part, memoryview) else memoryview(part))
+                self.size += len(part)
+
+    def take(self, count: int) -> list[memoryview]:
+        """The first ``count`` bytes, as views (taken out of the queue)."""
+        self.size -= count
+        parts, taken = self.parts, []
+        while count:
+            part = parts[0]
+            if len(part) <= count:
+                taken.append(parts.popleft())
+                count -= len(part)
+            else:
+                taken.append(part[:count])
+                parts[0] = part[count:]
+                count = 0
+        return taken
 
 
 class StreamState:
@@ -77,7 +127,7 @@ class StreamState:
         self.id = stream_id
         self.window = window
         self.unacked = 0  # received bytes not yet given back with a WINDOW_UPDATE
-        self.pending: bytearray | None = None  # DATA bytes waiting for window
+        self.pending: Queued | None = None  # DATA bytes waiting for window
         self.end = False  # END_STREAM once pending is out (when there is no trailer)
         self.trailer: bytes | None = None  # a HEADERS frame to send after pending
 
@@ -111,6 +161,10 @@ class Endpoint(asyncio.Protocol):
         self._blocked: list[StreamState] = []
         self._continuation: tuple[int, int, bytearray] | None = None
         self._preface_seen = not self.expects_preface
+        # a DATA frame whose payload goes on past a read: what is left of it, where it goes, its END_STREAM
+        self._data_left = 0
+        self._data_into: StreamState | None = None
+        self._data_end = False
         # flood counters (cleared by the server's tick) and their limits
         self._pings = self._settings_frames = self._empty_frames = self._resets = 0
         self._calm_pings = self._calm_settings = self._calm_empty = self._calm_resets = _UNLIMITED
@@ -119,7 +173,9 @@ class Endpoint(asyncio.Protocol):
     def _on_headers(self, stream_id: int, headers: Headers, end_stream: bool) -> None:
         raise NotImplementedError
 
-    def _on_data(self, stream: StreamState, payload: bytes, end_stream: bool) -> None:
+    def _on_data(self, stream: StreamState, payload: memoryview, end_stream: bool) -> None:
+        """Payload of a DATA frame for ``stream``: a view of what was read (a whole frame's, or part
+        of one that spans reads), valid as long as it is referenced; ``end_stream`` on the last."""
         raise NotImplementedError
 
     def _on_reset(self, stream: StreamState, code: int) -> None:
@@ -161,25 +217,43 @@ class Endpoint(asyncio.Protocol):
 
     # -- frames in ------------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
+        """Frames are read straight out of ``data``: a DATA payload is handed on as a memoryview
+        of it (never copied here), and a DATA frame that goes on past this read is handed on
+        piece by piece as its bytes arrive (``_data_piece``). Only the beginning of another kind
+        of frame (a header, a header block) waits in ``_buffer`` for the next read."""
         buffer = self._buffer
-        buffer += data
-        pos, size = 0, len(buffer)
+        if buffer:  # a frame's beginning, or what waited while reading was paused: joined (small, or rare)
+            buffer += data
+            data = bytes(buffer)
+            buffer.clear()
+        if not self.reading:  # paused, or stopped after a connection error
+            buffer += data
+            return
+        view = memoryview(data)
+        pos, size = 0, len(view)
         try:
             if not self._preface_seen:
                 if size < len(PREFACE):
-                    if buffer != PREFACE[:size]:
+                    if data != PREFACE[:size]:
                         raise ProtocolError("not an HTTP/2 connection preface")
+                    buffer += data
                     return
-                if buffer[:len(PREFACE)] != PREFACE:
+                if data[:len(PREFACE)] != PREFACE:
                     raise ProtocolError("not an HTTP/2 connection preface")
                 pos, self._preface_seen = len(PREFACE), True
+            left = self._data_left
+            if left:  # the rest of a DATA frame begun in an earlier read
+                take = left if left <= size else size
+                self._data_left = left - take
+                self._data_piece(view[:take], take == left)
+                pos = take
             budget = self.frames_per_slice
             while size - pos >= 9 and self.reading:
                 if not budget:
                     self._yield_reading()
                     break
                 budget -= 1
-                high, low, kind, flags, stream_id = _HEADER.unpack_from(buffer, pos)
+                high, low, kind, flags, stream_id = _HEADER.unpack_from(view, pos)
                 length = high << 16 | low
                 if length > self.max_frame:
                     raise ProtocolError(f"a {length}-byte frame is above our SETTINGS_MAX_FRAME_SIZE", FRAME_SIZE_ERROR)
@@ -189,8 +263,16 @@ class Endpoint(asyncio.Protocol):
                                         ENHANCE_YOUR_CALM)
                 end = pos + 9 + length
                 if end > size:
+                    if kind != DATA or flags & PADDED:
+                        break  # waits in the buffer for the rest
+                    # a DATA frame going on past this read: checked now on its whole length, handed on as it comes
+                    self._split_data(flags, stream_id & 0x7FFFFFFF, length, view[pos + 9:])
+                    pos = size
                     break
-                self._frame(kind, flags, stream_id & 0x7FFFFFFF, bytes(buffer[pos + 9:end]))
+                if kind == DATA:
+                    self._frame_data(flags, stream_id & 0x7FFFFFFF, view[pos + 9:end])
+                else:
+                    self._frame(kind, flags, stream_id & 0x7FFFFFFF, bytes(view[pos + 9:end]))
                 pos = end
         except ProtocolError as exc:
             self._connection_error(exc.code, str(exc))
@@ -201,18 +283,34 @@ class Endpoint(asyncio.Protocol):
         except (ValueError, struct.error, IndexError) as exc:  # a bad header value, a truncated field
             self._connection_error(PROTOCOL_ERROR, f"unreadable HTTP/2: {exc}")
             return
-        del buffer[:pos]
+        if pos < size:
+            buffer += view[pos:]
+
+    def _frame_data(self, flags: int, stream_id: int, payload: memoryview) -> None:
+        """A whole DATA frame."""
+        if self._continuation is not None:
+            raise ProtocolError("header block interrupted")
+        if stream_id == 0:
+            raise ProtocolError("DATA on stream 0")
+        if not payload and not flags & END_STREAM:
+            self._count_empty()
+        self._data(flags, stream_id, payload)
+
+    def _split_data(self, flags: int, stream_id: int, length: int, first: memoryview) -> None:
+        """A DATA frame (not padded) of which ``first`` arrived: the rest comes in later reads."""
+        if self._continuation is not None:
+            raise ProtocolError("header block interrupted")
+        if stream_id == 0:
+            raise ProtocolError("DATA on stream 0")
+        self._data_head(flags, stream_id, length)
+        self._data_target(stream_id, length)
+        self._data_left = length - len(first)
+        self._data_piece(first, False)
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if self._continuation is not None and (kind != CONTINUATION or stream_id != self._continuation[0]):
             raise ProtocolError("header block interrupted")
-        if kind == DATA:
-            if stream_id == 0:
-                raise ProtocolError("DATA on stream 0")
-            if not payload and not flags & END_STREAM:
-                self._count_empty()
-            self._data(flags, stream_id, payload)
-        elif kind == HEADERS:
+        if kind == HEADERS:
             self._headers(flags, stream_id, payload)
         elif kind == CONTINUATION:
             continuation = self._continuation
@@ -344,25 +442,43 @@ class Endpoint(asyncio.Protocol):
         if self._blocked:
             self._flush_blocked()
 
-    def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
-        """The client role: Triton is trusted, credit goes back on receipt, windows stay wide."""
+    def _data(self, flags: int, stream_id: int, payload: memoryview) -> None:
+        """A whole DATA frame: flow control on its length, padding off, then its payload (both roles)."""
         length = len(payload)
+        self._data_head(flags, stream_id, length)
+        if flags & PADDED:
+            payload = unpad(payload)  # a bad pad length is a connection error, whatever the stream's state
+        self._data_target(stream_id, length)
+        self._data_piece(payload, True)
+
+    def _data_head(self, flags: int, stream_id: int, length: int) -> None:
+        """A DATA frame of ``length`` bytes begins, its payload to follow (``_data_piece``). The
+        client role: Triton is trusted, credit goes back on receipt, windows stay wide."""
+        self._data_end = bool(flags & END_STREAM)
         self._recv_unacked += length
         if self._recv_unacked > _CONNECTION_WINDOW // 2:
             self.write(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self._recv_unacked)))
             self._recv_unacked = 0
-        stream = self.streams.get(stream_id)
+
+    def _data_target(self, stream_id: int, length: int) -> None:
+        """The stream the DATA frame's payload goes to (``_data_into``), or none: it is dropped."""
+        stream = self._data_into = self.streams.get(stream_id)
         if stream is None:
             return  # a stream already finished or reset; its data still counted for the connection
-        if flags & PADDED:
-            payload = unpad(payload)
-        end_stream = bool(flags & END_STREAM)
-        if not end_stream:
+        if not self._data_end:
             stream.unacked += length
             if stream.unacked > RECEIVE_WINDOW // 2:
                 self.write(frame(WINDOW_UPDATE, 0, stream_id, struct.pack(">I", stream.unacked)))
                 stream.unacked = 0
-        self._on_data(stream, payload, end_stream)
+
+    def _data_piece(self, payload: memoryview, last: bool) -> None:
+        """Part of the DATA frame's payload (``last``: its end); a view of what was read, not a copy."""
+        stream = self._data_into
+        if stream is None:
+            return
+        if last:
+            self._data_into = None
+        self._on_data(stream, payload, last and self._data_end)
 
     def _settings(self, payload: bytes) -> None:
         for offset in range(0, len(payload), 6):
@@ -404,7 +520,7 @@ class Endpoint(asyncio.Protocol):
         """Take the connection's transport (``connection_made``), writes batched per loop iteration."""
         self.transport = BatchedTransport(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: Data) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)  # which drops it once shut (a lingering close)
 
@@ -419,25 +535,40 @@ class Endpoint(asyncio.Protocol):
             frame(CONTINUATION, END_HEADERS if i == len(pieces) - 1 else 0, stream_id, piece)
             for i, piece in enumerate(pieces[1:], 1))
 
-    def send(self, stream: StreamState, data: bytes, end: bool = False, trailer: bytes | None = None,
+    def send(self, stream: StreamState, data: Payload, end: bool = False, trailer: bytes | None = None,
              before: bytes = b"") -> None:
         """``before`` (e.g. HEADERS), DATA ``data``, then ``trailer`` (a HEADERS frame that ends
-        the stream) or END_STREAM: in one write when the windows allow, else as they open."""
-        size = len(data)
+        the stream) or END_STREAM: in one write when the windows allow, else as they open. A
+        large payload goes out as views of the parts it was given in (each DATA frame a header
+        and slices of them), never copied into one buffer here."""
+        if isinstance(data, tuple):
+            size = sum(len(part) for part in data)
+            if size < _JOIN_BELOW:
+                data, size = b"".join(data), size
+        else:
+            size = len(data)
         if stream.pending is None and size <= self._peer_max_frame and size <= self._send_window \
                 and size <= stream.window:
             self._send_window -= size
             stream.window -= size
             flags = END_STREAM if end and trailer is None else 0
-            out = before + frame(DATA, flags, stream.id, data) if size or flags else before
+            if size >= _JOIN_BELOW:  # one DATA frame, its payload as given
+                self.write(before + frame_head(DATA, flags, stream.id, size))
+                for part in data if isinstance(data, tuple) else (data,):
+                    self.write(part)
+                if trailer is not None:
+                    self.write(trailer)
+                return
+            assert not isinstance(data, tuple)
+            out = before + frame_head(DATA, flags, stream.id, size) + data if size or flags else before
             self.write(out + trailer if trailer is not None else out)
             return
         if before:
             self.write(before)
         if stream.pending is None:
-            stream.pending = bytearray()
+            stream.pending = Queued()
             self._blocked.append(stream)
-        stream.pending += data
+        stream.pending.add(data)
         stream.end = stream.end or end
         stream.trailer = trailer if trailer is not None else stream.trailer
         self._flush_blocked()
@@ -453,8 +584,9 @@ class Endpoint(asyncio.Protocol):
                 if size <= 0:
                     break
                 flags = END_STREAM if size == len(pending) and stream.end and stream.trailer is None else 0
-                self.write(frame(DATA, flags, stream.id, bytes(pending[:size])))
-                del pending[:size]
+                self.write(frame_head(DATA, flags, stream.id, size))
+                for part in pending.take(size):
+                    self.write(part)
                 self._send_window -= size
                 stream.window -= size
                 ended = bool(flags)

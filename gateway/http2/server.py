@@ -37,7 +37,6 @@ from gateway.http2.endpoint import (
     FLOW_CONTROL_ERROR,
     GOAWAY,
     NO_ERROR,
-    PADDED,
     PROTOCOL_ERROR,
     REFUSED_STREAM,
     RST_STREAM,
@@ -50,7 +49,6 @@ from gateway.http2.endpoint import (
     frame,
     open_windows,
     settings_frame,
-    unpad,
 )
 from gateway.http2.hpack_codec import HeaderListTooLarge
 from gateway.http2.server_stream import Limits, ServerStream, StreamHandler, read_request
@@ -157,8 +155,8 @@ class Http2ServerConnection(Endpoint):
         """Answer the stream: the gateway's budget of held request bytes has no room for it."""
         raise NotImplementedError
 
-    def _announced(self, buffer: bytearray) -> int:
-        """The size the message begun in ``buffer`` announces, framing included (0: not known yet)."""
+    def _announced(self, stream: ServerStream) -> int:
+        """The size of the message the stream has begun, framing included (0: none begun, or not known yet)."""
         raise NotImplementedError
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -202,7 +200,7 @@ class Http2ServerConnection(Endpoint):
             return
         self.reading = True
         self.transport.resume_reading()
-        if len(self._buffer) >= 9:
+        if self._buffer:
             self.data_received(b"")  # the frames that waited
 
     # -- timeouts and flood counters ------------------------------------------------------------
@@ -311,19 +309,22 @@ class Http2ServerConnection(Endpoint):
             raise ProtocolError(f"frame type {kind} on idle stream {stream_id}")
         # RST_STREAM or WINDOW_UPDATE on a closed stream: may cross our own close, nothing to do
 
-    def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
-        """Flow control enforced on receipt; stream credit only while the stream's message is admitted."""
-        length = len(payload)
+    # DATA (``Endpoint._data``: a whole frame is head, target, one piece; a frame spanning reads, pieces as they come)
+    def _data_head(self, flags: int, stream_id: int, length: int) -> None:
+        """Connection flow control, enforced on receipt on the frame's whole length."""
         if length > self._recv_window:
             raise ProtocolError("DATA beyond the connection's flow-control window", FLOW_CONTROL_ERROR)
+        self._data_end = bool(flags & END_STREAM)
+        self._data_into = None
         self._recv_window -= length
         self._owed += length
         if self._owed >= self._credit_at:
             self.write(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self._owed)))
             self._recv_window += self._owed
             self._owed = 0
-        if flags & PADDED:
-            payload = unpad(payload)  # a bad pad length is a connection error, whatever the stream's state
+
+    def _data_target(self, stream_id: int, length: int) -> None:
+        """The stream's state and flow control; a frame on a stream that takes none is dropped."""
         stream: ServerStream | None = self.streams.get(stream_id)  # type: ignore[assignment]
         if stream is None or stream.remote_closed:
             if stream_id > self._last_stream_id:
@@ -335,8 +336,17 @@ class Http2ServerConnection(Endpoint):
             self.stream_error(stream_id, FLOW_CONTROL_ERROR)
             return
         stream.recv_window -= length
-        self._on_data(stream, payload, bool(flags & END_STREAM))
-        if not stream.remote_closed and not stream.finished and not stream.inflating and not stream.held \
+        self._data_into = stream
+
+    def _data_piece(self, payload: memoryview, last: bool) -> None:
+        """Stream credit goes back once the frame is whole, and only while the stream's message is admitted."""
+        stream: ServerStream | None = self._data_into  # type: ignore[assignment]
+        if stream is None:
+            return
+        if last:
+            self._data_into = None
+        self._on_data(stream, payload, last and self._data_end)
+        if last and not stream.remote_closed and not stream.finished and not stream.inflating and not stream.held \
                 and (stream.admitted or not stream.reserved):
             self._stream_credit(stream, self.limits.stream_window >> 1)
 
@@ -389,7 +399,7 @@ class Http2ServerConnection(Endpoint):
         if stream.handed:
             self._unreserve(stream)
             if not stream.inflating:  # the next message, if already begun, reserves now
-                size = self._announced(stream.buffer)
+                size = self._announced(stream)
                 if size:
                     self._reserve(stream, size)
         if not stream.remote_closed and not stream.inflating and (stream.admitted or not stream.reserved):

@@ -9,6 +9,7 @@ connection's state machine over them.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -64,8 +65,9 @@ class StreamHandler(Protocol):
 
 
 class ServerStream(StreamState):
-    __slots__ = ("path", "headers", "buffer", "handler", "responded", "finished", "compression", "recv_window",
-                 "reserved", "admitted", "remote_closed", "inflating", "end_pending", "held", "handed", "charged")
+    __slots__ = ("path", "headers", "pieces", "gathered", "handler", "responded", "finished", "compression",
+                 "recv_window", "reserved", "admitted", "remote_closed", "inflating", "end_pending", "held", "handed",
+                 "charged")
 
     def __init__(self, stream_id: int, window: int, headers: Headers, path: str, compression: bytes,
                  recv_window: int) -> None:
@@ -73,7 +75,10 @@ class ServerStream(StreamState):
         self.headers = headers
         self.path = path
         self.compression = compression
-        self.buffer = bytearray()
+        # DATA received and not yet a whole message: views of what was read, copied once when the
+        # message they make is whole (the protocol on top reads them; None until a message spans frames)
+        self.pieces: deque[memoryview] | None = None
+        self.gathered = 0  # bytes in pieces
         self.handler: StreamHandler | None = None
         self.responded = False  # response HEADERS sent
         self.finished = False  # status sent
