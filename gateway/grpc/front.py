@@ -33,7 +33,7 @@ from gateway.grpc.router import INFER, SERVICE, STREAM_INFER, GrpcRouter, Stream
 from gateway.grpc.server_connection import GrpcServerConnection
 from gateway.grpc.status import StatusCode, status_for
 from gateway.grpc.upstream import TRITON_DEADLINE_FLOOR_S, UpstreamStream
-from gateway.grpc.wire import Message, RouteFields, WireError, message_size, metadata_block, split_messages
+from gateway.grpc.wire import Message, Raw, RouteFields, WireError, message_size, metadata_block, split_messages
 from gateway.http2.endpoint import Headers
 from gateway.http2.server_stream import ServerStream, StreamHandler
 from gateway.pipeline import SEQUENCED
@@ -143,10 +143,10 @@ class UnaryCall(_Call):
     def __init__(self, front: GrpcFront, connection: GrpcServerConnection, stream: ServerStream,
                  routed: bool) -> None:
         super().__init__(front, connection, stream)
-        self.message: bytes | None = None
+        self.message: Raw | None = None
         self.routed = routed
 
-    def on_message(self, message: bytes) -> None:
+    def on_message(self, message: Raw) -> None:
         if self.message is not None:
             self.finish(StatusCode.UNIMPLEMENTED, "a unary call got more than one request message")
             return
@@ -181,7 +181,7 @@ class UnaryCall(_Call):
         assert self.message is not None
         metadata: Any = client_metadata(self.stream.headers)
         if gate is not None:  # Triton model control is refused here, or admitted and audited
-            refused, details, metadata = await gate.admit_grpc(self.stream.path, self.message, metadata,
+            refused, details, metadata = await gate.admit_grpc(self.stream.path, bytes(self.message), metadata,
                                                                self.client)
             if refused:
                 self.finish(refused, details)
@@ -210,7 +210,7 @@ class StreamCall(_Call):
         self.replies = bytearray()
         # Messages behind one whose sequence pin is being read or written (store I/O): sent in
         # their order by the settler task; None when nothing waits.
-        self.settling: list[tuple[bytes, RouteFields, Policy | None, Decision]] | None = None
+        self.settling: list[tuple[Raw, RouteFields, Policy | None, Decision]] | None = None
         self.settler: asyncio.Task[None] | None = None
         self.run(self._open)
 
@@ -232,7 +232,7 @@ class StreamCall(_Call):
         self.on_drained()
 
     # -- from the client ------------------------------------------------------------------------
-    def on_message(self, message: bytes) -> None:
+    def on_message(self, message: Raw) -> None:
         router = self.front.router
         try:
             fields, policy, decision = router.route(message, self.stream.headers)
@@ -272,7 +272,7 @@ class StreamCall(_Call):
         if self.ended and self.upstream is not None:
             self.upstream.end()
 
-    def _send(self, message: bytes, fields: RouteFields, decision: Decision) -> None:
+    def _send(self, message: Raw, fields: RouteFields, decision: Decision) -> None:
         router = self.front.router
         self.decision = decision
         routed = router.stream_send(self.ledger, message, fields.model_name, decision)

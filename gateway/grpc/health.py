@@ -201,7 +201,8 @@ class HealthCall:
         self.message: bytes | None = None
         self.task: asyncio.Task[None] | None = None
 
-    def on_message(self, message: bytes) -> None:
+    def on_message(self, message: bytes | bytearray) -> None:
+        message = bytes(message)  # a few bytes
         if self.message is not None:
             self.connection.finish(self.stream, StatusCode.UNIMPLEMENTED, "a unary call got more than one message")
             return

@@ -32,11 +32,12 @@ def _field(number: int, value: bytes) -> bytes:
     return _encode_varint(number << 3 | 2) + _encode_varint(len(value)) + value
 
 
-def with_model(raw: bytes, model: str, version: str | None) -> bytes:
+def with_model(raw: bytes | bytearray, model: str, version: str | None) -> bytes:
     """A request (ModelInfer, ModelMetadata, ModelConfig, ModelReady: fields 1 and 2 alike)
-    addressed to ``model`` (at ``version``; None: the version the client sent, if any)."""
+    addressed to ``model`` (at ``version``; None: the version the client sent, if any), in one
+    buffer (a copy: a shadow's, or a small call's; ModelInfer itself goes as ``wire.addressed``'s parts)."""
     tail = _field(_NAME, model.encode())
-    return raw + (tail if version is None else tail + _field(2, version.encode()))
+    return b"".join((raw, tail if version is None else tail + _field(2, version.encode())))
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from gateway.grpc.upstream import GrpcUpstream, Reply
 from gateway.grpc.upstream import Metadata as Forwarded
 from gateway.grpc.wire import (
     Message,
+    Raw,
     RouteFields,
     StreamReply,
     WireError,
@@ -56,7 +57,7 @@ class GrpcInfer:
     __slots__ = ("upstream", "fleets", "method", "raw", "model", "version", "sequence", "metadata", "timeout", "code",
                  "details", "response", "status", "sent_at", "server", "renamed")
 
-    def __init__(self, upstream: GrpcUpstream, method: str, raw: bytes, fields: RouteFields, metadata: Forwarded,
+    def __init__(self, upstream: GrpcUpstream, method: str, raw: Raw, fields: RouteFields, metadata: Forwarded,
                  timeout: float | None, fleets: Mapping[str, GrpcUpstream] | None = None,
                  client: str | None = None) -> None:
         self.upstream = upstream
@@ -137,7 +138,7 @@ class GrpcInfer:
         if answering is not None:  # a renamed shadow: the outputs are compared, not names
             message = with_model(self.raw, answering, shadow.version)
         else:
-            message = self.raw if shadow.version is None else with_version(self.raw, shadow.version)
+            message = bytes(self.raw) if shadow.version is None else with_version(self.raw, shadow.version)
         return GrpcMirror(model, shadow.version, upstream, self.method, message, self.metadata, self.response,
                           shadow.fleet, shadow.key, answering)
 
@@ -153,7 +154,7 @@ class GrpcRouter:
         self.upstream = upstream  # the default fleet
         self.fleets = dict(fleets or {})  # named fleets (ModelInfer only: a stream stays on the default fleet)
 
-    def route(self, raw: bytes, headers: Iterable[tuple[bytes, bytes]]) -> tuple[RouteFields, Policy | None, Decision]:
+    def route(self, raw: Raw, headers: Iterable[tuple[bytes, bytes]]) -> tuple[RouteFields, Policy | None, Decision]:
         """Raises ``WireError`` for bytes that are not a ModelInferRequest, or whose model name,
         version or sequence id Triton could not hold (checked before they reach any table)."""
         fields = route_fields(raw)
@@ -176,7 +177,7 @@ class GrpcRouter:
         return await self.pipeline.route_sequence(policy, headers, fields.sequence_id, fields.sequence_start,
                                                   fields.sequence_end, client if fields.sequence_start else None)
 
-    def stream_send(self, ledger: StreamLedger, raw: bytes, model: str, decision: Decision) -> Message:
+    def stream_send(self, ledger: StreamLedger, raw: Raw, model: str, decision: Decision) -> Message:
         """A streamed request of ``model``, noted in the stream's ledger and addressed to the
         decision's target (a renamed one's replies are given the called name: record_stream_reply)."""
         target = self.pipeline.target(decision)
@@ -189,13 +190,13 @@ class GrpcRouter:
         ledger.sent(model, decision)
         return addressed(raw, target.version)
 
-    def new_infer(self, method: str, raw: bytes, fields: RouteFields, forwarded: Forwarded,
+    def new_infer(self, method: str, raw: Raw, fields: RouteFields, forwarded: Forwarded,
                   timeout: float | None, client: str | None = None) -> GrpcInfer:
         """``client``: the call's client (peer, or a trusted proxy's x-forwarded-for), whose quota a
         fleet's pin of its sequence counts against."""
         return GrpcInfer(self.upstream, method, raw, fields, forwarded, timeout, self.fleets, client)
 
-    async def pass_through(self, path: str, message: bytes, metadata: Forwarded, timeout: float | None) -> Reply:
+    async def pass_through(self, path: str, message: Raw, metadata: Forwarded, timeout: float | None) -> Reply:
         """A call the gateway does not route (metadata, health, model control the gate admitted):
         sent as it is to the default fleet, which picks a server by the model and version the
         message names (read here, once, and only when the fleet has a choice to make). A model's
@@ -211,7 +212,7 @@ class GrpcRouter:
         model, version = passed_through_names(*_decoded(*message_model_version(message)))  # bounded as HTTP's
         return await upstream.unary(path, message, metadata, timeout, model=model, version=version)
 
-    async def _stable_read(self, path: str, message: bytes, metadata: Forwarded, timeout: float | None) -> Reply | None:
+    async def _stable_read(self, path: str, message: Raw, metadata: Forwarded, timeout: float | None) -> Reply | None:
         """ModelMetadata / ModelConfig / ModelReady of a model whose policy's stable target is another
         model (``qc`` -> ``qc_2026_12@2``): asked of that target, answered with the called name. None:
         the call passes as it is (no such policy, or the client named a version)."""

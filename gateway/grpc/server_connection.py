@@ -20,7 +20,7 @@ from typing import Any
 from gateway.byte_budget import ByteBudget, inflation_limit
 from gateway.client_address import PerAddress
 from gateway.grpc.status import StatusCode
-from gateway.grpc.wire import grpc_parts, peek, status_block, take
+from gateway.grpc.wire import Raw, grpc_parts, peek, status_block, take
 from gateway.http2.endpoint import StreamState
 from gateway.http2.hpack_codec import literal, literal_indexed_name
 from gateway.http2.server import Http2ServerConnection
@@ -30,6 +30,8 @@ log = logging.getLogger("gateway.grpc")
 _RESPONSE_HEADERS = b"\x88" + literal_indexed_name(31, b"application/grpc")  # :status 200, content-type
 _OK_TRAILER = literal(b"grpc-status", b"0")
 _INFLATE_SLICE = 4 << 20  # inflated per loop turn (~10-20 ms)
+FILL_FROM = 1 << 20  # a message spread over frames from this size gets a buffer of its own ...
+FILL_AFTER = 256 << 10  # ... once this much of it came
 
 
 class GrpcServerConnection(Http2ServerConnection):
@@ -72,6 +74,8 @@ class GrpcServerConnection(Http2ServerConnection):
 
     def _announced(self, stream: ServerStream) -> int:
         """A length-prefixed message: 1 flag byte, 4 bytes of length, then the message."""
+        if stream.filling is not None:
+            return len(stream.filling) + 5
         if stream.gathered < 5 or stream.pieces is None:
             return 0
         return int.from_bytes(peek(stream.pieces, 5)[1:5], "big") + 5
@@ -92,15 +96,17 @@ class GrpcServerConnection(Http2ServerConnection):
         stream.charged += size
         return True
 
-    def _hand(self, call: ServerStream, handler: StreamHandler, message: bytes) -> None:
+    def _hand(self, call: ServerStream, handler: StreamHandler, message: Raw) -> None:
         """A whole message to the handler. A unary handler holds it until the call ends: charged till then."""
         if handler.streaming or self._charge(call, len(message)):
             handler.on_message(message)
 
     def _on_data(self, stream: StreamState, payload: memoryview, end_stream: bool) -> None:
-        """DATA into messages. ``payload`` is a view of what was read: a message within it is copied
-        out once; one spread over frames keeps views of its pieces until it is whole, then they
-        are joined once (``_take``). Either way a message is copied exactly once on its way in."""
+        """DATA into messages, each copied exactly once on its way in. ``payload`` is a view of what
+        was read: a message within it is copied out of it; one that goes on past it is copied
+        into a buffer of its own as its bytes come (``_fill``: once it holds its reservation),
+        so the reads it came in are let go at once; until then (a prefix cut short, a message
+        waiting for its reservation) the views wait in the call's pieces."""
         call: ServerStream = stream  # type: ignore[assignment]
         handler = call.handler
         if call.finished or handler is None:
@@ -109,67 +115,113 @@ class GrpcServerConnection(Http2ServerConnection):
             if end_stream:
                 call.remote_closed = True
             return
-        pieces = call.pieces
-        handed = False
-        if not call.gathered and not call.inflating:  # messages begin at the front of this payload: read in place
-            pos, size, limit = 0, len(payload), self.limits.max_message
-            while size - pos >= 5:
-                length = int.from_bytes(payload[pos + 1:pos + 5], "big")
-                if length > limit:
-                    self._too_large(call, length)
-                    return
-                if size - pos - 5 < length:
-                    break
-                compressed = payload[pos] != 0
-                message = bytes(payload[pos + 5:pos + 5 + length])  # the one copy
-                pos += 5 + length
-                if not self._message(call, handler, compressed, message, payload[pos:], end_stream):
-                    return
-                handed = True
-            if pos < size:
-                pieces = call.pieces = deque() if pieces is None else pieces
-                pieces.append(payload[pos:])
-                call.gathered = size - pos
-        elif payload:
-            pieces = call.pieces = deque() if pieces is None else pieces
-            pieces.append(payload)
-            call.gathered += len(payload)
         if call.inflating:  # what follows waits, in order, for the message being inflated
+            self._keep(call, payload)
             if end_stream:
                 call.remote_closed = call.end_pending = True
             return
-        while call.gathered >= 5 and pieces:  # a message spread over frames
-            length = int.from_bytes(peek(pieces, 5)[1:5], "big")
-            if length > self.limits.max_message:
+        view, limit = payload, self.limits.max_message
+        while True:
+            filling = call.filling
+            if filling is not None:  # the rest of a large message spread over frames, copied in as it comes
+                at = call.filled
+                take_now = min(len(filling) - at, len(view))
+                if take_now:
+                    filling[at:at + take_now] = view[:take_now]
+                    call.filled = at + take_now
+                    view = view[take_now:]
+                if call.filled < len(filling):
+                    break
+                call.filling = None
+                if not self._message(call, handler, call.fill_compressed, filling, view, end_stream):
+                    return
+                continue
+            if call.gathered:  # what came before: a prefix cut short, or a message waiting for its reservation
+                if view:
+                    self._keep(call, view)
+                    view = view[:0]
+                pieces = call.pieces
+                assert pieces is not None
+                if call.gathered < 5:
+                    break
+                length = int.from_bytes(peek(pieces, 5)[1:5], "big")
+                if length > limit:
+                    self._too_large(call, length)
+                    return
+                if call.gathered >= 5 + length:  # whole already: its pieces joined once
+                    compressed = take(pieces, 5)[0] != 0
+                    message = take(pieces, length)
+                    call.gathered -= 5 + length
+                    if not self._message(call, handler, compressed, message, None, end_stream):
+                        return
+                    continue
+                if self._fill(call, length):
+                    continue
+                break
+            if len(view) < 5:  # messages read in place from the front of this payload
+                if view:
+                    self._keep(call, view)
+                break
+            length = int.from_bytes(view[1:5], "big")
+            if length > limit:
                 self._too_large(call, length)
                 return
-            if call.gathered < 5 + length:
-                break
-            compressed = take(pieces, 5)[0] != 0
-            message = take(pieces, length)  # the one copy: the pieces joined
-            call.gathered -= 5 + length
-            if not self._message(call, handler, compressed, message, None, end_stream):
+            if len(view) - 5 < length:
+                self._keep(call, view)  # goes on past this payload: to its own buffer as soon as it may
+                view = view[:0]
+                continue
+            compressed = view[0] != 0
+            message = bytes(view[5:5 + length])  # the one copy
+            view = view[5 + length:]
+            if not self._message(call, handler, compressed, message, view, end_stream):
                 return
-            handed = True
-        if handed and handler.streaming and call.reserved and not call.handed:
-            if call.held:
-                call.handed = True  # the upstream has not taken it yet: the reservation stays until release
-            else:
-                self._unreserve(call)  # on its way upstream
         if end_stream:
-            if call.gathered:
+            if call.gathered or call.filling is not None:
                 self.finish(call, StatusCode.INTERNAL, "the request ended inside a message")
             else:
                 self._end_of_request(call)
             return
-        if call.gathered >= 5 and not call.reserved:  # a message spread over frames: it reserves its size
+        if (call.gathered >= 5 or call.filling is not None) and not call.reserved:  # a message spread over frames
             self._reserve(call, self._announced(call))
+
+    @staticmethod
+    def _keep(call: ServerStream, view: memoryview) -> None:
+        """Bytes that cannot be read yet wait, as views, in the call's pieces."""
+        if view:
+            pieces = call.pieces
+            if pieces is None:
+                pieces = call.pieces = deque()
+            pieces.append(view)
+            call.gathered += len(view)
+
+    def _fill(self, call: ServerStream, length: int) -> bool:
+        """A large message (FILL_FROM), once FILL_AFTER bytes of it are here, gets a buffer of its
+        own, of its announced size: the pieces are copied in and let go, and so is every read
+        after them as it is copied in. Until then (and for a small message, joined once when whole) the views
+        wait in the pieces: a buffer is made for bytes that came, never for a size only
+        announced (a 5-byte prefix buys nothing), and one of exactly the message's size is
+        reused as it is by the next (a buffer grown as bytes came left the heap fragmented:
+        RSS twice the bytes in flight, as with the held reads). False while it cannot be yet."""
+        if length < FILL_FROM or call.gathered - 5 < FILL_AFTER or call.handed:
+            return False
+        pieces = call.pieces
+        assert pieces is not None
+        compressed = take(pieces, 5)[0] != 0
+        buffer = bytearray(length)
+        at = 0
+        while pieces:
+            piece = pieces.popleft()
+            buffer[at:at + len(piece)] = piece
+            at += len(piece)
+        call.gathered = 0
+        call.filling, call.filled, call.fill_compressed = buffer, at, compressed
+        return True
 
     def _too_large(self, call: ServerStream, length: int) -> None:
         self.finish(call, StatusCode.RESOURCE_EXHAUSTED,
                     f"gateway: the request message of {length} bytes is above the limit (grpc_max_message_bytes)")
 
-    def _message(self, call: ServerStream, handler: StreamHandler, compressed: bool, message: bytes,
+    def _message(self, call: ServerStream, handler: StreamHandler, compressed: bool, message: Raw,
                  rest: memoryview | None, end_stream: bool) -> bool:
         """A whole message to the handler (inflated first); False when the call was answered, or
         inflation goes on a slice per loop turn: ``rest`` (what followed it in the payload read in
@@ -179,16 +231,19 @@ class GrpcServerConnection(Http2ServerConnection):
             if inflated is None:
                 if call.inflating:
                     if rest:
-                        pieces = call.pieces = deque() if call.pieces is None else call.pieces
-                        pieces.append(rest)
-                        call.gathered += len(rest)
+                        self._keep(call, rest)
                     call.remote_closed = call.end_pending = end_stream
                 return False
             message = inflated
         self._hand(call, handler, message)
+        if handler.streaming and call.reserved and not call.handed:
+            if call.held:
+                call.handed = True  # the upstream has not taken it yet: the reservation stays until release
+            else:
+                self._unreserve(call)  # on its way upstream
         return not call.finished
 
-    def _decompress(self, call: ServerStream, message: bytes) -> bytes | None:
+    def _decompress(self, call: ServerStream, message: Raw) -> bytes | None:
         """The inflated message, if one slice inflates all of it; else None: the call was answered
         (RESOURCE_EXHAUSTED past the limit, a deflate bomb included) or inflation goes on a slice
         per loop turn, so one large message never holds the other clients for long."""

@@ -38,7 +38,7 @@ class RouteFields:
     sequence_end: bool = False
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
+def _varint(data: Raw, pos: int) -> tuple[int, int]:
     result = shift = 0
     while True:
         if pos >= len(data):
@@ -53,7 +53,7 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
             raise WireError("varint too long")
 
 
-def _fields(data: bytes, start: int = 0, end: int | None = None):  # type: ignore[no-untyped-def]
+def _fields(data: Raw, start: int = 0, end: int | None = None):  # type: ignore[no-untyped-def]
     """Yield (field number, wire type, value-or-(start, end) span) for each field."""
     pos, end = start, len(data) if end is None else end
     while pos < end:
@@ -86,10 +86,11 @@ def _fields(data: bytes, start: int = 0, end: int | None = None):  # type: ignor
 MAX_ROUTED_FIELDS = 8192
 
 
-def route_fields(raw: bytes, with_sequence: bool = True) -> RouteFields:
+def route_fields(raw: Raw, with_sequence: bool = True) -> RouteFields:
     """The routing fields; WireError for bytes that are not a ModelInferRequest, including one of
     more than MAX_ROUTED_FIELDS top-level fields."""
-    name = version = b""
+    name: bytes | bytearray = b""  # a slice of raw
+    version: bytes | bytearray = b""
     sequence: dict[bytes, object] = {}
     for count, (number, wire, value) in enumerate(_fields(raw)):
         if count >= MAX_ROUTED_FIELDS:
@@ -113,13 +114,13 @@ def route_fields(raw: bytes, with_sequence: bool = True) -> RouteFields:
     )
 
 
-def _parameter(raw: bytes, start: int, stop: int, out: dict[bytes, object]) -> None:
+def _parameter(raw: Raw, start: int, stop: int, out: dict[bytes, object]) -> None:
     """One map<string, InferParameter> entry: key = 1, value = 2."""
     key = b""
     value_span = None
     for number, wire, value in _fields(raw, start, stop):
         if number == 1 and wire == 2:
-            key = raw[value[0]:value[1]]
+            key = bytes(raw[value[0]:value[1]])  # a dict key (raw may be a bytearray)
         elif number == 2 and wire == 2:
             value_span = value
     if key not in _SEQUENCE_KEYS or value_span is None:
@@ -193,7 +194,7 @@ def top_level_field(raw: bytes, number: int) -> bytes | None:
     return None if found is None else raw[found[0]:found[1]]
 
 
-def message_model_version(message: bytes) -> tuple[bytes, bytes | None]:
+def message_model_version(message: Raw) -> tuple[bytes, bytes | None]:
     """Fields 1 and 2 (model name and version) of a ModelInferRequest, ModelMetadataRequest and
     the like: what a fleet picks a server by, for a call the router does not route.
 
@@ -214,14 +215,14 @@ def message_model_version(message: bytes) -> tuple[bytes, bytes | None]:
             length, pos = _varint_or_end(message, pos + 1)
         end = pos + length
         if tag == 0x0A:
-            model = message[pos:end]
+            model = bytes(message[pos:end])  # keys of the fleet's cache (message may be a bytearray)
         elif tag == 0x12:
-            version = message[pos:end]
+            version = bytes(message[pos:end])
         pos = end
     return model, version or None
 
 
-def _varint_or_end(data: bytes, pos: int) -> tuple[int, int]:
+def _varint_or_end(data: Raw, pos: int) -> tuple[int, int]:
     """A varint, or what of it there is before the end (never raises: see message_model_version)."""
     value = shift = 0
     while pos < len(data):
@@ -234,9 +235,9 @@ def _varint_or_end(data: bytes, pos: int) -> tuple[int, int]:
     return value, pos
 
 
-def with_version(raw: bytes, version: str) -> bytes:
+def with_version(raw: Raw, version: str) -> bytes:
     """The same message with ``model_version`` set: a trailing field 2 overrides earlier ones."""
-    return raw + version_field(version)
+    return b"".join((raw, version_field(version)))
 
 
 def version_field(version: str) -> bytes:
@@ -245,12 +246,15 @@ def version_field(version: str) -> bytes:
     return b"\x12" + _encode_varint(len(encoded)) + encoded
 
 
+# A request message as it arrived: bytes, or (a large one spread over DATA frames) the bytearray it
+# was assembled in, never copied again into bytes.
+Raw = bytes | bytearray
 # A message as it is forwarded: as the client sent it, or (raw, field) with a version field after
 # it. The tensors are never copied to append a field: the two go out one after the other.
-Message = bytes | tuple[bytes, bytes]
+Message = Raw | tuple[Raw, bytes]
 
 
-def addressed(raw: bytes, version: str | None, model: str | None = None) -> Message:
+def addressed(raw: Raw, version: str | None, model: str | None = None) -> Message:
     """``raw`` sent to ``version`` (None: the one it names, if any), of ``model`` (None: the one
     it names; a renamed target's, grpc.renamed): fields 1 and 2 appended, the last value wins."""
     tail = b"" if model is None else _length_delimited(0x0A, model.encode())
@@ -264,7 +268,7 @@ def _length_delimited(tag: int, value: bytes) -> bytes:
 
 
 def message_size(message: Message) -> int:
-    return len(message) if isinstance(message, bytes) else len(message[0]) + len(message[1])
+    return len(message[0]) + len(message[1]) if isinstance(message, tuple) else len(message)
 
 
 def _encode_varint(value: int) -> bytes:
@@ -285,10 +289,10 @@ def grpc_frame(message: bytes) -> bytes:
     return b"\x00" + len(message).to_bytes(4, "big") + message
 
 
-def grpc_parts(message: Message) -> tuple[bytes, ...]:
+def grpc_parts(message: Message) -> tuple[Raw, ...]:
     """One gRPC length-prefixed message (uncompressed) as the parts it is sent in: the prefix,
     then the message's own buffers (never joined into a copy of it)."""
-    if isinstance(message, bytes):
+    if not isinstance(message, tuple):
         return b"\x00" + len(message).to_bytes(4, "big"), message
     raw, field = message
     return b"\x00" + (len(raw) + len(field)).to_bytes(4, "big"), raw, field

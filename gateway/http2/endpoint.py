@@ -76,7 +76,7 @@ def unpad(payload: _Payload) -> _Payload:
     return payload[1:len(payload) - payload[0]]
 
 
-Data = bytes | memoryview
+Data = bytes | bytearray | memoryview
 # Given to send: one buffer, or the parts of one (a gRPC prefix, a message, a field after it) sent
 # as they are, never joined into one when large.
 Payload = Data | tuple[Data, ...]
@@ -520,7 +520,7 @@ class Endpoint(asyncio.Protocol):
         """Take the connection's transport (``connection_made``), writes batched per loop iteration."""
         self.transport = BatchedTransport(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
 
-    def write(self, data: Data) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)  # which drops it once shut (a lingering close)
 

@@ -59,15 +59,15 @@ class Limits:
 class StreamHandler(Protocol):
     streaming: bool  # True: a message handed over is on its way upstream; False: held until END_STREAM
 
-    def on_message(self, message: bytes) -> None: ...
+    def on_message(self, message: bytes | bytearray) -> None: ...  # large, spread over frames: a bytearray
     def on_end(self) -> None: ...
     def on_reset(self) -> None: ...
 
 
 class ServerStream(StreamState):
-    __slots__ = ("path", "headers", "pieces", "gathered", "handler", "responded", "finished", "compression",
-                 "recv_window", "reserved", "admitted", "remote_closed", "inflating", "end_pending", "held", "handed",
-                 "charged")
+    __slots__ = ("path", "headers", "pieces", "gathered", "filling", "filled", "fill_compressed", "handler",
+                 "responded", "finished", "compression", "recv_window", "reserved", "admitted", "remote_closed",
+                 "inflating", "end_pending", "held", "handed", "charged")
 
     def __init__(self, stream_id: int, window: int, headers: Headers, path: str, compression: bytes,
                  recv_window: int) -> None:
@@ -79,6 +79,9 @@ class ServerStream(StreamState):
         # message they make is whole (the protocol on top reads them; None until a message spans frames)
         self.pieces: deque[memoryview] | None = None
         self.gathered = 0  # bytes in pieces
+        self.filling: bytearray | None = None  # a large message spread over frames, in its own buffer as it comes
+        self.filled = 0  # bytes of it in
+        self.fill_compressed = False
         self.handler: StreamHandler | None = None
         self.responded = False  # response HEADERS sent
         self.finished = False  # status sent

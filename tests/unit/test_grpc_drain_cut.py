@@ -34,7 +34,7 @@ class Call:
     def __init__(self, connection: GrpcServerConnection, stream: ServerStream) -> None:
         self.stream = stream
 
-    def on_message(self, message: bytes) -> None:
+    def on_message(self, message: bytes | bytearray) -> None:
         pass
 
     def on_end(self) -> None:

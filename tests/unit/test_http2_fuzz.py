@@ -83,7 +83,7 @@ class Handler:
     def __init__(self, connection: GrpcServerConnection, stream: ServerStream) -> None:
         self.connection, self.stream, self.messages = connection, stream, 0
 
-    def on_message(self, message: bytes) -> None:
+    def on_message(self, message: bytes | bytearray) -> None:
         self.messages += 1
 
     def on_end(self) -> None:

@@ -52,12 +52,12 @@ class Keeper:
     """A unary handler that keeps the message it is handed."""
 
     streaming = False
-    messages: list[bytes] = []
+    messages: list[bytes | bytearray] = []
 
     def __init__(self, connection: GrpcServerConnection, stream: ServerStream) -> None:
         pass
 
-    def on_message(self, message: bytes) -> None:
+    def on_message(self, message: bytes | bytearray) -> None:
         Keeper.messages.append(message)
 
     def on_end(self) -> None:
@@ -107,8 +107,9 @@ async def test_a_message_spread_over_frames_and_reads_is_copied_once_on_its_way_
 
     peak = allocated_peak(feed)
     connection.connection_lost(None)
-    assert Keeper.messages == [message], "the message arrived whole"
-    assert peak < 1.1 * SIZE, f"{peak / MB:.1f} MB allocated for an 8 MB message: more than its one copy"
+    assert [bytes(received) for received in Keeper.messages] == [message], "the message arrived whole"
+    # its one copy, in a buffer grown as the bytes came (CPython's bytearray keeps 1/8 in hand)
+    assert peak < 1.2 * SIZE, f"{peak / MB:.1f} MB allocated for an 8 MB message: more than its one copy"
 
 
 async def test_a_message_goes_to_triton_with_its_version_field_without_a_copy_of_it() -> None:
