@@ -10,6 +10,8 @@ gateway CPU per request (from /proc, each gateway process alone) for each side.
     .venv/bin/python bench/ab.py --base HEAD~3            # 3 rounds each (default)
     .venv/bin/python bench/ab.py --base main --rounds 5 --only http
     .venv/bin/python bench/ab.py --base main --stub   # against bench/stub_triton.py: the gateways' cost alone
+    .venv/bin/python bench/ab.py --base 8c86ecb --nginx --concurrency 1   # one request at a time, nginx and
+        # direct-to-Triton beside: CPU per request against nginx's, p50 added over direct
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ def main() -> int:
     parser.add_argument("--nginx", action="store_true",
                         help="a third side, nginx (bench/nginx.py: one worker, keep-alive / grpc_pass), in the same "
                              "rounds: the CPU ratios of both gateways to nginx's, measured together")
+    parser.add_argument("--concurrency", type=int, default=32, help="requests in flight (default 32; 1: one at a "
+                        "time, where the added latency shows; --nginx then adds direct-to-Triton, for the p50 added)")
     parser.add_argument("--stub", action="store_true",
                         help="both gateways in front of bench/stub_triton.py (no inference: less CPU taken from the "
                              "gateways by Triton on a shared machine) instead of a real Triton")
@@ -120,14 +124,18 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
             ports = free_port(), free_port()
             proxy = stack.enter_context(nginx.Nginx(workdir, f"127.0.0.1:{triton.http_port}", triton.grpc_url, *ports))
             sides["N"] = (proxy.worker_pids()[0], *ports)
+            if args.concurrency == 1:  # straight to Triton: what each proxy adds to one request's latency
+                sides["D"] = (0, triton.http_port, int(triton.grpc_url.rsplit(":", 1)[1]))
         loads: dict[str, Callable[[Side, bool], Result]] = {}
+        c = args.concurrency
         if args.only != "grpc":
-            loads["http json c=32"] = lambda side, warm_up: run_wrk(
-                f"http://127.0.0.1:{side[1]}/v2/models/qc/infer", json_body, "", 32,
-                1.0 if warm_up else args.seconds, script, side[0])
+            loads[f"http json c={c}"] = lambda side, warm_up: run_wrk(
+                f"http://127.0.0.1:{side[1]}/v2/models/qc/infer", json_body, "", c,
+                1.0 if warm_up else args.seconds, script, side[0] or None)
         if args.only != "http":
-            loads["grpc c=32"] = lambda side, warm_up: run_h2load(
-                f"127.0.0.1:{side[2]}", grpc, 32, 500 if warm_up else args.grpc_requests, workdir, side[0])
+            loads[f"grpc c={c}"] = lambda side, warm_up: run_h2load(
+                f"127.0.0.1:{side[2]}", grpc, c, (500 if warm_up else args.grpc_requests) // (4 if c == 1 else 1),
+                workdir, side[0] or None)
         table: dict[str, dict[str, list[Result]]] = {}
         for name, load in loads.items():
             for side in sides.values():
@@ -137,14 +145,14 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
                 order = list(sides) if round_no % 2 == 0 else list(reversed(sides))
                 for label in order:
                     pid = sides[label][0]
-                    user_before, cpu_before = user_seconds(pid), cpu_seconds(pid)
+                    user_before, cpu_before = (user_seconds(pid), cpu_seconds(pid)) if pid else (0.0, 0.0)
                     result = load(sides[label], False)
-                    user, cpu = user_seconds(pid) - user_before, cpu_seconds(pid) - cpu_before
+                    user, cpu = (user_seconds(pid) - user_before, cpu_seconds(pid) - cpu_before) if pid else (0, 0)
                     result.user_us = (result.cpu_us or 0) * user / cpu if cpu else 0.0
                     table[name][label].append(result)
                     print(f"  {name:<15} round {round_no + 1} {label}: {result.cpu_us or 0:7.1f} us/req "
-                          f"(user {result.user_us:5.1f}) {result.rps:8.0f} rps  p99 {result.p99_us / 1000:6.2f} ms"
-                          f"  errors {result.errors}", flush=True)
+                          f"(user {result.user_us:5.1f}) {result.rps:8.0f} rps  p50 {result.p50_us / 1000:6.3f} ms  "
+                          f"p99 {result.p99_us / 1000:6.2f} ms  errors {result.errors}", flush=True)
     print_summary(table, args.base)
     return 0
 
@@ -172,6 +180,10 @@ def print_summary(table: dict[str, dict[str, list[Result]]], base: str) -> None:
             n, a, b = (mean([r.cpu_us or 0.0 for r in results[s]]) for s in ("N", "A", "B"))
             n_rps = mean([r.rps for r in results["N"]])
             print(f"{name:<15} | nginx {n:6.1f} us/req ({n_rps:.0f} rps): A/nginx {a / n:4.2f}x, B/nginx {b / n:4.2f}x")
+        if "D" in results:  # the p50 each proxy adds to one request (medians over the rounds)
+            d, n, a, b = (sorted(r.p50_us for r in results[s])[len(results[s]) // 2] for s in ("D", "N", "A", "B"))
+            print(f"{name:<15} | p50 direct {d / 1000:.3f} ms; added: A +{(a - d) / 1000:.3f} ms, "
+                  f"B +{(b - d) / 1000:.3f} ms, nginx +{(n - d) / 1000:.3f} ms")
 
 
 def user_seconds(pid: int) -> float:

@@ -141,7 +141,7 @@ class GatewayServer(uvicorn.Server):
             await self.lifespan.shutdown()
 
 
-def open_files_for(settings: Settings) -> int:
+def open_files_for(settings: Settings, warn: bool = True) -> int:
     """Raise this process' soft limit of open files to its hard limit (as nginx's
     worker_rlimit_nofile and Go's runtime do): the connection limits need a descriptor each,
     and a container's soft limit is often 1,024 while its hard limit is far higher. Logs a
@@ -155,7 +155,7 @@ def open_files_for(settings: Settings) -> int:
             pass
     needed = settings.max_client_connections + (settings.grpc_max_connections if settings.grpc_enabled else 0) + \
         settings.pool_size + 256  # clients on both ports, the pool to Triton, and the rest (files, probes)
-    if soft != resource.RLIM_INFINITY and soft < needed:
+    if warn and soft != resource.RLIM_INFINITY and soft < needed:
         log.warning("open files limit %d is below what the connection limits need (%d: max_client_connections + "
                     "grpc_max_connections + pool_size + 256): raise the hard limit (ulimit -n, the container's "
                     "nofile) or lower the limits; past it a connection is not accepted", soft, needed)
@@ -182,12 +182,12 @@ def bind_ports(settings: Settings) -> tuple[socket.socket, socket.socket | None]
 
 def run(settings: Settings, config_file: str | Path | None = None, overrides: dict[str, Any] | None = None) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    open_files_for(settings)
     try:
         http, grpc = bind_ports(settings)
     except PortTaken as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 1
+    open_files_for(settings)
     gateway = Gateway(settings)
     gateway.grpc_socket = grpc
     server = GatewayServer(uvicorn_config(settings, gateway), gateway, config_file, overrides, reloads=True)

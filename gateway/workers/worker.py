@@ -363,7 +363,7 @@ def worker_main(settings: Settings, count: int, run_dir: str, orders: Connection
     logging.basicConfig(level=settings.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s %(name)s[w{index}]: %(message)s")
     app.assign(index)
-    open_files_for(app.settings)
+    open_files_for(app.settings, warn=index == 0)  # the limits are the same in every worker: said once
     mine = shared[index] if isinstance(shared, list) else shared  # SO_REUSEPORT: the sockets of its slot
     for other in shared if isinstance(shared, list) else ():
         if other is not mine:  # the other slots' sockets are theirs
