@@ -110,9 +110,9 @@ def test_a_finished_rollback_needs_attention_until_acknowledged(gateway: Gateway
     assert again["acknowledged"]["by"] == "admin (via: console)"
     for args, says in ((("rollout", "acknowledge", "qc"), "rolled_back"),
                        (("rollout", "history", "qc"), "acknowledged")):
-        done = subprocess.run([sys.executable, "-m", "gateway", "ctl", "--url", gateway.url, "--token", TOKEN,
-                               "--json", *args], capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0 and says in done.stdout, (args, done.stdout, done.stderr)
+        ran = subprocess.run([sys.executable, "-m", "gateway", "ctl", "--url", gateway.url, "--token", TOKEN,
+                              "--json", *args], capture_output=True, text=True, timeout=60)
+        assert ran.returncode == 0 and says in ran.stdout, (args, ran.stdout, ran.stderr)
     kept = call(gateway, "GET", "/admin/models/qc/rollouts")["rollouts"]
     assert kept[0]["state"] == "rolled_back" and kept[0]["acknowledged"]["by"] == "admin (via: console)"
     status, doc = admin_call(gateway.url, "POST", "/admin/models/tok/rollout/acknowledge")
