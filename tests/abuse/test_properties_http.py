@@ -42,7 +42,7 @@ from hypothesis import strategies as st
 
 from gateway.devtools.local_triton import LocalTriton
 from tests.abuse import worst
-from tests.abuse.attack import triton_requests
+from tests.abuse.attack import settled_triton_requests, triton_requests
 from tests.abuse.gateway_process import GatewayProcess, GatewayState
 from tests.support import INFER_BODY
 
@@ -277,7 +277,7 @@ def test_the_http_port_answers_every_head_and_holds_nothing_after(
     data = first + (second or b"")
     requests_sent = 1 if second is None else 2
     start_state = _snapshot(gateway, bystander)
-    before_triton = triton_requests(triton)
+    before_triton = settled_triton_requests(triton)
 
     outcome = send(gateway.port, data, [c for c in cuts if c < len(data)], requests_sent)
 
