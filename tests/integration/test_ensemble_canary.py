@@ -194,6 +194,7 @@ def test_a_gateway_killed_mid_rollout_resumes_and_settles_the_variant(pipe: Loca
             wait_for(lambda: variant_state(second.url) == "unloaded", 60, what="promotion and the variant unloaded")
         doc = rollout_status(second.url, "pipe")
         assert doc["state"] == "promoted" and qc_pin(pipe) == 3, doc
+        assert triton_get(pipe, f"/v2/models/{VARIANT}/ready")[0] != 200  # unloaded in Triton, not only in the record
         assert call_pipe(second.url)[:2] == ("1", 3)
     finally:
         second.stop()
