@@ -26,7 +26,7 @@ from tritonclient.utils import InferenceServerException
 
 from gateway.devtools.local_triton import LocalTriton
 from gateway.routing import bucket
-from tests.support import TOKEN, GatewayThread, gateway_settings, wait_for
+from tests.support import TOKEN, GatewayThread, admin_call, gateway_settings, wait_for
 
 pytestmark = pytest.mark.triton
 X = np.array([[1, 2, 3, 4]], dtype=np.float32)
@@ -199,6 +199,39 @@ def test_sticky_users_keep_their_name(gateway: GatewayThread) -> None:
         answers = {http_post(gateway, "/v2/models/qc/infer", BODY, {"x-user-id": user})[1]["x-gateway-model-version"]
                    for _ in range(3)}
         assert answers == {"qc_2026_12" if bucket("qc", user) < 2000 else "qc"}, user
+
+
+def test_sticky_users_keep_their_name_on_both_protocols_through_a_step(gateway: GatewayThread) -> None:
+    """A user's name is the same over HTTP and gRPC (one hash for both), and a rollout's step between
+    the names (qc_2026_12 20% -> 50%) only moves users into qc_2026_12: none of its users goes back."""
+    users = [f"grow-{i}" for i in range(60)]
+    client = grpc_client(gateway)
+
+    def where(user: str) -> str:
+        over_http = http_post(gateway, "/v2/models/qc/infer", BODY, {"x-user-id": user})[1]
+        over_grpc = client.infer("qc", grpc_inputs(), headers={"x-user-id": user})
+        assert over_http["x-gateway-model-version"] == answered_by(list(over_grpc.as_numpy("OUTPUT0")[0])), user
+        return over_http["x-gateway-model-version"]
+
+    def weights(new: int) -> None:
+        status, doc = admin_call(gateway.url, "PATCH", "/admin/models/qc/policy/weights",
+                                 {"weights": {"qc": 100 - new, "qc_2026_12": new}})
+        assert status == 200, doc
+        mover = next(user for user in users if 2000 <= bucket("qc", user) < 5000)  # on qc at 20%, not at 50%
+        wait_for(lambda: where(mover) == ("qc_2026_12" if new == 50 else "qc"), 10, what=f"{new}% applied")
+
+    try:
+        before = {user: where(user) for user in users}
+        weights(50)
+        after = {user: where(user) for user in users}
+    finally:
+        weights(20)
+        client.close()
+    assert before == {u: "qc_2026_12" if bucket("qc", u) < 2000 else "qc" for u in users}
+    assert after == {u: "qc_2026_12" if bucket("qc", u) < 5000 else "qc" for u in users}
+    moved = {user for user in users if before[user] != after[user]}
+    assert moved and all(after[user] == "qc_2026_12" for user in moved), moved
+    assert "qc_2026_12" in before.values() and "qc" in after.values(), (before, after)
 
 
 def test_sequences_keep_their_target_across_names(gateway: GatewayThread) -> None:
