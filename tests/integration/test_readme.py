@@ -33,7 +33,14 @@ import pytest
 
 from gateway.devtools.local_triton import LocalTriton, dies_with_parent
 from tests.integration.test_tls import Pki, pki  # noqa: F401 (the fixture: a CA and a server certificate)
-from tests.support import GatewayProcess, GatewayThread, gateway_settings, pipe_as_in_the_repository
+from tests.support import (
+    GatewayProcess,
+    GatewayThread,
+    admin_call,
+    gateway_settings,
+    pipe_as_in_the_repository,
+    wait_for,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -195,20 +202,61 @@ def json_documents(text: str) -> list[Any]:
         at = end
 
 
+def run_block(block: Block, text: str, gateway: GatewayProcess) -> tuple[subprocess.CompletedProcess[str], str]:
+    """``text`` (the block, or some of its lines) run by bash as a reader of the block's page would."""
+    script = "set -euo pipefail\n" + variables_before(block) + "\n" + runnable(text, gateway)
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "GATEWAY_CTL_URL": gateway.url}
+    result = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    return result, f"{block.name} exited {result.returncode}\n--- ran:\n{script}\n--- out:\n{result.stdout}\n" \
+        f"--- err:\n{result.stderr}"
+
+
 @pytest.mark.parametrize("block", [b for b in GATEWAY_BLOCKS if b not in TLS_BLOCKS],
                          ids=[b.name for b in GATEWAY_BLOCKS if b not in TLS_BLOCKS])
 def test_readme_block_runs(block: Block, readme_gateway: GatewayProcess) -> None:
-    script = "set -euo pipefail\n" + variables_before(block) + "\n" + runnable(block.text, readme_gateway)
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-           "GATEWAY_CTL_URL": readme_gateway.url}
-    result = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    shown = f"{block.name} exited {result.returncode}\n--- ran:\n{script}\n--- out:\n{result.stdout}\n" \
-            f"--- err:\n{result.stderr}"
+    result, shown = run_block(block, block.text, readme_gateway)
     assert result.returncode == 0, shown
     documents = json_documents(result.stdout)
     assert documents or "gateway ctl" in block.text, shown
     errors = [doc for doc in documents if isinstance(doc, dict) and "error" in doc]
     assert not errors, shown
+
+
+def test_the_ensemble_canary_in_five_commands_does_what_its_comments_say(readme_gateway: GatewayProcess,
+                                                                          target_models: LocalTriton) -> None:
+    """docs/ensembles.md's block is five commands, run one at a time as above, each doing what its
+    comment says: pipe answers QC_VERSION 2; the start loads pipe__qc_3 in Triton and sends it 20%
+    of pipe; the status shows the rollout; the abort unloads the variant again; the events list it.
+    (The block as a whole is run by test_readme_block_runs, which only checks that it succeeds.)"""
+    block = next(b for b in GATEWAY_BLOCKS if b.page.name == "ensembles.md" and "--composing" in b.text)
+    commands = [line for line in block.text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert len(commands) == 5, commands
+    token = serve_environment(SERVE_BLOCK)["GATEWAY_ADMIN_TOKEN"]
+
+    def run(command: str) -> str:
+        result, shown = run_block(block, command, readme_gateway)
+        assert result.returncode == 0, shown
+        return result.stdout
+
+    def variant_ready() -> int:
+        try:
+            with urllib.request.urlopen(f"{target_models.http_url}/v2/models/pipe__qc_3/ready", timeout=10) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    answer = json.loads(run(commands[0]))
+    assert answer["model_name"] == "pipe" and next(
+        o["data"] for o in answer["outputs"] if o["name"] == "QC_VERSION") == [2], answer
+    run(commands[1])
+    assert variant_ready() == 200
+    status, policy = admin_call(readme_gateway.url, "GET", "/admin/models/pipe/policy", token=token)
+    assert status == 200 and policy["weights"] == {"1": 80, "pipe__qc_3": 20}, policy
+    assert "pipe__qc_3" in run(commands[2])
+    run(commands[3])
+    wait_for(lambda: variant_ready() != 200, 20, what="the variant to be unloaded")
+    shown = run(f"COLUMNS=200 {commands[4]}")  # rich's table fits the width: a reader's terminal, not 80
+    assert all(action in shown for action in ("rollout_started", "variant_unloaded")), shown
 
 
 @pytest.mark.parametrize("block", TLS_BLOCKS, ids=[b.name for b in TLS_BLOCKS])
