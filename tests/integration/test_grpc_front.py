@@ -12,6 +12,7 @@ import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from gateway.devtools.local_triton import LocalTriton
+from gateway.drain import DRAIN_GRACE_S
 from gateway.http2.endpoint import Endpoint
 from tests.conftest import Faults
 from tests.support import GatewayThread, gateway_settings, wait_for
@@ -103,7 +104,10 @@ def test_a_malformed_infer_request_is_invalid_argument(gateway: GatewayThread) -
 
 
 def test_stopping_lets_calls_in_flight_finish(triton: LocalTriton, faults: Faults) -> None:
-    faults.set("qc", "2", delay_ms=600)
+    """The call outlasts the drain's first grace (``DRAIN_GRACE_S``, before the second GOAWAY): it
+    is answered in the time the open calls get after it. With 600 ms it ended inside that first
+    grace, and a stop that gave open calls nothing after the second GOAWAY still passed."""
+    faults.set("qc", "2", delay_ms=round((DRAIN_GRACE_S + 0.5) * 1000))
     settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url,
                                 policies={"qc": {"weights": {"2": 100}}})
     gateway = GatewayThread(settings).__enter__()
