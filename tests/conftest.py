@@ -104,6 +104,23 @@ def triton(faults_path: Path) -> Iterator[LocalTriton]:
         _session_triton.append((server, _ready_versions(server)))
         yield server
         _session_triton.clear()
+        if server.returncode is not None:  # died under the worker's last module
+            died_in(server, "the session's last module")
+
+
+def died_in(server: LocalTriton, where: str, lines: int = 25) -> None:
+    """The last lines of a session Triton's log that ended by itself (a crash prints "Signal (11)
+    received." and a backtrace there), for the run's summary: its log goes with its temporary
+    directory when it is stopped."""
+    from tests import run_report
+
+    try:
+        logged = server.log_path.read_text(errors="replace").splitlines()
+        tail = [line for line in logged if not line.startswith(("|", "+-"))][-lines:]  # not the settings table
+    except OSError as exc:
+        tail = [f"(no log: {exc})"]
+    run_report.note(run_report.TRITON_DIED, "\n".join([f"{where}: exit status {server.returncode}, the log's last "
+                                                        f"{len(tail)} lines:", *(f"    {line}" for line in tail)]))
 
 
 # The session Triton, and the versions READY on it at the start (every model). Many modules
@@ -137,6 +154,7 @@ def session_triton_left_as_found(request: pytest.FixtureRequest) -> Iterator[Non
 
             run_report.note(run_report.LEFT_CHANGED, f"{request.node.nodeid}: the session Triton exited with "
                                                      f"{server.returncode}; started again on its ports")
+            died_in(server, request.node.nodeid)
             server.stop()
             server.start()
         try:

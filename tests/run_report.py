@@ -29,6 +29,7 @@ _busy_s: dict[str, float] = defaultdict(float)  # worker -> summed test time
 _started = time.monotonic()
 
 LEFT_CHANGED = "modules that left the session Triton changed or dead (put back)"
+TRITON_DIED = "session Tritons that died: the end of their logs"
 DESCRIPTORS = "modules that left descriptors open (5 or more; the 15 worst)"
 SLOW_UNSAID = f"tests over {SLOW_S:.0f} s whose docstring does not say why"
 UNSCHEDULED_S = 20.0
@@ -93,7 +94,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     from tests.abuse import worst
 
     limits = {DESCRIPTORS: 15}
-    for section in (LEFT_CHANGED, DESCRIPTORS, SLOW_UNSAID, UNSCHEDULED, OPEN_NOW):
+    for section in (LEFT_CHANGED, TRITON_DIED, DESCRIPTORS, SLOW_UNSAID, UNSCHEDULED, OPEN_NOW):
         lines = sorted(_findings.get(section, []), key=lambda entry: -entry[0])[:limits.get(section)]
         if lines:
             terminalreporter.section(section)

@@ -80,7 +80,7 @@ class Slot(Protocol):
 
 
 class _Call(StreamState):
-    __slots__ = ("future", "headers", "trailers", "chunks", "listener", "deadline", "slot")
+    __slots__ = ("future", "headers", "trailers", "chunks", "listener", "deadline", "slot", "requests_ended")
 
     def __init__(self, stream_id: int, window: int, future: asyncio.Future[Reply] | None,
                  listener: StreamListener | None = None) -> None:
@@ -92,6 +92,7 @@ class _Call(StreamState):
         self.headers: Headers | None = None
         self.trailers: Headers | None = None
         self.chunks: deque[memoryview] = deque()
+        self.requests_ended = False  # END_STREAM sent (or queued behind the requests)
 
 
 class Http2Connection(Endpoint):
@@ -255,6 +256,7 @@ class Http2Connection(Endpoint):
         loop = asyncio.get_running_loop()
         call = self._new_call(loop.create_future(), None)
         call.slot = slot
+        call.requests_ended = True
         if timeout is not None:
             call.deadline = loop.time() + timeout + _DEADLINE_GRACE_S
         self.send(call, grpc_parts(message), end=True, before=self.headers_frames(call.id, header_block))
@@ -277,14 +279,31 @@ class Http2Connection(Endpoint):
         return len(pending) if pending is not None else 0
 
     def end_requests(self, call: _Call) -> None:
-        if call.id in self.streams:
+        if call.id in self.streams and not call.requests_ended:
+            call.requests_ended = True
             self.send(call, b"", end=True)
 
-    def cancel(self, call: _Call) -> None:
-        """The caller went away: tell the upstream to stop working on it."""
-        if call.id in self.streams:
-            self.reset(call)
-            self._finish(call, (CANCELLED, "cancelled", b""))
+    def leave(self, call: _Call, within_s: float) -> None:
+        """The caller went away: it hears CANCELLED now, and the call is left to finish on Triton,
+        its answers dropped, never reset (Triton 2.51 crashes on resets of its gRPC calls, unary and
+        streaming: ``grpc.upstream``). A stream's requests are ended (END_STREAM after what was
+        sent), so Triton ends it once it has answered them. The tick resets it only if it is still
+        open at its deadline, or ``within_s`` from now without one: Triton is busy or hung then,
+        and a reset in the middle of a request's work is not what crashes it. The call keeps its
+        admission slot until it ends here: Triton is still working on it."""
+        if call.id not in self.streams:
+            return
+        future, listener = call.future, call.listener
+        call.future, call.listener = None, _LEFT
+        if not call.requests_ended:  # a stream whose requests went on: no more will come
+            self.end_requests(call)
+        ends = asyncio.get_running_loop().time() + within_s
+        if not 0.0 < call.deadline <= ends:
+            call.deadline = ends
+        if future is not None and not future.done():
+            future.set_result((CANCELLED, "cancelled", b""))
+        if listener is not None:
+            listener.on_close(CANCELLED, "cancelled")
 
     # -- MAX_CONCURRENT_STREAMS -----------------------------------------------------------------
     @property
@@ -308,6 +327,25 @@ class Http2Connection(Endpoint):
     def _wake_all(self) -> None:
         while self._waiters:
             self._wake_one()
+
+
+class _Left:
+    """The listener of a call its caller left (``Http2Connection.leave``): Triton's answers to it are dropped."""
+
+    def on_headers(self, headers: Headers) -> None:
+        pass
+
+    def on_data(self, payload: bytes | memoryview) -> None:
+        pass
+
+    def on_close(self, code: int, details: str) -> None:
+        pass
+
+    def on_drained(self) -> None:
+        pass
+
+
+_LEFT = _Left()
 
 
 def status_of(headers: Headers | None, trailers: Headers | None) -> tuple[int, str]:

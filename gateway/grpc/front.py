@@ -15,8 +15,9 @@ responses stay raw bytes end to end:
 
 The client's ``grpc-timeout`` goes upstream and is enforced here too: DEADLINE_EXCEEDED at the
 deadline (a moment after it when Triton was told the same deadline), and for an answer that
-comes after it; a client that resets its stream (or disconnects) resets the upstream stream.
-"""
+comes after it. A client that resets its stream (or disconnects) hears nothing more of it, and
+upstream its call is left to finish, its answers dropped, never reset (``grpc.upstream``: Triton
+2.51 crashes on resets)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ shared ``GrpcRouter``; ``ModelStreamInfer`` through the same upstream client as 
 its server picked across the fleet, keepalive PINGs that find a hung Triton, and only the
 gateway's own words when the connection fails (a grpc.aio channel had none of these: a SIGSTOPped
 Triton held streams for ever, and a DNS failure put Triton's host name in the client's status).
-Every other unary method passes through unchanged. Deadlines and cancellation propagate.
+Every other unary method passes through unchanged. Deadlines propagate; a call its client
+cancels is left to finish upstream, never reset (``grpc.upstream``).
 ``grpc.health.v1.Health`` is answered here from the gateway's readiness (``grpc.health``).
 
 The lean server's bounds, as far as grpcio lets them be kept (issue 22):

@@ -16,14 +16,20 @@ find a dead server under them). ``open`` starts a streaming call (``ModelStreamI
 gRPC server: ours, or grpcio's).
 
 A unary call's deadline goes to Triton no shorter than ``deadline_floor_s``; a shorter
-one the client set is enforced by the caller (the front answers DEADLINE_EXCEEDED), and the
-call is left to finish on Triton, its answer dropped, rather than reset.
+one the client set is enforced by the caller (the front answers DEADLINE_EXCEEDED). And no
+call is ever reset for its caller's sake: a call whose caller goes away (a client's reset or
+disconnect, its deadline, a malformed message on a stream) is left to finish on Triton, its
+answers dropped, a stream's requests ended (``Http2Connection.leave``).
 The Triton this project runs segfaults when its own gRPC deadline handling races the
-response: calls with a 1 ms ``grpc-timeout`` killed it within 20-100 calls, sent straight
-to it (triton-inference-server/server#7368, fixed by #7840 in r24.12); resetting such calls
-instead reaches its cancellation race (#8034, fixed by #8078 in r25.04), which killed it in
-some minute-long runs of one client resetting 15 calls a second 1 ms after sending them.
-Forwarded as is, one client's tiny deadlines would take Triton down for everyone.
+response: calls with a 1 ms ``grpc-timeout`` killed it within 20-300 calls, sent straight
+to it (triton-inference-server/server#7368, fixed by #7840 in r24.12). Resets reach its
+cancellation race (#8034, fixed by #8078 in r25.04): measured against the sample models,
+unary calls reset 0-4 ms after they were sent killed it within 320-2,100 calls, and
+ModelStreamInfer streams reset after or between a decoupled model's replies within 5-540
+streams, sent straight to it or passed on by the gateway from its clients (either gRPC
+front), while the same streams half-closed instead survived 6,000, and calls reset or timed
+out in the middle of a model's work survived 360 each. Forwarded as is, one client's tiny
+deadlines or resets would take Triton down for everyone.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ _METADATA_CACHE_LIMIT = 1024
 _METADATA_CACHE_ENTRY = 1024  # larger metadata is encoded per call: the cache stays under ~2 MB
 _PREFIX_CACHE_LIMIT = 256  # distinct paths (clients choose them: pass-through methods)
 TRITON_DEADLINE_FLOOR_S = 1.0  # the shortest grpc-timeout Triton is sent on a unary call (see above)
+LEAVE_WITHIN_S = 60.0  # a left call's bound when there is no request_timeout_s
 # Client metadata: (str, str | bytes) pairs from grpcio, or (bytes, bytes) wire pairs from our server.
 Metadata = tuple[tuple[str | bytes, str | bytes], ...]
 
@@ -90,6 +97,8 @@ class GrpcUpstream:
         self._default_timeout = b"" if request_timeout_s is None else literal(b"grpc-timeout",
                                                                               grpc_timeout(request_timeout_s))
         self.keepalive = (keepalive_s, keepalive_timeout_s)
+        # how long a call its caller left may go on upstream before it is reset after all
+        self.leave_within_s = request_timeout_s or LEAVE_WITHIN_S
         self._authority = literal_indexed_name(1, address.encode())
         self._post_scheme = b"\x83\x87" if tls is not None else b"\x83\x86"  # HPACK static 3, then 7 or 6
         self._prefix: dict[str, bytes] = {}
@@ -125,15 +134,13 @@ class GrpcUpstream:
         choice of server (``grpc.fleet_upstream``), noted on ``for_exchange``; one server has nothing
         to choose. ``slot``: the admission slot the call holds on this server (a fleet's), given
         back as the call ends on the connection, or on the way out."""
-        # A deadline below the floor: Triton is told the floor, and this call is left to finish
-        # there (its answer dropped) when its caller gives up, never reset, so no cancellation
-        # of this client's making reaches Triton (see the module's docstring).
-        shielded = timeout is not None and timeout < self.deadline_floor_s
-        if shielded:
+        # A deadline below the floor: Triton is told the floor (see the module's docstring).
+        if timeout is not None and timeout < self.deadline_floor_s:
             timeout = self.deadline_floor_s
         block = self.header_block(path, metadata, timeout)
         if timeout is None:
             timeout = self.request_timeout_s
+        left = False
         try:
             for _attempt in range(2):  # once more if the connection went away before the call started
                 try:
@@ -147,16 +154,16 @@ class GrpcUpstream:
                 assert call.future is not None
                 try:
                     reply = await call.future
-                except asyncio.CancelledError:
-                    if not shielded:
-                        connection.cancel(call)
+                except asyncio.CancelledError:  # the caller gave up: Triton finishes the call, never reset
+                    connection.leave(call, self.leave_within_s)
+                    left = True
                     raise
                 if reply[0] == StatusCode.UNAVAILABLE and reply[1].startswith(GOING_AWAY):
                     continue  # never processed upstream (its id was above GOAWAY's last stream): safe to resend
                 return reply
             return StatusCode.UNAVAILABLE, f"{GOING_AWAY}: it keeps closing the connection", b""
         finally:
-            if slot is not None:
+            if slot is not None and not left:  # a call left to Triton gives its slot back as it ends there
                 slot.release()  # nothing if the call's end gave it back already
 
     async def open(self, path: str, listener: StreamListener, metadata: Metadata = (),
@@ -165,7 +172,8 @@ class GrpcUpstream:
         connection = await self._ready()
         if connection.closing:
             raise UpstreamUnavailable(f"{GOING_AWAY}: it is closing the connection")
-        return UpstreamStream(connection, connection.open(self.header_block(path, metadata, timeout), listener))
+        return UpstreamStream(connection, connection.open(self.header_block(path, metadata, timeout), listener),
+                              self.leave_within_s)
 
     async def _ready(self) -> Http2Connection:
         """The open connection, with room for one more stream; UpstreamUnavailable if none can be opened."""
@@ -211,13 +219,15 @@ class GrpcUpstream:
 
 
 class UpstreamStream:
-    """One open streaming call: send request messages, end them, or cancel the call."""
+    """One open streaming call: send request messages, end them, or cancel the call (for its
+    caller: upstream, it is left to finish, never reset)."""
 
-    __slots__ = ("connection", "call")
+    __slots__ = ("connection", "call", "leave_within_s")
 
-    def __init__(self, connection: Http2Connection, call: _Call) -> None:
+    def __init__(self, connection: Http2Connection, call: _Call, leave_within_s: float = LEAVE_WITHIN_S) -> None:
         self.connection = connection
         self.call = call
+        self.leave_within_s = leave_within_s
 
     def send(self, message: Message) -> None:
         self.connection.send_message(self.call, message)
@@ -231,7 +241,7 @@ class UpstreamStream:
         self.connection.end_requests(self.call)
 
     def cancel(self) -> None:
-        self.connection.cancel(self.call)
+        self.connection.leave(self.call, self.leave_within_s)
 
 
 def _metadata_field(key: str | bytes, value: str | bytes) -> bytes:

@@ -17,6 +17,7 @@ from tests.conftest import Faults
 
 pytestmark = pytest.mark.triton
 INFER = "/inference.GRPCInferenceService/ModelInfer"
+STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 
 def request(version: str = "2", batch: int = 1) -> bytes:
@@ -70,24 +71,89 @@ async def test_a_request_larger_than_the_flow_control_window(triton: LocalTriton
         await upstream.aclose()
 
 
-async def test_cancel_resets_the_stream_and_the_connection_stays_usable(triton: LocalTriton, faults: Faults) -> None:
+async def test_a_cancelled_call_is_left_to_finish_never_reset_and_the_connection_stays_usable(
+        triton: LocalTriton, faults: Faults, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller's cancel ends its wait at once; upstream the call runs to Triton's answer and no
+    RST_STREAM goes out (Triton 2.51 crashes on resets: grpc.upstream). Its slot comes back then."""
     faults.set("qc", "3", delay_ms=1500)
     upstream = GrpcUpstream(triton.grpc_url)
     try:
-        call = asyncio.ensure_future(upstream.unary(INFER, request("3")))
+        code, _, _ = await upstream.unary(INFER, request("2"))  # the connection is open
+        connection = upstream._connection
+        assert connection is not None and code == StatusCode.OK
+        resets: list[int] = []
+        monkeypatch.setattr(connection, "reset", lambda stream, code=0: resets.append(stream.id))
+        slot = Slot()
+        call = asyncio.ensure_future(upstream.unary(INFER, request("3"), slot=slot))
         await asyncio.sleep(0.2)
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
-        connection = upstream._connection
-        assert connection is not None and not connection.streams
+        assert len(connection.streams) == 1 and slot.released == 0, "left running upstream, its slot taken"
         started = time.monotonic()
         code, _, _ = await upstream.unary(INFER, request("2"))
         assert code == StatusCode.OK and upstream._connection is connection and time.monotonic() - started < 1.0
+        while connection.streams:
+            await asyncio.sleep(0.02)
+        assert resets == [] and slot.released == 1
         code, _, _ = await upstream.unary(INFER, request("3"), timeout=0.3)
         assert code == 4  # DEADLINE_EXCEEDED: grpc-timeout reached Triton
     finally:
         await upstream.aclose()
+
+
+async def test_a_cancelled_stream_ends_its_requests_instead_of_a_reset(triton: LocalTriton, faults: Faults,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ModelStreamInfer whose caller leaves is half-closed: Triton answers what it was sent and
+    ends the stream (reset after or between a decoupled model's replies, 5-540 streams killed it)."""
+    faults.set("qc", "3", delay_ms=1000)
+    upstream = GrpcUpstream(triton.grpc_url)
+    heard = Heard()
+    try:
+        stream = await upstream.open(STREAM_INFER, heard)
+        connection = upstream._connection
+        assert connection is not None
+        resets: list[int] = []
+        monkeypatch.setattr(connection, "reset", lambda stream, code=0: resets.append(stream.id))
+        stream.send(request("3"))
+        await asyncio.sleep(0.2)
+        stream.cancel()
+        stream.cancel()  # once is enough: a second changes nothing
+        assert heard.closed == [(StatusCode.CANCELLED, "cancelled")] and len(connection.streams) == 1
+        assert stream.call.requests_ended
+        while connection.streams:  # Triton answers the request it had and ends the stream
+            await asyncio.sleep(0.02)
+        assert resets == [] and heard.closed == [(StatusCode.CANCELLED, "cancelled")] and heard.data == 0
+    finally:
+        await upstream.aclose()
+
+
+class Slot:
+    def __init__(self) -> None:
+        self.released = 0
+
+    def release(self) -> None:
+        self.released += 1
+
+
+class Heard:
+    """A stream listener that keeps what it heard."""
+
+    def __init__(self) -> None:
+        self.data = 0
+        self.closed: list[tuple[int, str]] = []
+
+    def on_headers(self, headers: Any) -> None:
+        pass
+
+    def on_data(self, payload: bytes | memoryview) -> None:
+        self.data += len(payload)
+
+    def on_close(self, code: int, details: str) -> None:
+        self.closed.append((code, details))
+
+    def on_drained(self) -> None:
+        pass
 
 
 async def test_unreachable_or_wrong_upstreams_are_unavailable(triton: LocalTriton) -> None:
