@@ -41,6 +41,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per configuration (default 1)")
     parser.add_argument("--base", default="", help="run another commit's gateway (git archive COMMIT), e.g. the "
                         "figures before a change; the stub and the sweeps stay this tree's")
+    parser.add_argument("--versus", default="", help="run this tree's gateway and COMMIT's, each configuration "
+                        "interleaved within every round (before / after in one run)")
     for module in modules:
         module.add_arguments(parser)
     args = parser.parse_args()
@@ -59,7 +61,10 @@ def main() -> int:
     tables = []
     with tempfile.TemporaryDirectory(prefix="gateway-scale-base-") as base:
         if args.base:
-            scale_harness.GATEWAY_TREE = scale_harness.extract(args.base, Path(base))
+            scale_harness.TREES = {args.base: scale_harness.extract(args.base, Path(base))}
+        elif args.versus:
+            scale_harness.TREES = {"this tree": scale_harness.ROOT,
+                                   args.versus: scale_harness.extract(args.versus, Path(base))}
         for name in chosen:
             print(f"# sweep {name}: {SWEEPS[name].help}", flush=True)
             tables += SWEEPS[name].run(args)
@@ -67,7 +72,7 @@ def main() -> int:
     for table in tables:
         print(table.render(), end="\n\n")
     print(f"bench/scale.py {' '.join(sys.argv[1:])}: {time.monotonic() - started:.0f} s, gateway "
-          f"{args.base or 'of this tree'}; the machine may be shared "
+          f"{' and '.join(scale_harness.TREES)}; the machine may be shared "
           "(figures are min / median / max over rounds)")
     return 0
 

@@ -251,8 +251,9 @@ def prepare_store(path: Path, models: Sequence[str], policy: dict[str, Any] = PO
     asyncio.run(fill())
 
 
-# The gateway's source tree: this one, or another commit's (bench/scale.py --base), as bench/ab.py does.
-GATEWAY_TREE = ROOT
+# The gateways' source trees by label: this one, and/or other commits' (bench/scale.py --base,
+# --versus), as bench/ab.py does; a sweep runs each configuration once per tree, interleaved.
+TREES: dict[str, Path] = {"this tree": ROOT}
 
 
 def extract(commit: str, into: Path) -> Path:
@@ -268,7 +269,7 @@ class GatewayProcess:
 
     def __init__(self, stub: Stub, store: Path, workers: int = 1, env: dict[str, str] | None = None,
                  cwd: Path | None = None) -> None:
-        cwd = cwd or GATEWAY_TREE
+        cwd = cwd or next(iter(TREES.values()))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.workers = workers
@@ -314,8 +315,9 @@ class GatewayProcess:
 
 
 @contextmanager
-def gateway(stub: Stub, store: Path, workers: int = 1, env: dict[str, str] | None = None) -> Iterator[GatewayProcess]:
-    process = GatewayProcess(stub, store, workers, env)
+def gateway(stub: Stub, store: Path, workers: int = 1, env: dict[str, str] | None = None,
+            tree: Path | None = None) -> Iterator[GatewayProcess]:
+    process = GatewayProcess(stub, store, workers, env, tree)
     try:
         yield process
     finally:

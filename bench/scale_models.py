@@ -26,6 +26,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+import scale_harness
 from scale_harness import (
     Scraper,
     Stub,
@@ -122,10 +123,10 @@ def _scrape_latency(url: str, seconds: float, tmp: Path) -> dict[str, float]:
             "scrapes": len(scrapes), "scrape_s": max(scrapes) if scrapes else 0.0}
 
 
-def _one_size(stub: Stub, store: Path, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+def _one_size(stub: Stub, store: Path, args: argparse.Namespace, tmp: Path, tree: Path) -> dict[str, Any]:
     row: dict[str, Any] = {"models": stub.models}
     names = model_names(stub.models)
-    with gateway(stub, store) as process:
+    with gateway(stub, store, tree=tree) as process:
         row["startup_s"] = process.startup_s
         row["idle_ms_s"], row["index_s"] = _idle(process, stub, args.idle_s)
         row["put_ms"], row["put_calls"] = _puts(process.url, stub, names[-1])
@@ -148,52 +149,58 @@ def _one_size(stub: Stub, store: Path, args: argparse.Namespace, tmp: Path) -> d
 @sweep("models", "repository sizes: startup, idle CPU with and without rollouts, PUT, scrape size and stall")
 def models_sweep(args: argparse.Namespace) -> list[Table]:
     sizes = _sizes(args.models)
-    rows: dict[int, list[dict[str, Any]]] = {size: [] for size in sizes}
+    configurations = [(label, size) for size in sizes for label in scale_harness.TREES]
+    rows: dict[tuple[str, int], list[dict[str, Any]]] = {config: [] for config in configurations}
     with workdir() as tmp, stubs(sizes) as started:
         stores = {}
         for size in sizes:
             stores[size] = tmp / f"policies-{size}.db"
             prepare_store(stores[size], model_names(size))
         for round_ in range(args.rounds):
-            for size in sizes if round_ % 2 == 0 else list(reversed(sizes)):
+            for label, size in configurations if round_ % 2 == 0 else list(reversed(configurations)):
                 store = tmp / f"run-{size}-{round_}.db"
                 shutil.copy(stores[size], store)  # every run starts from the same stored policies
-                row = _one_size(started[size], store, args, tmp)
-                rows[size].append(row)
-                print(f"round {round_ + 1} models={size}: " + ", ".join(
+                row = _one_size(started[size], store, args, tmp, scale_harness.TREES[label])
+                rows[(label, size)].append(row)
+                print(f"round {round_ + 1} {label} models={size}: " + ", ".join(
                     f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
                     for key, value in row.items()), flush=True)
     return _tables(rows, args)
 
 
-def _tables(rows: dict[int, list[dict[str, Any]]], args: argparse.Namespace) -> list[Table]:
-    def column(size: int, key: str) -> str:
-        return spread([float(row[key]) for row in rows[size]])
+def _tables(rows: dict[tuple[str, int], list[dict[str, Any]]], args: argparse.Namespace) -> list[Table]:
+    def column(config: tuple[str, int], key: str) -> str:
+        return spread([float(row[key]) for row in rows[config]])
 
     control = Table("models: the control plane's cost by repository size (min / median / max over rounds)",
-                    ["models", "startup s", "idle ms CPU/s", "index reads/s", "rollouts", "idle ms CPU/s, rollouts",
-                     "index reads/s, rollouts", "ms CPU/s per rollout", "PUT ms", "stub calls per PUT", "RSS MB"])
+                    ["gateway", "models", "startup s", "idle ms CPU/s", "index reads/s", "rollouts",
+                     "idle ms CPU/s, rollouts", "index reads/s, rollouts", "ms CPU/s per rollout", "PUT ms",
+                     "stub calls per PUT", "RSS MB"])
     scrape = Table("models: /metrics by repository size (policies on every model)",
-                   ["models", "MB (qc traffic)", "series (qc traffic)", "worst ms alone", "worst ms scraped",
-                    "p99 ms alone", "p99 ms scraped", "req/s scraped / alone", "slowest scrape s",
+                   ["gateway", "models", "MB (qc traffic)", "series (qc traffic)", "worst ms alone",
+                    "worst ms scraped", "p99 ms alone", "p99 ms scraped", "req/s scraped / alone", "slowest scrape s",
                     "MB (every model)", "series (every model)", "scrape s (every model)"])
-    for size, found in rows.items():
-        control.rows.append({"models": size, "startup s": column(size, "startup_s"),
-                             "idle ms CPU/s": column(size, "idle_ms_s"), "index reads/s": column(size, "index_s"),
-                             "rollouts": found[0]["rollouts"], "idle ms CPU/s, rollouts": column(size, "ro_idle_ms_s"),
-                             "index reads/s, rollouts": column(size, "ro_index_s"),
-                             "ms CPU/s per rollout": column(size, "ms_s_per_rollout"), "PUT ms": column(size, "put_ms"),
-                             "stub calls per PUT": column(size, "put_calls"), "RSS MB": column(size, "rss_mb")})
-        scrape.rows.append({"models": size, "MB (qc traffic)": column(size, "mb"),
-                            "series (qc traffic)": column(size, "series"),
-                            "worst ms alone": column(size, "max_alone_ms"),
-                            "worst ms scraped": column(size, "max_scraped_ms"),
-                            "p99 ms alone": column(size, "p99_alone_ms"),
-                            "p99 ms scraped": column(size, "p99_scraped_ms"),
-                            "req/s scraped / alone": column(size, "rps_ratio"),
-                            "slowest scrape s": column(size, "scrape_s"), "MB (every model)": column(size, "mb_all"),
-                            "series (every model)": column(size, "series_all"),
-                            "scrape s (every model)": column(size, "scrape_all_s")})
+    for config, found in rows.items():
+        label, size = config
+        control.rows.append({"gateway": label, "models": size, "startup s": column(config, "startup_s"),
+                             "idle ms CPU/s": column(config, "idle_ms_s"), "index reads/s": column(config, "index_s"),
+                             "rollouts": found[0]["rollouts"],
+                             "idle ms CPU/s, rollouts": column(config, "ro_idle_ms_s"),
+                             "index reads/s, rollouts": column(config, "ro_index_s"),
+                             "ms CPU/s per rollout": column(config, "ms_s_per_rollout"),
+                             "PUT ms": column(config, "put_ms"), "stub calls per PUT": column(config, "put_calls"),
+                             "RSS MB": column(config, "rss_mb")})
+        scrape.rows.append({"gateway": label, "models": size, "MB (qc traffic)": column(config, "mb"),
+                            "series (qc traffic)": column(config, "series"),
+                            "worst ms alone": column(config, "max_alone_ms"),
+                            "worst ms scraped": column(config, "max_scraped_ms"),
+                            "p99 ms alone": column(config, "p99_alone_ms"),
+                            "p99 ms scraped": column(config, "p99_scraped_ms"),
+                            "req/s scraped / alone": column(config, "rps_ratio"),
+                            "slowest scrape s": column(config, "scrape_s"),
+                            "MB (every model)": column(config, "mb_all"),
+                            "series (every model)": column(config, "series_all"),
+                            "scrape s (every model)": column(config, "scrape_all_s")})
     control.notes.append(f"{args.rounds} round(s), sizes interleaved (order flipped every round); one gateway process "
                          f"per size and round; idle windows {args.idle_s:g} s; stub calls per PUT include the "
                          "background health checks during the PUTs")
@@ -206,17 +213,18 @@ def _tables(rows: dict[int, list[dict[str, Any]]], args: argparse.Namespace) -> 
 @sweep("workers", "--workers 1 and 2 with traffic over 1 and --traffic-models models: CPU per request, supervisor")
 def workers_sweep(args: argparse.Namespace) -> list[Table]:
     spread_over = (1, args.traffic_models)
-    configurations = [(workers, models) for models in spread_over for workers in (1, 2)]
-    rows: dict[tuple[int, int], list[dict[str, float]]] = {config: [] for config in configurations}
+    configurations = [(label, workers, models) for models in spread_over for workers in (1, 2)
+                      for label in scale_harness.TREES]
+    rows: dict[tuple[str, int, int], list[dict[str, float]]] = {config: [] for config in configurations}
     with workdir() as tmp, stubs([args.traffic_models]) as started:
         stub = started[args.traffic_models]
         policies = tmp / "policies.db"
         prepare_store(policies, model_names(args.traffic_models))
         for round_ in range(args.rounds):
-            for workers, models in configurations if round_ % 2 == 0 else list(reversed(configurations)):
+            for label, workers, models in configurations if round_ % 2 == 0 else list(reversed(configurations)):
                 store = tmp / f"run-{workers}-{models}-{round_}.db"
                 shutil.copy(policies, store)
-                with gateway(stub, store, workers=workers) as process:
+                with gateway(stub, store, workers=workers, tree=scale_harness.TREES[label]) as process:
                     wrk(process.url, models, 1, 32, tmp, threads=2)  # warm: pools, every model's series
                     whole, own = process.whole(), process.own()
                     whole.start()
@@ -225,17 +233,17 @@ def workers_sweep(args: argparse.Namespace) -> list[Table]:
                     tree_s, own_s = whole.stop(), own.stop()
                 row = {"cpu_us_per_request": tree_s / max(1, run["requests"]) * 1e6, "rps": run["rps"],
                        "errors": run["errors"], "supervisor_ms_s": own_s / args.load_s * 1000 if workers > 1 else 0.0}
-                rows[(workers, models)].append(row)
-                print(f"round {round_ + 1} workers={workers} models={models}: " +
+                rows[(label, workers, models)].append(row)
+                print(f"round {round_ + 1} {label} workers={workers} models={models}: " +
                       ", ".join(f"{key} {value:.4g}" for key, value in row.items()), flush=True)
     table = Table("workers: CPU per request and the control plane's cost (min / median / max over rounds)",
-                  ["workers", "models with traffic", "us CPU/request (whole tree)", "vs 1 model", "req/s",
-                   "supervisor ms CPU/s", "errors"])
-    for (workers, models), found in rows.items():
-        one_model = rows[(workers, 1)]
+                  ["gateway", "workers", "models with traffic", "us CPU/request (whole tree)", "vs 1 model",
+                   "req/s", "supervisor ms CPU/s", "errors"])
+    for (label, workers, models), found in rows.items():
+        one_model = rows[(label, workers, 1)]
         ratios = [(row["cpu_us_per_request"] / base["cpu_us_per_request"] - 1) * 100
                   for row, base in zip(found, one_model)]
-        table.rows.append({"workers": workers, "models with traffic": models,
+        table.rows.append({"gateway": label, "workers": workers, "models with traffic": models,
                            "us CPU/request (whole tree)": spread([r["cpu_us_per_request"] for r in found]),
                            "vs 1 model": spread(ratios) + " %", "req/s": spread([r["rps"] for r in found]),
                            "supervisor ms CPU/s": spread([r["supervisor_ms_s"] for r in found]) if workers > 1 else "-",
