@@ -185,7 +185,7 @@ class ShadowStats:
                 "mean_latency_ms": round(self.latency_sum / self.requests * 1000, 3) if self.requests else None}
 
 
-class _Series:
+class Series:
     """One (model, version)'s judged requests per second: counts over the recorder's horizon,
     latency histograms over the last HIST_SECONDS (allocated per second as it is used).
 
@@ -193,26 +193,29 @@ class _Series:
     one. Lists of 300 histograms of 31 buckets took 107 KB per version (660 MB at 5,000 models
     with traffic); arrays of counts and 64 s of histograms take ~20 KB."""
 
-    __slots__ = ("stamp", "requests", "errors", "client_errors", "overloads", "hist_stamp", "hist", "outcomes")
+    __slots__ = ("slots", "stamp", "requests", "errors", "client_errors", "overloads", "hist_slots", "hist_stamp",
+                 "hist", "outcomes")
 
-    def __init__(self, slots: int) -> None:
+    def __init__(self, slots: int, hist_slots: int = HIST_SECONDS) -> None:
+        self.slots = slots
         self.stamp = array("q", [-1]) * slots
         self.requests = array("I", [0]) * slots
         self.errors = array("I", [0]) * slots
         self.client_errors = array("I", [0]) * slots
         self.overloads = array("I", [0]) * slots
-        self.hist_stamp = array("q", [-1]) * HIST_SECONDS
-        self.hist: list[array[int] | None] = [None] * HIST_SECONDS
+        self.hist_slots = hist_slots
+        self.hist_stamp = array("q", [-1]) * hist_slots
+        self.hist: list[array[int] | None] = [None] * hist_slots
         self.outcomes = dict.fromkeys(OUTCOMES, 0)  # cumulative, for gateway_version_requests_total
 
     def histogram(self, second: int) -> array[int] | None:
         """The latency histogram of ``second``, if it is still kept."""
-        at = second % HIST_SECONDS
+        at = second % self.hist_slots
         return self.hist[at] if self.hist_stamp[at] == second else None
 
     def histogram_for(self, second: int) -> array[int]:
         """The histogram of ``second`` to add to (a slot of an older second starts over)."""
-        at = second % HIST_SECONDS
+        at = second % self.hist_slots
         hist = self.hist[at]
         if self.hist_stamp[at] != second:
             self.hist_stamp[at] = second
@@ -272,10 +275,7 @@ class Recorder:
     def __init__(self, horizon_s: int = 300, clock: Callable[[], float] = time.monotonic) -> None:
         self._slots = horizon_s
         self._clock = clock
-        self._series: dict[tuple[str, str], _Series] = {}
-        # (series, second) of each series' first request in a second, when someone takes them
-        # (gateway.workers.deltas: a worker's report visits only these); None: nobody does
-        self._touched: list[tuple[tuple[str, str], int]] | None = None
+        self._series: dict[tuple[str, str], Series] = {}
         self._steered: dict[tuple[str, str], dict[Outcome, int]] = {}  # outcomes of requests never judged
         # (model, version, route, protocol, code) -> totals
         self._totals: dict[tuple[str, str, str, str, str], _Totals] = {}
@@ -330,17 +330,16 @@ class Recorder:
         if series is None:
             series = self._new_series(key)
         second = int(self._clock())
-        slot = second % self._slots
+        slot = second % series.slots
         if series.stamp[slot] != second:  # once per series and second
             series.stamp[slot] = second
             series.requests[slot] = series.errors[slot] = series.client_errors[slot] = series.overloads[slot] = 0
-            if self._touched is not None:
-                self._touched.append((key, second))
         series.outcomes[outcome] += 1
         if timed:
             series.requests[slot] += 1
-            hist = series.hist[second % HIST_SECONDS]
-            if hist is None or series.hist_stamp[second % HIST_SECONDS] != second:
+            at = second % series.hist_slots
+            hist = series.hist[at]
+            if hist is None or series.hist_stamp[at] != second:
                 hist = series.histogram_for(second)
             hist[bucket] += 1
             if outcome is Outcome.UPSTREAM_ERROR:
@@ -526,8 +525,11 @@ class Recorder:
         """The same for requests whose client chose the version (never judged)."""
         return {key: dict(counts) for key, counts in list(self._steered.items())}
 
-    def _new_series(self, key: tuple[str, str]) -> _Series:
-        return _bounded(self._series, key, lambda: _Series(self._slots), (UNKNOWN_MODEL, ""))
+    def _new_series(self, key: tuple[str, str]) -> Series:
+        return _bounded(self._series, key, self._make_series, (UNKNOWN_MODEL, ""))
+
+    def _make_series(self) -> Series:
+        return Series(self._slots)
 
     def _new_stream(self, key: tuple[str, str]) -> _Stream:
         return _bounded(self._streams, key, _Stream, (UNKNOWN_MODEL, ""))

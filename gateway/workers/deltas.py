@@ -2,12 +2,13 @@
 
 The hot path is untouched: a worker's :class:`DeltaRecorder` is the plain
 :class:`~gateway.telemetry.recorder.Recorder` (``record()`` is inherited, keyword arguments
-and all). A report costs what changed, not what the worker has ever seen: the tables that only
-count (totals per label set, requests whose client chose the version, upstream errors) are
-handed over whole and started afresh at each report, and the per-second slots are visited only
-for the (series, second) pairs the recorder noted as first touched since (plus the current
-second's, which may still grow). Histograms travel sparse, as (bucket, count) pairs, so the
-control plane's merge is proportional to the samples, not to label sets x buckets. Measured
+and all). A report costs what changed, not what the worker has ever seen: a worker's tables
+(totals per label set, per-second series, requests whose client chose the version, upstream
+errors) hold only what came since its last report, and each report hands them over whole and
+starts afresh, so nothing is diffed. A worker's series are small (REPORT_SLOTS seconds, not the
+judge's horizon: the control plane keeps that). Histograms travel sparse, as (bucket, count)
+pairs, and outcomes as one tuple per series, so the control plane's merge is proportional to
+the samples, not to label sets x buckets. Measured
 before (bench/scale.py, --workers 2, traffic over 1,000 models): 143-188 ms CPU/s on the
 supervisor, when every report diffed every label set and merged 31 buckets each.
 
@@ -22,9 +23,10 @@ Both classes reach into the recorder's own tables (they are the recorder, as sub
 from __future__ import annotations
 
 import time
-from array import array
 from collections.abc import Callable, MutableSequence, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import ne
 from types import MappingProxyType
 from typing import Any
 
@@ -36,9 +38,9 @@ from gateway.telemetry.recorder import (
     MAX_CLIENTS,
     OUTCOMES,
     OVERFLOW_CLIENT,
-    ZERO_HIST,
     Outcome,
     Recorder,
+    Series,
     ShadowStats,
 )
 from gateway.telemetry.reservoir import DEFAULT_SIZE
@@ -49,13 +51,20 @@ Sample = tuple[int, list[float]]  # (values it was drawn from, the values)
 
 
 Sparse = tuple[tuple[int, int], ...]  # (bucket, count) of a histogram's non-zero buckets
+Counts = tuple[int, ...]  # one count per Outcome, in OUTCOMES order
+# (second, requests, upstream errors, client errors, overloads, the judged requests' histogram)
+Second = tuple[int, int, int, int, int, Sparse]
+REPORT_SLOTS = 8  # seconds a worker's series hold between reports (later than this, a worker is long replaced)
+_POSITIONS = range(_BUCKETS)
+_OUTCOME_INDEX = {outcome.value: index for index, outcome in enumerate(OUTCOMES)}
 
 
 def sparse(hist: Sequence[int], before: Sequence[int] | None = None) -> Sparse:
-    """``hist`` (minus ``before``) as its non-zero (bucket, count) pairs."""
+    """``hist`` (minus ``before``) as its non-zero (bucket, count) pairs; the buckets are found
+    in C (``compress``), so an entry costs its non-zero buckets, not all 31."""
     if before is None:
-        return tuple((index, count) for index, count in enumerate(hist) if count)
-    return tuple((index, count - then) for index, (count, then) in enumerate(zip(hist, before)) if count != then)
+        return tuple((index, hist[index]) for index in compress(_POSITIONS, hist))
+    return tuple((index, hist[index] - before[index]) for index in compress(_POSITIONS, map(ne, hist, before)))
 
 
 @dataclass
@@ -64,10 +73,9 @@ class Delta:
     ``inflight`` (the worker's current requests in flight: a gauge)."""
 
     totals: dict[tuple[str, str, str, str, str], tuple[int, float, Sparse]] = field(default_factory=dict)
-    # per (model, version, second): requests, errors, client errors, overloads, the histogram
-    seconds: dict[tuple[str, str, int], tuple[int, int, int, int, Sparse]] = field(default_factory=dict)
-    outcomes: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
-    steered: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
+    # per (model, version): its outcomes and its seconds (the judge's windows)
+    series: list[tuple[str, str, Counts, tuple[Second, ...]]] = field(default_factory=list)
+    steered: dict[tuple[str, str], Counts] = field(default_factory=dict)
     upstream_errors: dict[tuple[str, str, str], int] = field(default_factory=dict)
     shadow: dict[tuple[str, str], tuple[list[int], float, Sparse]] = field(default_factory=dict)
     streams: dict[tuple[str, str, bool], tuple[int, float, Sparse]] = field(default_factory=dict)
@@ -88,13 +96,11 @@ class DeltaRecorder(Recorder):
 
     def __init__(self, horizon_s: int = 300, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(horizon_s, clock)
-        self._touched = []  # the recorder notes each series' first request of a second here
-        self._current: set[tuple[tuple[str, str], int]] = set()  # visited, and still in their second
-        # what was reported of each (series, second) still current: its counts and histogram
-        self._sent_seconds: dict[tuple[tuple[str, str], int], tuple[tuple[int, int, int, int], array[int]]] = {}
-        self._sent_outcomes: dict[tuple[str, str], dict[Outcome, int]] = {}
         self._sent_shadow: dict[Any, tuple[list[int], float, list[int]]] = {}
         self._sent_streams: dict[Any, tuple[int, float, list[int]]] = {}
+
+    def _make_series(self) -> Series:
+        return Series(REPORT_SLOTS, REPORT_SLOTS)
 
     def watch_only(self, watched: set[tuple[str, str]]) -> None:
         """Sample exactly these versions' latencies (the control plane's rollouts watch them)."""
@@ -116,8 +122,7 @@ class DeltaRecorder(Recorder):
 
     def take_delta(self) -> Delta:
         delta = Delta()
-        self._take_counts(delta)
-        self._take_seconds(delta)
+        self._take_tables(delta)
         self._take_shadow(delta)
         self._take_streams(delta)
         for watched, reservoir in list(self._reservoirs.items()):
@@ -136,60 +141,19 @@ class DeltaRecorder(Recorder):
         delta.inflight = dict(self._inflight)
         return delta
 
-    def _take_counts(self, delta: Delta) -> None:
-        """The tables that only count are handed over whole and started afresh: each holds only
-        the label sets touched since the last report."""
+    def _take_tables(self, delta: Delta) -> None:
+        """Every table that holds only what came since the last report, handed over whole."""
         totals, self._totals = self._totals, {}
+        series, self._series = self._series, {}
         steered, self._steered = self._steered, {}
         errors, self._upstream_errors = self._upstream_errors, {}
         self.totals = MappingProxyType(self._totals)
         self.upstream_errors = MappingProxyType(self._upstream_errors)
         delta.totals = {label: (entry.count, entry.sum, sparse(entry.hist)) for label, entry in totals.items()}
-        delta.steered = {key: {outcome.value: count for outcome, count in counts.items() if count}
-                         for key, counts in steered.items()}
+        delta.series = [(model, version, tuple(entry.outcomes.values()), _seconds(entry))
+                        for (model, version), entry in series.items()]
+        delta.steered = {key: tuple(counts.values()) for key, counts in steered.items()}
         delta.upstream_errors = errors
-
-    def _take_seconds(self, delta: Delta) -> None:
-        """The (series, second) pairs touched since the last report, and those of the current
-        second reported before (they may have grown): the judge's windows and the outcomes."""
-        touched, self._touched = self._touched, []
-        assert touched is not None
-        now = int(self._clock())
-        visit = self._current.union(touched)
-        self._current = {pair for pair in visit if pair[1] >= now}
-        slots, series_of = self._slots, self._series
-        outcomes_of: dict[tuple[str, str], dict[Outcome, int]] = {}
-        for pair in visit:
-            key, second = pair
-            series = series_of.get(key)
-            if series is None:
-                continue
-            outcomes_of[key] = series.outcomes
-            slot = second % slots
-            if series.stamp[slot] != second:
-                continue  # older than the ring (a report late by a whole horizon): gone
-            counts = (series.requests[slot], series.errors[slot], series.client_errors[slot], series.overloads[slot])
-            hist = series.histogram(second) if now - second < HIST_SECONDS else None
-            sent = self._sent_seconds.pop(pair, None)
-            if sent is None:
-                change = (*counts, sparse(hist) if hist is not None else ())
-            elif sent[0] == counts:
-                change = None
-            else:
-                then = sent[0]
-                change = (counts[0] - then[0], counts[1] - then[1], counts[2] - then[2], counts[3] - then[3],
-                          sparse(hist, sent[1]) if hist is not None else ())
-            if change is not None:
-                delta.seconds[(key[0], key[1], second)] = change
-            if pair in self._current:
-                self._sent_seconds[pair] = (counts, array("I", hist) if hist is not None else array("I", ZERO_HIST))
-        for key, outcomes in outcomes_of.items():
-            before = self._sent_outcomes.get(key)
-            changed = {outcome.value: count - (before[outcome] if before else 0)
-                       for outcome, count in outcomes.items() if count != (before[outcome] if before else 0)}
-            if changed:
-                delta.outcomes[key] = changed
-                self._sent_outcomes[key] = dict(outcomes)
 
     def _take_shadow(self, delta: Delta) -> None:
         for key, stats in list(self.shadow.items()):
@@ -290,17 +254,12 @@ class MergedRecorder(Recorder):
             totals.count += count
             totals.sum += total
             _add(totals.hist, hist)
-        self._merge_seconds(delta)
-        for key, counts in delta.outcomes.items():
-            series = self._series.get(key) or self._new_series(key)
-            for outcome, count in counts.items():
-                series.outcomes[Outcome(outcome)] = series.outcomes.get(Outcome(outcome), 0) + count
+        self._merge_series(delta)
         for key, counts in delta.steered.items():
             steered = self._steered.get(key)
             if steered is None:
                 steered = self._steered[key] = dict.fromkeys(OUTCOMES, 0)
-            for outcome, count in counts.items():
-                steered[Outcome(outcome)] = steered.get(Outcome(outcome), 0) + count
+            _add_outcomes(steered, counts)
         for kind, errors in delta.upstream_errors.items():
             self._upstream_errors[kind] = self._upstream_errors.get(kind, 0) + errors
         for version_key, (shadow_counts, latency, shadow_hist) in delta.shadow.items():
@@ -345,23 +304,26 @@ class MergedRecorder(Recorder):
             counts[1] += errors
             counts[2] += client_errors
 
-    def _merge_seconds(self, delta: Delta) -> None:
-        now = int(self._clock())
-        for (model, version, second), (requests, errors, client_errors, overloads, hist) in delta.seconds.items():
-            series = self._series.get((model, version)) or self._new_series((model, version))
-            slot = second % self._slots
-            if series.stamp[slot] != second:
-                if series.stamp[slot] > second:
-                    continue  # older than what the slot holds now: outside the window anyway
-                series.stamp[slot] = second
-                series.requests[slot] = series.errors[slot] = series.client_errors[slot] = 0
-                series.overloads[slot] = 0
-            series.requests[slot] += requests
-            series.errors[slot] += errors
-            series.client_errors[slot] += client_errors
-            series.overloads[slot] += overloads
-            if hist and now - second < HIST_SECONDS and series.hist_stamp[second % HIST_SECONDS] <= second:
-                _add(series.histogram_for(second), hist)
+    def _merge_series(self, delta: Delta) -> None:
+        now, slots = int(self._clock()), self._slots
+        for model, version, outcomes, seconds in delta.series:
+            key = (model, version)
+            series = self._series.get(key) or self._new_series(key)
+            _add_outcomes(series.outcomes, outcomes)
+            for second, requests, errors, client_errors, overloads, hist in seconds:
+                slot = second % slots
+                if series.stamp[slot] != second:
+                    if series.stamp[slot] > second:
+                        continue  # older than what the slot holds now: outside the window anyway
+                    series.stamp[slot] = second
+                    series.requests[slot] = series.errors[slot] = series.client_errors[slot] = 0
+                    series.overloads[slot] = 0
+                series.requests[slot] += requests
+                series.errors[slot] += errors
+                series.client_errors[slot] += client_errors
+                series.overloads[slot] += overloads
+                if hist and now - second < HIST_SECONDS and series.hist_stamp[second % HIST_SECONDS] <= second:
+                    _add(series.histogram_for(second), hist)
 
     def _merge_inflight(self, worker: int, now: dict[tuple[str, str], int]) -> None:
         """The worker's requests in flight now replace its previous ones: the sum changes by the
@@ -373,6 +335,20 @@ class MergedRecorder(Recorder):
             change = now.get(key, 0) - before.get(key, 0)
             if change:
                 inflight[key] = inflight.get(key, 0) + change
+
+def _seconds(series: Series) -> tuple[Second, ...]:
+    """A worker series' seconds, as a report carries them."""
+    return tuple((second, series.requests[slot], series.errors[slot], series.client_errors[slot],
+                  series.overloads[slot], sparse(hist) if (hist := series.histogram(second)) is not None else ())
+                 for slot, second in enumerate(series.stamp) if second >= 0)
+
+
+def _add_outcomes(into: dict[Outcome, int], counts: Counts) -> None:
+    for index, count in enumerate(counts):
+        if count:
+            outcome = OUTCOMES[index]
+            into[outcome] = into.get(outcome, 0) + count
+
 
 def _add(into: MutableSequence[int], change: Sparse) -> None:
     for index, count in change:

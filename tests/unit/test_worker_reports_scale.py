@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.telemetry.recorder import Outcome, Recorder
+from gateway.telemetry.recorder import OUTCOMES, Outcome, Recorder
 from gateway.workers.deltas import DeltaRecorder, MergedRecorder
 
 MODELS = 1000
@@ -43,8 +43,9 @@ def test_a_report_carries_a_few_numbers_per_sample_not_every_bucket_of_every_lab
     delta = worker.take_delta()
     assert delta.requests() == MODELS
     carried = numbers(delta)
-    # per sample: its label set's count, sum and one bucket; its second's counts and one bucket; one outcome
-    assert carried <= 14 * MODELS, f"{carried / MODELS:.0f} numbers per sample"
+    # per sample: its label set's count, sum and one bucket; its series' outcomes (6) and its second's counts
+    # and one bucket
+    assert carried <= 20 * MODELS, f"{carried / MODELS:.0f} numbers per sample"
 
 
 def test_a_worker_holds_and_visits_only_what_changed_since_its_last_report() -> None:
@@ -57,11 +58,13 @@ def test_a_worker_holds_and_visits_only_what_changed_since_its_last_report() -> 
     clock.now += 2  # the seconds reported are over
     worker.take_delta()
     worker.record("m00007", "2", Outcome.UPSTREAM_ERROR, 0.02, "weighted", "http", "500")
-    assert len(worker.totals) == 1 and len(worker.upstream_errors) == 0, "what the next report visits"
+    assert (len(worker.totals), len(worker.series()), len(worker.upstream_errors)) == (1, 1, 0), \
+        "a worker's tables hold what came since its last report: what the next report visits"
     delta = worker.take_delta()
     assert list(delta.totals) == [("m00007", "2", "weighted", "http", "500")]
-    assert list(delta.seconds) == [("m00007", "2", 1002)] and list(delta.outcomes) == [("m00007", "2")]
-    assert delta.outcomes[("m00007", "2")] == {"upstream_error": 1}
+    [(model, version, outcomes, seconds)] = delta.series
+    assert (model, version) == ("m00007", "2") and [second[0] for second in seconds] == [1002]
+    assert dict(zip(OUTCOMES, outcomes, strict=True)) == {**dict.fromkeys(OUTCOMES, 0), Outcome.UPSTREAM_ERROR: 1}
 
 
 def test_reports_of_a_thousand_models_merge_to_what_one_recorder_saw() -> None:
