@@ -2,7 +2,7 @@
 
 Sweeps of ``bench/scale.py`` (registered with ``scale_harness.sweep``). Against
 ``bench/stub_triton.py`` (a fixed answer, no inference: only the proxies are measured), one
-gateway process (``scale_harness.GATEWAY_TREE``: this tree, or ``--base``'s) and one nginx worker
+gateway process (the first of ``scale_harness.TREES``: this tree, or ``--base``'s) and one nginx worker
 (``bench/nginx.py``, keep-alive to the stub on both protocols) in front of the same stub:
 
 - ``connections``: 16, 1,000 and 5,000 connections each sending requests back to back (wrk for
@@ -215,7 +215,7 @@ class Bench:
     @contextlib.contextmanager
     def gateway(self, **env: str) -> Iterator[Proxy]:
         port, grpc_port = free_port(), free_port()
-        tree = scale_harness.GATEWAY_TREE
+        tree = next(iter(scale_harness.TREES.values()))  # one gateway: this tree, or --base's
         environment = dict(os.environ, PYTHONPATH=str(tree), GATEWAY_PORT=str(port),
                            GATEWAY_GRPC_PORT=str(grpc_port), GATEWAY_TRITON_URL=f"http://127.0.0.1:{self.stub_http}",
                            GATEWAY_TRITON_GRPC_URL=f"127.0.0.1:{self.stub_grpc}", GATEWAY_LOG_LEVEL="error",
