@@ -23,7 +23,7 @@ from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from gateway.policy_book import PolicyBook
-from gateway.telemetry.exposition import SnapshotRegistry
+from gateway.telemetry.exposition import SnapshotRegistry, pace
 from gateway.telemetry.recorder import LATENCY_BOUNDS, OUTCOMES, STEERED_ROUTES, Outcome, Recorder
 
 Totals = tuple[int, float, tuple[int, ...]]  # count, sum, histogram (LATENCY_BOUNDS + overflow)
@@ -98,6 +98,7 @@ class GatewaySnapshot:
         durations: dict[tuple[str, str, str, str], tuple[list[int], float]] = {}
         for (model, version, route, protocol, code), (count, total, hist) in self.totals:
             requests.add_metric([model, version, route, protocol, code], count)
+            pace()
             key = (model, version, protocol, "false" if route in STEERED_ROUTES else "true")
             summed = durations.get(key)
             if summed is None:
@@ -114,6 +115,7 @@ class GatewaySnapshot:
                                           labels=["model", "version", "protocol", "judged"])
         for labelled, (summed_hist, summed_total) in durations.items():
             histogram.add_metric(list(labelled), _buckets(summed_hist), summed_total)
+            pace()
         yield histogram
         yield self._outcomes()
         errors = CounterMetricFamily("gateway_upstream_errors", "Upstream failures by kind",
@@ -163,6 +165,7 @@ class GatewaySnapshot:
             for (model, version), counts in rows.items():
                 for outcome, count in counts.items():
                     family.add_metric([model, version, outcome.value, judged], count)
+                    pace()
         return family
 
     def _policies(self) -> Iterator[Metric]:
@@ -172,6 +175,7 @@ class GatewaySnapshot:
             revisions.add_metric([model], policy.revision)
             for version, percent in policy.spec.weights.items():
                 weights.add_metric([model, version], float(percent))
+                pace()
         yield weights
         yield revisions
 
