@@ -46,6 +46,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=HERE / "profiles", help="where the profiles go")
     parser.add_argument("--only", choices=("all", "http", "grpc"), default="all")
     parser.add_argument("--label", default="", help="prefix of the output files (e.g. before-, after-)")
+    parser.add_argument("--concurrency", type=int, default=32, help="requests in flight (default 32; 1: one request "
+                        "at a time, where per-request work shows whole)")
     parser.add_argument("--triton", action="store_true",
                         help="in front of a real Triton (the sample repository) instead of the stub: the request "
                              "rate Triton allows, as in bench/overhead.py's nginx rows")
@@ -97,8 +99,9 @@ def profile(args: argparse.Namespace, spy: str, workdir: Path, upstream: tuple[s
     grpc = grpc_body(workdir)
     url = f"http://127.0.0.1:{port}/v2/models/qc/infer"
     loads: dict[str, Callable[[float, int | None], Result]] = {
-        "http": lambda seconds, pid: run_wrk(url, json_body, "", 32, seconds, script, pid),
-        "grpc": lambda seconds, pid: run_h2load(f"127.0.0.1:{gport}", grpc, 32, int(seconds * 3000), workdir, pid),
+        "http": lambda seconds, pid: run_wrk(url, json_body, "", args.concurrency, seconds, script, pid),
+        "grpc": lambda seconds, pid: run_h2load(f"127.0.0.1:{gport}", grpc, args.concurrency,
+                                                int(seconds * (3000 if args.concurrency > 1 else 800)), workdir, pid),
     }
     for name, load in loads.items():
         if args.only not in ("all", name):
@@ -113,7 +116,8 @@ def profile(args: argparse.Namespace, spy: str, workdir: Path, upstream: tuple[s
         stacks = read_collapsed(raw)
         stem = args.out / f"{args.label}{name}"
         (stem.with_suffix(".collapsed")).write_text("".join(f"{s} {n}\n" for s, n in stacks.items()))
-        (stem.with_suffix(".svg")).write_text(flame_svg(stacks, f"gateway {name} c=32 ({result.cpu_us or 0:.0f} "
+        (stem.with_suffix(".svg")).write_text(flame_svg(stacks, f"gateway {name} c={args.concurrency} "
+                                                                 f"({result.cpu_us or 0:.0f} "
                                                                  f"us CPU/request, {result.rps:.0f} rps)"))
         top = top_table(stacks)
         (stem.with_suffix(".top.txt")).write_text(top)
