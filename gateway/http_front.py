@@ -48,6 +48,7 @@ from typing import Any, ClassVar
 
 import httptools
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.asgi import Dispatch
@@ -79,6 +80,7 @@ def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:
     return any(name == b"transfer-encoding" or name == b"content-length" and value != b"0" for name, value in headers)
 
 class GatewayHttpProtocol(HttpToolsProtocol):
+    cycle: GatewayCycle  # uvicorn's attribute, always ours here (on_headers_complete)
     on_lost: Callable[[], None] | None = None  # set by the proxy while a request is in flight
     # the bounds: protocol_for(settings) sets them
     header_timeout_s: ClassVar[float] = 10.0
@@ -308,6 +310,18 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         task = self.task = self.loop.create_task(cycle.run_asgi(app), context=context)
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
+
+    def on_body(self, body: bytes) -> None:
+        """uvicorn's, but the piece is kept as httptools handed it (``GatewayCycle.pieces``), not
+        appended to a bytearray that ``receive`` copies again: a body is copied once, when read whole."""
+        cycle = self.cycle
+        if (self.parser.should_upgrade() and self._should_upgrade()) or cycle.response_complete:
+            return
+        cycle.pieces.append(body)
+        cycle.pending += len(body)
+        if cycle.pending > HIGH_WATER_LIMIT:
+            self.flow.pause_reading()
+        cycle.message_event.set()
 
     def on_message_complete(self) -> None:
         self._phase = _IDLE
