@@ -10,13 +10,14 @@ SYSTEM_TOOLS := redis-server:redis-server wrk:wrk prometheus:prometheus promtool
 # the benchmark also needs nginx, its yardstick (it starts its own on loopback ports)
 BENCH_TOOLS := $(SYSTEM_TOOLS) nginx:nginx
 
-.PHONY: demo test check fuzz bench docs screenshots lint system-deps clean help
+.PHONY: demo test check fuzz soak bench docs screenshots lint system-deps clean help
 
 help:
 	@echo "make demo   - create .venv, install, start a local Triton + the gateway, drive a canary"
 	@echo "make test   - create .venv, install, run the whole test suite in parallel (starts its own Triton/Redis)"
 	@echo "make check  - lint, unit, compat and architecture tests: the loop before every commit (< 2 min)"
 	@echo "make fuzz   - the property tests (pytest -m property) with FUZZ_EXAMPLES examples each (default 5000)"
+	@echo "make soak   - chaos soak: two Tritons, two replicas on Redis, faults in turn (SOAK_SECONDS, default 300)"
 	@echo "make bench  - gateway overhead vs direct-to-Triton and vs nginx (HTTP and gRPC), one run"
 	@echo "make docs   - build the documentation site from docs/ into site/ (any warning, e.g. a broken link, fails)"
 	@echo "make screenshots - every console page at 1440x900 and 390x844 into docs/screenshots/ (the layout test)"
@@ -63,6 +64,15 @@ FUZZ_EXAMPLES ?= 5000
 fuzz: $(STAMP) system-deps
 	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -m property -o timeout=0 \
 		-p no:cacheprovider tests
+
+# The chaos soak (bench/soak.py): not part of `make test`. Two Tritons, two replicas on one Redis
+# (one with --workers 2), ~100 req/s of clients that never retry, a healthy and a failing rollout,
+# and in turn a Triton SIGKILLed, the other SIGSTOPped, the lease holder killed, Redis restarted, a
+# worker killed. Exit 1 on any failed request not in flight on a killed process, a rollout decided
+# wrong, or replicas disagreeing with the store.
+SOAK_SECONDS ?= 300
+soak: $(STAMP) system-deps
+	SOAK_SECONDS=$(SOAK_SECONDS) PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/soak.py
 
 bench: $(STAMP)
 	@$(MAKE) --no-print-directory system-deps TOOLS='$(BENCH_TOOLS)'
