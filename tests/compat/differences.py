@@ -25,10 +25,11 @@ DOCUMENTED_DIFFERENCES: tuple[tuple[str, str], ...] = (
      "message over `grpc_max_message_bytes` (64 MiB) is `RESOURCE_EXHAUSTED` naming the setting (Triton's "
      "own gRPC port takes a 70 MiB tensor); a URL over `max_url_bytes` (4,000 bytes) is 414; "
      "header lines past `max_header_bytes` (64 KiB) or `max_header_count` (100) are 431"),
-    ("admission", "past `max_inflight_per_server` (64) requests in flight on a Triton server, a request waits up "
-     "to `queue_timeout_ms` (1 s) and is then answered 429 with `Retry-After` / `RESOURCE_EXHAUSTED`, where "
-     "Triton would have queued it; one client address holds at most `max_connections_per_client` (256) "
-     "connections"),
+    ("admission", "past `max_inflight_per_server` (64) requests in flight on a Triton server, a request waits at "
+     "the gateway, in order, until its own deadline (`request_timeout_s`, or the gRPC call's) and is then answered "
+     "429 with `Retry-After` / `RESOURCE_EXHAUSTED`, where Triton would have kept it queued; with a "
+     "`queue_timeout_ms` (unset by default) it waits at most that long; one client address holds at most "
+     "`max_connections_per_client` (4,096) connections on a port"),
     ("model control on the data ports", "load/unload, shared-memory (un)registration and trace/log setting "
      "updates are refused (403 / PERMISSION_DENIED) under `triton_control: deny` (the default), need the admin "
      "token under `admin` (401 without it; the gateway takes it out before forwarding), and pass under "

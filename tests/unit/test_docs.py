@@ -21,6 +21,7 @@ from markdown.extensions.toc import slugify
 from gateway.devtools import rollout_reference
 from gateway.rollout.phases import ALLOWED, Phase
 from gateway.rollout.spec import THRESHOLDS_ONLY
+from gateway.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -126,3 +127,41 @@ def test_statistical_examples_use_no_thresholds_only_field() -> None:
     for line in console.splitlines():
         if "thresholds" not in line:
             assert not any(re.search(rf"\b{name}\b", line) for name in THRESHOLDS_ONLY), line
+
+
+# A setting's default as the pages state it: "`request_timeout_s` (60 s)", "`max_body_bytes` (64 MiB, ...)".
+STATED_DEFAULT = re.compile(r"`(\w+)` \(([^)]*)\)")
+VALUE = re.compile(r"(\d[\d,.]*)\s*(s|ms|h|bytes|KiB|MiB|GiB)?")
+SCALE = {"": 1, "s": 1, "ms": 1, "h": 3600, "bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+def stated_defaults(text: str) -> list[tuple[str, str]]:
+    """(setting, what the page says its default is) for each setting named with a value beside it;
+    a parenthesis that says something else ("`port` (HTTP)") is no such claim."""
+    found = []
+    for name, said in STATED_DEFAULT.findall(text):
+        head = re.split(r";|, | by default| or ", " ".join(said.split()))[0].strip()
+        if name in Settings.model_fields and (head in ("unset", "none") or VALUE.fullmatch(head)):
+            found.append((name, head))
+    return found
+
+
+def test_the_defaults_the_pages_state_are_the_settings_defaults() -> None:
+    """A default changed in gateway/settings.py and not on the page that states it reads as a
+    promise: docs/differences.md said `max_connections_per_client` (256) after it became 4,096, and
+    a 429 after `queue_timeout_ms` (1 s) after that became unset (a request waits for its deadline)."""
+    claims = [(page.name, name, head) for page in [README, *sorted(DOCS.glob("*.md"))]
+              for name, head in stated_defaults(page.read_text())]
+    assert len(claims) >= 30, claims  # the pages still state defaults this way
+    wrong = []
+    for page, name, head in claims:
+        default = Settings.model_fields[name].default
+        value = VALUE.fullmatch(head)
+        if value is None:
+            right = default is None
+        else:
+            right = isinstance(default, int | float) and not isinstance(default, bool) and \
+                float(default) == float(value.group(1).replace(",", "")) * SCALE[value.group(2) or ""]
+        if not right:
+            wrong.append(f"{page}: `{name}` ({head}), the default is {default!r}")
+    assert not wrong, wrong
