@@ -176,6 +176,50 @@ def test_grpc_streams_answer_as_qc_requests_and_errors_alike(gateway: GatewayThr
         client.close()
 
 
+def grpc_requests_total(gw: GatewayThread) -> Counter[str]:
+    """gateway_requests_total of qc's successful gRPC requests, per target."""
+    with urllib.request.urlopen(gw.url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found: Counter[str] = Counter()
+    for line in text.splitlines():
+        if line.startswith("gateway_requests_total{") and 'model="qc"' in line and 'protocol="grpc"' in line \
+                and 'code="OK"' in line:
+            found[line.split('version="')[1].split('"')[0]] += int(float(line.rsplit(" ", 1)[1]))
+    return found
+
+
+def test_one_grpc_stream_split_between_the_names_answers_as_qc_and_counts_each_target(gateway: GatewayThread) -> None:
+    """Each request of a stream is routed on its own (80/20 here, no rule): both names answer on
+    the one stream, each reply says qc and carries its request's id, and the gateway's count per
+    target (what the judge reads for a rollout between the names) matches what the outputs show
+    answered. (Triton answers a stream's requests of non-decoupled models in the order sent, even
+    across models: replies overtaking each other is tested with a decoupled model above.)"""
+    client = grpc_client(gateway)
+    replies: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    before = grpc_requests_total(gateway)
+    client.start_stream(callback=lambda result, error: replies.put((result, error)))
+    try:
+        for i in range(1, 41):
+            given = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+            given.set_data_from_numpy(np.full((1, 4), i, dtype=np.float32))
+            client.async_stream_infer("qc", [given], request_id=f"r{i}")
+        answers = [replies.get(timeout=10) for _ in range(40)]
+    finally:
+        client.stop_stream()
+        client.close()
+    seen: Counter[str] = Counter()
+    for result, error in answers:
+        assert error is None, error
+        response = result.get_response()
+        assert response.model_name == "qc", response
+        given_value = int(response.id.removeprefix("r"))
+        seen[FACTORS[float(result.as_numpy("OUTPUT0")[0][0]) / given_value]] += 1
+    assert [result.get_response().id for result, _ in answers] == [f"r{i}" for i in range(1, 41)]
+    assert seen["qc_2026_12"] and seen["qc"] and seen["qc"] + seen["qc_2026_12"] == 40, seen
+    counted = grpc_requests_total(gateway) - before
+    assert counted == seen, (counted, seen)
+
+
 def text_input() -> list[grpcclient.InferInput]:
     """tok's inputs for one token (one reply)."""
     given = grpcclient.InferInput("text_input", [1], "BYTES")
