@@ -7,7 +7,7 @@ from fastapi import APIRouter, Body, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.admin.deps import ERRORS, Actor, ModelName
-from gateway.errors import BadRequest, Conflict
+from gateway.errors import BadRequest, Conflict, GatewayError, NotFound
 from gateway.policy import Version
 from gateway.services.lifecycle import ModelLifecycle
 from gateway.services.version_diff import VersionDifferences, stable_of
@@ -23,12 +23,26 @@ class LoadRequest(BaseModel):
 def versions_router(lifecycle: ModelLifecycle, differences: VersionDifferences) -> APIRouter:
     router = APIRouter(responses=ERRORS)
 
+    async def must_exist(model: str, version: str) -> None:
+        """404 for a version neither Triton nor the model repository has (it was compared, and
+        said to share the stable's configuration); where Triton cannot answer, the comparison says so."""
+        try:
+            states = await lifecycle.triton.versions(model)
+        except GatewayError:
+            return
+        if version not in states and not differences.has_folder(model, version):
+            raise NotFound(f"version {version} of model '{model}' not found: Triton lists no such version"
+                           + (" and the model repository has no such folder" if differences.repository else ""))
+
     @router.get("/models/{model}/versions/{version}/differences",
                 summary="What differs between the version and the stable one (or ?against=): Triton's configuration "
                 "field by field, and the files of both version folders where model_repository is set")
     async def compare(model: ModelName, version: Version, _: Actor,
                       against: Annotated[str | None, Query(max_length=300)] = None) -> dict[str, Any]:
+        await must_exist(model, version)
         reason = "chosen"
+        if against is not None and against.isdigit():  # a version of this model (not another model's target)
+            await must_exist(model, against)
         if against is None:
             policy = await lifecycle.store.get_policy(model)
             rollout = await lifecycle.store.get_rollout(model)

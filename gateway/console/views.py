@@ -96,7 +96,7 @@ class Views:
             rollout = None
         history = await finished_rollouts(self.rollouts.store, model, HISTORY_SHOWN)
         if triton_answered and not versions and policy is None and rollout is None and not history \
-                and not self._in_repository(model):
+                and not self.differences.has_folder(model):
             raise ModelNotFound(model, await self._known_models())
         if rollout is not None:
             rollout["needs_acknowledgement"] = unacknowledged_rollback(rollout)
@@ -118,7 +118,7 @@ class Views:
         except GatewayError as exc:
             states, unreadable = {}, exc.message
         state = states.get(version)
-        in_repository = self._in_repository(model, version)
+        in_repository = self.differences.has_folder(model, version)
         if state is None and unreadable is None and not in_repository:
             known = sorted(states, key=lambda v: _order(v))
             raise ModelNotFound(model, known, f"version {version} of model '{model}' not found: Triton lists no such "
@@ -149,12 +149,6 @@ class Views:
             except ValueError as exc:  # a target key that does not read
                 doc.update(config={"note": f"not compared: {exc}"}, files={"readable": False, "why": str(exc)})
         return doc
-
-    def _in_repository(self, model: str, version: str = "") -> bool:
-        root = self.differences.repository
-        if root is None or model in (".", "..") or "/" in model or "/" in version or version in (".", ".."):
-            return False
-        return (root / model / version).is_dir()
 
     async def _known_models(self) -> list[str]:
         try:

@@ -95,6 +95,14 @@ class VersionDifferences:
         self.timeout_s = timeout_s
         self.digests = FileDigests()
 
+    def has_folder(self, model: str, version: str = "") -> bool:
+        """Whether the model repository (when the gateway reads it) has the model's, or the
+        version's, folder: a version Triton does not list may still be there, not loaded."""
+        root = self.repository
+        if root is None or model in (".", "..") or "/" in model or "/" in version or version in (".", ".."):
+            return False
+        return (root / model / version).is_dir()
+
     async def compare(self, model: str, version: str, against: str) -> dict[str, Any]:
         mine, theirs = Side.of(model, version), Side.of(model, against)
         config, files = await asyncio.gather(self._configs(mine, theirs), asyncio.to_thread(self._files, mine, theirs))
@@ -174,5 +182,6 @@ def stable_of(version: str, policy: dict[str, Any] | None, rollout: dict[str, An
         return heaviest, "the version the policy sends most traffic to"
     others = sorted((v for v in ready if v != version and v.isdigit()), key=int)
     if others:
-        return others[-1], "Triton's newest READY version (the model has no policy)"
+        return others[-1], ("Triton's newest READY version (the model has no policy)" if policy is None else
+                            "Triton's newest READY version (the policy sends no traffic to another version)")
     return None, "nothing to compare with: no other version is READY, and no policy or rollout names one"

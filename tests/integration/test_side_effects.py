@@ -16,7 +16,16 @@ import pytest
 
 from gateway.devtools.local_triton import LocalTriton
 from tests.conftest import Faults
-from tests.support import TOKEN, BackgroundLoad, GatewayThread, admin_call, rollout_gateway, rollout_status, wait_for
+from tests.support import (
+    TOKEN,
+    BackgroundLoad,
+    GatewayThread,
+    admin_call,
+    gateway_settings,
+    rollout_gateway,
+    rollout_status,
+    wait_for,
+)
 
 pytestmark = pytest.mark.triton
 
@@ -127,3 +136,28 @@ def test_a_version_that_is_not_loaded_is_refused_with_how_to_load_it(gateway: Ga
     assert doc["error"].startswith("version 4 of model 'qc' is not known to Triton (known: 1, 2, 3)"), doc
     assert doc["error"].endswith(": load it with `gateway ctl versions load qc 4` "
                                  "(POST /admin/models/qc/versions/4/load)"), doc
+
+
+def test_the_admin_api_says_what_differs_between_a_version_and_the_stable(triton: LocalTriton) -> None:
+    """GET /admin/models/{model}/versions/{version}/differences, the API behind the console's version
+    page (issue 33, history and differences): against the stable by default, or ?against=; qc's
+    version 4 is the sample repository's changed model.py, versions 1-3 share theirs."""
+    settings = gateway_settings(triton.http_url, admin_token=TOKEN, policies={"qc": {"weights": {"2": 100}}},
+                                model_repository=str(triton.repository))
+    with GatewayThread(settings) as gateway:
+        four = call(gateway, "GET", "/admin/models/qc/versions/4/differences")
+        assert (four["against"], four["against_why"]) == ("2", "the version the policy sends most traffic to")
+        assert four["config"]["same"] is True, four  # one config.pbtxt for every version of qc
+        assert four["files"]["differing"] == [{"path": "model.py", "change": "changed"}], four["files"]
+        one = call(gateway, "GET", "/admin/models/qc/versions/1/differences?against=3")
+        assert one["against"] == "3" and one["files"]["differing"] == [], one["files"]
+        assert one["files"]["summary"].startswith("every file is the same as in version 3 of qc"), one["files"]
+        two = call(gateway, "GET", "/admin/models/qc/versions/2/differences")  # the policy's only version
+        assert two["against_why"] == "Triton's newest READY version (the policy sends no traffic to another version)"
+        status, doc = admin_call(gateway.url, "GET", "/admin/models/qc/versions/4/differences?against=two%20words")
+        assert status in (400, 422) and "error" in doc, (status, doc)
+        # a version or model nothing knows is not found (it answered 200: "versions 9 and 2 of qc share" a config)
+        for path in ("qc/versions/9/differences", "qc/versions/4/differences?against=9", "qcc/versions/1/differences"):
+            status, doc = admin_call(gateway.url, "GET", f"/admin/models/{path}")
+            assert status == 404 and "not found: Triton lists no such version and the model repository has no such " \
+                "folder" in doc["error"], (path, status, doc)
