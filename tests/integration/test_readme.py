@@ -83,6 +83,15 @@ GATEWAY_BLOCKS = [b for page in PAGES for b in shell_blocks(page) if any(m in b.
 TLS_BLOCKS = [b for b in GATEWAY_BLOCKS if "--cacert" in b.text or "ssl=True" in b.text]
 
 
+def is_ensemble_canary(block: Block) -> bool:
+    """docs/ensembles.md's five commands: run one by one, and checked against their comments, by
+    test_the_ensemble_canary_in_five_commands_does_what_its_comments_say (not twice)."""
+    return block.page.name == "ensembles.md" and "--composing" in block.text
+
+
+RUN_WHOLE = [b for b in GATEWAY_BLOCKS if b not in TLS_BLOCKS and not is_ensemble_canary(b)]
+
+
 def test_the_pages_have_gateway_blocks_and_every_one_is_run() -> None:
     """A test that quietly found no block would pass for ever: the pages must still have them,
     the README its serve line and its first canary."""
@@ -90,6 +99,7 @@ def test_the_pages_have_gateway_blocks_and_every_one_is_run() -> None:
     readme = [b for b in GATEWAY_BLOCKS if b.page == README]
     assert any("gateway serve" in b.text for b in readme), "the README's block that starts the gateway"
     assert any("rollout start" in b.text for b in readme), "the README's first canary"
+    assert len([b for b in GATEWAY_BLOCKS if is_ensemble_canary(b)]) == 1, "docs/ensembles.md's five commands"
 
 
 def serve_environment(block: str) -> dict[str, str]:
@@ -211,8 +221,7 @@ def run_block(block: Block, text: str, gateway: GatewayProcess) -> tuple[subproc
         f"--- err:\n{result.stderr}"
 
 
-@pytest.mark.parametrize("block", [b for b in GATEWAY_BLOCKS if b not in TLS_BLOCKS],
-                         ids=[b.name for b in GATEWAY_BLOCKS if b not in TLS_BLOCKS])
+@pytest.mark.parametrize("block", RUN_WHOLE, ids=[b.name for b in RUN_WHOLE])
 def test_readme_block_runs(block: Block, readme_gateway: GatewayProcess) -> None:
     result, shown = run_block(block, block.text, readme_gateway)
     assert result.returncode == 0, shown
@@ -227,8 +236,8 @@ def test_the_ensemble_canary_in_five_commands_does_what_its_comments_say(readme_
     """docs/ensembles.md's block is five commands, run one at a time as above, each doing what its
     comment says: pipe answers QC_VERSION 2; the start loads pipe__qc_3 in Triton and sends it 20%
     of pipe; the status shows the rollout; the abort unloads the variant again; the events list it.
-    (The block as a whole is run by test_readme_block_runs, which only checks that it succeeds.)"""
-    block = next(b for b in GATEWAY_BLOCKS if b.page.name == "ensembles.md" and "--composing" in b.text)
+    (It is the one block test_readme_block_runs leaves out: that test only checks a block succeeds.)"""
+    block = next(b for b in GATEWAY_BLOCKS if is_ensemble_canary(b))
     commands = [line for line in block.text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
     assert len(commands) == 5, commands
     token = serve_environment(SERVE_BLOCK)["GATEWAY_ADMIN_TOKEN"]
