@@ -25,7 +25,6 @@ SIGKILL). Servers listen on 127.0.0.1 only.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import signal
@@ -33,7 +32,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -44,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
+import soak_report  # noqa: E402
 from soak_clients import MODELS, Endpoint, Failure, Hostile, Traffic  # noqa: E402
 from soak_fleet import (  # noqa: E402
     TOKEN,
@@ -55,12 +54,11 @@ from soak_fleet import (  # noqa: E402
     usage,
     wait_until,
 )
+from soak_report import WANTED  # noqa: E402
 
 from gateway.rollout.lease import LEASE  # noqa: E402
-from gateway.store.base import make_store  # noqa: E402
 
 FINAL = {"promoted", "rolled_back", "aborted"}
-WANTED = {"qc": "promoted", "qc_2026_12": "rolled_back"}
 MAX_BODY_BYTES = 1 << 20
 STOP_S = 5.0  # how long the second Triton stays SIGSTOPped
 
@@ -369,97 +367,8 @@ class Soak:
         while time.monotonic() < ends and not all(self.rollout_state(m).split()[0] in FINAL for m in WANTED):
             self.sleep(1.0)
 
-    # -- the verdict -------------------------------------------------------------------------
-    def agreement(self) -> tuple[bool, list[str]]:
-        async def stored() -> dict[str, tuple[Any, Any, Any]]:
-            store = make_store(self.redis.url)
-            await store.open()
-            try:
-                found = {}
-                for model in WANTED:
-                    policy, rollout = await store.get_policy(model), await store.get_rollout(model)
-                    found[model] = (policy.spec.document()["weights"] if policy and policy.spec else None,
-                                    policy.revision if policy else None,
-                                    rollout.document["state"] if rollout else None)
-                return found
-            finally:
-                await store.close()
-
-        def views() -> dict[str, dict[str, tuple[Any, Any, Any]]]:
-            seen = {"store": asyncio.run(stored())}
-            for replica in self.replicas:
-                seen[replica.name] = {}
-                for model in WANTED:
-                    _, policy = http_json(f"{replica.url}/admin/models/{model}/policy")
-                    _, rollout = http_json(f"{replica.url}/admin/models/{model}/rollout")
-                    seen[replica.name][model] = (policy.get("weights") if isinstance(policy, dict) else policy,
-                                                 policy.get("revision") if isinstance(policy, dict) else None,
-                                                 rollout.get("state") if isinstance(rollout, dict) else rollout)
-            return seen
-
-        last: dict[str, dict[str, tuple[Any, Any, Any]]] = {}
-
-        def agree() -> bool:
-            nonlocal last
-            last = views()
-            workers = http_json(f"{self.replicas[1].url}/admin/workers")[1]
-            return all(view == last["store"] for view in last.values()) and bool(workers.get("all_current"))
-
-        agreed = wait_until(agree, 20, 1.0) is not None
-        lines = [f"  {source:10} " + "; ".join(f"{m}: weights {w} rev {r}, rollout {s}"
-                                               for m, (w, r, s) in view.items()) for source, view in last.items()]
-        return agreed, lines
-
     def report(self, traffic: Traffic, hostile: Hostile) -> int:
-        in_flight: Counter[str] = Counter()
-        others: list[Failure] = []
-        for failure in traffic.failures:
-            kill = next((k for k in self.kills if k.holds(failure)), None)
-            if kill is None:
-                others.append(failure)
-            else:
-                in_flight[kill.what] += 1
-        print("\n==== soak summary ====")
-        print(f"duration {self.seconds:.0f} s of faults, {self.elapsed():.0f} s in all; answered {traffic.answered:,} "
-              f"({', '.join(f'{k} {v:,}' for k, v in sorted(traffic.ok.items()))}), "
-              f"{traffic.answered / max(self.elapsed(), 1):.0f} req/s")
-        print(f"failed requests: {len(traffic.failures)}")
-        print(f"  in flight on a killed process: {sum(in_flight.values())}"
-              + "".join(f"\n    {what}: {n}" for what, n in in_flight.items()))
-        print(f"  others: {len(others)}")
-        for failure in others[:20]:
-            print(f"    {failure.started - self.started:7.2f}-{failure.ended - self.started:.2f} s {failure.kind} "
-                  f"{failure.replica} {failure.model}: {failure.error}")
-        verdicts = {model: self.rollout_state(model).split()[0] for model in WANTED}
-        right = all(verdicts[m] == wanted for m, wanted in WANTED.items())
-        print("rollouts: " + "; ".join(f"{m} {verdicts[m]} (wanted {w})" for m, w in WANTED.items())
-              + ("" if right else "  <-- WRONG"))
-        for model in WANTED:
-            _, doc = self.admin(f"/admin/models/{model}/rollout")
-            if isinstance(doc, dict):
-                print(f"  {model}: {doc.get('reason') or doc.get('apply_reason') or ''}"[:300])
-        agreed, lines = self.agreement()
-        print(f"replicas and store agree: {'yes' if agreed else 'NO'}")
-        print("\n".join(lines))
-        print("recovery (from the fault):")
-        for name, took in self.recovery.items():
-            print(f"  {name}: {took}")
-        print("memory and descriptors per process (first sample 10 s after its start -> last; peak):")
-        for key, entry in sorted(self.samples.items()):
-            if entry["first"] is None:
-                continue
-            (rss0, fd0), (rss1, fd1), (peak_rss, peak_fd) = entry["first"], entry["last"], entry["peak"]
-            gone = "" if time.monotonic() - entry["at"] < 10 else "  (ended)"
-            print(f"  {key:38} RSS {rss0:7.1f} -> {rss1:7.1f} MB ({rss1 - rss0:+6.1f}, peak {peak_rss:.0f}); "
-                  f"fds {fd0:4} -> {fd1:4} ({fd1 - fd0:+d}, peak {peak_fd}){gone}")
-        print("hostile clients: " + ", ".join(f"{k} {v}" for k, v in sorted(hostile.seen.items())))
-        restarts = [w["restarts"] for w in self.replicas[1].worker_list()]
-        print(f"{self.replicas[1].name} worker restarts: {restarts} (the schedule killed one worker once)")
-        print(f"processes that died by themselves: {len(self.crashes)}" + "".join(f"\n  {c}" for c in self.crashes))
-        print(f"logs: {self.workdir}")
-        passed = not others and right and agreed and not self.crashes
-        print(f"soak {'PASSED' if passed else 'FAILED'}")
-        return 0 if passed else 1
+        return soak_report.report(self, traffic, hostile)
 
 
 class _stopping:

@@ -64,6 +64,7 @@ class Traffic:
     ok: Counter[str] = field(default_factory=Counter)
     failures: list[Failure] = field(default_factory=list)
     last_ok: dict[str, float] = field(default_factory=dict)  # replica -> when it last answered 200
+    slow: list[tuple[float, float]] = field(default_factory=list)  # (started, seconds) of answers over 1 s
     stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
     _turn: int = 0
@@ -128,8 +129,7 @@ class Traffic:
         if response.status != 200:
             self.failed(kind, endpoint, model, opened, port, started, f"{response.status} {body[:200]!r}")
         else:
-            self.ok[kind] += 1
-            self.last_ok[endpoint.name] = time.monotonic()
+            self.answered_ok(kind, endpoint, started)
         return not response.will_close
 
     def _fresh(self, index: int) -> None:
@@ -199,8 +199,7 @@ class Traffic:
                     sockname = transport.get_extra_info("sockname") if transport is not None else None
                     port = sockname[1] if sockname else 0
                     if code == StatusCode.OK:
-                        self.ok["grpc"] += 1
-                        self.last_ok[endpoint.name] = time.monotonic()
+                        self.answered_ok("grpc", endpoint, started)
                     else:
                         self.failed("grpc", endpoint, model, since, port, started,
                                     f"{StatusCode(code).name} {details[:200]}")
@@ -211,6 +210,12 @@ class Traffic:
                 await client.aclose()
 
         await asyncio.gather(*(caller(i) for i in range(self.grpc_callers)))
+
+    def answered_ok(self, kind: str, endpoint: Endpoint, started: float) -> None:
+        self.ok[kind] += 1
+        now = self.last_ok[endpoint.name] = time.monotonic()
+        if now - started > 1.0:
+            self.slow.append((started, now - started))
 
     def failed(self, kind: str, endpoint: Endpoint, model: str, opened: float, port: int, started: float,
                error: str) -> None:
