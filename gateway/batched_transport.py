@@ -46,6 +46,16 @@ class BatchedTransport(asyncio.Transport):
             pending.append(data)
             self._size += len(data)
 
+    def write_now(self, data: Data) -> None:
+        """A whole answer: sent at once when nothing of this iteration waits before it (one
+        ``send()`` either way; joining it on the loop's next turn would cost that turn, an epoll
+        and a callback, and nothing would join it on an HTTP/1.1 connection), else after what waits."""
+        if self._pending is None and not self.shut_down:
+            if not self.raw.is_closing():
+                self.raw.write(data)
+        else:
+            self.write(data)
+
     def flush(self) -> None:
         """Small pieces are joined into one ``write`` (a copy of a few KB is cheaper than a vector of
         them); large ones go in one ``writelines`` (uvloop writes them with one writev, the pieces

@@ -44,6 +44,7 @@ def error_response(status: bytes, message: str, *extra: bytes) -> bytes:
 class GatewayCycle(RequestResponseCycle):
     """uvicorn's request/response cycle, but an answer it cannot write becomes a JSON 500."""
 
+    transport: BatchedTransport  # the front's CoalescingTransport (GatewayHttpProtocol.connection_made)
     replaced = False  # the handler's answer could not be written: the JSON 500 went instead
     cut_by_drain = False  # drain_timeout_s ended while this request ran: its handler is cancelled
 
@@ -116,7 +117,7 @@ class GatewayCycle(RequestResponseCycle):
         parts.append(b"\r\n")
         if self.scope["method"] != "HEAD":
             parts.append(body)
-        self.transport.write(b"".join(parts))
+        self.transport.write_now(b"".join(parts))  # the whole answer: no wait for the loop's next turn
         self.response_complete = True
         self.message_event.set()
         if not self.keep_alive:

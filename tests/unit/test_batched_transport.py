@@ -107,3 +107,22 @@ async def test_the_http_fronts_close_is_its_own_after_the_pending_writes() -> No
     transport.close()
     assert raw.calls == [("write", b"HTTP/1.1 200 OK\r\n")], "the raw transport is the front's to close"
     assert closed == [True]
+
+
+async def test_a_whole_answer_goes_out_at_once_unless_writes_wait_before_it() -> None:
+    """An HTTP answer written whole (``GatewayCycle.answer``) does not wait for the loop's next turn
+    (a turn costs an epoll and a callback per request at c=1: 3.05 epoll_pwait per request, 2.18
+    after); written behind pending pieces, it keeps its place after them, in the same one write."""
+    raw = RecordingTransport()
+    transport = batched(raw, [])
+    transport.write_now(b"HTTP/1.1 200 OK\r\n\r\nanswer")
+    assert raw.calls == [("write", b"HTTP/1.1 200 OK\r\n\r\nanswer")], "sent before the loop's next turn"
+    transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    transport.write_now(b"HTTP/1.1 200 OK\r\n\r\nnext")
+    assert raw.calls[1:] == [], "behind a pending write: joined with it on the next turn"
+    await next_turn()
+    assert raw.calls[1:] == [("write", b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n\r\nnext")]
+    transport.shut()
+    transport.write_now(b"after shut")
+    await next_turn()
+    assert raw.calls[2:] == [], "nothing goes after shut"
