@@ -93,8 +93,7 @@ async def test_a_cancelled_call_is_left_to_finish_never_reset_and_the_connection
         started = time.monotonic()
         code, _, _ = await upstream.unary(INFER, request("2"))
         assert code == StatusCode.OK and upstream._connection is connection and time.monotonic() - started < 1.0
-        while connection.streams:
-            await asyncio.sleep(0.02)
+        await ended(connection)
         assert resets == [] and slot.released == 1
         code, _, _ = await upstream.unary(INFER, request("3"), timeout=0.3)
         assert code == 4  # DEADLINE_EXCEEDED: grpc-timeout reached Triton
@@ -121,11 +120,19 @@ async def test_a_cancelled_stream_ends_its_requests_instead_of_a_reset(triton: L
         stream.cancel()  # once is enough: a second changes nothing
         assert heard.closed == [(StatusCode.CANCELLED, "cancelled")] and len(connection.streams) == 1
         assert stream.call.requests_ended
-        while connection.streams:  # Triton answers the request it had and ends the stream
-            await asyncio.sleep(0.02)
+        await ended(connection)  # Triton answers the request it had and ends the stream
         assert resets == [] and heard.closed == [(StatusCode.CANCELLED, "cancelled")] and heard.data == 0
     finally:
         await upstream.aclose()
+
+
+async def ended(connection: Any, within_s: float = 10.0) -> None:
+    """Until the connection has no call open (Triton answered them all): a left call is reset only
+    after 60 s, so a call that never ends fails here first, not at the suite's timeout."""
+    ends = time.monotonic() + within_s
+    while connection.streams:
+        assert time.monotonic() < ends, f"{len(connection.streams)} calls still open upstream after {within_s:g} s"
+        await asyncio.sleep(0.02)
 
 
 class Slot:
