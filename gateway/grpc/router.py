@@ -34,9 +34,7 @@ from gateway.pipeline import SEQUENCED, Pipeline, Target, checked_model, passed_
 from gateway.proxy.shadow import GrpcMirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
 from gateway.sequences import SequenceFields, checked_sequence_id
-from gateway.telemetry.recorder import QUEUE_FULL, STEERED_ROUTES, Outcome
-
-_QUEUE_FULL = QUEUE_FULL.encode()
+from gateway.telemetry.recorder import STEERED_ROUTES, Outcome, queue_refused
 
 SERVICE = "/inference.GRPCInferenceService/"
 INFER = SERVICE + "ModelInfer"
@@ -262,7 +260,8 @@ class GrpcRouter:
         """One ModelStreamInferResponse, charged to the request it answers (``ledger``), as the
         client gets it (a renamed target's reply with the called name). A failed
         request inside a stream comes back as a message with error_message (field 1) set, and
-        the stream stays open; its words say whose fault it was (Triton's full queue: overload;
+        the stream stays open; its words say whose fault it was (Triton's full or timed-out queue: the
+        version's capacity, REJECTED;
         a request Triton could not accept: the client's; anything else: the version's). A
         successful one is also timed (``record_stream``): from when its request was sent for
         its first reply, else from its previous reply."""
@@ -275,7 +274,7 @@ class GrpcRouter:
             return response
         model, decision = request.model, request.decision
         if reply.error:
-            code = StatusCode.RESOURCE_EXHAUSTED if _QUEUE_FULL in reply.error else StatusCode.INTERNAL
+            code = StatusCode.UNAVAILABLE if queue_refused(reply.error) else StatusCode.INTERNAL
             self.record(model, decision, code, request.sent, reply.error.decode(errors="replace"), ledger.client)
         else:
             self.record(model, decision, StatusCode.OK, request.sent, client=ledger.client)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from enum import IntEnum
 
 from gateway.errors import ClientGone, GatewayError, UpstreamTimeout, UpstreamUnavailable
-from gateway.telemetry.recorder import QUEUE_FULL, Outcome, client_caused
+from gateway.telemetry.recorder import Outcome, client_caused, queue_refused
 
 
 class StatusCode(IntEnum):
@@ -51,15 +51,18 @@ def status_name(code: int) -> str:
 
 def classify(code: int, details: str = "") -> Outcome:
     """gRPC answers HTTP 200 even on failure: the status code says whose fault it was, and for
-    some the message: Triton's full queue (UNAVAILABLE) is overload, not a broken version, and
+    some the message: Triton's full or timed-out queue (UNAVAILABLE) is the version's capacity
+    (REJECTED), not a broken version; RESOURCE_EXHAUSTED (the gateway's own admission) is overload; and
     Triton's words for a request it could not accept (``client_caused``) are the client's error
     whatever the code."""
     if code == StatusCode.OK:
         return Outcome.SUCCESS
     if code == StatusCode.CANCELLED:
         return Outcome.CANCELLED
-    if code == StatusCode.RESOURCE_EXHAUSTED or (code == StatusCode.UNAVAILABLE and QUEUE_FULL in details):
+    if code == StatusCode.RESOURCE_EXHAUSTED:
         return Outcome.OVERLOAD
+    if code == StatusCode.UNAVAILABLE and details and queue_refused(details.encode()):
+        return Outcome.REJECTED
     if code not in FAULTS or (code != StatusCode.DEADLINE_EXCEEDED and details and client_caused(details.encode())):
         return Outcome.CLIENT_ERROR
     return Outcome.UPSTREAM_ERROR

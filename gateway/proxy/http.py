@@ -419,7 +419,7 @@ class HttpExchange:
 
     def outcome(self) -> Outcome:
         response = self.response
-        # A 503's short body tells Triton's queue-full (overload) from a failing version, a 500's
+        # A 503's short body tells Triton's full or timed-out queue (rejected) from a failing version, a 500's
         # a body Triton could not parse (the client's error) from a failing version.
         body = response.body() if self.status in (500, 503) and response is not None and response.complete else b""
         return http_outcome(self.status, body)

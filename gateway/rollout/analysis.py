@@ -15,6 +15,8 @@ from typing import Any
 from gateway.rollout.spec import RolloutSpec
 from gateway.telemetry.recorder import Window
 
+CAPACITY, BACKEND = "capacity", "backend"  # classes of failure (spec.failure_classes, judge.failure_class)
+
 
 class Outcome(str, Enum):
     HEALTHY = "healthy"
@@ -45,6 +47,10 @@ class Verdict:
     stable_overloads: int = 0
     alpha: dict[str, Any] | None = None  # statistical: the false-rollback budget, each test's share of it
     clients: dict[str, Any] | None = None  # statistical: per version, clients seen and how much was capped
+    canary_rejected: int = 0  # answers Triton's queue refused (full, timed out): the version's capacity
+    stable_rejected: int = 0
+    failure_class: str | None = None  # UNHEALTHY: "capacity" (its queue) or "backend" (the model): judge.failure_class
+    attribution: dict[str, Any] | None = None  # where Triton puts the difference (rollout.attribution.Attribution)
 
     def document(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -57,7 +63,9 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def judge(spec: RolloutSpec, canary: Window | None, stable: Window | None) -> Verdict:
-    """The verdict on one interval. ``None`` windows mean the metrics could not be read."""
+    """The verdict on one interval. ``None`` windows mean the metrics could not be read. Answers
+    Triton's queue refused (``rejected``) are the capacity error rate: its rise over the stable's
+    against the same ceiling (a queue both versions fill is nobody's version's fault)."""
     if canary is None:
         return Verdict(Outcome.ERROR, "canary metrics unavailable")
     numbers: dict[str, Any] = {
@@ -69,6 +77,7 @@ def judge(spec: RolloutSpec, canary: Window | None, stable: Window | None) -> Ve
         "canary_client_errors": canary.client_errors, "canary_client_error_rate": canary.client_error_rate,
         "stable_client_error_rate": stable.client_error_rate if stable else None,
         "canary_overloads": canary.overloads, "stable_overloads": stable.overloads if stable else 0,
+        "canary_rejected": canary.rejected, "stable_rejected": stable.rejected if stable else 0,
     }
     answered = canary.requests + canary.client_errors  # a canary refusing every request is not "no data"
     if answered < spec.min_requests:
@@ -82,6 +91,10 @@ def judge(spec: RolloutSpec, canary: Window | None, stable: Window | None) -> Ve
     if rate > ceiling:
         return Verdict(Outcome.UNHEALTHY, f"error rate {rate:.2%} above {ceiling:.2%}",
                        "error_rate", rate, ceiling, **numbers)
+    capacity = _capacity_breach(spec, canary, stable)
+    if capacity is not None:
+        return Verdict(Outcome.UNHEALTHY, capacity[0], "capacity_error_rate", capacity[1], ceiling,
+                       failure_class=CAPACITY, **numbers)
     p99 = numbers["canary_p99_ms"]
     if spec.max_p99_ms is not None and p99 is not None and p99 > spec.max_p99_ms:
         return Verdict(Outcome.UNHEALTHY, f"p99 {p99:.1f} ms above {spec.max_p99_ms:.1f} ms",
@@ -94,6 +107,20 @@ def judge(spec: RolloutSpec, canary: Window | None, stable: Window | None) -> Ve
             return Verdict(Outcome.UNHEALTHY, f"p99 {p99:.1f} ms is {ratio:.2f}x the stable's {stable_p99:.1f} ms "
                            f"(limit {spec.max_p99_ratio}x)", "p99_ratio", ratio, spec.max_p99_ratio, **numbers)
     return Verdict(Outcome.HEALTHY, "within every threshold", **numbers)
+
+
+def _capacity_breach(spec: RolloutSpec, canary: Window, stable: Window | None) -> tuple[str, float] | None:
+    """The canary's REJECTED share over the stable's, past the error ceiling. Not judged when the
+    stable has too few answers to tell (the 100% step): a version's queue fills with its load, and
+    the one taking all of it has nothing to be compared with."""
+    if stable is None or stable.requests + stable.rejected < spec.min_requests:
+        return None
+    rate = canary.rejected / (canary.requests + canary.rejected) if canary.rejected else 0.0
+    base = stable.rejected / (stable.requests + stable.rejected)
+    if rate - base <= spec.error_rate_ceiling():
+        return None
+    return (f"REJECTED rate (queue full or timed out) {rate:.2%} is {rate - base:.2%} above the stable's {base:.2%} "
+            f"(limit {spec.error_rate_ceiling():.2%})", rate - base)
 
 
 def _client_error_breach(spec: RolloutSpec, canary: Window, stable: Window | None) -> tuple[str, float] | None:

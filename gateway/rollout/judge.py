@@ -5,7 +5,10 @@ the spec, "stable" below means that baseline: a copy of the stable at the canary
 Each interval adds one :class:`VersionSample` per version to the rollout's :class:`Evidence`
 and judges three metrics on everything gathered so far:
 
-* ``error_rate``: 5xx and transport errors per answered request;
+* ``error_rate``: 5xx and transport errors per answered request (Triton's BACKEND: the model);
+* ``capacity_error_rate``: answers Triton's queue refused (full, or timed out: Triton's REJECTED)
+  per answered request: the version's capacity, judged apart so that a rollout can pause on it
+  (``failure_classes``) rather than throw a good model away for want of instances;
 * ``client_error_rate``: 4xx per answered request (a canary that renamed an input fails here);
 * ``latency``: the median shift of successful requests' latency, as a ratio;
 * ``time_to_first_response`` and ``response_gap``, for streaming calls (HTTP generate_stream,
@@ -21,11 +24,15 @@ floor says which effects matter, the test whether the effect is real). It PASSES
 upper bound on the difference is below the floor. Otherwise it is INCONCLUSIVE, with the
 canary requests a decision needs at the effect seen so far. The verdict is UNHEALTHY if any
 metric fails, HEALTHY if all pass (and the canary had traffic this interval), INCONCLUSIVE
-otherwise. The false-rollback budget ``false_rollback_rate`` is split evenly over the metrics
-in the verdict (Bonferroni): three, or up to five once streaming samples were seen.
+otherwise. The false-rollback budget ``false_rollback_rate`` is split evenly over every test
+the spec lets run (Bonferroni, :func:`alpha_split`).
 
-Overload answers (HTTP 429, Triton's queue-full 503, gRPC RESOURCE_EXHAUSTED) are counted
-and shown, never judged: they measure the server's load, not the canary.
+An UNHEALTHY verdict says which class of failure it is (``failure_class``): ``capacity`` when
+only the capacity error rate failed, or latency did and Triton's own timings put the difference
+in the queue (``rollout.attribution``); ``backend`` otherwise.
+
+The gateway's own overload answers (HTTP 429, gRPC RESOURCE_EXHAUSTED: its admission control)
+are counted and shown, never judged: they measure the gateway's load, not the canary.
 """
 
 from __future__ import annotations
@@ -39,11 +46,12 @@ from typing import Any
 import numpy as np
 
 from gateway.rollout import stats
-from gateway.rollout.analysis import Outcome, Verdict
+from gateway.rollout.analysis import BACKEND, CAPACITY, Outcome, Verdict
+from gateway.rollout.attribution import QUEUE
 from gateway.rollout.spec import RolloutSpec
 from gateway.telemetry.recorder import Window
 
-METRICS = ("error_rate", "client_error_rate", "latency")
+METRICS = ("error_rate", "capacity_error_rate", "client_error_rate", "latency")
 STREAM_METRICS = ("time_to_first_response", "response_gap")
 CEILING = "error_ceiling"  # the canary's own error rate against max_error_rate, whatever the reference
 PASS_CONFIDENCE = 0.95  # one-sided: a canary at least as bad as the floor passes a look <= 5% of the time
@@ -58,7 +66,7 @@ MIN_SE = 1e-4  # floor on an interval's log-shift standard error (identical late
 @dataclass(frozen=True)
 class VersionSample:
     """What one version did in one interval. ``requests`` counts answered requests
-    (successes, upstream errors and client errors; never overloads or cancellations);
+    (successes, upstream errors, rejections and client errors; never overloads or cancellations);
     ``latencies`` (seconds) is a uniform sample of its successful requests, e.g. a reservoir; a
     negative value -d is a request that ran out of a deadline its client set, after d seconds: a
     censored latency (at least d). ``clients``: the same answered requests per client (address),
@@ -73,6 +81,7 @@ class VersionSample:
     first_responses: Sequence[float] = ()  # seconds to the first response of streaming calls
     response_gaps: Sequence[float] = ()  # seconds between their consecutive responses
     clients: Mapping[str, stats.Counts] | None = None
+    rejected: int = 0  # Triton's queue refused them (full, timed out): the capacity error rate's events
 
     @classmethod
     def of(cls, window: Window, latencies: Sequence[float],
@@ -81,8 +90,8 @@ class VersionSample:
         """From a metrics window (whose ``requests`` leave out 4xx), a latency sample, the
         streaming samples (``Recorder.take_stream``: first responses, gaps) and the per-client
         counts (``Recorder.take_clients``)."""
-        return cls(window.requests + window.client_errors, window.errors, window.client_errors, window.overloads,
-                   latencies, *stream, clients=clients)
+        return cls(window.requests + window.client_errors + window.rejected, window.errors, window.client_errors,
+                   window.overloads, latencies, *stream, clients=clients, rejected=window.rejected)
 
 
 @dataclass(frozen=True)
@@ -150,7 +159,7 @@ def uncensored(canary: Sequence[float], stable: Sequence[float]) -> tuple[list[f
     return placed(canary), placed(stable)
 
 
-ClientHistory = stats.History  # client -> requests seen, counted; errors and 4xx counted, over the rollout
+ClientHistory = stats.History  # client -> requests seen, counted; errors, 4xx and rejected counted, over the rollout
 
 
 @dataclass(frozen=True)
@@ -171,14 +180,15 @@ class Evidence:
     # per client, over the rollout (stats.cap_clients): empty when the source has no clients
     canary_clients: ClientHistory = field(default_factory=dict)
     stable_clients: ClientHistory = field(default_factory=dict)
+    capacity: RateEvidence = field(default_factory=RateEvidence)  # rejected per answered request
 
     def add(self, canary: VersionSample, stable: VersionSample, latency: bool = True) -> Evidence:
         """This interval's samples; ``latency=False`` leaves its latencies (streaming ones too) out (warm-up).
         Rates count what :func:`counted` keeps of each version's requests."""
         first, gaps = self.first_response, self.response_gap
         rng = np.random.default_rng([self.intervals, canary.requests, stable.requests])  # reproducible draws
-        (c_n, c_x, c_y), canary_clients = counted(canary, self.canary_clients, rng)
-        (s_n, s_x, s_y), stable_clients = counted(stable, self.stable_clients, rng)
+        (c_n, c_x, c_y, c_z), canary_clients = counted(canary, self.canary_clients, rng)
+        (s_n, s_x, s_y, s_z), stable_clients = counted(stable, self.stable_clients, rng)
         return Evidence(
             self.errors.add(c_n, c_x, s_n, s_x),
             self.client_errors.add(c_n, c_y, s_n, s_y),
@@ -188,7 +198,7 @@ class Evidence:
             gaps.add(canary.response_gaps, stable.response_gaps) if latency else gaps,
             self.first_responses_seen + len(canary.first_responses) + len(stable.first_responses),
             self.response_gaps_seen + len(canary.response_gaps) + len(stable.response_gaps),
-            canary_clients, stable_clients)
+            canary_clients, stable_clients, self.capacity.add(c_n, c_z, s_n, s_z))
 
     def document(self) -> dict[str, Any]:
         """As JSON types: one level of dicts (dataclasses.asdict deep-copied every float of the
@@ -204,7 +214,7 @@ class Evidence:
         return doc
 
     def worst(self, column: int) -> Worst:
-        """Each side's client with the most counted errors (column 2) or 4xx (3)."""
+        """Each side's client with the most counted errors (column 2), 4xx (3) or rejections (4)."""
         return stats.worst_client(self.canary_clients, column), stats.worst_client(self.stable_clients, column)
 
     @classmethod
@@ -218,20 +228,24 @@ class Evidence:
                    # documents stored before streaming metrics have none of these
                    _latency_evidence(doc.get("first_response") or {}), _latency_evidence(doc.get("response_gap") or {}),
                    doc.get("first_responses_seen", 0), doc.get("response_gaps_seen", 0),
-                   _history(doc.get("canary_clients")), _history(doc.get("stable_clients")))
+                   _history(doc.get("canary_clients")), _history(doc.get("stable_clients")),
+                   _rates(doc.get("capacity")))  # documents stored before capacity was judged have none
+
+
+def _rates(doc: dict[str, Any] | None) -> RateEvidence:
+    return RateEvidence(**{**doc, "log_lr": tuple(doc["log_lr"])}) if doc else RateEvidence()
 
 
 def _history(doc: dict[str, Any] | None) -> ClientHistory:
-    return {client: (int(seen), int(kept), int(errors), int(client_errors))
-            for client, (seen, kept, errors, client_errors) in (doc or {}).items()}
+    return {client: tuple(int(v) for v in entry) for client, entry in (doc or {}).items()}
 
 
 def counted(sample: VersionSample, history: ClientHistory,
             rng: np.random.Generator) -> tuple[stats.Counts, ClientHistory]:
-    """The (answered, errors, 4xx) of ``sample`` that count, and the new client history: every
-    request when the source knows no clients, else each client up to its share (stats.cap_clients)."""
+    """The (answered, errors, 4xx, rejected) of ``sample`` that count, and the new client history:
+    every request when the source knows no clients, else each client up to its share (stats.cap_clients)."""
     if sample.clients is None:
-        return (sample.requests, sample.errors, sample.client_errors), history
+        return (sample.requests, sample.errors, sample.client_errors, sample.rejected), history
     return stats.cap_clients(sample.clients, history, rng)
 
 
@@ -240,8 +254,10 @@ def client_weighted(window: Window, clients: Mapping[str, stats.Counts] | None) 
     client): what ``critical_error_rate`` reads, so that a handful of clients cannot trigger it."""
     if clients is None:
         return window
-    (answered, errors, client_errors), _ = stats.cap_clients(clients, {}, np.random.default_rng(window.requests))
-    return dataclasses.replace(window, requests=answered - client_errors, errors=errors, client_errors=client_errors)
+    (answered, errors, client_errors, rejected), _ = stats.cap_clients(clients, {},
+                                                                         np.random.default_rng(window.requests))
+    return dataclasses.replace(window, requests=answered - client_errors - rejected, errors=errors,
+                               client_errors=client_errors, rejected=rejected)
 
 
 def alpha_split(spec: RolloutSpec) -> tuple[tuple[str, ...], float]:
@@ -275,12 +291,13 @@ class MetricVerdict:
     summary: str
 
 
-def assess(spec: RolloutSpec, evidence: Evidence, canary: VersionSample,
-           stable: VersionSample, extra: Sequence[MetricVerdict] = ()) -> tuple[Verdict, Evidence]:
+def assess(spec: RolloutSpec, evidence: Evidence, canary: VersionSample, stable: VersionSample,
+           extra: Sequence[MetricVerdict] = (), cause: str | None = None) -> tuple[Verdict, Evidence]:
     """The verdict on everything seen so far, this interval included, and the new evidence;
-    ``extra`` (custom checks, the shadow gate: gateway/rollout/checks.py) is folded in."""
+    ``extra`` (custom checks, the shadow gate: gateway/rollout/checks.py) is folded in; ``cause``:
+    where Triton's own timings put this interval's latency difference (``attribution.latency_cause``)."""
     if extra:
-        verdict, evidence = assess(spec, evidence, canary, stable)
+        verdict, evidence = assess(spec, evidence, canary, stable, cause=cause)
         return fold(verdict, extra), evidence
     warming = evidence.intervals * spec.interval_s < spec.latency_warmup_s
     evidence = evidence.add(canary, stable, latency=not warming)
@@ -293,6 +310,8 @@ def assess(spec: RolloutSpec, evidence: Evidence, canary: VersionSample,
     metrics = (
         _judge_rate("error_rate", "error rate", evidence.errors, spec.max_error_rate_increase, alpha, versus,
                     evidence.worst(2)),
+        _judge_rate("capacity_error_rate", "REJECTED rate (queue full or timed out)", evidence.capacity,
+                    spec.max_error_rate_increase, alpha, versus, evidence.worst(4)),
         _judge_rate("client_error_rate", "4xx rate", evidence.client_errors, spec.client_error_floor(),
                     alpha, versus, evidence.worst(3)),
         _judge_latency(evidence.latency, spec.max_latency_increase, alpha, warmup_s, versus=versus),
@@ -305,6 +324,7 @@ def assess(spec: RolloutSpec, evidence: Evidence, canary: VersionSample,
         "canary_error_rate": canary.errors / canary.requests if canary.requests else None,
         "stable_requests": stable.requests,
         "stable_error_rate": stable.errors / stable.requests if stable.requests else None,
+        "canary_rejected": canary.rejected, "stable_rejected": stable.rejected,
         "metrics": metrics, "alpha": {"false_rollback_rate": spec.false_rollback_rate, "tests": list(tests),
                                       "per_test": alpha},
         "clients": {"canary": _client_numbers(evidence.canary_clients),
@@ -316,7 +336,7 @@ def assess(spec: RolloutSpec, evidence: Evidence, canary: VersionSample,
     if failed:
         first = failed[0]
         return Verdict(Outcome.UNHEALTHY, "; ".join(m.summary for m in failed) + overloads, first.name,
-                       first.effect, first.floor, **numbers), evidence
+                       first.effect, first.floor, failure_class=failure_class(failed, cause), **numbers), evidence
     if canary.requests == 0:
         return Verdict(Outcome.INCONCLUSIVE, "no canary requests this interval" + overloads, **numbers), evidence
     waiting = [m for m in metrics if m.verdict != "pass"]
@@ -324,6 +344,17 @@ def assess(spec: RolloutSpec, evidence: Evidence, canary: VersionSample,
         return Verdict(Outcome.INCONCLUSIVE, "; ".join(m.summary for m in waiting) + overloads,
                        **numbers), evidence
     return Verdict(Outcome.HEALTHY, "every metric within its floor" + overloads, **numbers), evidence
+
+
+def failure_class(failed: Sequence[MetricVerdict], cause: str | None) -> str:
+    """CAPACITY when every failed metric is the version's capacity: its REJECTED rate, or a latency
+    that Triton's timings put in the queue (``cause``); BACKEND otherwise (the model)."""
+    return CAPACITY if all(capacity_metric(m.name, cause) for m in failed) else BACKEND
+
+
+def capacity_metric(name: str, cause: str | None) -> bool:
+    """A failure of metric ``name`` is the version's capacity (module docstring)."""
+    return name == "capacity_error_rate" or (name in ("latency", "p99_ms", "p99_ratio") and cause == QUEUE)
 
 
 def _client_numbers(history: ClientHistory) -> dict[str, Any] | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 
 from gateway.errors import MetricsUnavailable
 from gateway.rollout.phases import Phase
@@ -16,7 +17,7 @@ from gateway.telemetry.sources import MetricsSource, RecorderSource
 
 log = logging.getLogger("gateway.rollout")
 # One version's samples: latencies; streaming first responses and gaps; per-client counts (or None)
-Samples = tuple[list[float], tuple[list[float], list[float]], dict[str, tuple[int, int, int]] | None]
+Samples = tuple[list[float], tuple[list[float], list[float]], Mapping[str, tuple[int, ...]] | None]
 
 
 def take_samples(recorder: Recorder, source: MetricsSource, rollout: Rollout) -> list[Samples]:

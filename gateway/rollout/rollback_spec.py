@@ -34,3 +34,18 @@ class RollbackSpec(BaseModel):
     def descent_from(self, percent: Decimal) -> int:
         """Index of the first rollback step below ``percent`` (there is one: the last is 0)."""
         return next(i for i, step in enumerate(self.steps) if step < percent)
+
+
+class FailureClasses(BaseModel):
+    """What a canary judged unhealthy ``failure_limit`` intervals in a row does, by the class of
+    its failure (``judge.failure_class``): roll back, or pause for an operator."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: Literal["roll_back", "pause"] = Field(
+        "roll_back", description="the model: its errors (Triton's BACKEND), a latency in its compute or outside "
+        "Triton, 4xx, streaming times, checks")
+    capacity: Literal["roll_back", "pause"] = Field(
+        "roll_back", description="its capacity: answers its queue refused (Triton's REJECTED: full or timed out), "
+        "or a latency Triton's timings put in the queue. pause: 'canary under-provisioned: queue', so an operator "
+        "adds instances and resumes rather than throws the model away")

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from gateway.policy import Percent, TargetKey, parse_target, target_order
 from gateway.rollout.check_spec import Check, unique_names
 from gateway.rollout.hook_spec import Gate, Webhook
-from gateway.rollout.rollback_spec import RollbackSpec
+from gateway.rollout.rollback_spec import FailureClasses, RollbackSpec
 
 # Fields only one judge reads (the reference, the console and the API's warnings say so): a
 # statistical rollout given min_requests would otherwise take it for a setting that mattered.
@@ -84,6 +84,9 @@ class RolloutSpec(BaseModel):
     # Gentle rollback (gateway/rollout/rollback.py).
     rollback: RollbackSpec = Field(default_factory=RollbackSpec, description="how an unhealthy canary goes back to "
                                    "the stable: immediate, or gradual through rollback steps, one per interval")
+    failure_classes: FailureClasses = Field(
+        default_factory=FailureClasses, description="per class of failure (backend: the model; capacity: its queue, "
+        "Triton's REJECTED), whether failure_limit unhealthy intervals roll back (the default for both) or pause")
     critical_error_rate: float | None = Field(
         0.5, gt=0, lt=1, description="a canary whose error rate in one interval is past this (with 99.9% "
         "confidence, while the stable's is not) is rolled back at once, whatever the judge, failure_limit or "

@@ -244,7 +244,10 @@ def difference_upper(events_a: int, n_a: int, events_b: int, n_b: int, confidenc
 # -- one client, one share ---------------------------------------------------------------------
 MAX_CLIENTS = 1024  # clients remembered per version over a rollout; past it, new ones fold into one
 OTHER_CLIENTS = "*"  # the folded entry (and the recorder's overflow client)
-Counts = tuple[int, int, int]  # answered requests, upstream errors, client errors (4xx)
+# answered requests, then its events: upstream errors, client errors (4xx), rejected (Triton's queue
+# refused them); counts read before rejections were counted have three entries (none rejected)
+Counts = tuple[int, ...]
+EVENTS = 3  # event columns after the answered requests
 
 
 def lower_median(values: Sequence[int]) -> int:
@@ -254,18 +257,31 @@ def lower_median(values: Sequence[int]) -> int:
 
 OUTLIER_TAIL = 1e-4  # a client's errors past this binomial tail of the other clients' rate are clipped to it
 OUTLIER_CLIENTS = 10  # with fewer clients on a version, none is anyone's outlier
-History = dict[str, tuple[int, int, int, int]]  # client -> requests seen, counted; errors, 4xx counted
+# client -> requests seen, counted; errors, 4xx, rejected counted (a history stored before
+# rejections were counted has four entries: read through _entry)
+History = dict[str, tuple[int, ...]]
 
 
-def cap_clients(interval: Mapping[str, Counts], history: Mapping[str, tuple[int, int, int, int]],
+def _counts(counts: Sequence[int]) -> tuple[int, ...]:
+    """``counts`` as (answered, *EVENTS events), a missing rejected column read as 0."""
+    return (*counts, *(0,) * (1 + EVENTS - len(counts)))
+
+
+def _entry(entry: Sequence[int]) -> tuple[int, ...]:
+    """A history entry as (seen, counted, *EVENTS events counted)."""
+    return (*entry, *(0,) * (2 + EVENTS - len(entry)))
+
+
+def cap_clients(interval: Mapping[str, Counts], history: Mapping[str, tuple[int, ...]],
                 rng: np.random.Generator) -> tuple[Counts, History]:
-    """This interval's counted (answered, errors, 4xx) of one version, and the new history.
+    """This interval's counted (answered, errors, 4xx, rejected) of one version, and the new history.
 
     ``interval`` holds each client's raw counts this interval; ``history`` each client's
-    (requests seen, requests counted, errors counted, 4xx counted) over the rollout so far. A
+    (requests seen, requests counted, errors counted, 4xx counted, rejected counted) over the
+    rollout so far. A
     client is counted up to the cap, the lower median of every known client's requests seen
     (this interval's included), minus what it already had counted; which of its requests count
-    is a uniform draw. Then its counted errors (and 4xx) over the rollout are clipped at the
+    is a uniform draw. Then its counted errors (and 4xx, and rejections) over the rollout are clipped at the
     1 - OUTLIER_TAIL quantile of a binomial of its counted requests at the other clients' rate
     over the rollout: a client failing far beyond everyone else (its own bad input, or an
     attacker) counts as the worst an ordinary client would plausibly be; an honest client is
@@ -273,63 +289,63 @@ def cap_clients(interval: Mapping[str, Counts], history: Mapping[str, tuple[int,
     clipped (the others fail too). Past MAX_CLIENTS known
     clients, new ones share the OTHER_CLIENTS entry (counted as one). (Clipping needs OUTLIER_CLIENTS
     clients known on the version: among fewer, nobody is an outlier.)"""
-    merged = dict(history)
+    merged = {client: _entry(entry) for client, entry in history.items()}
     raw: dict[str, Counts] = {}
     known = len(merged)
+    nothing = (0,) * (1 + EVENTS)
     for client, counts in interval.items():
         if client not in merged and client not in raw:
             if known >= MAX_CLIENTS:
                 client = OTHER_CLIENTS
             else:
                 known += 1
-        before = raw.get(client, (0, 0, 0))
-        raw[client] = (before[0] + counts[0], before[1] + counts[1], before[2] + counts[2])
+        raw[client] = tuple(a + b for a, b in zip(raw.get(client, nothing), _counts(counts)))
     for client, counts in raw.items():
-        seen, counted, x_sum, y_sum = merged.get(client, (0, 0, 0, 0))
-        merged[client] = (seen + counts[0], counted, x_sum, y_sum)
+        seen, counted, *events = merged.get(client, (0,) * (2 + EVENTS))
+        merged[client] = (seen + counts[0], counted, *events)
     cap = lower_median([entry[0] for entry in merged.values()])
     kept: dict[str, Counts] = {}
-    for client, (n, x, y) in raw.items():
+    for client, (n, *events) in raw.items():
         keep = max(0, min(n, cap - merged[client][1]))
         if keep == n:
-            kept[client] = (n, x, y)
+            kept[client] = (n, *events)
         elif keep == 0:
-            kept[client] = (0, 0, 0)
+            kept[client] = nothing
         else:
-            kept_x, kept_y, _ = (int(v) for v in rng.multivariate_hypergeometric([x, y, n - x - y], keep))
-            kept[client] = (keep, kept_x, kept_y)
+            drawn = rng.multivariate_hypergeometric([*events, n - sum(events)], keep)
+            kept[client] = (keep, *(int(v) for v in drawn[:EVENTS]))
     kept = _clip_outliers(kept, merged)
-    for client, (n, x, y) in kept.items():
-        seen, counted, x_sum, y_sum = merged[client]
-        merged[client] = (seen, counted + n, x_sum + x, y_sum + y)
-    totals = np.asarray(list(kept.values()), dtype=np.int64).reshape(-1, 3).sum(axis=0)
-    return (int(totals[0]), int(totals[1]), int(totals[2])), merged
+    for client, (n, *events) in kept.items():
+        seen, counted, *before = merged[client]
+        merged[client] = (seen, counted + n, *(a + b for a, b in zip(before, events)))
+    totals = np.asarray(list(kept.values()), dtype=np.int64).reshape(-1, 1 + EVENTS).sum(axis=0)
+    return tuple(int(total) for total in totals), merged
 
 
-def _clip_outliers(kept: dict[str, Counts], history: Mapping[str, tuple[int, int, int, int]]) -> dict[str, Counts]:
-    """This interval's counted errors and 4xx of each client, clipped so that its counted events
+def _clip_outliers(kept: dict[str, Counts], history: Mapping[str, tuple[int, ...]]) -> dict[str, Counts]:
+    """This interval's counted errors, 4xx and rejections of each client, clipped so that its counted events
     over the rollout stay within the 1 - OUTLIER_TAIL binomial quantile of its counted requests
     at the other clients' rate over the rollout (half an event of prior): see :func:`cap_clients`."""
     if len(history) < OUTLIER_CLIENTS or not kept:
         return kept
     names = list(kept)
     now = np.asarray([kept[name] for name in names], dtype=np.int64)
-    before = np.asarray([history[name][1:] for name in names], dtype=np.int64)  # counted, errors, 4xx so far
+    before = np.asarray([history[name][1:] for name in names], dtype=np.int64)  # counted, events so far
     totals = np.asarray([entry[1:] for entry in history.values()], dtype=np.int64).sum(axis=0) + now.sum(axis=0)
     n = before[:, 0] + now[:, 0]
     clipped = now.copy()
-    for column in (1, 2):
+    for column in range(1, 1 + EVENTS):
         events = before[:, column] + now[:, column]
         others = (totals[column] - events + 0.5) / (totals[0] - n + 1)
         allowed = stats.binom.ppf(1 - OUTLIER_TAIL, n, np.clip(others, 0.0, 1.0)).astype(np.int64)
         clipped[:, column] = np.clip(allowed - before[:, column], 0, now[:, column])
-    return {name: (int(a), int(b), int(c)) for name, (a, b, c) in zip(names, clipped)}
+    return {name: tuple(int(v) for v in row) for name, row in zip(names, clipped)}
 
 
-def worst_client(history: Mapping[str, tuple[int, int, int, int]], column: int) -> tuple[int, int]:
+def worst_client(history: Mapping[str, tuple[int, ...]], column: int) -> tuple[int, int]:
     """(counted requests, counted events) of the client with the most counted events (column 2:
-    errors, 3: 4xx) over the rollout; (0, 0) without clients."""
+    errors, 3: 4xx, 4: rejected) over the rollout; (0, 0) without clients."""
     if not history:
         return 0, 0
-    entry = max(history.values(), key=lambda e: (e[column], e[1]))
+    entry = max((_entry(e) for e in history.values()), key=lambda e: (e[column], e[1]))
     return entry[1], entry[column]

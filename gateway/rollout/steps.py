@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from gateway.rollout.analysis import Outcome, Verdict
+from gateway.rollout.analysis import BACKEND, CAPACITY, Outcome, Verdict
 from gateway.rollout.phases import Phase, TransitionError, check
 from gateway.rollout.rollback import CRITICAL
 from gateway.rollout.spec import RolloutSpec
@@ -60,6 +60,12 @@ class Rollout:
     # its state ("loaded", then "folded" on promotion, "unloaded" at the end) and Triton's last
     # reading of the composing model's versions (attribution). Empty for any other rollout.
     variant: dict[str, Any] = field(default_factory=dict)
+    # Triton's own view (rollout.engine): the stable's and canary's configs compared at the start,
+    # the canary's files then (where the gateway reads the repository), and the drift last found.
+    likeness: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+    drift: tuple[dict[str, Any], ...] = ()
+    warmup: dict[str, Any] = field(default_factory=dict)  # warm before weight (rollout.warmup): its state, evidence
 
     @property
     def settled(self) -> bool:
@@ -132,6 +138,7 @@ class Rollout:
             "manual_revision": self.manual_revision, "rollback_step": self.rollback_step,
             "rollback_reason": self.rollback_reason, "fast_path_from": self.fast_path_from,
             "acknowledged": self.acknowledged, "variant": self.variant,
+            "likeness": self.likeness, "files": self.files, "drift": list(self.drift), "warmup": self.warmup,
             # derived, for status readers: the percents of a gradual rollback under way
             "descent": [_number(p) for p in self.descent] if self.phase is Phase.ROLLING_BACK else None,
         }
@@ -153,6 +160,8 @@ class Rollout:
             rollback_step=doc.get("rollback_step", 0), rollback_reason=doc.get("rollback_reason", ""),
             fast_path_from=doc.get("fast_path_from", 0.0), acknowledged=doc.get("acknowledged"),
             variant=doc.get("variant") or {},
+            likeness=doc.get("likeness") or {}, files=doc.get("files") or {}, drift=tuple(doc.get("drift") or ()),
+            warmup=doc.get("warmup") or {},
         )
 
 
@@ -274,12 +283,31 @@ def on_verdict(rollout: Rollout, verdict: Verdict, now: float, evidence: dict[st
         if verdict.metric == CRITICAL:  # no failure limit, no descent
             return roll_back(judged, now, verdict.reason)
         if failures >= spec.failure_limit:
-            return judged_roll_back(judged, now, f"{verdict.reason} ({failures} unhealthy intervals in a row)")
+            why = f"{verdict.reason} ({failures} unhealthy intervals in a row)"
+            kind = verdict.failure_class or BACKEND
+            if getattr(spec.failure_classes, kind) == "pause":
+                what = "canary under-provisioned: queue" if kind == CAPACITY else "canary failing"
+                return _move(judged, Phase.PAUSED, now, f"paused: {what} ({why}); "
+                             + ("add instances to it and resume, or abort" if kind == CAPACITY else "resume or abort"),
+                             consecutive_failures=0)
+            return judged_roll_back(judged, now, why)
         return judged
     judged = dataclasses.replace(judged, consecutive_failures=0, consecutive_errors=0)
     if spec.manual_gates:
         return dataclasses.replace(judged, awaiting_promote=True, reason="healthy: waiting for a manual promote")
     return advance(judged, now, "healthy interval")
+
+
+def hold(rollout: Rollout, verdict: Verdict, now: float, why: str, evidence: dict[str, Any] | None = None) -> Rollout:
+    """A healthy verdict whose next step the canary may not take yet (``why``: a server of its
+    fleet serves it otherwise, see rollout.engine): recorded like any verdict, and the rollout
+    stays at its step, judged again after another interval."""
+    return dataclasses.replace(
+        rollout, verdicts=(*rollout.verdicts, {"at": now, "step": rollout.step, **verdict.document(),
+                                               "held": why})[-KEEP_VERDICTS:],
+        canary_requests=rollout.canary_requests + verdict.canary_requests, step_started_at=now,
+        evidence=rollout.evidence if evidence is None else evidence, reason=why, consecutive_failures=0,
+        consecutive_errors=0, consecutive_inconclusive=0)
 
 
 def on_command(rollout: Rollout, command: str, now: float, actor: str) -> Rollout:

@@ -153,8 +153,9 @@ class GatewaySnapshot:
         (one bounded set: six series per version a policy names), so its first error counts in
         increase(), which misses the first sample of a new series."""
         family = CounterMetricFamily("gateway_version_requests", "Requests per version by outcome (success, "
-                                     "upstream_error, client_error, overload, cancelled); judged=\"false\": the "
-                                     "client chose the version (routes pinned and rule), never judged",
+                                     "upstream_error, client_error, rejected, overload, cancelled); "
+                                     "judged=\"false\": the client chose the version (routes pinned and rule), "
+                                     "never judged",
                                      labels=["model", "version", "outcome", "judged"])
         totals = self.outcomes
         for model, policy in self.policies.items():

@@ -1,7 +1,7 @@
 """The recorder: where the data plane leaves one sample per request for the control plane.
 
 ``record()`` is O(1) and allocation-light: a ring of one-second slots per (model, version),
-each holding a request count, an upstream-error count, client-error and overload counts, and
+each holding a request count, an upstream-error count, client-error, rejection and overload counts, and
 for the last HIST_SECONDS a fixed-bucket latency histogram of the judged requests (successes
 and upstream errors). Memory is bounded by series x (slots + HIST_SECONDS x buckets), ~20 KB
 per version with steady traffic, never by request count. ``window()`` sums
@@ -37,11 +37,14 @@ LATENCY_BOUNDS: tuple[float, ...] = (
 )
 # The `code` label holds an HTTP status or a gRPC status name. Dashboards that split by code
 # use these regexes; judging a version uses gateway_version_requests_total{outcome=...}, which
-# also tells a queue-full 503 (overload) from a failing version.
+# also tells a queue-full 503 (rejected: the version's capacity) from a failing version.
 UPSTREAM_ERROR_CODES = "5..|UNAVAILABLE|INTERNAL|UNKNOWN|DEADLINE_EXCEEDED"
 JUDGED_CODES = "[23]..|OK|" + UPSTREAM_ERROR_CODES  # successes and upstream errors: never 4xx, 499, client codes
-# Triton's answer when a model's queue is full (HTTP 503, gRPC UNAVAILABLE): load, not a broken version.
+# Triton's answers when a version's queue is full, or a request waited in it past the queue policy's
+# timeout (HTTP 503, gRPC UNAVAILABLE): that version's capacity, not its model failing (Triton's
+# metrics count the timeout as REJECTED; the full queue it does not count at all).
 QUEUE_FULL = "Exceeds maximum queue size"
+QUEUE_TIMEOUT = "Request timeout expired"
 UNKNOWN_MODEL = "_unknown"  # label for model names Triton does not know: bounded cardinality
 # Hard cap on distinct label sets; beyond it samples fold into one overflow series. Model names
 # reach a label only when Triton answered for them (gateway.pipeline), so the sets follow the
@@ -68,7 +71,10 @@ class Outcome(str, Enum):
     UPSTREAM_ERROR = "upstream_error"  # 5xx from Triton, transport errors, timeouts
     CLIENT_ERROR = "client_error"  # 4xx: judged apart, relative to the stable's rate
     CANCELLED = "cancelled"  # the client went away first
-    OVERLOAD = "overload"  # 429, Triton's queue-full 503, RESOURCE_EXHAUSTED: shown, never held against a version
+    OVERLOAD = "overload"  # 429, RESOURCE_EXHAUSTED (the gateway's own admission): shown, never held against a version
+    # Triton refused it for the version's queue (full, or its timeout ran out): Triton's REJECTED,
+    # the version's capacity; judged apart from its errors (a rollout may pause on it instead)
+    REJECTED = "rejected"
     # the deadline the client set (gRPC grpc-timeout) ran out: not the version's error; its latency
     # (the elapsed time) is at least the deadline, a censored sample for the latency metric
     CLIENT_DEADLINE = "client_deadline"
@@ -76,7 +82,7 @@ class Outcome(str, Enum):
 
 OUTCOMES = tuple(Outcome)
 ZERO_HIST = array("I", [0]) * (len(LATENCY_BOUNDS) + 1)
-_QUEUE_FULL = QUEUE_FULL.encode()
+_QUEUE_WORDS = (QUEUE_FULL.encode(), QUEUE_TIMEOUT.encode())
 # Triton's own words for a request it could not accept, found by sending malformed requests to
 # the real Triton (tests/integration/test_client_errors_classified.py). Some come with HTTP 500
 # or gRPC INTERNAL (a body it could not parse, JSON of the wrong shape), and a ModelStreamInfer
@@ -97,30 +103,42 @@ CLIENT_ERROR_MESSAGES = (
 )
 _CLIENT_ERROR = re.compile("|".join(f"(?:{pattern})" for pattern in CLIENT_ERROR_MESSAGES).encode())  # regexes
 _REQUEST_ID = b"[request id: "
-_JSON_ERROR = b'{"error":"'
+_JSON_ERROR = re.compile(rb'\{\s*"error"\s*:\s*"')  # Triton writes {"error":"..."}; others may space it
 
 
-def client_caused(message: bytes) -> bool:
-    """Triton's error ``message`` (or an HTTP error body) says the request could not be accepted
-    (:data:`CLIENT_ERROR_MESSAGES`). Triton starts some of them with ``[request id: <id>] ``:
-    the id is the client's own, so dressing a message up that way can only relabel the errors
-    of the client's own requests."""
-    if message.startswith(_JSON_ERROR):
-        message = message[len(_JSON_ERROR):]
+def _triton_words(message: bytes) -> bytes:
+    """Triton's error ``message`` (or an HTTP error body) without the JSON wrapper and the
+    ``[request id: <id>] `` Triton starts some of them with: the id is the client's own, so
+    dressing a message up that way can only relabel the errors of the client's own requests."""
+    wrapped = _JSON_ERROR.match(message)
+    if wrapped is not None:
+        message = message[wrapped.end():]
     if message.startswith(_REQUEST_ID):
         end = message.find(b"] ")
         if end >= 0:
             message = message[end + 2:]
-    return _CLIENT_ERROR.match(message) is not None
+    return message
+
+
+def client_caused(message: bytes) -> bool:
+    """Triton's error ``message`` says the request could not be accepted (:data:`CLIENT_ERROR_MESSAGES`)."""
+    return _CLIENT_ERROR.match(_triton_words(message)) is not None
+
+
+def queue_refused(message: bytes) -> bool:
+    """Triton's error ``message`` says the version's queue refused the request (full, or timed out)."""
+    return _triton_words(message).startswith(_QUEUE_WORDS)
 
 
 def http_outcome(status: int, body: bytes = b"") -> Outcome:
     """Whose fault an HTTP answer was. ``body`` (a short error body) matters only for a 503
-    (Triton's full queue) and a 500 (Triton's words for a body it could not parse)."""
+    (Triton's full or timed-out queue) and a 500 (Triton's words for a body it could not parse)."""
     if status < 400:
         return Outcome.SUCCESS
-    if status == 429 or (status == 503 and _QUEUE_FULL in body):
+    if status == 429:
         return Outcome.OVERLOAD
+    if status == 503 and queue_refused(body):
+        return Outcome.REJECTED
     if status < 500 or (status == 500 and client_caused(body)):
         return Outcome.CLIENT_ERROR
     return Outcome.UPSTREAM_ERROR
@@ -138,6 +156,7 @@ class Window:
     client_errors: int
     histogram: tuple[int, ...]  # counts per LATENCY_BOUNDS bucket (+1 overflow) of judged requests
     overloads: int = 0  # overload answers: not judged, but shown
+    rejected: int = 0  # Triton's queue refused them (Outcome.REJECTED): judged apart, never timed
 
     @property
     def client_error_rate(self) -> float | None:
@@ -193,8 +212,8 @@ class Series:
     one. Lists of 300 histograms of 31 buckets took 107 KB per version (660 MB at 5,000 models
     with traffic); arrays of counts and 64 s of histograms take ~20 KB."""
 
-    __slots__ = ("slots", "stamp", "requests", "errors", "client_errors", "overloads", "hist_slots", "hist_stamp",
-                 "hist", "outcomes")
+    __slots__ = ("slots", "stamp", "requests", "errors", "client_errors", "overloads", "rejected", "hist_slots",
+                 "hist_stamp", "hist", "outcomes")
 
     def __init__(self, slots: int, hist_slots: int = HIST_SECONDS) -> None:
         self.slots = slots
@@ -203,6 +222,7 @@ class Series:
         self.errors = array("I", [0]) * slots
         self.client_errors = array("I", [0]) * slots
         self.overloads = array("I", [0]) * slots
+        self.rejected = array("I", [0]) * slots
         self.hist_slots = hist_slots
         self.hist_stamp = array("q", [-1]) * hist_slots
         self.hist: list[array[int] | None] = [None] * hist_slots
@@ -286,7 +306,7 @@ class Recorder:
         self._shadow: dict[tuple[str, str], ShadowStats] = {}
         self._reservoirs: dict[tuple[str, str], Reservoir] = {}  # (model, version) -> latency sample
         self._streams: dict[tuple[str, str], _Stream] = {}  # (model, version) -> streaming response timings
-        # (model, version) -> client -> [answered, upstream errors, 4xx] since the last take, while watched
+        # (model, version) -> client -> [answered, upstream errors, 4xx, rejected] since the last take, while watched
         self._clients: dict[tuple[str, str], dict[str, list[int]]] = {}
         self._sync_errors: dict[str, int] = dict.fromkeys(SYNC_ERROR_REASONS, 0)  # reason -> count
         self._loop_restarts: dict[str, int] = {}  # background loop -> restarts after a crash
@@ -334,6 +354,7 @@ class Recorder:
         if series.stamp[slot] != second:  # once per series and second
             series.stamp[slot] = second
             series.requests[slot] = series.errors[slot] = series.client_errors[slot] = series.overloads[slot] = 0
+            series.rejected[slot] = 0
         series.outcomes[outcome] += 1
         if timed:
             series.requests[slot] += 1
@@ -348,6 +369,8 @@ class Recorder:
             series.client_errors[slot] += 1
         elif outcome is Outcome.OVERLOAD:
             series.overloads[slot] += 1
+        elif outcome is Outcome.REJECTED:
+            series.rejected[slot] += 1
         if self._reservoirs:  # only while a rollout watches some version: a few dict lookups then
             self._watched(key, outcome, latency_s, client)
 
@@ -362,7 +385,8 @@ class Recorder:
         elif outcome is Outcome.CLIENT_DEADLINE:
             reservoir.add(-max(latency_s, 1e-9))
             return
-        elif outcome is not Outcome.UPSTREAM_ERROR and outcome is not Outcome.CLIENT_ERROR:
+        elif outcome is not Outcome.UPSTREAM_ERROR and outcome is not Outcome.CLIENT_ERROR \
+                and outcome is not Outcome.REJECTED:
             return  # cancellations and overloads: nobody's version's fault, not counted
         table = self._clients[key]
         counts = table.get(client)
@@ -371,12 +395,14 @@ class Recorder:
                 client = OVERFLOW_CLIENT
             counts = table.get(client)
             if counts is None:
-                counts = table[client] = [0, 0, 0]
+                counts = table[client] = [0, 0, 0, 0]
         counts[0] += 1
         if outcome is Outcome.UPSTREAM_ERROR:
             counts[1] += 1
         elif outcome is Outcome.CLIENT_ERROR:
             counts[2] += 1
+        elif outcome is Outcome.REJECTED:
+            counts[3] += 1
 
     def stream_response(self, model: str, version: str, started: float, previous: float, judged: bool = True) -> float:
         """A successful streaming response goes to the client now (``time.perf_counter``): timed
@@ -448,7 +474,7 @@ class Recorder:
         """Sum of the last ``seconds`` (whole seconds, the current one included)."""
         span = max(1, min(int(seconds), self._slots))
         now = int(self._clock())
-        requests = errors = client_errors = overloads = 0
+        requests = errors = client_errors = overloads = rejected = 0
         hist = [0] * (len(LATENCY_BOUNDS) + 1)
         series = self._series.get((model, version))
         if series is not None:
@@ -460,12 +486,13 @@ class Recorder:
                 errors += series.errors[slot]
                 client_errors += series.client_errors[slot]
                 overloads += series.overloads[slot]
+                rejected += series.rejected[slot]
                 kept = series.histogram(second) if now - second < HIST_SECONDS else None
                 if kept is not None:
                     for index, count in enumerate(kept):
                         if count:
                             hist[index] += count
-        return Window(model, version, float(span), requests, errors, client_errors, tuple(hist), overloads)
+        return Window(model, version, float(span), requests, errors, client_errors, tuple(hist), overloads, rejected)
 
     # -- latency reservoirs, for the statistical rollout judge ----------------------------------
     def watch_latencies(self, model: str, version: str) -> None:
@@ -486,15 +513,15 @@ class Recorder:
         reservoir = self._reservoirs.get((model, version))
         return reservoir.take() if reservoir is not None else []
 
-    def take_clients(self, model: str, version: str) -> dict[str, tuple[int, int, int]] | None:
-        """Each client's (answered, upstream errors, 4xx) requests to (model, version) since the
+    def take_clients(self, model: str, version: str) -> dict[str, tuple[int, int, int, int]] | None:
+        """Each client's (answered, upstream errors, 4xx, rejected) requests to (model, version) since the
         previous take (at most MAX_CLIENTS clients, the rest under OVERFLOW_CLIENT); the table
         starts over. None when (model, version) is not watched."""
         table = self._clients.get((model, version))
         if table is None:
             return None
         self._clients[(model, version)] = {}
-        return {client: (counts[0], counts[1], counts[2]) for client, counts in table.items()}
+        return {client: (counts[0], counts[1], counts[2], counts[3]) for client, counts in table.items()}
 
     def take_stream(self, model: str, version: str) -> tuple[list[float], list[float]]:
         """The times to first response and the gaps between responses of (model, version)'s

@@ -86,7 +86,8 @@ class PrometheusSource:
             previous = total
         errors, overloads = counts.get(Outcome.UPSTREAM_ERROR.value, 0), counts.get(Outcome.OVERLOAD.value, 0)
         return Window(model, version, seconds, counts.get(Outcome.SUCCESS.value, 0) + errors, errors,
-                      counts.get(Outcome.CLIENT_ERROR.value, 0), tuple(histogram), overloads)
+                      counts.get(Outcome.CLIENT_ERROR.value, 0), tuple(histogram), overloads,
+                      counts.get(Outcome.REJECTED.value, 0))
 
 
 def exact_increase(samples: Sequence[tuple[float, float]], start: float) -> int:

@@ -52,8 +52,8 @@ Sample = tuple[int, list[float]]  # (values it was drawn from, the values)
 
 Sparse = tuple[tuple[int, int], ...]  # (bucket, count) of a histogram's non-zero buckets
 Counts = tuple[int, ...]  # one count per Outcome, in OUTCOMES order
-# (second, requests, upstream errors, client errors, overloads, the judged requests' histogram)
-Second = tuple[int, int, int, int, int, Sparse]
+# (second, requests, upstream errors, client errors, overloads, rejected, the judged requests' histogram)
+Second = tuple[int, int, int, int, int, int, Sparse]
 REPORT_SLOTS = 8  # seconds a worker's series hold between reports (later than this, a worker is long replaced)
 _POSITIONS = range(_BUCKETS)
 _OUTCOME_INDEX = {outcome.value: index for index, outcome in enumerate(OUTCOMES)}
@@ -81,8 +81,8 @@ class Delta:
     streams: dict[tuple[str, str, bool], tuple[int, float, Sparse]] = field(default_factory=dict)
     samples: dict[tuple[str, str], Sample] = field(default_factory=dict)
     stream_samples: dict[tuple[str, str, bool], Sample] = field(default_factory=dict)
-    # per watched version, each client's (answered, upstream errors, 4xx): the judge caps each client's share
-    clients: dict[tuple[str, str], dict[str, tuple[int, int, int]]] = field(default_factory=dict)
+    # per watched version, each client's (answered, upstream errors, 4xx, rejected): the judge caps each client's share
+    clients: dict[tuple[str, str], dict[str, tuple[int, int, int, int]]] = field(default_factory=dict)
     inflight: dict[tuple[str, str], int] = field(default_factory=dict)
     # per (fleet, server): the worker's fleet counters (gateway.workers.fleet_counts)
     servers: dict[tuple[str, str], tuple[int, int, int, int, int]] = field(default_factory=dict)
@@ -288,21 +288,20 @@ class MergedRecorder(Recorder):
                     part.merge(seen, values)
         self._merge_inflight(worker, delta.inflight)
 
-    def _merge_clients(self, watched: tuple[str, str], clients: dict[str, tuple[int, int, int]]) -> None:
+    def _merge_clients(self, watched: tuple[str, str], clients: dict[str, tuple[int, int, int, int]]) -> None:
         table = self._clients.get(watched)
         if table is None:
             return  # no longer watched here: the judge will not read it
-        for client, (answered, errors, client_errors) in clients.items():
+        for client, sent in clients.items():
             counts = table.get(client)
             if counts is None:
                 if len(table) >= MAX_CLIENTS:
                     client = OVERFLOW_CLIENT
                 counts = table.get(client)
                 if counts is None:
-                    counts = table[client] = [0, 0, 0]
-            counts[0] += answered
-            counts[1] += errors
-            counts[2] += client_errors
+                    counts = table[client] = [0, 0, 0, 0]
+            for column, count in enumerate(sent):
+                counts[column] += count
 
     def _merge_series(self, delta: Delta) -> None:
         now, slots = int(self._clock()), self._slots
@@ -310,18 +309,19 @@ class MergedRecorder(Recorder):
             key = (model, version)
             series = self._series.get(key) or self._new_series(key)
             _add_outcomes(series.outcomes, outcomes)
-            for second, requests, errors, client_errors, overloads, hist in seconds:
+            for second, requests, errors, client_errors, overloads, rejected, hist in seconds:
                 slot = second % slots
                 if series.stamp[slot] != second:
                     if series.stamp[slot] > second:
                         continue  # older than what the slot holds now: outside the window anyway
                     series.stamp[slot] = second
                     series.requests[slot] = series.errors[slot] = series.client_errors[slot] = 0
-                    series.overloads[slot] = 0
+                    series.overloads[slot] = series.rejected[slot] = 0
                 series.requests[slot] += requests
                 series.errors[slot] += errors
                 series.client_errors[slot] += client_errors
                 series.overloads[slot] += overloads
+                series.rejected[slot] += rejected
                 if hist and now - second < HIST_SECONDS and series.hist_stamp[second % HIST_SECONDS] <= second:
                     _add(series.histogram_for(second), hist)
 
@@ -339,7 +339,8 @@ class MergedRecorder(Recorder):
 def _seconds(series: Series) -> tuple[Second, ...]:
     """A worker series' seconds, as a report carries them."""
     return tuple((second, series.requests[slot], series.errors[slot], series.client_errors[slot],
-                  series.overloads[slot], sparse(hist) if (hist := series.histogram(second)) is not None else ())
+                  series.overloads[slot], series.rejected[slot],
+                  sparse(hist) if (hist := series.histogram(second)) is not None else ())
                  for slot, second in enumerate(series.stamp) if second >= 0)
 
 

@@ -1,4 +1,5 @@
-"""Overload answers are their own outcome, never an error of the version that gave them."""
+"""Overload answers are their own outcome, never an error of the version that gave them; Triton's
+full queue is the version's capacity (rejected), judged apart from its errors (issue 34)."""
 
 from __future__ import annotations
 
@@ -21,12 +22,13 @@ def answer(status: str, error: str) -> bytes:
 
 @pytest.fixture(params=[
     ("429 Too Many Requests", "slow down", "overload"),
-    ("503 Service Unavailable", "Exceeds maximum queue size", "overload"),
+    ("503 Service Unavailable", "Exceeds maximum queue size", "rejected"),
+    ("503 Service Unavailable", "Request timeout expired", "rejected"),
     ("503 Service Unavailable", "Request for unknown model: 'qc' version 3 is not at ready state", "error"),
 ])
 def upstream(request: pytest.FixtureRequest) -> Iterator[tuple[GarbageServer, str]]:
-    """A fake upstream: a real Triton answers neither 429 nor, with the shared sample models
-    (no ``max_queue_size``), a queue-full 503."""
+    """A fake upstream: a real Triton never answers 429 (and its queue-full and queue-timeout 503s
+    are tested against the real Triton with the sample model ``batched``)."""
     status, error, expected = request.param
     server = GarbageServer(answer(status, error))
     yield server, expected
@@ -42,6 +44,8 @@ def test_overload_is_counted_apart_and_not_against_the_version(upstream: tuple[G
             urllib.request.urlopen(request, timeout=10)
         window = gw.app.recorder.window("qc", "3", 10)
     if expected == "overload":
-        assert (window.overloads, window.errors, window.requests) == (1, 0, 0)
+        assert (window.overloads, window.rejected, window.errors, window.requests) == (1, 0, 0, 0)
+    elif expected == "rejected":
+        assert (window.overloads, window.rejected, window.errors, window.requests) == (0, 1, 0, 0)
     else:
-        assert (window.overloads, window.errors, window.requests) == (0, 1, 1)
+        assert (window.overloads, window.rejected, window.errors, window.requests) == (0, 0, 1, 1)

@@ -57,7 +57,7 @@ def test_promql_sees_what_the_recorder_sees(triton: LocalTriton, faults: Faults,
 def test_a_new_versions_first_errors_count_and_overload_is_not_an_error(triton: LocalTriton, faults: Faults,
                                                                          tmp_path: Path) -> None:
     """No warm-up: the canary's series exist at 0 from the first scrape, so the window counts
-    its very first errors, exactly; Triton's queue-full 503s and 400s are counted apart from errors."""
+    its very first errors, exactly; Triton's queue-full 503s (rejected) and 400s are counted apart from errors."""
     faults.set("qc", "3", error_rate=0.4, client_error_rate=0.2, overload_rate=0.2)
     # all of it routed to 3 by the policy (a version in the URL would be counted, never judged)
     settings = gateway_settings(triton.http_url, policies={"qc": {"weights": {"2": 0, "3": 100}}})
@@ -75,10 +75,10 @@ def test_a_new_versions_first_errors_count_and_overload_is_not_an_error(triton: 
             local = gw.app.recorder.window("qc", "3", seconds)
         finally:
             prometheus.stop()
-    assert local.requests + local.client_errors + local.overloads == 400
+    assert local.requests + local.client_errors + local.rejected == 400
     # exact counts from the raw counter samples (no increase() extrapolation, which read ~1.2x
     # here); missing a series' first sample would be far below (all of a short burst)
-    for name in ("requests", "errors", "client_errors", "overloads"):
+    for name in ("requests", "errors", "client_errors", "rejected"):
         assert getattr(promql, name) == getattr(local, name), (name, promql, local)
     assert sum(promql.histogram) == local.requests
-    assert local.overloads > 40 and local.client_errors > 40 and local.errors > 100
+    assert local.rejected > 40 and local.client_errors > 40 and local.errors > 100

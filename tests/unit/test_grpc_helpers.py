@@ -64,7 +64,10 @@ def test_outcomes_by_status_code() -> None:
     assert classify(0) is Outcome.SUCCESS and classify(1) is Outcome.CANCELLED
     assert {classify(code) for code in (14, 13, 2, 4)} == {Outcome.UPSTREAM_ERROR}
     assert classify(8) is Outcome.OVERLOAD, "RESOURCE_EXHAUSTED is load, never the version's fault"
-    assert classify(14, "Exceeds maximum queue size") is Outcome.OVERLOAD, "Triton's full queue"
+    # Triton's full or timed-out queue: the version's capacity, judged apart (issue 34; overload before it)
+    assert classify(14, "Exceeds maximum queue size") is Outcome.REJECTED, "Triton's full queue"
+    assert classify(14, "[request id: <id_unknown>] Exceeds maximum queue size") is Outcome.REJECTED
+    assert classify(14, "Request timeout expired") is Outcome.REJECTED, "Triton's queue timeout"
     assert classify(14, "failed to connect") is Outcome.UPSTREAM_ERROR
     assert {classify(code) for code in (3, 5, 7, 9, 12, 16)} == {Outcome.CLIENT_ERROR}
     assert status_name(14) == "UNAVAILABLE" and status_name(99) == "UNKNOWN"
@@ -79,11 +82,11 @@ def test_route_metadata_names_route_and_version_for_every_route() -> None:
     assert route_metadata("2", Reason.STICKY) == (("x-gateway-model-version", "2"), ("x-gateway-route", "sticky"))
 
 
-def test_a_full_triton_queue_is_overload_and_no_fault_while_not_ready_stays_one() -> None:
+def test_a_full_triton_queue_is_rejected_and_no_fault_while_not_ready_stays_one() -> None:
     infer = GrpcInfer(None, "ModelInfer", b"", RouteFields("m", "1"), (), None)  # type: ignore[arg-type]
     infer.code, infer.status = StatusCode.UNAVAILABLE.value, "UNAVAILABLE"
     infer.details = "Exceeds maximum queue size"
-    assert infer.outcome() is Outcome.OVERLOAD and infer.fault() is None
+    assert infer.outcome() is Outcome.REJECTED and infer.fault() is None
     infer.details = "Request for unknown model: 'qc' version 3 is not at ready state"
     assert infer.outcome() is Outcome.UPSTREAM_ERROR and infer.fault() == "UNAVAILABLE"
     infer.code, infer.status = StatusCode.RESOURCE_EXHAUSTED.value, "RESOURCE_EXHAUSTED"

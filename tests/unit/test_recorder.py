@@ -148,7 +148,12 @@ def test_latency_reservoirs_sample_watched_versions_successes_only() -> None:
 
 @pytest.mark.parametrize(("status", "body", "outcome"), [
     (200, b"", Outcome.SUCCESS), (400, b"", Outcome.CLIENT_ERROR), (404, b"", Outcome.CLIENT_ERROR),
-    (429, b"", Outcome.OVERLOAD), (503, b'{"error":"Exceeds maximum queue size"}', Outcome.OVERLOAD),
+    (429, b"", Outcome.OVERLOAD),
+    # Triton's full or timed-out queue: the version's capacity (issue 34; overload before it)
+    (503, b'{"error":"[request id: <id_unknown>] Exceeds maximum queue size"}', Outcome.REJECTED),
+    (503, b'{"error":"Request timeout expired"}', Outcome.REJECTED),
+    # the words in a request id the client chose relabel nothing
+    (503, b'{"error":"[request id: Exceeds maximum queue size] injected fault"}', Outcome.UPSTREAM_ERROR),
     (503, b'{"error":"connection refused"}', Outcome.UPSTREAM_ERROR), (500, b"", Outcome.UPSTREAM_ERROR),
 ])
 def test_http_answers_are_classified_by_whose_fault_they_are(status: int, body: bytes, outcome: Outcome) -> None:
@@ -160,17 +165,19 @@ def test_overload_and_client_errors_are_counted_apart_from_judged_requests() -> 
     clock.now = 50
     recorder = Recorder(clock=clock)
     for outcome in (Outcome.SUCCESS, Outcome.SUCCESS, Outcome.UPSTREAM_ERROR, Outcome.CLIENT_ERROR, Outcome.OVERLOAD,
-                    Outcome.OVERLOAD, Outcome.CANCELLED):
-        recorder.record("qc", "3", outcome, 2.0 if outcome is Outcome.OVERLOAD else 0.004, "weighted", "http", "x")
+                    Outcome.OVERLOAD, Outcome.CANCELLED, Outcome.REJECTED):
+        slow = outcome in (Outcome.OVERLOAD, Outcome.REJECTED)
+        recorder.record("qc", "3", outcome, 2.0 if slow else 0.004, "weighted", "http", "x")
     window = recorder.window("qc", "3", 10)
-    assert (window.requests, window.errors, window.client_errors, window.overloads) == (3, 1, 1, 2)
+    assert (window.requests, window.errors, window.client_errors, window.overloads, window.rejected) == (3, 1, 1, 2, 1)
     assert window.client_error_rate == 0.25
     assert sum(window.histogram) == 3, "the latency histogram holds the judged requests only"
     totals = recorder.totals[("qc", "3", "weighted", "http", "x")]
-    assert totals.count == 7 and sum(totals.hist) == 3, "exported latency covers the same requests as the window"
+    assert totals.count == 8 and sum(totals.hist) == 3, "exported latency covers the same requests as the window"
     assert recorder.outcome_totals()[("qc", "3")] == {Outcome.SUCCESS: 2, Outcome.UPSTREAM_ERROR: 1,
                                                       Outcome.CLIENT_ERROR: 1, Outcome.OVERLOAD: 2,
-                                                      Outcome.CANCELLED: 1, Outcome.CLIENT_DEADLINE: 0}
+                                                      Outcome.CANCELLED: 1, Outcome.CLIENT_DEADLINE: 0,
+                                                      Outcome.REJECTED: 1}
 
 
 def test_a_routed_version_exports_every_outcome_from_zero() -> None:
@@ -226,17 +233,17 @@ def test_a_watched_versions_requests_are_counted_per_client_and_the_table_is_bou
     assert recorder.take_clients("m", "3") is None
     recorder.watch_latencies("m", "3")
     for outcome in (Outcome.SUCCESS, Outcome.UPSTREAM_ERROR, Outcome.CLIENT_ERROR, Outcome.OVERLOAD,
-                    Outcome.CANCELLED, Outcome.CLIENT_DEADLINE):
+                    Outcome.CANCELLED, Outcome.CLIENT_DEADLINE, Outcome.REJECTED):
         recorder.record("m", "3", outcome, 0.01, client="10.0.0.1")
     recorder.record("m", "3", Outcome.SUCCESS, 0.01, route="pinned", client="10.0.0.2")  # the client chose: never
     recorder.record("m", "3", Outcome.SUCCESS, 0.01)
-    assert recorder.take_clients("m", "3") == {"10.0.0.1": (3, 1, 1), "": (1, 0, 0)}
+    assert recorder.take_clients("m", "3") == {"10.0.0.1": (4, 1, 1, 1), "": (1, 0, 0, 0)}
     assert recorder.take_clients("m", "3") == {}  # taken: the next interval starts empty
     for index in range(recorder_module.MAX_CLIENTS + 10):
         recorder.record("m", "3", Outcome.UPSTREAM_ERROR, 0.01, client=f"c{index}")
     table = recorder.take_clients("m", "3")
     assert table is not None and len(table) == recorder_module.MAX_CLIENTS + 1
-    assert table[recorder_module.OVERFLOW_CLIENT] == (10, 10, 0)
+    assert table[recorder_module.OVERFLOW_CLIENT] == (10, 10, 0, 0)
     recorder.unwatch_latencies("m", "3")
     assert recorder.take_clients("m", "3") is None
 

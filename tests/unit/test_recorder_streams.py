@@ -157,7 +157,8 @@ def test_a_reply_answers_the_oldest_request_of_its_own_model() -> None:
     ("[request id: <id_unknown>] unexpected shape for input 'INPUT0' for model 'qc'. Expected [-1,4], got [1,5].",
      "", Outcome.CLIENT_ERROR),
     ("[request id: r1] expected 1 inputs but got 0 inputs for model 'qc'.", "r1", Outcome.CLIENT_ERROR),
-    ("Exceeds maximum queue size", "", Outcome.OVERLOAD),
+    ("Exceeds maximum queue size", "", Outcome.REJECTED),  # the version's capacity (issue 34; overload before)
+    ("Request timeout expired", "", Outcome.REJECTED),
     # words in the client's own request id (echoed in the reply) classify nothing
     ("injected fault in version 3", "Exceeds maximum queue size", Outcome.UPSTREAM_ERROR),
     ("injected fault in version 3", "unexpected inference input 'X'", Outcome.UPSTREAM_ERROR),
