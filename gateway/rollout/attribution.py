@@ -13,11 +13,14 @@ version (summed over the servers of its fleet):
   so hits are taken out of the latencies the judge compares (:func:`without_cache_hits`).
 
 A latency difference is put down to one cause (:func:`latency_cause`): **compute** when the
-canary's own compute per request is worse beyond the floor (its queue growing too is then a
-consequence: a slower model queues more), else **queue** when its queue time is (the same work
-waits longer: fewer instances, another batcher; capacity, which the spec may pause on rather
-than roll back), else **outside Triton** when the end-to-end difference is not in Triton at all
-(the network, the gateway, the clients). A client cannot move Triton's means by its own slow
+canary's own compute per request is worse beyond the floor and accounts for at least
+COMPUTE_SHARE of the increase inside Triton (its queue growing too is then a consequence: a
+slower model also queues more, a few times its compute's growth under load), else **queue** when
+its queue time is worse beyond the floor (the same work waits longer: fewer instances, a batcher
+that waits for batches; capacity, which the spec may pause on rather than roll back; a batch that
+grows with the wait makes compute per request grow a little too, which does not make it the
+cause), else **outside Triton** when the end-to-end difference is not in Triton at all (the
+network, the gateway, the clients). A client cannot move Triton's means by its own slow
 reads or its own deadlines: Triton's timings end when the response is handed back and count only
 requests that completed, so such a difference can only ever be put outside Triton.
 
@@ -35,6 +38,7 @@ from typing import Any
 from gateway.services.engine_stats import EngineCounters, TargetInterval
 
 MIN_SHIFT_MS = 0.05  # a part of a difference smaller than this is noise at Triton's microsecond counters
+COMPUTE_SHARE = 0.25  # of the increase inside Triton, what slower compute must account for to be the cause
 QUEUE, COMPUTE, OUTSIDE = "queue", "compute", "outside Triton"
 
 
@@ -101,12 +105,14 @@ def latency_cause(canary: EngineView, reference: EngineView, observed_ms: float 
     """What the canary's latency difference is put down to (module docstring): COMPUTE, QUEUE,
     OUTSIDE, or None when nothing is worse beyond ``floor`` (a ratio, the judge's latency floor;
     ``reference_ms``: the reference's median end to end, what OUTSIDE's floor applies to)."""
-    compute = _worse(canary.compute_ms, reference.compute_ms, floor)
-    if compute:
+    queue_up = _delta(canary.queue_ms, reference.queue_ms)
+    compute_up = _delta(canary.compute_ms, reference.compute_ms)
+    if _worse(canary.compute_ms, reference.compute_ms, floor) and compute_up >= COMPUTE_SHARE * (
+            max(queue_up, 0.0) + compute_up):
         return COMPUTE
     reference_total = (reference.queue_ms or 0.0) + (reference.compute_ms or 0.0)
     if canary.queue_ms is not None and reference.queue_ms is not None \
-            and canary.queue_ms - reference.queue_ms > max(MIN_SHIFT_MS, floor * reference_total):
+            and queue_up > max(MIN_SHIFT_MS, floor * reference_total):
         return QUEUE
     if observed_ms is not None:
         inside = _delta(canary.queue_ms, reference.queue_ms) + _delta(canary.compute_ms, reference.compute_ms)

@@ -84,8 +84,9 @@ class RolloutCommands:
             raise Conflict(refused_checks)
         versions = {stable, spec.canary} | ({spec.baseline} if spec.baseline else set())
         await c.triton.require_ready(model, versions)
-        rollout = dataclasses.replace(steps.begin(model, spec, stable, c.clock()),
-                                      policy_revision=policy.revision if policy else 0, variant=variant)
+        rollout = await self._like_for_like(dataclasses.replace(steps.begin(model, spec, stable, c.clock()),
+                                                                policy_revision=policy.revision if policy else 0,
+                                                                variant=variant))
         c.fast.count_from(rollout)  # only failures from now on count (the lease holder's: see FastPath.check)
         refused = await c.hooks.refusal(rollout, ("pre_rollout",), c.call_timeout_s)
         if refused is not None:
@@ -114,6 +115,25 @@ class RolloutCommands:
         c.hooks.notify(rollout, "started")
         await c.policies.audit(model, actor, "rollout_started", rollout.reason, at=c.clock())
         return rollout
+
+    async def _like_for_like(self, rollout: Rollout) -> Rollout:
+        """The rollout with Triton's view of its versions at the start: the canary's configuration
+        compared with its reference's (in the record, and in the start's reason when they differ),
+        the digest of its files; Conflict naming the server and the field when the servers of the
+        canary's fleet do not all serve it with the same configuration."""
+        engine = self.controller.engine
+        drifted, _ = await engine.drift(rollout.model, rollout.canary)
+        if drifted:
+            raise Conflict(f"version {rollout.canary} of model '{rollout.model}' is not the same on every server of "
+                           f"its fleet: {'; '.join(d.words(rollout.model) for d in drifted)}; load it alike "
+                           "everywhere before it takes weight")
+        versus = "stable" if rollout.spec.baseline is None else "baseline"
+        likeness = await engine.likeness(rollout.model, rollout.reference, rollout.canary)
+        words = likeness.words(versus)
+        reason = rollout.reason if words == "configs alike" else f"{rollout.reason}; {words}"
+        history = (*rollout.history[:-1], {**rollout.history[-1], "reason": reason})
+        return dataclasses.replace(rollout, likeness=likeness.document(versus), reason=reason, history=history,
+                                   files=await engine.files(rollout.model, rollout.canary) or {})
 
     async def command(self, model: str, command: str, actor: str) -> Rollout:
         """An SRE's promote / pause / resume / abort, on whichever replica received it: a

@@ -45,6 +45,7 @@ from gateway.rollout.analysis import Outcome, Verdict, judge
 from gateway.rollout.checks import Checks
 from gateway.rollout.commands import RolloutCommands
 from gateway.rollout.driver import PolicyDriver, PolicyMoved, adopt_own_write, manual_change
+from gateway.rollout.engine import TritonView, histogram_without_hits, observe, with_attribution
 from gateway.rollout.fast_path import FastPath
 from gateway.rollout.hooks import PHASE_EVENTS, Hooks
 from gateway.rollout.judge import Evidence, VersionSample, assess, client_weighted, fold
@@ -87,6 +88,7 @@ class RolloutController:
         self.call_timeout_s = call_timeout_s  # every metrics query and Triton call of a tick, well inside the TTL
         self.holder = holder or uuid.uuid4().hex  # the replica's name: the store shows who judges
         self.fast = FastPath(recorder, triton, call_timeout_s)
+        self.engine = TritonView(triton, call_timeout_s, getattr(triton, "repository", None))  # Triton's own view
         self.driver = PolicyDriver(self.store, triton, policies, self.fast)
         self._listed = self.driver.known  # the newest records seen: the tick's memory while the store is down
         self.lease = ControllerLease(self.store, self.holder, lease_ttl_s, tick_s, call_timeout_s,
@@ -210,14 +212,18 @@ class RolloutController:
             return steps.roll_back(rollout, now, lost), "canary_lost"
         if missing:  # nothing to judge the canary against, and its traffic goes elsewhere: a human decides
             return steps.on_command(rollout, "pause", now, f"{ACTOR} ({missing})"), None
+        if not rollout.due(now):
+            await self.engine.mark(rollout)  # Triton's statistics at the interval's first tick
         if rollout.applied and rollout.due(now):  # judge a step only once its weights are in place
             if self.fast.troubled_within(rollout.model, rollout.spec.interval_s + self.tick_s):
                 verdict = Verdict(Outcome.INCONCLUSIVE, "Triton could not serve the model during this interval "
                                   "(down, restarting or reloading): its errors are no version's fault")
                 self.take_samples(rollout)  # nor are its latencies: drop them
+                self.engine.forget(rollout.model)
                 return steps.on_verdict(rollout, verdict, now), None
-            verdict, evidence = await self._judge(rollout)
-            judged = steps.on_verdict(rollout, verdict, now, evidence)
+            verdict, evidence = await self._judge(rollout, now)
+            judged = await self._held(rollout, steps.on_verdict(rollout, verdict, now, evidence), verdict, now,
+                                      evidence)
             if judged.variant and judged.verdicts:
                 judged = await self.variants.attributed(judged)
             gated = await self.hooks.gated(rollout, judged, now, self.call_timeout_s)
@@ -260,26 +266,42 @@ class RolloutController:
                 f"manual policy change by {who} at revision {revision}: left as set"))
         await self.commit(stored, changed, policy, fence, ACTOR)
 
-    async def _judge(self, rollout: Rollout) -> tuple[Verdict, dict[str, Any] | None]:
+    async def _held(self, rollout: Rollout, judged: Rollout, verdict: Verdict, now: float,
+                    evidence: dict[str, Any] | None) -> Rollout:
+        """The judged rollout, unless it would give the canary more weight while a server of its
+        fleet serves it otherwise (rollout.engine.TritonView.held): then held at its step."""
+        why, drift = await self.engine.held(rollout)
+        judged = dataclasses.replace(judged, drift=tuple(drift))
+        advancing = judged.step > rollout.step or judged.phase is Phase.PROMOTED or \
+            (judged.awaiting_promote and not rollout.awaiting_promote)
+        if why is None or not advancing:
+            return judged
+        return dataclasses.replace(steps.hold(rollout, verdict, now, why, evidence), drift=tuple(drift))
+
+    async def _judge(self, rollout: Rollout, now: float) -> tuple[Verdict, dict[str, Any] | None]:
         """The spec's judge on this interval, the canary against its reference (the baseline, or the
-        stable); the statistical one also returns its evidence."""
+        stable), saying where Triton puts the difference; the statistical one also returns its evidence."""
         canary, reference = await windows(self.source, rollout, self.call_timeout_s * 2)
         # taken even when the windows are unreadable, so the next interval's sample is its own
         canary_samples, reference_samples = self.take_samples(rollout)
+        seen = await observe(self.engine, rollout, now, canary_samples[0], reference_samples[0], canary, reference)
         # whatever the judge: no waiting on it; each client counted up to the interval's median client's share
         critical = critical_verdict(rollout.spec, canary and client_weighted(canary, canary_samples[2]),
                                     reference and client_weighted(reference, reference_samples[2]))
         if critical is not None:
-            return critical, None
+            return with_attribution(critical, seen.attribution), None
         extra = await self.checks.evaluate(rollout.model, rollout.spec, rollout.stable)
         if rollout.spec.judge == "thresholds":
-            return fold(judge(rollout.spec, canary, reference), extra), None
+            trimmed = [None if window is None else histogram_without_hits(window, share)
+                       for window, share in ((canary, seen.canary_hits), (reference, seen.reference_hits))]
+            return with_attribution(fold(judge(rollout.spec, *trimmed), extra), seen.attribution), None
         if canary is None or reference is None:
             return fold(judge(rollout.spec, None, None), extra), None  # the ERROR verdict, unless a check fails
         verdict, evidence = assess(rollout.spec, Evidence.from_document(rollout.evidence),
-                                   VersionSample.of(canary, *canary_samples),
-                                   VersionSample.of(reference, *reference_samples), extra)
-        return verdict, evidence.document()
+                                   VersionSample.of(canary, seen.canary_latencies, *canary_samples[1:]),
+                                   VersionSample.of(reference, seen.reference_latencies, *reference_samples[1:]),
+                                   extra, cause=seen.attribution.cause)
+        return with_attribution(verdict, seen.attribution), evidence.document()
 
     def take_samples(self, rollout: Rollout) -> list[Samples]:
         """The interval's samples of the canary and its reference (:func:`readings.take_samples`)."""

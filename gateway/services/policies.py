@@ -65,13 +65,17 @@ class PolicyService:
         return stored
 
     async def models(self) -> list[dict[str, Any]]:
-        """Every model Triton knows with each version's state, and its policy (if any)."""
+        """Every model Triton knows with each version's state, its policy (if any), and the drift its
+        rollout last found (servers of a fleet serving its canary with another config: rollout.engine)."""
         index = await self.triton.index()
         stored = await self.store.list_policies()
         changed = await self.store.loaded_versions()  # the gateway's own loads ("3") and unloads ("-3")
+        rollouts = await self.store.list_rollouts()
+        drift = {name: record.document.get("drift") or [] for name, record in rollouts.items()}
         models: dict[str, dict[str, Any]] = {}
         for entry in index:
-            model = models.setdefault(entry["name"], {"name": entry["name"], "versions": [], "policy": None})
+            model = models.setdefault(entry["name"], {"name": entry["name"], "versions": [], "policy": None,
+                                                      "drift": drift.get(entry["name"], [])})
             if "version" in entry:
                 version = str(entry["version"])
                 mine = changed.get(entry["name"], [])
@@ -83,7 +87,8 @@ class PolicyService:
                                           "managed_by": "gateway" if by_gateway else "triton"})
         for name, record in stored.items():
             if record.spec is not None:
-                models.setdefault(name, {"name": name, "versions": [], "policy": None})["policy"] = record.document()
+                models.setdefault(name, {"name": name, "versions": [], "policy": None,
+                                         "drift": drift.get(name, [])})["policy"] = record.document()
         return sorted(models.values(), key=lambda m: m["name"])
 
     async def events(self, model: str | None, limit: int) -> list[Event]:

@@ -69,6 +69,7 @@ def test_median_ignores_censored_latencies() -> None:
     ((5.0, 1.0), (1.0, 1.0), 4.0, QUEUE),  # the same compute waits longer: capacity
     ((1.0, 4.0), (1.0, 1.0), 3.0, COMPUTE),
     ((40.0, 20.0), (1.0, 1.0), 58.0, COMPUTE),  # slower compute queues more too: the cause is compute
+    ((27.0, 0.6), (0.5, 0.1), 27.0, QUEUE),  # a batcher waiting for batches: bigger batches compute a bit longer
     ((1.0, 1.0), (1.0, 1.0), 3.0, OUTSIDE),  # Triton saw no difference: the network, the gateway or a client
     ((1.0, 1.1), (1.0, 1.0), 0.1, None),  # within the 20% floor
     ((1.0, 1.0), (1.0, 1.0), None, None),

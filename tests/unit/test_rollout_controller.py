@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import Conflict, MetricsUnavailable
+from gateway.errors import Conflict, MetricsUnavailable, UpstreamUnavailable
 from gateway.policy import PolicySpec
 from gateway.policy_book import PolicyBook
 from gateway.rollout.controller import RolloutController
@@ -48,6 +48,9 @@ class FakeTriton:
 
     async def versions(self, model: str) -> dict[str, VersionState]:
         return {v: VersionState(v, "READY" if r else "UNAVAILABLE", "") for v, r in self.ready.items()}
+
+    def servers_of(self, key: str) -> list[Any]:
+        return []  # no server to read Triton's statistics or configs from: the verdicts say so
 
     async def target_states(self, model: str, keys: set[str]) -> tuple[dict[str, VersionState], bool]:
         states = await self.versions(model)
@@ -361,3 +364,26 @@ async def test_webhooks_get_each_transition_once(h: Harness) -> None:
     assert events == [("started", 1, "progressing"), ("step", 2, "progressing"), ("paused", 2, "paused"),
                       ("resumed", 2, "progressing"), ("step", 3, "progressing"), ("aborted", 3, "aborted")]
     assert (await h.state())["hooks"]["delivered"] == 6
+
+
+class Unreachable:
+    name = "t1:8000"
+
+
+async def test_a_triton_whose_statistics_cannot_be_read_leaves_the_verdict_as_before_saying_so(h: Harness) -> None:
+    """Issue 34: the verdicts and the promotion are the gateway's view alone, each verdict says
+    that Triton's own view is missing and why, and the rollout goes on."""
+    async def refused(*args: Any, **kwargs: Any) -> tuple[int, Any]:
+        raise UpstreamUnavailable("gateway: cannot connect to Triton")
+
+    h.triton.servers_of = lambda key: [Unreachable()]  # type: ignore[method-assign]
+    h.triton.call_on = refused  # type: ignore[attr-defined]
+    await h.controller.begin("qc", SPEC, "alice")
+    for _ in range(4):
+        await h.interval(canary=(100, 0, 0.004))
+    state = await h.state()
+    assert state["state"] == "promoted"
+    assert state["likeness"]["words"].startswith("configs not compared (2: t1:8000: /v2/models/qc/config failed")
+    assert all(v["outcome"] == "healthy" for v in state["verdicts"])
+    assert all("Triton's statistics unreadable (t1:8000: /v2/models/qc/stats failed: gateway: cannot connect to "
+               "Triton): judged on the gateway's view only" in v["reason"] for v in state["verdicts"])

@@ -413,10 +413,10 @@ async def test_a_bug_in_one_models_tick_does_not_stop_the_others(h: Harness) -> 
     await h.controller.begin("tok", SPEC, "alice")
     judge = h.controller._judge
 
-    async def broken_for_qc(rollout: Any) -> Any:
+    async def broken_for_qc(rollout: Any, now: float) -> Any:
         if rollout.model == "qc":
             raise AttributeError("'list' object has no attribute 'get'")  # what a bad Prometheus answer once did
-        return await judge(rollout)
+        return await judge(rollout, now)
 
     h.controller._judge = broken_for_qc  # type: ignore[method-assign]
     for _ in range(2):
