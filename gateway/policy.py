@@ -266,6 +266,11 @@ def with_weights(spec: PolicySpec | None, weights: Mapping[str, object]) -> Poli
     return PolicySpec.model_validate({**base, "weights": dict(weights)})
 
 
+def with_shadow(spec: PolicySpec, shadow: ShadowSpec | None) -> PolicySpec:
+    """The same policy mirroring to ``shadow`` (None: mirroring nothing)."""
+    return spec.model_copy(update={"shadow": shadow})
+
+
 def without_version(spec: PolicySpec, version: str) -> PolicySpec:
     """The policy with ``version`` taken out of weights, rules and shadow; its weight goes to
     the heaviest remaining version. ValueError when no version is left to route to."""

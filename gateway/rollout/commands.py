@@ -87,6 +87,10 @@ class RolloutCommands:
         rollout = await self._like_for_like(dataclasses.replace(steps.begin(model, spec, stable, c.clock()),
                                                                 policy_revision=policy.revision if policy else 0,
                                                                 variant=variant))
+        if rollout.warming:  # the policy's own shadow comes back once the warm-up is over
+            shadow = policy.spec.shadow if policy is not None and policy.spec is not None else None
+            rollout = dataclasses.replace(rollout, warmup={
+                **rollout.warmup, "shadow_before": shadow.model_dump(mode="json") if shadow is not None else None})
         c.fast.count_from(rollout)  # only failures from now on count (the lease holder's: see FastPath.check)
         refused = await c.hooks.refusal(rollout, ("pre_rollout",), c.call_timeout_s)
         if refused is not None:

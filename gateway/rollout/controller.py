@@ -11,10 +11,14 @@ its writes refused by the store. Each tick, per rollout not yet settled:
 2. a paused rollout is left alone;
 3. fast path (:mod:`gateway.rollout.fast_path`): failures that are the canary's own roll back
    at once;
-4. when the interval is over and the step's weights are in place: judge the canary against
+4. a rollout warming up (spec ``warmup``) takes its windows of mirrored answers until its
+   latency is steady, and only then its first step (:mod:`gateway.rollout.warmup`);
+5. when the interval is over and the step's weights are in place: judge the canary against
    the stable (or the spec's baseline, a copy of it at the canary's weight) over the same
-   window and step (pure);
-5. drive the policy toward the rollout's weights (:mod:`gateway.rollout.driver`) until it
+   window and step, the verdict saying where Triton's own statistics put the difference; a
+   step the canary may not take yet (a server of its fleet serves it with another config) is
+   held (:mod:`gateway.rollout.interval`);
+6. drive the policy toward the rollout's weights (:mod:`gateway.rollout.driver`) until it
    shows them, whatever the phase; a final phase counts as applied only then.
 
 While the store is down, the last lease holder keeps judging from memory; a rollback then
@@ -41,14 +45,14 @@ from gateway.background import Background
 from gateway.errors import GatewayError, LeaseLost, NotFound, StaleRevision, StoreError
 from gateway.policy import parse_target
 from gateway.rollout import history, steps
-from gateway.rollout.analysis import Outcome, Verdict, judge
+from gateway.rollout.analysis import Outcome, Verdict
 from gateway.rollout.checks import Checks
 from gateway.rollout.commands import RolloutCommands
 from gateway.rollout.driver import PolicyDriver, PolicyMoved, adopt_own_write, manual_change
-from gateway.rollout.engine import TritonView, histogram_without_hits, observe, with_attribution
+from gateway.rollout.engine import TritonView
 from gateway.rollout.fast_path import FastPath
 from gateway.rollout.hooks import PHASE_EVENTS, Hooks
-from gateway.rollout.judge import Evidence, VersionSample, assess, client_weighted, fold
+from gateway.rollout.interval import Intervals
 from gateway.rollout.lease import ControllerLease
 from gateway.rollout.phases import Phase
 from gateway.rollout.readings import Samples, take_samples, watch, windows
@@ -104,6 +108,7 @@ class RolloutController:
         self.history_per_model = history_per_model  # finished rollouts kept per model (gateway.rollout.history)
         self.ensembles = EnsembleCanaries(triton)  # the variants of canaries inside ensembles
         self.variants = VariantSteps(self)
+        self.intervals = Intervals(source, recorder, self.checks, self.engine, call_timeout_s)
 
     # -- commands from the admin API (gateway.rollout.commands) ---------------------------------
     async def begin(self, model: str, spec: RolloutSpec, actor: str) -> Rollout:
@@ -210,6 +215,8 @@ class RolloutController:
         lost, missing = await self.fast.check(rollout)
         if lost:
             return steps.roll_back(rollout, now, lost), "canary_lost"
+        if rollout.warming:
+            return self.intervals.warm(rollout, now), None
         if missing:  # nothing to judge the canary against, and its traffic goes elsewhere: a human decides
             return steps.on_command(rollout, "pause", now, f"{ACTOR} ({missing})"), None
         if not rollout.due(now):
@@ -222,8 +229,8 @@ class RolloutController:
                 self.engine.forget(rollout.model)
                 return steps.on_verdict(rollout, verdict, now), None
             verdict, evidence = await self._judge(rollout, now)
-            judged = await self._held(rollout, steps.on_verdict(rollout, verdict, now, evidence), verdict, now,
-                                      evidence)
+            judged = await self.intervals.held(rollout, steps.on_verdict(rollout, verdict, now, evidence), verdict,
+                                               now, evidence)
             if judged.variant and judged.verdicts:
                 judged = await self.variants.attributed(judged)
             gated = await self.hooks.gated(rollout, judged, now, self.call_timeout_s)
@@ -266,42 +273,9 @@ class RolloutController:
                 f"manual policy change by {who} at revision {revision}: left as set"))
         await self.commit(stored, changed, policy, fence, ACTOR)
 
-    async def _held(self, rollout: Rollout, judged: Rollout, verdict: Verdict, now: float,
-                    evidence: dict[str, Any] | None) -> Rollout:
-        """The judged rollout, unless it would give the canary more weight while a server of its
-        fleet serves it otherwise (rollout.engine.TritonView.held): then held at its step."""
-        why, drift = await self.engine.held(rollout)
-        judged = dataclasses.replace(judged, drift=tuple(drift))
-        advancing = judged.step > rollout.step or judged.phase is Phase.PROMOTED or \
-            (judged.awaiting_promote and not rollout.awaiting_promote)
-        if why is None or not advancing:
-            return judged
-        return dataclasses.replace(steps.hold(rollout, verdict, now, why, evidence), drift=tuple(drift))
-
     async def _judge(self, rollout: Rollout, now: float) -> tuple[Verdict, dict[str, Any] | None]:
-        """The spec's judge on this interval, the canary against its reference (the baseline, or the
-        stable), saying where Triton puts the difference; the statistical one also returns its evidence."""
-        canary, reference = await windows(self.source, rollout, self.call_timeout_s * 2)
-        # taken even when the windows are unreadable, so the next interval's sample is its own
-        canary_samples, reference_samples = self.take_samples(rollout)
-        seen = await observe(self.engine, rollout, now, canary_samples[0], reference_samples[0], canary, reference)
-        # whatever the judge: no waiting on it; each client counted up to the interval's median client's share
-        critical = critical_verdict(rollout.spec, canary and client_weighted(canary, canary_samples[2]),
-                                    reference and client_weighted(reference, reference_samples[2]))
-        if critical is not None:
-            return with_attribution(critical, seen.attribution), None
-        extra = await self.checks.evaluate(rollout.model, rollout.spec, rollout.stable)
-        if rollout.spec.judge == "thresholds":
-            trimmed = [None if window is None else histogram_without_hits(window, share)
-                       for window, share in ((canary, seen.canary_hits), (reference, seen.reference_hits))]
-            return with_attribution(fold(judge(rollout.spec, *trimmed), extra), seen.attribution), None
-        if canary is None or reference is None:
-            return fold(judge(rollout.spec, None, None), extra), None  # the ERROR verdict, unless a check fails
-        verdict, evidence = assess(rollout.spec, Evidence.from_document(rollout.evidence),
-                                   VersionSample.of(canary, seen.canary_latencies, *canary_samples[1:]),
-                                   VersionSample.of(reference, seen.reference_latencies, *reference_samples[1:]),
-                                   extra, cause=seen.attribution.cause)
-        return with_attribution(verdict, seen.attribution), evidence.document()
+        """The interval's verdict and the statistical judge's evidence (:meth:`Intervals.judge`)."""
+        return await self.intervals.judge(rollout, now)
 
     def take_samples(self, rollout: Rollout) -> list[Samples]:
         """The interval's samples of the canary and its reference (:func:`readings.take_samples`)."""

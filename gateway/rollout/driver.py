@@ -27,11 +27,11 @@ import dataclasses
 from decimal import Decimal
 
 from gateway.errors import UpstreamTimeout
-from gateway.policy import PolicySpec, with_weights
+from gateway.policy import PolicySpec, with_shadow, with_weights
 from gateway.policy_book import PolicyBook
 from gateway.rollout.fast_path import FastPath
 from gateway.rollout.phases import Phase
-from gateway.rollout.steps import Rollout
+from gateway.rollout.steps import KEEP_SHADOW, Rollout
 from gateway.services.policies import PolicyService
 from gateway.services.triton_control import TritonControl
 from gateway.store.base import EventDraft, Fence, Guard, StateStore, StoredPolicy, StoredRollout
@@ -76,14 +76,17 @@ class PolicyDriver:
         if rollout.manual_revision and rollout.manual_revision == revision_of(policy):
             return await self.save(base, rollout, fence), rollout  # it yielded to this human's revision
         desired = nonzero(rollout.weights())
-        if policy is not None and weights_of(policy.spec) == desired:
+        shadow = rollout.shadow()  # a warm-up's mirror of the canary, or what the policy had before it
+        if policy is not None and weights_of(policy.spec) == desired and shows_shadow(policy.spec, shadow):
             if rollout.applied and rollout.policy_revision == policy.revision:
                 return await self.save(base, rollout, fence), rollout  # nothing new: no write
             done = _applied(rollout, policy.revision, f"policy revision {policy.revision} shows the weights")
             return await self.save(base, done, fence), done
         spec = with_weights(policy.spec if policy is not None else None, rollout.weights())
+        if not isinstance(shadow, str):
+            spec = with_shadow(spec, shadow)
         # moving traffic away from a rejected canary, to 0 or a step down, never waits on the store
-        urgent = rollout.canary_percent == 0 or rollout.phase is Phase.ROLLING_BACK
+        urgent = (rollout.canary_percent == 0 and not rollout.warming) or rollout.phase is Phase.ROLLING_BACK
         if urgent:
             if await self.fast.ready(rollout.model, rollout.stable) is False:
                 held = dataclasses.replace(rollout, applied=False, apply_reason=(
@@ -137,6 +140,11 @@ def manual_change(rollout: Rollout, policy: StoredPolicy | None) -> bool:
 
 def _applied(rollout: Rollout, revision: int, why: str) -> Rollout:
     return dataclasses.replace(rollout, applied=True, apply_reason=why, policy_revision=revision, pending_revision=0)
+
+
+def shows_shadow(spec: PolicySpec | None, shadow: object) -> bool:
+    """The policy mirrors what the rollout wants (KEEP_SHADOW: whatever it mirrors)."""
+    return shadow == KEEP_SHADOW or (spec.shadow if spec is not None else None) == shadow
 
 
 def revision_of(policy: StoredPolicy | None) -> int:

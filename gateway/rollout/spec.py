@@ -11,6 +11,7 @@ from gateway.policy import Percent, TargetKey, parse_target, target_order
 from gateway.rollout.check_spec import Check, unique_names
 from gateway.rollout.hook_spec import Gate, Webhook
 from gateway.rollout.rollback_spec import FailureClasses, RollbackSpec
+from gateway.rollout.warmup import WarmupSpec
 
 # Fields only one judge reads (the reference, the console and the API's warnings say so): a
 # statistical rollout given min_requests would otherwise take it for a setting that mattered.
@@ -70,7 +71,11 @@ class RolloutSpec(BaseModel):
                                         "increase as a ratio (0.2 = canary 20% slower than the stable)")
     latency_warmup_s: float = Field(30.0, ge=0, le=3600, description="statistical: latency in the rollout's "
                                     "first seconds is not judged (a version that just started taking traffic is "
-                                    "slower while it warms up: +20-60% for several seconds, measured on Triton)")
+                                    "slower while it warms up: +20-60% for several seconds, measured on Triton); "
+                                    "not applied after a warmup whose test passed")
+    warmup: WarmupSpec | None = Field(None, description="warm before weight: mirror a share of live traffic to the "
+                                      "canary (answers dropped) until its latency is steady, then its first step "
+                                      "(gateway/rollout/warmup.py)")
     false_rollback_rate: float = Field(0.01, gt=0, le=0.2, description="statistical: chance that a canary as "
                                        "good as the stable is ever judged unhealthy during the whole rollout")
     retry: bool = Field(False, description="roll out a canary that the model's last rollout rolled back")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from gateway.policy import ShadowSpec
 from gateway.rollout.analysis import BACKEND, CAPACITY, Outcome, Verdict
 from gateway.rollout.phases import Phase, TransitionError, check
 from gateway.rollout.rollback import CRITICAL
@@ -19,6 +20,7 @@ from gateway.rollout.spec import RolloutSpec
 from gateway.store.records import lenient_model
 
 KEEP_VERDICTS = 20
+KEEP_SHADOW = "keep"  # Rollout.shadow(): leave the policy's shadow as it is
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,25 @@ class Rollout:
         return self.spec.canary
 
     @property
+    def warming(self) -> bool:
+        """Warming up (rollout.warmup): the canary takes mirrored copies, no weight yet."""
+        return self.phase is Phase.PROGRESSING and self.warmup.get("state") == "warming"
+
+    def shadow(self) -> ShadowSpec | None | str:
+        """What the policy's shadow must be: the canary's mirror while warming, what the policy had
+        before once the warm-up is over; KEEP_SHADOW (as it is) for a rollout without a warm-up."""
+        if self.warming:
+            assert self.spec.warmup is not None
+            return ShadowSpec(version=self.canary, percent=self.spec.warmup.percent)
+        if not self.warmup:
+            return KEEP_SHADOW
+        before = self.warmup.get("shadow_before")
+        return ShadowSpec.model_validate(before) if before else None
+
+    @property
     def canary_percent(self) -> Decimal:
+        if self.warming:
+            return Decimal(0)
         if self.phase is Phase.PROMOTED:
             return Decimal(100)
         if self.phase in (Phase.ROLLED_BACK, Phase.ABORTED):
@@ -120,7 +140,7 @@ class Rollout:
     def due(self, now: float) -> bool:
         """Time for a verdict on the current interval (or, rolling back, for the next step down)."""
         return (self.phase in (Phase.PROGRESSING, Phase.ROLLING_BACK) and not self.awaiting_promote
-                and now - self.step_started_at >= self.spec.interval_s)
+                and not self.warming and now - self.step_started_at >= self.spec.interval_s)
 
     def document(self) -> dict[str, Any]:
         return {
@@ -180,11 +200,35 @@ def _move(rollout: Rollout, phase: Phase, now: float, reason: str, **changes: An
 
 def begin(model: str, spec: RolloutSpec, stable: str, now: float) -> Rollout:
     reason = f"started: step 1 of {len(spec.steps)}, canary {spec.canary} at {_number(spec.steps[0])}%"
+    warmup: dict[str, Any] = {}
+    if spec.warmup is not None:
+        warmup = {"state": "warming", "since": now, "windows": [], "test": "no window yet"}
+        reason = (f"started: warming up canary {spec.canary} on a mirrored {_number(spec.warmup.percent)}% of live "
+                  f"traffic (answers dropped) until its latency is steady, at most {spec.warmup.max_s:g} s; then "
+                  f"step 1 of {len(spec.steps)} at {_number(spec.steps[0])}%")
     if spec.baseline is not None:
         reason += f", judged against baseline {spec.baseline} at the same weight"
     return Rollout(model=model, spec=spec, stable=stable, phase=Phase.PROGRESSING, step=0, started_at=now,
-                   step_started_at=now, last_transition_at=now, reason=reason, fast_path_from=now,
+                   step_started_at=now, last_transition_at=now, reason=reason, fast_path_from=now, warmup=warmup,
                    history=({"at": now, "from": None, "to": Phase.PROGRESSING.value, "step": 0, "reason": reason},))
+
+
+def warmed(rollout: Rollout, now: float, windows: list[dict[str, Any]], steady: bool, words: str) -> Rollout:
+    """The warm-up is over: its test passed (``steady``), or its time limit ran out without it.
+    The first step starts now, or the rollout pauses (``on_timeout: pause``)."""
+    assert rollout.spec.warmup is not None
+    state = "steady" if steady else "timed_out"
+    warmup = {**rollout.warmup, "state": state, "until": now, "windows": windows, "test": words}
+    done = dataclasses.replace(rollout, warmup=warmup)
+    first = f"step 1 of {len(rollout.spec.steps)}: canary at {_number(rollout.spec.steps[0])}%"
+    if steady:
+        return _move(done, Phase.PROGRESSING, now, f"{first} (warm after {now - rollout.warmup['since']:.0f} s: "
+                     f"{words})", step_started_at=now, fast_path_from=now)
+    limit = f"not steady after {rollout.spec.warmup.max_s:g} s of warm-up ({words})"
+    if rollout.spec.warmup.on_timeout == "pause":
+        return _move(done, Phase.PAUSED, now, f"paused: canary {limit}; resume to take step 1 anyway, or abort")
+    return _move(done, Phase.PROGRESSING, now, f"{first} ({limit}: latency_warmup_s applies)", step_started_at=now,
+                 fast_path_from=now)
 
 
 def advance(rollout: Rollout, now: float, why: str) -> Rollout:

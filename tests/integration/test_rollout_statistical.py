@@ -44,7 +44,7 @@ def test_a_canary_like_the_stable_is_promoted_with_evidence_per_metric(gateway: 
     metrics = {m["name"]: m for m in healthy[0]["metrics"]}
     # the three comparisons, and the absolute ceiling on the canary's own error rate (a guard that
     # only ever fails a canary: its pass says "not shown past the ceiling", not "fine")
-    assert set(metrics) == {"error_rate", "client_error_rate", "latency", "error_ceiling"}
+    assert set(metrics) == {"error_rate", "capacity_error_rate", "client_error_rate", "latency", "error_ceiling"}
     ceiling = metrics.pop("error_ceiling")
     assert ceiling["verdict"] == "pass" and "not shown past the ceiling" in ceiling["summary"]
     assert all(m["verdict"] == "pass" and "fine" in m["summary"] for m in metrics.values())
