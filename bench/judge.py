@@ -30,7 +30,12 @@ Adversaries (issue 23; the statistical judge only), one more client sending 10% 
                  metrics), the shadow gate (min_shadow_agreement 0.99, 99.9% agreeing) and two
                  custom checks (canary error rate max 0.05, canary p99 latency max 3 ms)
 
+Verdicts that say why (issue 34: Triton's queue and compute, errors by cause, cache hits, and the
+adversaries that must not make attribution say something false): ``--why``, which runs
+bench/judge_why.py's scenarios with the same --runs and --seed.
+
     .venv/bin/python bench/judge.py                       # the README tables (~25 minutes)
+    .venv/bin/python bench/judge.py --why --runs 100      # attribution: queue, compute, REJECTED, cache, adversaries
     .venv/bin/python bench/judge.py --runs 50 --judge statistical --scenario errors
     .venv/bin/python bench/judge.py --judge statistical --scenario attack-canary --scenario attack-stable
 """
@@ -354,6 +359,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if "--why" in argv:
+        import judge_why  # bench/ is on sys.path when this file runs as a script
+
+        rest = [a for a in argv if a != "--why"]
+        return judge_why.main(rest)
     args = parse(argv)
     rng = np.random.default_rng(args.seed)
     rows = []

@@ -32,7 +32,8 @@ class ScaleTriton:
         self.known = set(self.models)
         self.index = json.dumps([{"name": name, "version": version, "state": "READY"}
                                  for name in self.models for version in VERSIONS]).encode()
-        self.asked: Counter[str] = Counter()  # kind -> requests: index, ready, config, health, infer, other
+        self.asked: Counter[str] = Counter()  # kind -> requests: index, ready, config, health, infer, stats, other
+        self.stats_of: Counter[str] = Counter()  # model -> statistics reads
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._server: asyncio.Server | None = None
@@ -93,5 +94,18 @@ class ScaleTriton:
             if kind == "infer":
                 self.asked["infer"] += 1
                 return 200, json.dumps({"model_name": model, "outputs": []}).encode()
+            if kind == "stats":  # the statistics extension, every version of the model (issue 34's reader)
+                self.asked["stats"] += 1
+                self.stats_of[model] += 1
+                return 200, json.dumps({"model_stats": [_stats(model, version) for version in VERSIONS]}).encode()
         self.asked["other"] += 1
         return 200, b"{}"
+
+
+def _stats(model: str, version: str) -> dict[str, object]:
+    """One model_stats entry as Triton 2.51 shapes it, all zero."""
+    zero = {"count": 0, "ns": 0}
+    return {"name": model, "version": version, "last_inference": 0, "inference_count": 0, "execution_count": 0,
+            "inference_stats": {name: zero for name in ("success", "fail", "queue", "compute_input", "compute_infer",
+                                                        "compute_output", "cache_hit", "cache_miss")},
+            "response_stats": {}, "batch_stats": [], "memory_usage": []}

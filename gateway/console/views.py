@@ -286,6 +286,11 @@ def why(rollout: dict[str, Any] | None) -> str | None:
         return f"Rolled back: {rollout.get('reason')}."
     if state == "paused":
         return f"Paused: {rollout.get('reason')}."
+    warmup = rollout.get("warmup") or {}
+    if state == "progressing" and warmup.get("state") == "warming":
+        return f"Warming up on mirrored traffic before its first step: {warmup.get('test')}."
+    if state == "progressing" and str(rollout.get("reason", "")).startswith("held:"):
+        return f"Held at step {int(rollout.get('step', 0)) + 1}: {str(rollout['reason']).removeprefix('held: ')}."
     if state == "progressing" and verdicts and verdicts[-1].get("outcome") in ("inconclusive", "error"):
         return f"Held at step {int(rollout.get('step', 0)) + 1}: {verdicts[-1].get('reason')}."
     if state == "progressing" and rollout.get("awaiting_promote"):

@@ -19,7 +19,8 @@ def rollout_view(doc: dict[str, Any]) -> Table:
     waiting = waiting_for(doc)
     table = Table(title=f"rollout of {doc['model']}: {doc['state']} (steps {steps})",
                   caption="\n".join([doc["reason"], *([waiting] if waiting else []), *_descent_lines(doc),
-                                     *_evidence_lines(doc), *_variant_lines(doc), *_hook_lines(doc)]))
+                                     *_evidence_lines(doc), *triton_lines(doc), *_variant_lines(doc),
+                                     *_hook_lines(doc)]))
     for column in ("version", "role", "weight %", "requests", "error rate", "p99 ms"):
         table.add_column(column, justify="right")
     live = doc.get("live", {})
@@ -69,6 +70,9 @@ def waiting_for(doc: dict[str, Any]) -> str | None:
                 f"{doc['stable']}")
     if state not in ACTIVE:
         return None
+    warmup = doc.get("warmup") or {}
+    if state == "progressing" and warmup.get("state") == "warming":
+        return f"warms up on mirrored traffic before step 1: {warmup.get('test')}"
     if doc.get("awaiting_promote"):
         return (f"healthy at step {doc['step'] + 1}, and waits for `gateway ctl rollout promote {model}` "
                 f"(manual_gates)")
@@ -107,6 +111,23 @@ def _evidence_lines(doc: dict[str, Any]) -> list[str]:
     metrics = doc["verdicts"][-1].get("metrics", []) if doc["verdicts"] else []
     return [f"{metric['verdict'].upper():>12}  {metric['summary']}" + (f"\n{'':>14}{escape(metric['words'])}"
             if metric.get("words") else "") for metric in metrics]
+
+
+def triton_lines(doc: dict[str, Any]) -> list[str]:
+    """Triton's own view (issue 34): where the last interval's difference lies, the configs compared
+    at the start, a server serving the canary otherwise, the warm-up."""
+    lines = []
+    warmup = doc.get("warmup") or {}
+    if warmup:
+        lines.append(f"warm-up: {warmup.get('state')} ({warmup.get('test')})")
+    attribution = doc["verdicts"][-1].get("attribution") if doc["verdicts"] else None
+    if attribution:
+        lines.append(f"in Triton: {attribution['summary']}")
+    words = (doc.get("likeness") or {}).get("words")
+    if words and words != "configs alike":
+        lines.append(f"like for like: {words}")
+    lines.extend(f"drift: {entry['words']}" for entry in doc.get("drift") or ())
+    return lines
 
 
 def _descent_lines(doc: dict[str, Any]) -> list[str]:

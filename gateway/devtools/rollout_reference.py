@@ -12,8 +12,9 @@ from pydantic_core import PydanticUndefined
 from gateway.rollout.check_spec import Check
 from gateway.rollout.hook_spec import Gate, Webhook
 from gateway.rollout.phases import ALLOWED, Phase
-from gateway.rollout.rollback_spec import RollbackSpec
+from gateway.rollout.rollback_spec import FailureClasses, RollbackSpec
 from gateway.rollout.spec import STATISTICAL_ONLY, THRESHOLDS_ONLY, RolloutSpec
+from gateway.rollout.warmup import WarmupSpec
 
 SPEC_BEGIN = "<!-- rollout-spec-reference:begin -->"
 SPEC_END = "<!-- rollout-spec-reference:end -->"
@@ -24,10 +25,13 @@ TRANSITIONS_END = "<!-- rollout-transitions:end -->"
 # and no other: tests/unit/test_docs.py).
 TRANSITIONS: dict[tuple[Phase, Phase], str] = {
     (Phase.PROGRESSING, Phase.PROGRESSING): "a healthy interval moves to the next step (with `manual_gates`, "
-    "only after a `promote`); an unhealthy or inconclusive one holds the step",
+    "only after a `promote`); an unhealthy or inconclusive one holds the step, and so does a server of the "
+    "canary's fleet serving it with another config; a `warmup` whose test passed (or whose `max_s` ran out, "
+    "`on_timeout: proceed`) starts step 1",
     (Phase.PROGRESSING, Phase.PAUSED): "`pause`; a policy change the rollout did not make (a human's); "
     "`error_limit` metric read errors or `inconclusive_limit` undecided intervals in a row; the baseline "
-    "stopped being READY",
+    "stopped being READY; `failure_limit` unhealthy intervals of a class `failure_classes` pauses on "
+    "(capacity: \"canary under-provisioned: queue\"); a `warmup` past `max_s` with `on_timeout: pause`",
     (Phase.PROGRESSING, Phase.PROMOTED): "the last step was healthy, or `promote` at the last step",
     (Phase.PROGRESSING, Phase.ROLLED_BACK): "`failure_limit` unhealthy intervals in a row (immediate rollback), "
     "an interval past `critical_error_rate`, the fast path (the canary alone not READY or unavailable), a gate "
@@ -82,7 +86,9 @@ def fields_table(model: type[BaseModel], prefix: str = "", judges: bool = False)
 
 def spec_markdown() -> str:
     parts = [fields_table(RolloutSpec, judges=True)]
-    for title, model, prefix in (("`rollback`", RollbackSpec, "rollback."), ("each of `webhooks`", Webhook, ""),
+    for title, model, prefix in (("`rollback`", RollbackSpec, "rollback."),
+                                 ("`failure_classes`", FailureClasses, "failure_classes."),
+                                 ("`warmup`", WarmupSpec, "warmup."), ("each of `webhooks`", Webhook, ""),
                                  ("each of `gates`", Gate, ""), ("each of `checks`", Check, "")):
         parts += [f"**{title}**", fields_table(model, prefix)]
     return "\n\n".join(parts)

@@ -26,7 +26,10 @@ requests that completed, so such a difference can only ever be put outside Trito
 
 Errors are classed by Triton's own words for them (``telemetry.recorder``): REJECTED (the
 version's queue was full or its timeout ran out: capacity) and BACKEND (the model failed,
-or anything else the version answered with a 5xx).
+or anything else the version answered with a 5xx). The words are said only of a verdict that
+found the canary's errors worse (``rollout.engine.with_attribution``): a client's own failures
+(its own tiny queue timeout, say) are capped by the judge like any client's and make no verdict
+say that the canary's queue refused them.
 """
 
 from __future__ import annotations
@@ -166,6 +169,7 @@ class Attribution:
     cause: str | None  # latency_cause()
     summary: str
     unreadable: tuple[str, ...] = ()  # servers whose statistics are missing from this interval, with why
+    errors: str | None = None  # the canary's errors in Triton's words (error_words), said when they failed
 
     def document(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -177,7 +181,7 @@ def attribute(canary: TargetInterval, reference: TargetInterval, canary_latencie
               reference_latencies: Sequence[float], floor: float, versus: str = "stable",
               errors: str | None = None) -> Attribution:
     """The attribution of one interval: Triton's numbers of both versions, the gateway's
-    latencies (cache hits already taken out), and ``errors`` (:func:`error_words`)."""
+    latencies (cache hits already taken out), and ``errors`` (:func:`error_words`, kept apart)."""
     unreadable = (*canary.missing, *(m for m in reference.missing if m not in canary.missing))
     reference_ms = median_ms(reference_latencies)
     observed = _difference(median_ms(canary_latencies), reference_ms)
@@ -186,16 +190,15 @@ def attribute(canary: TargetInterval, reference: TargetInterval, canary_latencie
         words = [f"Triton's statistics unreadable ({why}): judged on the gateway's view only"]
         if observed is not None:
             words.insert(0, f"canary {observed:+.2f} ms median")
-        return Attribution(None, None, observed, None, None, None, None, "; ".join([*words, *filter(None, [errors])]),
-                           unreadable)
+        return Attribution(None, None, observed, None, None, None, None, "; ".join(words), unreadable, errors)
     mine, theirs = view(canary.counters), view(reference.counters)
     queue, compute = _difference(mine.queue_ms, theirs.queue_ms), _difference(mine.compute_ms, theirs.compute_ms)
     inside = (queue or 0.0) + (compute or 0.0)
     outside = round(observed - inside, 3) if observed is not None else None
     cause = latency_cause(mine, theirs, observed, floor, reference_ms)
     return Attribution(mine, theirs, observed, queue, compute, outside, cause,
-                       _summary(mine, theirs, observed, queue, compute, outside, cause, versus, errors, unreadable),
-                       unreadable)
+                       _summary(mine, theirs, observed, queue, compute, outside, cause, versus, unreadable),
+                       unreadable, errors)
 
 
 def _difference(canary: float | None, reference: float | None) -> float | None:
@@ -203,7 +206,7 @@ def _difference(canary: float | None, reference: float | None) -> float | None:
 
 
 def _summary(mine: EngineView, theirs: EngineView, observed: float | None, queue: float | None,
-             compute: float | None, outside: float | None, cause: str | None, versus: str, errors: str | None,
+             compute: float | None, outside: float | None, cause: str | None, versus: str,
              unreadable: tuple[str, ...]) -> str:
     """E.g. "canary +3.10 ms median: queue +2.90 ms, compute +0.20 ms, batch 1.0 vs 3.8 (Triton, per
     request): the queue"."""
@@ -224,8 +227,6 @@ def _summary(mine: EngineView, theirs: EngineView, observed: float | None, queue
         words.append(f"cache hits (not in latency): canary {mine.hit_share:.0%} of "
                      f"{mine.cache_hits + mine.cache_misses}, {versus} {theirs.hit_share:.0%} of "
                      f"{theirs.cache_hits + theirs.cache_misses}")
-    if errors:
-        words.append(errors)
     if unreadable:
         words.append(f"statistics missing from {'; '.join(unreadable)}")
     return "; ".join(words)

@@ -209,11 +209,19 @@ async def observe(view: TritonView, rollout: Rollout, now: float, canary_latenci
     return Observed(seen, kept_canary, kept_reference, canary_hits, reference_hits)
 
 
+ERROR_METRICS = frozenset(("error_rate", "capacity_error_rate", "error_ceiling", "critical_error_rate"))
+
+
 def with_attribution(verdict: Verdict, seen: Attribution) -> Verdict:
     """The verdict saying where the difference lies: the attribution in its record and its
-    reason, and an UNHEALTHY verdict's failure class where the judge left it to the cause."""
+    reason, and an UNHEALTHY verdict's failure class where the judge left it to the cause. The
+    canary's errors in Triton's words join the reason only when an error metric failed."""
     failure = verdict.failure_class
     if verdict.outcome is Outcome.UNHEALTHY and failure is None and verdict.metric is not None:
         failure = CAPACITY if capacity_metric(verdict.metric, seen.cause) else BACKEND
+    failed = {verdict.metric} | {m.name for m in verdict.metrics if getattr(m, "verdict", None) == "fail"}
+    words = [seen.summary] if seen.summary else []
+    if seen.errors and verdict.outcome is Outcome.UNHEALTHY and failed & ERROR_METRICS:
+        words.append(seen.errors)
     return dataclasses.replace(verdict, attribution=seen.document(), failure_class=failure,
-                               reason=f"{verdict.reason}; {seen.summary}" if seen.summary else verdict.reason)
+                               reason="; ".join([verdict.reason, *words]))

@@ -10,8 +10,10 @@ repository. (Triton's metrics port also has failure reasons, but as one page for
 the server, which grows with the repository; it is not read. The gateway classes each failed
 answer by Triton's own words instead: ``telemetry.recorder.Outcome.REJECTED``.)
 
-A reading is keyed by (server, model, version), so any target kind (a version on a named fleet,
-another model, an ensemble's composing models) is read the same way. A server that cannot be
+Each read goes through the server's shared reads (``gateway.fleet.reads``: single flight, so
+every reader of the same model's statistics at once, a rollout's tick or a target's composing
+models, shares one call). A reading is keyed by (server, model, version), so any target kind (a
+version on a named fleet, another model, an ensemble's composing models) is read the same way. A server that cannot be
 read is named in the reading with the reason, never an exception: the judge then says so and
 judges from the gateway's own view. The rollout judge works on intervals: :func:`interval`
 subtracts two readings (pure), :class:`EngineStats` makes them.
@@ -22,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import urllib.parse
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -209,9 +211,13 @@ class EngineStats:
     async def _server(self, server: Server, model: str) -> dict[str, EngineCounters] | str:
         """Every version's counters of ``model`` on ``server``, or why they could not be read."""
         path = f"/v2/models/{urllib.parse.quote(model, safe='')}/stats"
+
+        def fetch() -> Awaitable[tuple[int, Any]]:
+            return self.control.call_on(server, b"GET", path, timeout_s=self.timeout_s)
+
         try:
-            async with asyncio.timeout(self.timeout_s):
-                status, body = await self.control.call_on(server, b"GET", path, timeout_s=self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):  # a read sent after this call, or the one under way
+                status, body = await server.reads.read(path, fetch, 0.0)
         except TimeoutError:
             return f"no answer to {path} within {self.timeout_s:g}s"
         except GatewayError as exc:

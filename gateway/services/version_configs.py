@@ -4,7 +4,8 @@ gateway reads the model repository) a digest of the version's files.
 Triton answers ``GET /v2/models/{model}/config`` with the configuration it loaded, which after a
 ``config`` override (an admin's, or an earlier gateway reload) stays that override until the
 model is loaded again: two servers of a fleet can serve "version 3" as two different things.
-Reading it costs one call per server of the target's fleet, for the rollout's models only.
+Reading it costs one call per server of the target's fleet, for the rollout's models only (through
+the server's shared reads, ``gateway.fleet.reads``).
 The digest covers the version folder's files and ``config.pbtxt`` as they are now, so a
 rollout can tell that the files it started with changed under it.
 """
@@ -14,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gateway.errors import GatewayError
+from gateway.fleet.members import Server
 from gateway.services.engine_stats import StatsCalls
 
 MAX_FILES = 10_000  # a version folder larger than this is not hashed (said so), never walked for ever
@@ -41,10 +43,13 @@ async def read_configs(control: StatsCalls, model: str, target: str, timeout_s: 
         return ServerConfigs({}, {"*": exc.message})
     path = f"/v2/models/{urllib.parse.quote(model, safe='')}/config"
 
-    async def one(server: Any) -> Mapping[str, Any] | str:
+    async def one(server: Server) -> Mapping[str, Any] | str:
+        def fetch() -> Awaitable[tuple[int, Any]]:
+            return control.call_on(server, b"GET", path, timeout_s=timeout_s)
+
         try:
-            async with asyncio.timeout(timeout_s):
-                status, body = await control.call_on(server, b"GET", path, timeout_s=timeout_s)
+            async with asyncio.timeout(timeout_s):  # shared with any reader of it at once (gateway.fleet.reads)
+                status, body = await server.reads.read(path, fetch, 0.0)
         except TimeoutError:
             return f"no answer to {path} within {timeout_s:g}s"
         except GatewayError as exc:

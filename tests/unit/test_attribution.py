@@ -111,7 +111,8 @@ def test_attribution_says_when_triton_cannot_be_read() -> None:
                       target(counters(10, 0.1, 1.0)), [0.002] * 10, [0.001] * 10, 0.2, errors="canary errors x")
     assert found.canary is None and found.cause is None
     assert found.summary == ("canary +1.00 ms median; Triton's statistics unreadable (s1: no answer to "
-                             "/v2/models/qc/stats within 2s): judged on the gateway's view only; canary errors x")
+                             "/v2/models/qc/stats within 2s): judged on the gateway's view only")
+    assert found.errors == "canary errors x"
     assert found.unreadable == ("s1: no answer to /v2/models/qc/stats within 2s",)
     assert found.document()["unreadable"] == list(found.unreadable)
 

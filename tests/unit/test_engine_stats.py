@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from gateway.errors import UpstreamUnavailable
+from gateway.fleet.reads import ServerReads
 from gateway.services.engine_stats import EngineCounters, EngineReading, EngineStats, interval
 
 
@@ -117,6 +118,7 @@ def test_reading_survives_its_document_and_a_bad_one_is_none() -> None:
 class FakeServer:
     def __init__(self, name: str) -> None:
         self.name = name
+        self.reads = ServerReads()
 
 
 class FakeControl:

@@ -115,3 +115,24 @@ def test_the_thresholds_judge_counts_rejected_answers_against_the_ceiling() -> N
     canary = Window("qc", "3", 30, 100, 0, 0, empty, rejected=20)
     verdict = thresholds_judge(spec, canary, Window("qc", "2", 30, 1000, 0, 0, empty))
     assert (verdict.outcome, verdict.metric, verdict.canary_rejected) == (Outcome.UNHEALTHY, "capacity_error_rate", 20)
+
+
+def test_bench_judge_why_names_the_queue_and_never_blames_triton_for_a_slow_reader(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "judge_why.py"
+    module_spec = importlib.util.spec_from_file_location("bench_judge_why", path)
+    assert module_spec is not None and module_spec.loader is not None
+    bench = importlib.util.module_from_spec(module_spec)
+    monkeypatch.setitem(sys.modules, "bench_judge_why", bench)  # dataclasses look their module up there
+    module_spec.loader.exec_module(bench)
+    assert bench.main(["--runs", "2", "--scenario", "queue", "--scenario", "slow-reader", "--max-intervals",
+                       "20"]) == 0
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| +1.5") or line.startswith("| A/A")}
+    queue, reader = rows["+1.5 ms queue"], rows["A/A, a client reading 20 ms late"]
+    assert queue[3] == "100%" and queue[6] == queue[5] and queue[7] == "0", queue  # paused, named right, none falsely
+    assert reader[7] == "0" and "queue" not in reader[8] and "compute" not in reader[8], reader

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from gateway.errors import Conflict, MetricsUnavailable, UpstreamUnavailable
+from gateway.fleet.reads import ServerReads
 from gateway.policy import PolicySpec
 from gateway.policy_book import PolicyBook
 from gateway.rollout.controller import RolloutController
@@ -368,6 +369,7 @@ async def test_webhooks_get_each_transition_once(h: Harness) -> None:
 
 class Unreachable:
     name = "t1:8000"
+    reads = ServerReads()
 
 
 async def test_a_triton_whose_statistics_cannot_be_read_leaves_the_verdict_as_before_saying_so(h: Harness) -> None:

@@ -156,6 +156,23 @@ function latencyPanels(data, c) {
     [xs, ...tail], { marks: c.marks, pad: c.pad, start: c.start, yRange: tightRange(tail) });
 }
 
+// Triton's own view (issue 34): each version's time in Triton per request over time, stacked:
+// the filled part is its queue, the line above it queue + compute (from Triton's statistics).
+function tritonPanel(data, c) {
+  const inTriton = c.verdicts.filter((v) => v.attribution && v.attribution.canary && v.attribution.reference);
+  const part = (side) => inTriton.map((v) => v.attribution[side].queue_ms);
+  const total = (side) => inTriton.map((v) => { const s = v.attribution[side];
+    return s.queue_ms === null && s.compute_ms === null ? null : (s.queue_ms || 0) + (s.compute_ms || 0); });
+  chart("chart-triton", "In Triton: queue + compute per request (ms)", "Triton's own statistics per interval: " +
+    "filled, the queue; the line above it, queue + compute. " + ((inTriton[inTriton.length - 1] || {}).attribution || {}).summary,
+  [line(c.canaryLabel + " queue", COLORS.canary, { ...c.canaryDash, fill: COLORS.canary + "40" }),
+    line(c.canaryLabel + " queue + compute", COLORS.canary, c.canaryDash),
+    line(c.refLabel + " queue", COLORS.reference, { fill: COLORS.reference + "40" }),
+    line(c.refLabel + " queue + compute", COLORS.reference)],
+  [inTriton.map((v) => v.at), part("canary"), total("canary"), part("reference"), total("reference")],
+  { marks: c.marks, pad: c.pad, start: c.start });
+}
+
 // The statistical judge's accumulated effect per metric, and the e-values.
 function effectPanels(data, c) {
   const judged = c.verdicts.filter((v) => (v.metrics || []).length);
@@ -191,7 +208,7 @@ function weightsPanel(data, c) {
     { marks: c.marks, pad: c.pad, start: c.start });
 }
 
-const EVIDENCE_PANELS = [errorRatePanel, clientErrorPanel, latencyPanels, effectPanels, weightsPanel];
+const EVIDENCE_PANELS = [errorRatePanel, clientErrorPanel, latencyPanels, tritonPanel, effectPanels, weightsPanel];
 
 function drawCharts(data) {
   const slot = $("charts-slot");
