@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.policy import split_target
+from gateway.policy import parse_target
 from gateway.rollout import attribution
 from gateway.rollout.analysis import BACKEND, CAPACITY, Outcome, Verdict
 from gateway.rollout.attribution import Attribution, ErrorClasses
@@ -108,9 +108,10 @@ class TritonView:
         peers', and the servers that could not be read."""
         found = await read_configs(self.control, model, target, self.timeout_s)
         reference = None
-        if self.repository is not None and split_target(target)[0] is None:
+        named = parse_target(target)
+        if self.repository is not None and named.fleet is None:
             try:
-                reference = (await read_model_async(self.repository, model)).config
+                reference = (await read_model_async(self.repository, named.model or model)).config
             except RepositoryUnreadable:
                 reference = None
         return drift(found.configs, reference), dict(found.unreadable)
@@ -118,13 +119,13 @@ class TritonView:
     async def files(self, model: str, target: str) -> dict[str, str] | None:
         """The digest of the version's files, for a version on the default fleet when the gateway
         reads its repository; None otherwise (or when they cannot be read)."""
-        fleet, version = split_target(target)
-        if self.repository is None or fleet is not None:
-            return None
+        named = parse_target(target)
+        if self.repository is None or named.fleet is not None or named.version is None:
+            return None  # another fleet's repository is not the gateway's to read; a default version has no folder
         try:
-            return await version_digest_async(self.repository, model, version)
+            return await version_digest_async(self.repository, named.model or model, named.version)
         except OSError as exc:
-            log.warning("rollout of %s: the files of version %s cannot be hashed: %s", model, version, exc)
+            log.warning("rollout of %s: the files of %s cannot be hashed: %s", model, target, exc)
             return None
 
     async def held(self, rollout: Rollout) -> tuple[str | None, list[dict[str, Any]]]:

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from gateway.errors import GatewayError
 from gateway.fleet.members import Server
-from gateway.policy import split_target
+from gateway.policy import parse_target
 
 StatsKey = tuple[str, str, str]  # (server, model, version)
 # The statistics extension's inference_stats entries we read, with the counter fields they feed.
@@ -135,6 +135,14 @@ def _key(text: str) -> StatsKey:
     return server, model, version
 
 
+def target_of(model: str, key: str) -> tuple[str, str | None]:
+    """The model and version a target key of ``model``'s policy names: ``"3"`` and ``"green:3"``
+    version 3 of ``model``, ``"qc_2026_12@2"`` version 2 of that model, ``"qc_2026_12"`` Triton's
+    default version of it (None: every version of it is summed, the default taking its traffic)."""
+    target = parse_target(key)
+    return target.model or model, target.version
+
+
 @dataclass(frozen=True)
 class TargetInterval:
     """One target's counters over an interval, summed over the servers read at both ends."""
@@ -145,16 +153,16 @@ class TargetInterval:
 
 
 def interval(before: EngineReading | None, after: EngineReading, model: str, target: str) -> TargetInterval:
-    """``target``'s counters between two readings. A server is summed only when both readings
-    have it: one seen only now (new in a DNS fleet, or unreadable last time) would bring its
-    whole history into the interval."""
-    version = split_target(target)[1]
+    """``target``'s counters (a target key of ``model``'s policy) between two readings. A server
+    is summed only when both readings have it: one seen only now (new in a DNS fleet, or
+    unreadable last time) would bring its whole history into the interval."""
+    named, version = target_of(model, target)
     summed: EngineCounters | None = None
     covered: list[str] = []
     missing: list[str] = []
     for server in after.servers.get(target, ()):
-        now = after.counters.get((server, model, version))
-        then = before.counters.get((server, model, version)) if before is not None else None
+        now = _version_counters(after, server, named, version)
+        then = _version_counters(before, server, named, version) if before is not None else None
         if now is None:
             why = after.unreadable.get(server) or "Triton reports no statistics for this version"
             missing.append(f"{server}: {why}")
@@ -167,6 +175,17 @@ def interval(before: EngineReading | None, after: EngineReading, model: str, tar
         summed = delta if summed is None else summed + delta
         covered.append(server)
     return TargetInterval(summed, tuple(covered), tuple(missing))
+
+
+def _version_counters(reading: EngineReading, server: str, model: str, version: str | None) -> EngineCounters | None:
+    """One version's counters on one server, or (version None) the sum of the model's versions there."""
+    if version is not None:
+        return reading.counters.get((server, model, version))
+    total = None
+    for (where, name, _), value in reading.counters.items():
+        if where == server and name == model:
+            total = value if total is None else total + value
+    return total
 
 
 class StatsCalls(Protocol):
@@ -186,26 +205,27 @@ class EngineStats:
         self.timeout_s = timeout_s
 
     async def read(self, model: str, targets: Iterable[str]) -> EngineReading:
-        """One reading of ``targets`` (``version`` or ``fleet:version``) of ``model``: one call
-        per server, concurrently, each within ``timeout_s``. Never raises for a server that
-        cannot be read: it is named in ``unreadable``."""
+        """One reading of ``targets`` (target keys of ``model``'s policy: a version, on a fleet, or
+        another model): one call per server and model named, concurrently, each within
+        ``timeout_s``. Never raises for a server that cannot be read: it is named in ``unreadable``."""
         servers: dict[str, tuple[str, ...]] = {}
-        by_name: dict[str, Server] = {}
+        asked: dict[tuple[str, str], Server] = {}  # (server, model) -> server
         for target in dict.fromkeys(targets):
             try:
                 found = self.control.servers_of(target)
-            except GatewayError:
-                found = []  # a fleet this gateway does not know: nothing to read
+                named = target_of(model, target)[0]
+            except (GatewayError, ValueError):
+                found, named = [], model  # a fleet this gateway does not know: nothing to read
             servers[target] = tuple(server.name for server in found)
-            by_name.update((server.name, server) for server in found)
-        answers = await asyncio.gather(*(self._server(server, model) for server in by_name.values()))
+            asked.update(((server.name, named), server) for server in found)
+        answers = await asyncio.gather(*(self._server(server, named) for (_, named), server in asked.items()))
         counters: dict[StatsKey, EngineCounters] = {}
         unreadable: dict[str, str] = {}
-        for server, answer in zip(by_name, answers, strict=True):
+        for (server, named), answer in zip(asked, answers, strict=True):
             if isinstance(answer, str):
                 unreadable[server] = answer
             else:
-                counters.update(((server, model, version), value) for version, value in answer.items())
+                counters.update(((server, named, version), value) for version, value in answer.items())
         return EngineReading(counters, servers, unreadable)
 
     async def _server(self, server: Server, model: str) -> dict[str, EngineCounters] | str:

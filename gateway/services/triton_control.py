@@ -144,7 +144,7 @@ class TritonControl:
         return self.fleet.in_service() or list(self.fleet.servers.values())
 
     def servers_of(self, key: str) -> list[Server]:
-        """The servers of the fleet a target key (``version`` or ``fleet:version``) names."""
+        """The servers of the fleet a target key names (any target: a version, on a fleet, another model)."""
         return self._for(key)[0].servers()
 
     async def call_on(self, server: Server, method: bytes, path: str, body: Any = None,

@@ -22,7 +22,7 @@ from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.fleet.members import Server
-from gateway.services.engine_stats import StatsCalls
+from gateway.services.engine_stats import StatsCalls, target_of
 
 MAX_FILES = 10_000  # a version folder larger than this is not hashed (said so), never walked for ever
 
@@ -36,12 +36,16 @@ class ServerConfigs:
 
 
 async def read_configs(control: StatsCalls, model: str, target: str, timeout_s: float) -> ServerConfigs:
-    """``model``'s loaded configuration on every server of the fleet ``target`` names, concurrently."""
+    """The loaded configuration of the model ``target`` (a target key of ``model``'s policy) names,
+    on every server of its fleet, concurrently."""
     try:
         servers = control.servers_of(target)
+        named = target_of(model, target)[0]
     except GatewayError as exc:
         return ServerConfigs({}, {"*": exc.message})
-    path = f"/v2/models/{urllib.parse.quote(model, safe='')}/config"
+    except ValueError as exc:
+        return ServerConfigs({}, {"*": str(exc)})
+    path = f"/v2/models/{urllib.parse.quote(named, safe='')}/config"
 
     async def one(server: Server) -> Mapping[str, Any] | str:
         def fetch() -> Awaitable[tuple[int, Any]]:

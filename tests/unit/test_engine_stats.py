@@ -155,3 +155,28 @@ async def test_reader_asks_each_server_once_per_model_and_names_those_it_cannot_
     assert "cannot connect" in found.unreadable["b"] and "400" in found.unreadable["c"]
     assert "cannot read" in found.unreadable["d"]
     assert found.servers == {"3": ("a", "b", "c", "d"), "2": ("a", "b", "c", "d")}
+
+
+async def test_a_target_naming_another_model_reads_that_models_statistics() -> None:
+    """Targets that are other models (issue 35): "qc_2026_12@2" is version 2 of qc_2026_12;
+    "qc_2026_12" is Triton's default version of it (every version of it summed)."""
+    answers = {"qc": {"model_stats": [stat("3", success=5)]},
+               "qc_2026_12": {"model_stats": [stat("1", success=7, name="qc_2026_12"),
+                                              stat("2", success=11, name="qc_2026_12")]}}
+
+    class TwoModels(FakeControl):
+        async def call_on(self, server: Any, method: bytes, path: str, body: Any = None,
+                          timeout_s: float | None = None) -> tuple[int, Any]:
+            self.calls.append((server.name, path))
+            return 200, answers[path.split("/")[3]]
+
+    control = TwoModels({"a": None})
+    found = await EngineStats(control).read("qc", ["3", "qc_2026_12@2", "qc_2026_12"])
+    assert sorted(control.calls) == [("a", "/v2/models/qc/stats"), ("a", "/v2/models/qc_2026_12/stats")]
+    assert found.counters[("a", "qc_2026_12", "2")].success == 11
+    empty = EngineReading({key: EngineCounters() for key in found.counters}, found.servers, {})
+    named = interval(empty, found, "qc", "qc_2026_12@2")
+    default = interval(empty, found, "qc", "qc_2026_12")
+    assert named.counters is not None and named.counters.success == 11
+    assert default.counters is not None and default.counters.success == 18
+    assert interval(empty, found, "qc", "3").counters == EngineCounters.of(stat("3", success=5))
