@@ -108,7 +108,7 @@ class RolloutController:
         self.history_per_model = history_per_model  # finished rollouts kept per model (gateway.rollout.history)
         self.ensembles = EnsembleCanaries(triton)  # the variants of canaries inside ensembles
         self.variants = VariantSteps(self)
-        self.intervals = Intervals(source, recorder, self.checks, self.engine, call_timeout_s)
+        self.intervals = Intervals(self)
 
     # -- commands from the admin API (gateway.rollout.commands) ---------------------------------
     async def begin(self, model: str, spec: RolloutSpec, actor: str) -> Rollout:

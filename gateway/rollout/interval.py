@@ -7,7 +7,7 @@ what they return; nothing here writes."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.rollout import steps
 from gateway.rollout.analysis import Verdict, judge
@@ -22,20 +22,39 @@ from gateway.rollout.warmup import KEEP_WINDOWS, WarmupWindows, steadiness
 from gateway.telemetry.recorder import LATENCY_BOUNDS, Recorder
 from gateway.telemetry.sources import MetricsSource
 
+if TYPE_CHECKING:
+    from gateway.rollout.controller import RolloutController
+
 BUCKETS = len(LATENCY_BOUNDS) + 1
 
 
 class Intervals:
-    """The interval's reads and pure decisions, over the controller's telemetry and Triton's view."""
+    """The interval's reads and pure decisions, over the controller's telemetry and Triton's view
+    (read off the controller each time, as :class:`rollout.commands.RolloutCommands` does)."""
 
-    def __init__(self, source: MetricsSource, recorder: Recorder, checks: Checks, engine: TritonView,
-                 call_timeout_s: float) -> None:
-        self.source = source
-        self.recorder = recorder
-        self.checks = checks
-        self.engine = engine
-        self.call_timeout_s = call_timeout_s
+    def __init__(self, controller: RolloutController) -> None:
+        self.controller = controller
         self.warmups = WarmupWindows()  # the open warm-up window per model (rollout.warmup)
+
+    @property
+    def source(self) -> MetricsSource:
+        return self.controller.source
+
+    @property
+    def recorder(self) -> Recorder:
+        return self.controller.recorder
+
+    @property
+    def checks(self) -> Checks:
+        return self.controller.checks
+
+    @property
+    def engine(self) -> TritonView:
+        return self.controller.engine
+
+    @property
+    def call_timeout_s(self) -> float:
+        return self.controller.call_timeout_s
 
     def warm(self, rollout: Rollout, now: float) -> Rollout:
         """One tick of a warm-up (rollout.warmup): a window of the canary's mirrored answers closed
