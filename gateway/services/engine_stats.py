@@ -197,6 +197,25 @@ class StatsCalls(Protocol):
                       timeout_s: float | None = None) -> tuple[int, Any]: ...
 
 
+async def read_json(control: StatsCalls, server: Server, path: str, timeout_s: float) -> dict[str, Any] | str:
+    """``GET path`` on ``server`` through its shared reads (``gateway.fleet.reads``: a read sent
+    after this call, or the one under way), within ``timeout_s``: the JSON object Triton answered
+    with 200, or why there is none, in words."""
+    def fetch() -> Awaitable[tuple[int, Any]]:
+        return control.call_on(server, b"GET", path, timeout_s=timeout_s)
+
+    try:
+        async with asyncio.timeout(timeout_s):
+            status, body = await server.reads.read(path, fetch, 0.0)
+    except TimeoutError:
+        return f"no answer to {path} within {timeout_s:g}s"
+    except GatewayError as exc:
+        return f"{path} failed: {exc.message}"
+    if status != 200 or not isinstance(body, dict):
+        return f"{path} answered {status}: {body.get('error') if isinstance(body, dict) else body}"
+    return body
+
+
 class EngineStats:
     """Reads Triton's statistics of one model's versions on every server of their fleets."""
 
@@ -231,20 +250,9 @@ class EngineStats:
     async def _server(self, server: Server, model: str) -> dict[str, EngineCounters] | str:
         """Every version's counters of ``model`` on ``server``, or why they could not be read."""
         path = f"/v2/models/{urllib.parse.quote(model, safe='')}/stats"
-
-        def fetch() -> Awaitable[tuple[int, Any]]:
-            return self.control.call_on(server, b"GET", path, timeout_s=self.timeout_s)
-
-        try:
-            async with asyncio.timeout(self.timeout_s):  # a read sent after this call, or the one under way
-                status, body = await server.reads.read(path, fetch, 0.0)
-        except TimeoutError:
-            return f"no answer to {path} within {self.timeout_s:g}s"
-        except GatewayError as exc:
-            return f"{path} failed: {exc.message}"
-        if status != 200 or not isinstance(body, dict):
-            detail = body.get("error") if isinstance(body, dict) else body
-            return f"{path} answered {status}: {detail}"
+        body = await read_json(self.control, server, path, self.timeout_s)
+        if isinstance(body, str):
+            return body
         found: dict[str, EngineCounters] = {}
         try:
             for stat in body.get("model_stats", []):

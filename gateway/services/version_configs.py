@@ -15,14 +15,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import urllib.parse
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gateway.errors import GatewayError
-from gateway.fleet.members import Server
-from gateway.services.engine_stats import StatsCalls, target_of
+from gateway.services.engine_stats import StatsCalls, read_json, target_of
 
 MAX_FILES = 10_000  # a version folder larger than this is not hashed (said so), never walked for ever
 
@@ -47,22 +46,7 @@ async def read_configs(control: StatsCalls, model: str, target: str, timeout_s: 
         return ServerConfigs({}, {"*": str(exc)})
     path = f"/v2/models/{urllib.parse.quote(named, safe='')}/config"
 
-    async def one(server: Server) -> Mapping[str, Any] | str:
-        def fetch() -> Awaitable[tuple[int, Any]]:
-            return control.call_on(server, b"GET", path, timeout_s=timeout_s)
-
-        try:
-            async with asyncio.timeout(timeout_s):  # shared with any reader of it at once (gateway.fleet.reads)
-                status, body = await server.reads.read(path, fetch, 0.0)
-        except TimeoutError:
-            return f"no answer to {path} within {timeout_s:g}s"
-        except GatewayError as exc:
-            return f"{path} failed: {exc.message}"
-        if status != 200 or not isinstance(body, dict):
-            return f"{path} answered {status}: {body.get('error') if isinstance(body, dict) else body}"
-        return body
-
-    answers = await asyncio.gather(*(one(server) for server in servers))
+    answers = await asyncio.gather(*(read_json(control, server, path, timeout_s) for server in servers))
     configs = {server.name: answer for server, answer in zip(servers, answers, strict=True)
                if not isinstance(answer, str)}
     unreadable = {server.name: answer for server, answer in zip(servers, answers, strict=True)
