@@ -16,9 +16,10 @@ from collections.abc import Mapping
 from typing import Any
 
 LABELS = {"error_rate": "Error rate", "client_error_rate": "4xx rate", "latency": "Latency",
+          "capacity_error_rate": "REJECTED rate (its queue full or timed out)",
           "time_to_first_response": "Time to first response", "response_gap": "Gap between responses",
           "error_ceiling": "Error rate against max_error_rate", "shadow_agreement": "Agreement with the primary"}
-RATES = ("error_rate", "client_error_rate")
+RATES = ("error_rate", "client_error_rate", "capacity_error_rate")
 LATENCIES = ("latency", "time_to_first_response", "response_gap")
 
 
@@ -75,8 +76,14 @@ def metric_words(metric: Mapping[str, Any], versus: str = "stable") -> str:
 
 
 def with_words(verdict: Mapping[str, Any], versus: str = "stable") -> dict[str, Any]:
-    """A verdict document whose metrics each carry ``words``."""
-    return {**verdict, "metrics": [{**m, "words": metric_words(m, versus)} for m in verdict.get("metrics") or []]}
+    """A verdict document whose metrics each carry ``words``; a latency's say where Triton's own
+    statistics put the difference (``attribution.cause``), when they could be read."""
+    cause = (verdict.get("attribution") or {}).get("cause")
+    where = f" Triton's own statistics put the difference in {'the ' if cause != 'outside Triton' else ''}{cause}." \
+        if cause else ""
+    return {**verdict, "metrics": [{**m, "words": metric_words(m, versus) + (where if m.get("name") in LATENCIES
+                                                                             and m.get("verdict") != "pass" else "")}
+                                   for m in verdict.get("metrics") or []]}
 
 
 def with_words_all(rollout: Mapping[str, Any]) -> dict[str, Any]:

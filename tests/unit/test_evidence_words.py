@@ -37,3 +37,18 @@ def test_undecided_and_passed_rates_and_the_baseline_are_named() -> None:
     error = {"name": "check:gpu", "verdict": "error", "summary": "no usable value"}
     assert metric_words(error) == "gpu: no usable value"
     assert with_words({"outcome": "unhealthy", "metrics": [metric()]})["metrics"][0]["words"].startswith("Latency")
+
+
+def test_a_latency_verdict_says_where_triton_puts_the_difference() -> None:
+    from gateway.rollout.evidence_words import with_words
+
+    metric = {"name": "latency", "verdict": "fail", "effect": 0.5, "low": 0.3, "high": 0.7, "floor": 0.2,
+              "e_value": 5000.0, "e_threshold": 700.0, "summary": "latency worse"}
+    worded = with_words({"metrics": [metric], "attribution": {"cause": "queue"}})["metrics"][0]["words"]
+    assert worded.startswith("Latency is worse:") and worded.endswith(
+        "Triton's own statistics put the difference in the queue.")
+    plain = with_words({"metrics": [metric], "attribution": None})["metrics"][0]["words"]
+    assert "Triton" not in plain
+    rejected = {**metric, "name": "capacity_error_rate", "effect": 0.05, "low": 0.03, "high": 0.07, "floor": 0.01}
+    assert with_words({"metrics": [rejected]})["metrics"][0]["words"].startswith(
+        "REJECTED rate (its queue full or timed out) is worse: the canary's rate is +5.00 points")
