@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -151,13 +151,12 @@ class TritonView:
     # -- attribution --------------------------------------------------------------------------
     def attribute(self, rollout: Rollout, canary: TargetInterval, reference: TargetInterval,
                   canary_latencies: Sequence[float], reference_latencies: Sequence[float],
-                  canary_window: Window | None, reference_window: Window | None) -> Attribution:
+                  canary_errors: ErrorClasses | None, reference_errors: ErrorClasses | None) -> Attribution:
         """The interval's attribution (``rollout.attribution``), the latencies already without cache hits."""
         versus = "stable" if rollout.spec.baseline is None else "baseline"
         errors = None
-        if canary_window is not None and reference_window is not None:
-            errors = attribution.error_words(ErrorClasses(canary_window.rejected, canary_window.errors), versus,
-                                             ErrorClasses(reference_window.rejected, reference_window.errors))
+        if canary_errors is not None and reference_errors is not None:
+            errors = attribution.error_words(canary_errors, versus, reference_errors)
         found = attribution.attribute(canary, reference, canary_latencies, reference_latencies,
                                       rollout.spec.max_latency_increase, versus, errors)
         words = rollout.likeness.get("words") if rollout.likeness else None
@@ -197,11 +196,19 @@ class Observed:
     reference_hits: float
 
 
+def error_classes(window: Window | None, clients: Mapping[str, Sequence[int]] | None) -> ErrorClasses | None:
+    """A version's failed answers this interval by class: from its per-client counts since the
+    last interval (exact) when the source keeps them, else from its metrics window."""
+    if clients is not None:
+        return ErrorClasses(sum(c[3] for c in clients.values() if len(c) > 3), sum(c[1] for c in clients.values()))
+    return None if window is None else ErrorClasses(window.rejected, window.errors)
+
+
 async def observe(view: TritonView, rollout: Rollout, now: float, canary_latencies: Sequence[float],
-                  reference_latencies: Sequence[float], canary: Window | None,
-                  reference: Window | None) -> Observed:
+                  reference_latencies: Sequence[float], canary: ErrorClasses | None,
+                  reference: ErrorClasses | None) -> Observed:
     """Read the interval's statistics (never raises: an unreadable Triton is said in the
-    attribution) and attribute it."""
+    attribution) and attribute it (``canary``, ``reference``: their failed answers by class)."""
     mine, theirs = await view.interval(rollout, now)
     canary_hits, reference_hits = hit_share(mine), hit_share(theirs)
     kept_canary = attribution.without_cache_hits(canary_latencies, canary_hits)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.rollout import steps
 from gateway.rollout.analysis import Verdict, judge
 from gateway.rollout.checks import Checks
-from gateway.rollout.engine import TritonView, histogram_without_hits, observe, with_attribution
+from gateway.rollout.engine import TritonView, error_classes, histogram_without_hits, observe, with_attribution
 from gateway.rollout.judge import Evidence, VersionSample, assess, client_weighted, fold
 from gateway.rollout.phases import Phase
 from gateway.rollout.readings import take_samples, windows
@@ -95,7 +95,8 @@ class Intervals:
         canary, reference = await windows(self.source, rollout, self.call_timeout_s * 2)
         # taken even when the windows are unreadable, so the next interval's sample is its own
         canary_samples, reference_samples = take_samples(self.recorder, self.source, rollout)
-        seen = await observe(self.engine, rollout, now, canary_samples[0], reference_samples[0], canary, reference)
+        seen = await observe(self.engine, rollout, now, canary_samples[0], reference_samples[0],
+                             error_classes(canary, canary_samples[2]), error_classes(reference, reference_samples[2]))
         # whatever the judge: no waiting on it; each client counted up to the interval's median client's share
         critical = critical_verdict(rollout.spec, canary and client_weighted(canary, canary_samples[2]),
                                     reference and client_weighted(reference, reference_samples[2]))

@@ -117,4 +117,4 @@ def test_rejected_failures_are_capacity_and_raising_in_execute_is_backend(triton
     assert backend["state"] == "rolled_back", backend["reason"]
     verdict = unhealthy(backend)
     assert verdict["failure_class"] == "backend" and verdict["canary_rejected"] == 0, verdict["reason"]
-    assert "canary errors are BACKEND (the model failed), not REJECTED" in backend["reason"]
+    assert "canary errors are BACKEND (the model failed), not REJECTED" in backend["reason"], backend["reason"]

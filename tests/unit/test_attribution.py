@@ -131,3 +131,16 @@ def test_error_words_in_tritons_terms() -> None:
         "canary errors are BACKEND (the model failed), not REJECTED (7 vs baseline 0)")
     assert error_words(ErrorClasses(3, 4), "stable", ErrorClasses(1, 0)) == (
         "canary errors: 3 REJECTED (capacity), 4 BACKEND (the model); stable 1 and 0")
+
+
+def test_error_classes_come_from_the_intervals_client_counts_when_kept() -> None:
+    """The window of a 1.5 s interval spans one whole second (the recorder's slots): the per-client
+    counts since the last interval are exact, and what the words are taken from when kept."""
+    from gateway.rollout.engine import error_classes
+    from gateway.telemetry.recorder import LATENCY_BOUNDS, Window
+
+    window = Window("qc", "3", 1.0, 10, 0, 0, (0,) * (len(LATENCY_BOUNDS) + 1), rejected=0)
+    clients = {"a": (50, 9, 1, 2), "b": (20, 1, 0, 0), "old": (5, 1, 0)}
+    assert error_classes(window, clients) == ErrorClasses(rejected=2, backend=11)
+    assert error_classes(window, None) == ErrorClasses(rejected=0, backend=0)
+    assert error_classes(None, None) is None
