@@ -8,6 +8,7 @@ own counter, never a threshold breach).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
@@ -16,6 +17,7 @@ from gateway.rollout.spec import RolloutSpec
 from gateway.telemetry.recorder import Window
 
 CAPACITY, BACKEND = "capacity", "backend"  # classes of failure (spec.failure_classes, judge.failure_class)
+CAPACITY_Z = 3.0  # thresholds judge: a REJECTED share counts past the ceiling only beyond this many standard errors
 
 
 class Outcome(str, Enum):
@@ -110,14 +112,19 @@ def judge(spec: RolloutSpec, canary: Window | None, stable: Window | None) -> Ve
 
 
 def _capacity_breach(spec: RolloutSpec, canary: Window, stable: Window | None) -> tuple[str, float] | None:
-    """The canary's REJECTED share over the stable's, past the error ceiling. Not judged when the
-    stable has too few answers to tell (the 100% step): a version's queue fills with its load, and
-    the one taking all of it has nothing to be compared with."""
+    """The canary's REJECTED share over the stable's, past the error ceiling by more than the
+    interval's noise (CAPACITY_Z standard errors of the difference: this judge decides each
+    interval on its own, and two versions sharing a full queue differ by several points at a
+    hundred requests). Not judged when the stable has too few answers to tell (the 100% step): a
+    version's queue fills with its load, and the one taking all of it has nothing to compare with."""
     if stable is None or stable.requests + stable.rejected < spec.min_requests:
         return None
-    rate = canary.rejected / (canary.requests + canary.rejected) if canary.rejected else 0.0
-    base = stable.rejected / (stable.requests + stable.rejected)
-    if rate - base <= spec.error_rate_ceiling():
+    n_canary, n_stable = canary.requests + canary.rejected, stable.requests + stable.rejected
+    rate = canary.rejected / n_canary if canary.rejected else 0.0
+    base = stable.rejected / n_stable
+    pooled = (canary.rejected + stable.rejected) / (n_canary + n_stable)
+    noise = CAPACITY_Z * math.sqrt(pooled * (1 - pooled) * (1 / n_canary + 1 / n_stable))
+    if rate - base <= spec.error_rate_ceiling() + noise:
         return None
     return (f"REJECTED rate (queue full or timed out) {rate:.2%} is {rate - base:.2%} above the stable's {base:.2%} "
             f"(limit {spec.error_rate_ceiling():.2%})", rate - base)
