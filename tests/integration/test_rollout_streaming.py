@@ -182,6 +182,7 @@ def test_a_streaming_canary_like_the_stable_is_promoted_on_the_streaming_metrics
     assert not load.failures, load.failures[:3]
     assert doc["state"] == "promoted", doc["reason"]
     metrics = {m["name"]: m["verdict"] for m in doc["verdicts"][-1]["metrics"]}
-    # the five comparisons with the stable (both streaming ones included) and the canary's own error ceiling
-    assert metrics == dict.fromkeys(["error_rate", "client_error_rate", "latency", "time_to_first_response",
-                                     "response_gap", "error_ceiling"], "pass")
+    # the six comparisons with the stable (both streaming ones and Triton's REJECTED included) and the canary's own
+    # error ceiling
+    assert metrics == dict.fromkeys(["error_rate", "capacity_error_rate", "client_error_rate", "latency",
+                                     "time_to_first_response", "response_gap", "error_ceiling"], "pass")
