@@ -220,7 +220,8 @@ class EnsembleCanaries:
                         f"{theirs.counters.success + theirs.counters.fail} of v{stable}")
         found = attribute(mine, theirs, [], [], 0.05, versus=f"{model} v{stable}", errors=failures)
         document = found.document()
-        document["summary"] = f"{model} v{canary} inside the variant: {found.summary}"
+        said = f"{found.summary}; {found.errors}" if found.errors else found.summary  # its failures, said always
+        document["summary"] = f"{model} v{canary} inside the variant: {said}"
         return document, now
 
     async def restore(self, variant: dict[str, Any], active: bool, pins: dict[str, str]) -> str | None:
