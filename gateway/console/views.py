@@ -274,7 +274,9 @@ def _rollout_summary(doc: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def why(rollout: dict[str, Any] | None) -> str | None:
-    """One sentence: why the rollout was rolled back, paused or held, from the verdict's own summary."""
+    """One sentence: why the rollout was rolled back, paused or held, from the verdict's own summary;
+    a rollback's then says it in words (the failed metric's ``words``): the summary's "evidence over
+    1,000,000x, needed 600x" was the first thing on the page and the last a person reads easily."""
     if rollout is None:
         return None
     state, verdicts = rollout.get("state"), rollout.get("verdicts") or []
@@ -282,7 +284,11 @@ def why(rollout: dict[str, Any] | None) -> str | None:
         failed = [v for v in verdicts if v.get("outcome") == "unhealthy"]
         if failed:
             last = failed[-1]
-            return f"Rolled back because {last.get('metric') or 'a check'} failed: {last.get('reason')}."
+            worse = [m for m in last.get("metrics") or [] if m.get("verdict") == "fail" and m.get("words")]
+            named = [m for m in worse if m.get("name") == last.get("metric")]  # the one the sentence names
+            words = " ".join(str(m["words"]) for m in named or worse)
+            return f"Rolled back because {last.get('metric') or 'a check'} failed: {last.get('reason')}." + (
+                f" In words: {words}" if words else "")
         return f"Rolled back: {rollout.get('reason')}."
     if state == "paused":
         return f"Paused: {rollout.get('reason')}."

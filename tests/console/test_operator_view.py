@@ -174,6 +174,8 @@ def test_a_rolled_back_canary_in_words_needs_attention_until_acknowledged_and_st
         wait_for(lambda: state_of(gateway) == "rolled_back", 40, what="the rollback")
     faults.clear()
     page.goto(gateway.url + "/console#/model/qc")
+    expect(page.locator("#why")).to_contain_text("In words: Error rate")  # on top, the first thing read
+    expect(page.locator("#why")).to_contain_text("likelier if the canary is worse than if it is as good")
     words = page.locator("#rollout .evidence .words").first
     expect(words).to_contain_text("likelier if the canary is worse than if it is as good as the stable")
     expect(page.locator("#rollout .evidence .numbers").first).to_contain_text("e-value")

@@ -212,6 +212,13 @@ def test_why_is_answered_in_one_sentence_from_the_verdict() -> None:
     assert why({"state": "progressing", "step": 1, "verdicts": [held]}) == \
         "Held at step 2: latency undecided: about 40 more canary requests needed."
     assert why({"state": "promoted", "verdicts": []}) is None
+    # a rollback's sentence goes on in the words of the metric it names (another one failed too)
+    worse = "Error rate is worse: the canary's rate is +30.00 points against the stable's."
+    metrics = [{"name": "latency", "verdict": "pass", "words": "Latency is fine."},
+               {"name": "error_ceiling", "verdict": "fail", "words": "Past the ceiling too."},
+               {"name": "error_rate", "verdict": "fail", "words": worse}]
+    assert why({"state": "rolled_back", "verdicts": [{**failed, "metrics": metrics}], "reason": "rolled back"}) == \
+        f"Rolled back because error_rate failed: error rate worse: canary 30% vs 0%. In words: {worse}"
 
 
 def test_the_vendored_files_match_their_manifest_and_the_page_names_only_real_files() -> None:
