@@ -78,7 +78,7 @@ class Kill:
         if failure.ended < self.at:
             return False
         if self.triton:
-            return failure.started <= self.at
+            return failure.started <= max(self.at, self.until)
         if failure.replica != self.replica or failure.opened > max(self.at, self.until):
             return False
         return self.client_ports is None or failure.client_port in self.client_ports
@@ -107,9 +107,9 @@ class Soak:
     def start(self) -> None:
         self.faults = self.workdir / "faults.json"
         self.faults.write_text("{}")
-        self.redis = self.stack.enter_context(_stopping(RedisServer(self.workdir / "redis").start()))
+        self.redis = self.stack.enter_context(_stopping(RedisServer(self.workdir / "redis"))).start()
         print(f"redis on {self.redis.url}; starting two Tritons ...", flush=True)
-        self.tritons = [self.stack.enter_context(_stopping(Triton(name, self.faults, self.workdir).start()))
+        self.tritons = [self.stack.enter_context(_stopping(Triton(name, self.faults, self.workdir))).start()
                         for name in ("triton-a", "triton-b")]
         fleet = {"servers": [{"http": t.server.http_url, "grpc": t.server.grpc_url} for t in self.tritons]}
         env = {"GATEWAY_TRITON_URL": self.tritons[0].server.http_url,
@@ -120,8 +120,10 @@ class Soak:
                "GATEWAY_POLICIES": json.dumps({"qc": {"weights": {"2": 100}},
                                                "qc_2026_12": {"weights": {"1": 100}}})}
         print("starting replica-a (one process) and replica-b (--workers 2) on Redis ...", flush=True)
-        self.replicas = [self.stack.enter_context(_stopping(Replica(name, env, self.workdir, workers).start()))
+        self.replicas = [self.stack.enter_context(_stopping(Replica(name, env, self.workdir, workers)))
                          for name, workers in (("replica-a", 1), ("replica-b", 2))]
+        for replica in self.replicas:
+            replica.start()
         self.lease = redis.Redis.from_url(self.redis.url, decode_responses=True, socket_timeout=1)
         if wait_until(lambda: self.holder() is not None, 30) is None:
             raise RuntimeError("no replica took the controller lease")
@@ -278,7 +280,21 @@ class Soak:
         self.say("Redis stopped (SIGTERM); starting it again")
         time.sleep(1.0)
         self.redis.start()
-        self.measure("Redis restart: the lease renewed in it", lambda: self.holder() is not None, at)
+        last = [self._lease_ttl()]  # the live key as the append-only file gave it back (-2: expired meanwhile)
+
+        def renewed() -> bool:  # the TTL only falls between renewals: a rise is a renewal
+            now = self._lease_ttl()
+            risen = now > last[0] + 20 if last[0] >= 0 else now > 0
+            last[0] = now
+            return risen
+
+        self.measure("Redis restart: the lease renewed in it", renewed, at)
+
+    def _lease_ttl(self) -> int:
+        try:
+            return int(self.lease.pttl(f"gateway:fence:{LEASE}:live"))
+        except redis.RedisError:
+            return -2
 
     def kill_worker(self) -> None:
         replica = self.replicas[1]

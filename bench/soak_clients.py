@@ -60,7 +60,7 @@ class Traffic:
     fresh_threads: int = 2
     kept_threads: int = 3
     grpc_callers: int = 4
-    per_client_rate: float = 10.0  # requests per second of each client
+    per_client_rate: float = 11.0  # requests per second of each client: 99 in all
     ok: Counter[str] = field(default_factory=Counter)
     failures: list[Failure] = field(default_factory=list)
     last_ok: dict[str, float] = field(default_factory=dict)  # replica -> when it last answered 200
