@@ -260,6 +260,7 @@ class Http2Connection(Endpoint):
         if timeout is not None:
             call.deadline = loop.time() + timeout + _DEADLINE_GRACE_S
         self.send(call, grpc_parts(message), end=True, before=self.headers_frames(call.id, header_block))
+        self.flush_alone(1)  # the only call on this upstream connection: nothing would join the request
         return call
 
     def open(self, header_block: bytes, listener: StreamListener) -> _Call:

@@ -332,6 +332,7 @@ class GrpcServerConnection(Http2ServerConnection):
         self.send(stream, grpc_parts(message), trailer=trailer, before=before)
         if stream.pending is None:
             self._forget(stream)
+        self.flush_alone(0)  # no other call on this connection: nothing would join the answer
 
     def send_headers(self, stream: ServerStream, metadata: bytes = b"") -> None:
         if not stream.responded and not stream.finished:
