@@ -165,3 +165,18 @@ def test_the_defaults_the_pages_state_are_the_settings_defaults() -> None:
         if not right:
             wrong.append(f"{page}: `{name}` ({head}), the default is {default!r}")
     assert not wrong, wrong
+
+
+def test_the_readmes_commands_run_as_written_in_a_fresh_shell() -> None:
+    """`make demo` and `make test` make .venv but activate nothing: a README line that runs
+    `gateway` is `.venv/bin/gateway`, or comes after a line that puts .venv/bin on PATH (the first
+    canary's `gateway ctl` lines were "command not found" when copied as written)."""
+    text, on_path, bare = README.read_text(), False, []
+    blocks = re.findall(r"^```(?:sh|bash)\n(.*?)^```", text, re.S | re.M)
+    for line in (line for block in blocks for line in block.splitlines()):
+        code = line.split(" #")[0]
+        if re.match(r"export PATH=\S*\.venv/bin", code):
+            on_path = True
+        if not on_path and re.search(r"(^|[;&|(]\s*)(\w+=\S+\s+)*gateway\s", code):
+            bare.append(line)
+    assert len(blocks) >= 3 and not bare, bare
