@@ -57,6 +57,7 @@ from gateway.services.config_intent import apply_declared
 from gateway.services.lifecycle import ModelLifecycle
 from gateway.services.model_configs import SequenceModels
 from gateway.services.policies import PolicyService
+from gateway.services.replica_windows import ReplicaWindows
 from gateway.services.replicas import Replicas
 from gateway.services.state_sync import StateSync
 from gateway.services.triton_control import TritonControl
@@ -126,13 +127,16 @@ class Gateway(Dispatch):
         self.triton.on_reload.append(self.sequence_models.wake)
         self.lifecycle = ModelLifecycle(self.store, self.triton, self.policies, self.replicas,
                                         drain_timeout_s=settings.drain_timeout_s)
+        # metrics_source recorder: replicas publish their rollout windows, the lease holder judges the sum
+        self.windows = ReplicaWindows(self.store, self.recorder, self.replicas.replica) \
+            if settings.metrics_source == "recorder" else None
         self.rollouts = RolloutController(self.store, self.triton, self.policies, self.source, self.recorder,
                                           tick_s=settings.controller_tick_s, lifecycle=self.lifecycle,
                                           shadow=self.shadow, lease_ttl_s=settings.controller_lease_ttl_s,
                                           call_timeout_s=settings.controller_call_timeout_s,
                                           prometheus_url=settings.prometheus_url,
                                           history_per_model=settings.rollout_history_per_model,
-                                          holder=self.replicas.replica)
+                                          holder=self.replicas.replica, windows=self.windows)
         self.registry = make_registry(GatewayCollector(self.recorder, self.book))
         self.registry.register(FleetCollector(self.fleets))
         self.throttle = TokenThrottle()  # wrong tokens per client: console, /admin, data-port control, /metrics
@@ -240,6 +244,8 @@ class Gateway(Dispatch):
         self.shadow.start()
         if self.settings.grpc_enabled:
             await self._start_grpc()
+        if self.windows is not None:
+            self.windows.start()
         if self.settings.controller_enabled:
             self.rollouts.start()
         self.timeline.start()
@@ -290,6 +296,8 @@ class Gateway(Dispatch):
             await self.metrics_server.stop()
         await self.timeline.stop()
         await self.rollouts.stop()
+        if self.windows is not None:
+            await self.windows.stop()
         await self.sync.stop()
         await self.replicas.stop()
         await self.sequence_models.stop()

@@ -152,8 +152,9 @@ class Settings(BaseSettings):
         "version_policy serves the wanted versions, else config.pbtxt as it is now; unset: Triton's loaded "
         "configuration is sent with the versions to serve")
     metrics_source: str = Field("recorder", pattern="^(recorder|prometheus)$",
-                                description="rollout analysis reads this process's recorder, or Prometheus "
-                                "(all replicas' traffic)")
+                                description="rollout analysis reads the recorders (replicas sharing a store "
+                                "publish their windows through it and the lease holder judges the sum), or "
+                                "Prometheus (all replicas' traffic)")
     prometheus_url: str | None = Field(None, description="Prometheus query API (e.g. http://prometheus:9090): needed "
                                        "by metrics_source prometheus and by rollouts with custom checks")
     controller_enabled: bool = Field(True, description="run the rollout controller loop (lease-elected)")

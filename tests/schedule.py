@@ -38,6 +38,7 @@ EXPECTED_S = {
     "tests/integration/test_workers.py::test_metrics_and_the_judge_count_every_request": 30,
     "tests/integration/test_workers.py::test_a_failing_canary_is_rolled_back_on_every_worker": 28,
     "tests/integration/test_workers.py::test_admission_at_three_times_the_limit": 22,
+    "tests/integration/test_replica_windows.py::test_the_holder_judges_every_replicas_traffic": 15,
     "tests/integration/test_workers.py::test_sighup_reloads_and_a_worker_sigterm_under_load": 20,
     "tests/integration/test_workers.py::test_sigterm_under_load_fails_no_request": 14,
     "tests/integration/test_workers.py::test_a_stalled_worker_is_replaced": 14,

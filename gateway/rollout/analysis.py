@@ -53,6 +53,7 @@ class Verdict:
     stable_rejected: int = 0
     failure_class: str | None = None  # UNHEALTHY: "capacity" (its queue) or "backend" (the model): judge.failure_class
     attribution: dict[str, Any] | None = None  # where Triton puts the difference (rollout.attribution.Attribution)
+    replicas: dict[str, Any] | None = None  # the replicas whose published windows the verdict covers
 
     def document(self) -> dict[str, Any]:
         doc = asdict(self)

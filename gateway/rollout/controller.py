@@ -62,11 +62,12 @@ from gateway.rollout.steps import Rollout
 from gateway.rollout.variant_steps import VariantSteps
 from gateway.services.ensembles import FOLDED, LOADED, EnsembleCanaries
 from gateway.services.policies import PolicyService
+from gateway.services.replica_windows import ReplicaWindows
 from gateway.services.triton_control import TritonControl
 from gateway.store.base import Fence, StateStore, StoredPolicy, StoredRollout
 from gateway.store.budget import bounded, call_budget
 from gateway.telemetry.recorder import Recorder
-from gateway.telemetry.sources import MetricsSource
+from gateway.telemetry.sources import MetricsSource, RecorderSource
 
 log = logging.getLogger("gateway.rollout")
 ACTOR = "rollout-controller"
@@ -78,7 +79,8 @@ class RolloutController:
                  recorder: Recorder, clock: Callable[[], float] = time.time, tick_s: float = 1.0,
                  lifecycle: Any = None, shadow: Any = None, lease_ttl_s: float = 3.0,
                  call_timeout_s: float = 1.5, prometheus_url: str | None = None,
-                 history_per_model: int = history.KEEP_PER_MODEL, holder: str | None = None) -> None:
+                 history_per_model: int = history.KEEP_PER_MODEL, holder: str | None = None,
+                 windows: ReplicaWindows | None = None) -> None:
         self.lifecycle = lifecycle  # gateway.services.lifecycle.ModelLifecycle: unload_previous after promotion
         self.shadow = shadow  # gateway.proxy.shadow.ShadowMirror: shadow numbers in the status
         self.store = bounded(store)  # within a tick each call gets call_timeout_s (see lead())
@@ -86,6 +88,9 @@ class RolloutController:
         self.policies = policies
         self.source = source
         self.recorder = recorder
+        # metrics_source recorder: the holder judges every replica's published windows (the fleet
+        # view), not only its own recorder's (gateway.services.replica_windows)
+        self.windows = windows
         self.clock = clock
         self.tick_s = tick_s
         self.lease_ttl_s = lease_ttl_s
@@ -128,8 +133,21 @@ class RolloutController:
         self.recorder.set_rollout_state(model, phase.value, PHASES)
 
     # -- the reconcile tick ----------------------------------------------------------------
+    @property
+    def judged(self) -> Recorder:
+        """What the judge reads: the fleet view of every replica's windows, or this recorder."""
+        return self.windows.view if self.windows is not None else self.recorder
+
+    def judged_source(self) -> MetricsSource:
+        return RecorderSource(self.windows.view) if self.windows is not None else self.source
+
     async def tick(self, fence: Fence | None = None) -> None:
         """One pass over every rollout; ``fence`` (the loop's lease) is checked on every write."""
+        if self.windows is not None:
+            try:
+                await self.windows.refresh()  # every replica's windows since the last tick
+            except StoreError as exc:
+                log.warning("rollout controller: replicas' windows unavailable (%s): judging what it has", exc)
         try:
             listed = await self.store.list_rollouts()
             self._listed.clear()
@@ -144,7 +162,7 @@ class RolloutController:
                           type(exc).__name__, exc)
                 continue
             self.show_state(model, rollout.phase)
-            watch(self.recorder, rollout)
+            watch(self.judged, rollout)
             if rollout.settled:
                 continue
             try:
@@ -250,7 +268,8 @@ class RolloutController:
             return rollout
         critical = None
         if not self.fast.troubled_within(rollout.model, rollout.spec.interval_s + self.tick_s):
-            critical = critical_verdict(rollout.spec, *await windows(self.source, rollout, self.call_timeout_s * 2))
+            critical = critical_verdict(rollout.spec, *await windows(self.judged_source(), rollout,
+                                                                      self.call_timeout_s * 2))
         if critical is None and not rollout.applied:
             return rollout  # the next step down waits for this one's weights; a critical failure does not
         return steps.descend(rollout, now, None if critical is None else critical.reason)
@@ -274,12 +293,17 @@ class RolloutController:
         await self.commit(stored, changed, policy, fence, ACTOR)
 
     async def _judge(self, rollout: Rollout, now: float) -> tuple[Verdict, dict[str, Any] | None]:
-        """The interval's verdict and the statistical judge's evidence (:meth:`Intervals.judge`)."""
-        return await self.intervals.judge(rollout, now)
+        """The interval's verdict and the statistical judge's evidence (:meth:`Intervals.judge`),
+        naming the replicas whose published windows it covers (metrics_source: recorder)."""
+        verdict, evidence = await self.intervals.judge(rollout, now)
+        if self.windows is not None:
+            names = self.windows.view.reporters(rollout.spec.interval_s)
+            verdict = dataclasses.replace(verdict, replicas={"reported": len(names), "names": names})
+        return verdict, evidence
 
     def take_samples(self, rollout: Rollout) -> list[Samples]:
         """The interval's samples of the canary and its reference (:func:`readings.take_samples`)."""
-        return take_samples(self.recorder, self.source, rollout)
+        return take_samples(self.judged, self.judged_source(), rollout)
 
     # -- persistence -------------------------------------------------------------------------
     async def commit(self, stored: StoredRollout, rollout: Rollout, policy: StoredPolicy | None,
@@ -297,7 +321,7 @@ class RolloutController:
                 elif stepped:
                     self.hooks.notify(rollout, "step")
             raise
-        watch(self.recorder, rollout)
+        watch(self.judged, rollout)
         self.recorder.set_rollback_blocked(rollout.model, rollout.canary_percent == 0 and not rollout.applied
                                            and not rollout.manual_revision and "not READY" in rollout.apply_reason)
         if rollout.phase is not before:
@@ -340,6 +364,8 @@ class RolloutController:
         """Another replica holds the lease now: forget what we could not save, and give the
         book back to the store's record (a local rollback is the new holder's to decide)."""
         self.fence = None
+        if self.windows is not None:
+            self.windows.stop_reading()  # taken again later, the lease starts from what the store kept
         self._unsaved.clear()
         for model in list(self.driver.overridden):
             try:

@@ -92,9 +92,11 @@ class Intervals:
     async def judge(self, rollout: Rollout, now: float) -> tuple[Verdict, dict[str, Any] | None]:
         """The spec's judge on this interval, the canary against its reference (the baseline, or the
         stable), saying where Triton puts the difference; the statistical one also returns its evidence."""
-        canary, reference = await windows(self.source, rollout, self.call_timeout_s * 2)
+        # metrics_source recorder: every replica's published windows, summed (controller.judged)
+        source = self.controller.judged_source()
+        canary, reference = await windows(source, rollout, self.call_timeout_s * 2)
         # taken even when the windows are unreadable, so the next interval's sample is its own
-        canary_samples, reference_samples = take_samples(self.recorder, self.source, rollout)
+        canary_samples, reference_samples = take_samples(self.controller.judged, source, rollout)
         seen = await observe(self.engine, rollout, now, canary_samples[0], reference_samples[0],
                              error_classes(canary, canary_samples[2]), error_classes(reference, reference_samples[2]))
         # whatever the judge: no waiting on it; each client counted up to the interval's median client's share

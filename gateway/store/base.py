@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from gateway.policy import PolicySpec
 from gateway.store.changes import changes
 
+WINDOW_PAGE = 1000  # replicas' window reports read at once (gateway.services.replica_windows)
 RESYNC = "*"  # on the change feed: anything may have changed (feed (re)connected): resync everything
 
 
@@ -250,6 +251,14 @@ class StateStore(Protocol):
     async def release_fenced_lease(self, name: str, holder: str, epoch: int) -> None:
         """Give the fenced lease up now, if ``holder`` holds it at ``epoch`` (a graceful stop: the
         next replica takes it without waiting out the TTL). The epoch record stays."""
+
+    # -- replicas' rollout windows (gateway.services.replica_windows) ---------------------------
+    async def publish_windows(self, replica: str, payload: str, keep_s: float) -> None:
+        """Append one replica's report; reports older than ``keep_s`` may be dropped from now on."""
+
+    async def read_windows(self, cursor: str) -> tuple[str, list[tuple[str, str]]]:
+        """Reports appended after ``cursor`` ("" : the oldest kept), in order, at most a page of
+        them: (the cursor after them, [(replica, payload)]). Empty once the reader is caught up."""
 
     async def put_policy_fenced(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
                                 event: EventDraft, fence: Fence, guard: Guard | None = None) -> StoredPolicy:

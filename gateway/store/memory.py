@@ -13,6 +13,7 @@ from gateway.errors import LeaseLost, StaleRevision
 from gateway.policy import PolicySpec
 from gateway.store.base import (
     RESYNC,
+    WINDOW_PAGE,
     AppliedIntent,
     AuditBounds,
     Event,
@@ -50,6 +51,8 @@ class InMemoryStore:
         self._fenced: dict[str, tuple[str, float, int]] = {}  # name -> (holder, expires, epoch)
         self._loaded: dict[str, list[str]] = {}
         self._history: dict[str, dict[float, dict[str, Any]]] = {}  # model -> started_at -> document
+        self._windows: deque[tuple[int, float, str, str]] = deque()  # (id, at, replica, payload)
+        self._window_id = 0
 
     async def open(self) -> None:
         return None
@@ -152,6 +155,18 @@ class InMemoryStore:
     async def release_lease(self, name: str, holder: str) -> None:
         if self._leases.get(name, ("", 0.0))[0] == holder:
             del self._leases[name]
+
+    async def publish_windows(self, replica: str, payload: str, keep_s: float) -> None:
+        now = time.monotonic()
+        self._window_id += 1
+        self._windows.append((self._window_id, now, replica, payload))
+        while self._windows and self._windows[0][1] < now - keep_s:
+            self._windows.popleft()
+
+    async def read_windows(self, cursor: str) -> tuple[str, list[tuple[str, str]]]:
+        after = int(cursor or 0)
+        page = [entry for entry in self._windows if entry[0] > after][:WINDOW_PAGE]
+        return (str(page[-1][0]) if page else str(after)), [(replica, payload) for _, _, replica, payload in page]
 
     async def report_replica(self, report: ReplicaReport, ttl_s: float) -> None:
         self._replicas[report.replica] = (report, time.monotonic() + ttl_s)

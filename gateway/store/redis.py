@@ -25,6 +25,7 @@ from gateway.errors import CorruptRecord, LeaseLost, StaleRevision, StoreError
 from gateway.policy import PolicySpec
 from gateway.store.base import (
     RESYNC,
+    WINDOW_PAGE,
     AppliedIntent,
     AuditBounds,
     Event,
@@ -429,6 +430,18 @@ class RedisStore:
             "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
             1, self._key("lease", name), holder))
 
+    async def publish_windows(self, replica: str, payload: str, keep_s: float) -> None:
+        oldest = int((time.time() - keep_s) * 1000)  # stream ids are milliseconds: older entries go
+        await self._call(self.redis.xadd(self._key("windows"), {"replica": replica, "payload": payload},
+                                         minid=oldest, approximate=False))
+
+    async def read_windows(self, cursor: str) -> tuple[str, list[tuple[str, str]]]:
+        start = f"({cursor}" if cursor else "-"
+        entries = await self._call(self.redis.xrange(self._key("windows"), min=start, count=WINDOW_PAGE))
+        page = [(_text(fields.get("replica") or fields.get(b"replica")), _text(fields.get("payload") or
+                 fields.get(b"payload"))) for _, fields in entries]
+        return (_text(entries[-1][0]) if entries else cursor), page
+
     async def report_replica(self, report: ReplicaReport, ttl_s: float) -> None:
         await self._call(self.redis.set(self._key("replica", report.replica), json.dumps(report.document()),
                                         px=max(1, int(ttl_s * 1000))))
@@ -555,3 +568,7 @@ if fence[1] ~= ARGV[8] or tonumber(fence[2]) ~= tonumber(ARGV[9]) then
   return {-2, tonumber(fence[2]) or 0, ''}
 end
 """ + _TRIM + _guarded(6, 10) + _CAS_BODY
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value or "")

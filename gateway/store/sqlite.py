@@ -25,6 +25,7 @@ from gateway.errors import CorruptRecord, LeaseLost, StoreError
 from gateway.policy import PolicySpec
 from gateway.store.base import (
     RESYNC,
+    WINDOW_PAGE,
     AppliedIntent,
     AuditBounds,
     Event,
@@ -63,6 +64,8 @@ CREATE TABLE IF NOT EXISTS draining (model TEXT NOT NULL, version TEXT NOT NULL,
 CREATE TABLE IF NOT EXISTS fenced_leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires REAL NOT NULL,
                                           epoch INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS loaded_versions (model TEXT PRIMARY KEY, versions TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS windows (id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, replica TEXT NOT NULL,
+                                    payload TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS rollout_history (model TEXT NOT NULL, started_at REAL NOT NULL, document TEXT NOT NULL,
                                             PRIMARY KEY (model, started_at));
 CREATE TABLE IF NOT EXISTS changes (id INTEGER PRIMARY KEY CHECK (id = 1), count INTEGER NOT NULL);
@@ -406,6 +409,24 @@ class SQLiteStore:
 
     async def release_lease(self, name: str, holder: str) -> None:
         await self._run(lambda db: db.execute("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder)))
+
+    async def publish_windows(self, replica: str, payload: str, keep_s: float) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            def body() -> None:
+                now = time.time()
+                db.execute("INSERT INTO windows (at, replica, payload) VALUES (?, ?, ?)", (now, replica, payload))
+                db.execute("DELETE FROM windows WHERE at < ?", (now - keep_s,))  # the index on id finds the oldest
+
+            self._transaction(db, body)
+
+        await self._run(work)
+
+    async def read_windows(self, cursor: str) -> tuple[str, list[tuple[str, str]]]:
+        after = int(cursor or 0)
+        rows = await self._run(lambda db: db.execute(
+            "SELECT id, replica, payload FROM windows WHERE id > ? ORDER BY id LIMIT ?",
+            (after, WINDOW_PAGE)).fetchall())
+        return (str(rows[-1][0]) if rows else str(after)), [(str(row[1]), str(row[2])) for row in rows]
 
     async def report_replica(self, report: ReplicaReport, ttl_s: float) -> None:
         text = json.dumps(report.document())

@@ -470,6 +470,24 @@ class Recorder:
             stats = self._shadow[key] = ShadowStats()
         return stats
 
+    def now(self) -> float:
+        """The recorder's clock (its seconds are this clock's whole seconds)."""
+        return self._clock()
+
+    def second_counts(self, model: str, version: str, second: int
+                      ) -> tuple[int, int, int, int, int, array[int] | None] | None:
+        """(requests, errors, client errors, overloads, rejected, latency histogram if still kept) of one
+        second of (model, version), or None when the recorder holds nothing of that second
+        (gateway.services.replica_windows publishes these)."""
+        series = self._series.get((model, version))
+        if series is None:
+            return None
+        slot = second % series.slots
+        if series.stamp[slot] != second:
+            return None
+        return (series.requests[slot], series.errors[slot], series.client_errors[slot], series.overloads[slot],
+                series.rejected[slot], series.histogram(second))
+
     def window(self, model: str, version: str, seconds: float) -> Window:
         """Sum of the last ``seconds`` (whole seconds, the current one included)."""
         span = max(1, min(int(seconds), self._slots))

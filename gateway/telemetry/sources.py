@@ -1,6 +1,7 @@
 """Where the rollout analysis reads its windows: one small protocol, two backends.
 
-``RecorderSource`` reads this process's recorder (one replica's share of the traffic);
+``RecorderSource`` reads a recorder (the lease holder's: the sum of every replica's published
+windows, gateway.services.replica_windows);
 ``PrometheusSource`` asks a real Prometheus that scrapes every replica, so the verdict
 covers all traffic. Sources never throw into the controller except as
 :class:`MetricsUnavailable`, which the analysis turns into an ERROR verdict.

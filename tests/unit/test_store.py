@@ -446,6 +446,22 @@ async def test_a_fenced_lease_is_renewed_only_by_its_live_holder_and_given_up_at
     assert await store.acquire_fenced_lease("controller", "c", 5) == epoch + 2, "at once, not after the TTL"
 
 
+async def test_replicas_windows_are_read_in_order_a_page_at_a_time_and_kept_for_a_while(store: StateStore) -> None:
+    assert (await store.read_windows(""))[1] == []
+    await store.publish_windows("a", '{"n": 1}', 60)
+    await store.publish_windows("b", '{"n": 2}', 60)
+    cursor, entries = await store.read_windows("")
+    assert entries == [("a", '{"n": 1}'), ("b", '{"n": 2}')]
+    assert (await store.read_windows(cursor))[1] == [], "caught up"
+    await store.publish_windows("a", '{"n": 3}', 60)
+    later, entries = await store.read_windows(cursor)
+    assert entries == [("a", '{"n": 3}')] and (await store.read_windows(later))[1] == []
+    await asyncio.sleep(1.1)
+    await store.publish_windows("c", '{"n": 4}', 1.0)  # what is older than a second goes
+    kept = (await store.read_windows(""))[1]
+    assert kept[-1] == ("c", '{"n": 4}') and ("a", '{"n": 1}') not in kept
+
+
 async def test_a_deposed_holders_fenced_writes_are_refused(store: StateStore) -> None:
     epoch_a = await store.acquire_fenced_lease("controller", "a", 0.2)
     assert epoch_a is not None
