@@ -77,6 +77,12 @@ EXPECTED_S = {
     "tests/integration/test_reload.py::test_sighup_applies_tokens_in_one_process": 10,
     "tests/integration/test_lease_failover.py::test_a_rollback_is_applied_within_5_s": 35,
     "tests/integration/test_triton_resets.py::test_streams_cancelled_between_replies_leave_triton_running": 9,
+    # issue 34's rollouts against the real Triton (a module's tests share its second Triton)
+    "tests/integration/test_warmup.py::test_a_cold_canary_warms_up": 22,
+    "tests/integration/test_warmup.py::test_without_a_warm_up": 15,
+    "tests/integration/test_verdicts_why.py::": 12,
+    "tests/integration/test_version_everywhere.py::test_a_server_serving_another_config": 20,
+    "tests/console/test_console_triton.py": 15,
 }
 HEAVY = ("tests/integration/test_judge_acceptance.py", "tests/integration/test_judge_clients.py",
          "tests/integration/test_rollout_streaming.py", "tests/integration/test_rollout_statistical.py",
