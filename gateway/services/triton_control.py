@@ -96,9 +96,12 @@ class LoadPlan:
     says: str
 
 
-def load_hint(model: str, version: str) -> str:
-    """What a refusal naming a version that is not serving adds: how to load it."""
-    return (f": load it with `gateway ctl versions load {model} {version}` "
+def load_hint(model: str, version: str, known: bool = True) -> str:
+    """What a refusal naming a version that is not serving adds: how to load it. One Triton does
+    not list may be a typo as well as a folder not loaded yet: the hint says so (it sent a
+    mistyped version 9 to load a folder that is not there)."""
+    where = "" if known else " if the model repository has it,"
+    return (f":{where} load it with `gateway ctl versions load {model} {version}` "
             f"(POST /admin/models/{model}/versions/{version}/load)")
 
 
@@ -290,8 +293,9 @@ class TritonControl:
         for version in sorted((v for v in versions if v is not None), key=int):
             state = known.get(version)
             if state is None:
+                listed = ", ".join(sorted(known, key=int)) or "none"
                 raise Conflict(f"version {version} of model '{model}' is not known to Triton{where} "
-                               f"(known: {', '.join(sorted(known, key=int)) or 'none'}){load_hint(model, version)}")
+                               f"(known: {listed}){load_hint(model, version, known=False)}")
             if state.state != "READY":
                 why = f" ({state.reason})" if state.reason else ""
                 raise Conflict(f"version {version} of model '{model}' is {state.state} on Triton{where}{why}, "
