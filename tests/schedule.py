@@ -79,7 +79,7 @@ EXPECTED_S = {
     "tests/integration/test_triton_resets.py::test_streams_cancelled_between_replies_leave_triton_running": 9,
     # issue 34's rollouts against the real Triton (a module's tests share its second Triton)
     "tests/integration/test_warmup.py::test_a_cold_canary_warms_up": 22,
-    "tests/integration/test_warmup.py::test_without_a_warm_up": 15,
+    "tests/integration/test_warmup.py::test_without_a_warm_up": 25,
     "tests/integration/test_verdicts_why.py::": 12,
     "tests/integration/test_version_everywhere.py::test_a_server_serving_another_config": 20,
     "tests/console/test_console_triton.py": 15,

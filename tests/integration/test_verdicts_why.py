@@ -89,7 +89,9 @@ def test_a_canary_slower_by_queueing_pauses_naming_the_queue_and_its_config(trit
     assert "(the difference is in the queue)" in doc["reason"]
     verdict = unhealthy(doc)
     assert (verdict["metric"], verdict["failure_class"]) == ("latency", "capacity")
-    assert verdict["attribution"]["queue_ms"] > 10 and abs(verdict["attribution"]["compute_ms"]) < 5
+    queue_ms, compute_ms = verdict["attribution"]["queue_ms"], verdict["attribution"]["compute_ms"]
+    # most of the difference is in the queue (relative: a loaded machine slows the batched compute too)
+    assert queue_ms > 10 and queue_ms > 2 * abs(compute_ms), verdict["attribution"]
     # the config difference is in the rollout's record, its start and its verdicts
     (difference,) = doc["likeness"]["differences"]
     assert difference["field"] == "dynamic_batching" and difference["stable"] == "off"

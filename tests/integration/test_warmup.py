@@ -46,10 +46,10 @@ def serve(server: LocalTriton, versions: list[int]) -> None:
     urllib.request.urlopen(request, timeout=120).close()
 
 
-def cold_canary(server: LocalTriton, faults: Faults) -> float:
-    """Version 3 loaded afresh with a cold start of COLD_S seconds; when it was loaded."""
+def cold_canary(server: LocalTriton, faults: Faults, cold_s: float = COLD_S) -> float:
+    """Version 3 loaded afresh with a cold start of ``cold_s`` seconds; when it was loaded."""
     serve(server, [1, 2])
-    faults.set("qc", "3", cold_s=COLD_S, cold_delay_ms=40)
+    faults.set("qc", "3", cold_s=cold_s, cold_delay_ms=40)
     loaded = time.time()
     serve(server, [1, 2, 3])
     return loaded
@@ -59,6 +59,12 @@ def first_verdict(gw: GatewayThread) -> dict[str, Any]:
     found: dict[str, Any] = wait_for(lambda: (lambda d: d if d["verdicts"] else None)(rollout_status(gw.url)), 60,
                                      what="the first verdict")
     return found
+
+
+def judged_latency(verdict: dict[str, Any]) -> bool:
+    """The verdict's latency metric had the samples it needs (a loaded machine can serve a first
+    interval fewer than 10 canary requests: that interval is inconclusive, not judged)."""
+    return not any(m["name"] == "latency" and "fewer than" in m["summary"] for m in verdict["metrics"])
 
 
 SPEC = {"canary": "3", "steps": [20, 50, 100], "interval_s": 2, "latency_warmup_s": 0, "failure_limit": 1,
@@ -87,7 +93,9 @@ def test_a_cold_canary_warms_up_on_mirrored_traffic_before_its_first_step(own_tr
         assert warm["state"] == "steady", warm
         assert warm["until"] - loaded >= COLD_S, "step 1 came only after the cold start was over"
         medians = [w["median_ms"] for w in warm["windows"]]
-        assert max(medians) > 30 and all(m < 15 for m in medians[-3:]), medians
+        # the cold plateau's 40 ms are in a window and in none of the last three (relative: a loaded
+        # machine adds its own milliseconds to every window)
+        assert max(medians) - max(medians[-3:]) > 30, medians
         assert "largest / smallest - 1" in warm["test"]
         stepped = next(h for h in doc["history"] if h["reason"].startswith("step 1 of 3: canary at 20% (warm after"))
         assert stepped["at"] == warm["until"]
@@ -103,10 +111,14 @@ def test_without_a_warm_up_the_cold_canary_is_judged_on_its_cold_latency(own_tri
     """What the warm-up prevents (the behaviour before it): the first interval's latency is cold."""
     settings = gateway_settings(own_triton.http_url, triton_grpc_url=own_triton.grpc_url, admin_token=TOKEN,
                                 controller_tick_s=0.2, policies={"qc": {"weights": {"2": 100}}})
+    cold_s = 3 * COLD_S  # room for an interval too thin to judge on a loaded machine, still cold
     with GatewayThread(settings) as gw, BackgroundLoad(gw.url, concurrency=4):
-        cold_canary(own_triton, faults)
+        loaded = cold_canary(own_triton, faults, cold_s)
         status, doc = admin_call(gw.url, "POST", "/admin/models/qc/rollout", SPEC)
         assert status == 200, doc
-        verdict = first_verdict(gw)["verdicts"][0]
+        judged = wait_for(lambda: next((v for v in rollout_status(gw.url)["verdicts"] if judged_latency(v)), None),
+                          60, what="the first verdict that judged latency")
+    assert judged["at"] - loaded < cold_s, "judged while the canary was cold"
+    verdict = judged
     assert (verdict["outcome"], verdict["metric"]) == ("unhealthy", "latency"), verdict["reason"]
     assert verdict["attribution"]["cause"] == "compute", verdict["reason"]
