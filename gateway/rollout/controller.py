@@ -8,7 +8,7 @@ its writes refused by the store. Each tick, per rollout not yet settled:
 
 1. a policy revision the rollout did not write is a human's: an active rollout pauses, a
    finished one yields, and the human's weights are never overwritten;
-2. a paused rollout is left alone;
+2. a paused rollout is left alone (but for a paused warm-up's mirror, which comes off);
 3. fast path (:mod:`gateway.rollout.fast_path`): failures that are the canary's own roll back
    at once;
 4. a rollout warming up (spec ``warmup``) takes its windows of mirrored answers until its
@@ -48,7 +48,7 @@ from gateway.rollout import history, steps
 from gateway.rollout.analysis import Outcome, Verdict
 from gateway.rollout.checks import Checks
 from gateway.rollout.commands import RolloutCommands
-from gateway.rollout.driver import PolicyDriver, PolicyMoved, adopt_own_write, manual_change
+from gateway.rollout.driver import PolicyDriver, PolicyMoved, adopt_own_write, manual_change, mirrors_paused_warmup
 from gateway.rollout.engine import TritonView
 from gateway.rollout.fast_path import FastPath
 from gateway.rollout.hooks import PHASE_EVENTS, Hooks
@@ -197,6 +197,11 @@ class RolloutController:
             await self._yield(stored, rollout, policy, now, fence)
             return
         if rollout.phase is Phase.PAUSED:
+            if mirrors_paused_warmup(rollout, policy):  # its pause's write failed: the mirror still comes off
+                try:
+                    await self.commit(stored, rollout, policy, fence, ACTOR)
+                except PolicyMoved:
+                    pass  # a human's revision: theirs stands, mirror and all
             return
         if rollout.variant.get("state") in (LOADED, FOLDED) and not rollout.phase.active and rollout.applied \
                 and not rollout.manual_revision:

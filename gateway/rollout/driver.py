@@ -27,7 +27,7 @@ import dataclasses
 from decimal import Decimal
 
 from gateway.errors import UpstreamTimeout
-from gateway.policy import PolicySpec, with_shadow, with_weights
+from gateway.policy import PolicySpec, ShadowSpec, with_shadow, with_weights
 from gateway.policy_book import PolicyBook
 from gateway.rollout.fast_path import FastPath
 from gateway.rollout.phases import Phase
@@ -71,18 +71,22 @@ class PolicyDriver:
                      fence: Fence | None, actor: str) -> tuple[StoredRollout, Rollout]:
         """Persist ``rollout`` and drive the policy toward its weights; ``policy`` is what the
         caller decided on. PolicyMoved when the policy is no longer that revision."""
-        if rollout.phase is Phase.PAUSED:  # a paused rollout leaves the weights to the humans
-            return await self.save(base, rollout, fence), rollout
-        if rollout.manual_revision and rollout.manual_revision == revision_of(policy):
+        weights = rollout.weights()
+        if rollout.phase is Phase.PAUSED:  # a paused rollout leaves the weights to the humans,
+            if not mirrors_paused_warmup(rollout, policy):  # but not a warm-up's copy of live traffic
+                return await self.save(base, rollout, fence), rollout
+            assert policy is not None and policy.spec is not None
+            weights = dict(policy.spec.weights)  # only the mirror goes: shadow() is the one before the warm-up
+        elif rollout.manual_revision and rollout.manual_revision == revision_of(policy):
             return await self.save(base, rollout, fence), rollout  # it yielded to this human's revision
-        desired = nonzero(rollout.weights())
+        desired = nonzero(weights)
         shadow = rollout.shadow()  # a warm-up's mirror of the canary, or what the policy had before it
         if policy is not None and weights_of(policy.spec) == desired and shows_shadow(policy.spec, shadow):
             if rollout.applied and rollout.policy_revision == policy.revision:
                 return await self.save(base, rollout, fence), rollout  # nothing new: no write
             done = _applied(rollout, policy.revision, f"policy revision {policy.revision} shows the weights")
             return await self.save(base, done, fence), done
-        spec = with_weights(policy.spec if policy is not None else None, rollout.weights())
+        spec = with_weights(policy.spec if policy is not None else None, weights)
         if not isinstance(shadow, str):
             spec = with_shadow(spec, shadow)
         # moving traffic away from a rejected canary, to 0 or a step down, never waits on the store
@@ -106,7 +110,8 @@ class PolicyDriver:
         # this tick (or the other way round) cannot interleave so that one's record stands
         # beside the other's weights; the one that loses reads both again (StaleRevision).
         saved = await self.save(base, intent, fence, Guard("policy", expected))
-        if not urgent:  # moving traffic *away* from a broken version never waits on its health
+        if not urgent and rollout.phase is not Phase.PAUSED:  # moving traffic *away* from a broken version
+            # never waits on its health, nor does taking a mirror off while the weights stay as they are
             try:
                 async with asyncio.timeout(self.fast.call_timeout_s):
                     await self.triton.require_ready(rollout.model, spec.versions())
@@ -131,6 +136,16 @@ def adopt_own_write(rollout: Rollout, policy: StoredPolicy | None) -> Rollout:
             and weights_of(policy.spec) == nonzero(rollout.weights()):
         return _applied(rollout, policy.revision, f"policy revision {policy.revision} adopted after a restart")
     return rollout
+
+
+def mirrors_paused_warmup(rollout: Rollout, policy: StoredPolicy | None) -> bool:
+    """A paused rollout's policy, as this rollout wrote it, still copies live traffic to the
+    canary for a warm-up that is not running: the mirror comes off (a resumed warm-up puts it back)."""
+    warmup = rollout.spec.warmup
+    if rollout.phase is not Phase.PAUSED or warmup is None or not rollout.warmup or policy is None \
+            or policy.spec is None or policy.revision != rollout.policy_revision:
+        return False  # a human's revision is theirs, mirror and all
+    return policy.spec.shadow == ShadowSpec(version=rollout.canary, percent=warmup.percent)
 
 
 def manual_change(rollout: Rollout, policy: StoredPolicy | None) -> bool:

@@ -7,12 +7,13 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import Conflict, MetricsUnavailable, UpstreamUnavailable
+from gateway.errors import Conflict, MetricsUnavailable, StoreError, UpstreamUnavailable
 from gateway.fleet.reads import ServerReads
 from gateway.policy import PolicySpec
 from gateway.policy_book import PolicyBook
 from gateway.rollout.controller import RolloutController
 from gateway.rollout.spec import RolloutSpec
+from gateway.rollout.warmup import WarmupSpec
 from gateway.services.policies import PolicyService
 from gateway.services.triton_control import VersionState
 from gateway.store.base import EventDraft
@@ -389,3 +390,57 @@ async def test_a_triton_whose_statistics_cannot_be_read_leaves_the_verdict_as_be
     assert all(v["outcome"] == "healthy" for v in state["verdicts"])
     assert all("Triton's statistics unreadable (t1:8000: /v2/models/qc/stats failed: gateway: cannot connect to "
                "Triton): judged on the gateway's view only" in v["reason"] for v in state["verdicts"])
+
+
+WARMING = SPEC.model_copy(update={"warmup": WarmupSpec(percent=50, window_s=2, windows=2, min_requests=10, max_s=30)})
+
+
+async def shadow_of(h: Harness) -> dict[str, Any] | None:
+    stored = await h.store.get_policy("qc")
+    assert stored is not None and stored.spec is not None
+    shadow = stored.spec.shadow
+    return None if shadow is None else {"version": shadow.version, "percent": int(shadow.percent)}
+
+
+async def test_a_paused_warm_up_takes_its_mirror_off_and_only_a_resumed_warm_up_puts_it_back(h: Harness) -> None:
+    own = {"version": "1", "percent": 5}
+    await h.policies.put("qc", PolicySpec.model_validate({"weights": {"2": 100}, "shadow": own}), 1,
+                         EventDraft("sre", "put"))
+    mirror = {"version": "3", "percent": 50}
+    await h.controller.begin("qc", WARMING, "alice")
+    assert await shadow_of(h) == mirror and await h.weights() == {"2": 100}
+    await h.controller.command("qc", "pause", "bob")  # paused while warming: the policy's own shadow is back
+    assert await shadow_of(h) == own and await h.weights() == {"2": 100}
+    await h.interval(canary=(0, 0, 0.004), seconds=40)  # a paused rollout's tick changes nothing
+    assert (await h.state())["state"] == "paused" and await shadow_of(h) == own
+    await h.controller.command("qc", "resume", "bob")  # the warm-up resumes, and its mirror with it
+    assert (await h.state())["warmup"]["state"] == "warming" and await shadow_of(h) == mirror
+    await h.interval(canary=(0, 0, 0.004), seconds=40)  # past max_s with no mirrored answers: on_timeout pause
+    state = await h.state()
+    assert (state["state"], state["warmup"]["state"]) == ("paused", "timed_out")
+    assert await shadow_of(h) == own and await h.weights() == {"2": 100}, "the timed-out warm-up's mirror stayed"
+    await h.controller.command("qc", "resume", "bob")  # step 1 anyway: weight, and no mirror
+    assert await shadow_of(h) == own and await h.weights() == {"2": 95, "3": 5}
+
+
+async def test_a_paused_warm_ups_mirror_comes_off_on_a_later_tick_and_a_humans_policy_stays(
+        h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    mirror = {"version": "3", "percent": 50}
+    await h.controller.begin("qc", WARMING, "alice")
+    put_policy = h.store.put_policy
+
+    async def store_down(*args: Any, **kwargs: Any) -> Any:
+        raise StoreError("store down")
+    monkeypatch.setattr(h.store, "put_policy", store_down)
+    with pytest.raises(StoreError):
+        await h.controller.command("qc", "pause", "bob")  # the pause is stored, its policy write is not
+    assert (await h.state())["state"] == "paused" and await shadow_of(h) == mirror
+    monkeypatch.setattr(h.store, "put_policy", put_policy)
+    await h.interval(canary=(0, 0, 0.004), seconds=1)
+    assert await shadow_of(h) is None and await h.weights() == {"2": 100}
+    await h.controller.command("qc", "resume", "bob")
+    assert await shadow_of(h) == mirror
+    await h.policies.set_weights("qc", {"2": 90, "1": 10}, None, EventDraft("carol", "set_weights"))
+    await h.interval(canary=(0, 0, 0.004), seconds=1)  # a human's change while warming: paused, theirs stands
+    assert (await h.state())["state"] == "paused"
+    assert await shadow_of(h) == mirror and await h.weights() == {"2": 90, "1": 10}
