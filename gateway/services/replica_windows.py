@@ -26,14 +26,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from typing import Any
 
 from gateway.background import Background
 from gateway.errors import StoreError
 from gateway.store.base import StateStore
-from gateway.telemetry.recorder import HIST_SECONDS, Recorder
-from gateway.workers.deltas import Delta, MergedRecorder, Second, sparse
+from gateway.telemetry.recorder import HIST_SECONDS, LATENCY_BOUNDS, Recorder
+from gateway.telemetry.reservoir import DEFAULT_SIZE
+from gateway.workers.deltas import Delta, MergedRecorder, Sample, Second, sparse
 
 log = logging.getLogger("gateway.replicas")
 PUBLISH_S = 1.0  # a replica publishes this often while rollouts are active
@@ -45,6 +47,7 @@ MAX_REPORT = 16 << 20  # a report past this is not read (one replica's second of
 SETTLE_S = 3
 BACKFILL_S = 60  # a version's first report covers this much before it (its window's start, if recent)
 NO_OUTCOMES: tuple[int, ...] = ()  # the fleet view counts no outcomes (each replica's /metrics has its own)
+HIST_BUCKETS = len(LATENCY_BOUNDS) + 1  # a latency histogram's buckets
 ACTIVE = frozenset(["progressing", "paused", "rolling_back"])  # rollout states that are judged (rollout.phases)
 
 
@@ -131,25 +134,95 @@ def encode(delta: Delta, replica: str, offset: float, seq: int = 0) -> str:
     }, separators=(",", ":"))
 
 
-def decode(text: str, local_offset: float) -> tuple[str, Delta]:
-    """(replica, the delta in this process's recorder seconds); ValueError for what is not one."""
-    doc = json.loads(text)
-    shift = round(float(doc["offset"]) - local_offset)
+FUTURE_S = 2  # a second this far past the reader's now refuses the report (its clock runs ahead)
+_MAX_COUNT = 1 << 53  # a count past this is not one a replica counted
+
+
+class Refused(ValueError):
+    """A published report that is not one (another gateway version's, a broken writer's)."""
+
+
+def _refuse_constant(name: str) -> float:
+    raise Refused(f"{name} is not a number")
+
+
+def _count(value: Any) -> int:
+    if type(value) is not int or not 0 <= value < _MAX_COUNT:
+        raise Refused(f"{value!r} is not a count")
+    return value
+
+
+def _list(value: Any, length: int | None = None) -> list[Any]:
+    if not isinstance(value, list) or (length is not None and len(value) != length):
+        raise Refused(f"{str(value)[:40]!r} is not a list" + (f" of {length}" if length is not None else ""))
+    return value
+
+
+def _name(value: Any) -> str:
+    if not isinstance(value, str):
+        raise Refused(f"{str(value)[:40]!r} is not a name")
+    return value
+
+
+def _sample(seen: Any, values: Any) -> Sample:
+    seen = _count(seen)
+    values = _list(values)
+    if len(values) > min(seen, DEFAULT_SIZE):
+        raise Refused(f"{len(values)} sampled values of {seen}")
+    for value in values:
+        if type(value) not in (int, float) or not math.isfinite(value):
+            raise Refused(f"{str(value)[:40]!r} is not a latency")
+    return seen, [float(value) for value in values]
+
+
+def decode(text: str, local_offset: float, now: int | None = None) -> tuple[str, Delta]:
+    """(replica, the delta in this process's recorder seconds); :class:`Refused` (a ValueError)
+    for what is not one, whole: each field's type, finite numbers, counts >= 0, histogram buckets
+    in range, samples no more than they were drawn from. Seconds older than the recorder keeps
+    are dropped; one past ``now`` (this recorder's second) + ``FUTURE_S`` refuses the report."""
+    doc = json.loads(text, parse_constant=_refuse_constant)
+    if not isinstance(doc, dict):
+        raise Refused("not a JSON object")
+    replica, offset = _name(doc.get("replica")), doc.get("offset", "")
+    if type(offset) not in (int, float) or not math.isfinite(offset) or abs(offset) > 1e12:
+        raise Refused(f"offset {offset!r}")
+    shift = round(float(offset) - local_offset)
     delta = Delta()
     series: dict[tuple[str, str], list[Second]] = {}
-    for m, v, s, requests, errors, client_errors, overloads, rejected, hist in doc["seconds"]:
-        series.setdefault((str(m), str(v)), []).append((
-            int(s) + shift, int(requests), int(errors), int(client_errors), int(overloads), int(rejected),
-            tuple((int(b), int(c)) for b, c in hist)))
+    for entry in _list(doc.get("seconds")):
+        m, v, s, requests, errors, client_errors, overloads, rejected, hist = _list(entry, 9)
+        if type(s) is not int or abs(s) > _MAX_COUNT:
+            raise Refused(f"second {s!r}")
+        second = s + shift
+        if now is not None and second > now + FUTURE_S:
+            raise Refused(f"second {second - now} s in the future")
+        buckets = []
+        for pair in _list(hist):
+            bucket, count = _list(pair, 2)
+            if _count(bucket) >= HIST_BUCKETS:
+                raise Refused(f"histogram bucket {bucket}")
+            buckets.append((bucket, _count(count)))
+        counts = (_count(requests), _count(errors), _count(client_errors), _count(overloads), _count(rejected))
+        if now is not None and second <= now - KEEP_S:
+            continue  # older than the recorder keeps: nothing to add
+        series.setdefault((_name(m), _name(v)), []).append((second, *counts, tuple(buckets)))
     delta.series = [(m, v, NO_OUTCOMES, tuple(seconds)) for (m, v), seconds in series.items()]
-    for m, v, seen, values in doc["samples"]:
-        delta.samples[(str(m), str(v))] = (int(seen), [float(x) for x in values])
-    for m, v, table in doc["clients"]:
-        delta.clients[(str(m), str(v))] = {str(c): (int(n[0]), int(n[1]), int(n[2]), int(n[3]))
-                                           for c, n in table.items()}
-    for m, v, first, seen, values in doc["streams"]:
-        delta.stream_samples[(str(m), str(v), bool(first))] = (int(seen), [float(x) for x in values])
-    return str(doc["replica"]), delta
+    for entry in _list(doc.get("samples", [])):
+        m, v, seen, values = _list(entry, 4)
+        delta.samples[(_name(m), _name(v))] = _sample(seen, values)
+    for entry in _list(doc.get("clients", [])):
+        m, v, table = _list(entry, 3)
+        if not isinstance(table, dict):
+            raise Refused("a client table that is not an object")
+        delta.clients[(_name(m), _name(v))] = {
+            _name(c): (_count(n[0]), _count(n[1]), _count(n[2]), _count(n[3]))
+            for c, n in table.items() if _list(n, 4)}
+    for entry in _list(doc.get("streams", [])):
+        m, v, first, seen, values = _list(entry, 5)
+        if not isinstance(first, bool):
+            raise Refused(f"{first!r} is not true or false")
+        delta.stream_samples[(_name(m), _name(v), first)] = _sample(seen, values)
+    return replica, delta
 
 
 class FleetView(MergedRecorder):
@@ -185,6 +258,8 @@ class ReplicaWindows:
         self.tap = WindowTap(recorder)
         self.view = FleetView()
         self.published = 0  # reports written, for tests and the curious
+        self.refused = 0  # published reports that were not ones, skipped
+        self._refused_from: set[str] = set()  # replicas whose refusal was logged (once each)
         self._versions: set[tuple[str, str]] = set()  # the active rollouts' versions
         self._statistical: set[tuple[str, str]] = set()  # those whose latencies are sampled
         self._cursor: str | None = None  # the holder's place in what was published; None: not reading
@@ -264,24 +339,34 @@ class ReplicaWindows:
         local = time.time() - self.view.now()
         while True:
             cursor, entries = await self.store.read_windows(self._cursor)
-            for replica, text in entries:
-                try:
-                    if len(text) > MAX_REPORT:
-                        raise ValueError(f"a report of {len(text)} bytes")
-                    if replica == self.replica and self._direct:
-                        seq = json.loads(text).get("seq")
-                        if seq in self._direct:
-                            self._direct.discard(seq)
-                            continue  # added at once when it was taken
-                    name, delta = decode(text, local)
-                except (ValueError, KeyError, TypeError) as exc:
-                    log.warning("windows published by %s cannot be read (%s): skipped", replica, exc)
-                    continue
-                self.view.add(name, delta)
+            now = int(self.view.now())
+            for replica, text in entries:  # no await in here: the page is read whole, each entry once
+                self._read_one(replica, text, local, now)
             self._cursor = cursor
             if not entries:
                 self._holding = True  # caught up (no await since): from now on its own go straight in
                 return
+
+    def _read_one(self, replica: str, text: str, local: float, now: int) -> None:
+        """One published report into the fleet view, or refused whole (counted, and logged once
+        per replica): one bad entry must not stop the judge, nor be half added."""
+        try:
+            if len(text) > MAX_REPORT:
+                raise Refused(f"a report of {len(text)} bytes")
+            name, delta = decode(text, local, now)
+            if name == self.replica and self._direct:
+                seq = json.loads(text).get("seq")
+                if seq in self._direct:
+                    self._direct.discard(seq)
+                    return  # added at once when it was taken
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError, OverflowError, RecursionError) as exc:
+            self.refused += 1
+            if replica not in self._refused_from:
+                self._refused_from.add(replica)
+                log.warning("windows published by %s cannot be read (%s): skipped (and any more of its, "
+                            "logged once)", replica, exc)
+            return
+        self.view.add(name, delta)
 
     def stop_reading(self) -> None:
         """The lease is gone: the next holder reads afresh (and so would this replica, later)."""

@@ -54,6 +54,7 @@ Sparse = tuple[tuple[int, int], ...]  # (bucket, count) of a histogram's non-zer
 Counts = tuple[int, ...]  # one count per Outcome, in OUTCOMES order
 # (second, requests, upstream errors, client errors, overloads, rejected, the judged requests' histogram)
 Second = tuple[int, int, int, int, int, int, Sparse]
+FUTURE_S = 2  # a second this far past the merger's now is not added (no clock here runs ahead)
 REPORT_SLOTS = 8  # seconds a worker's series hold between reports (later than this, a worker is long replaced)
 _POSITIONS = range(_BUCKETS)
 _OUTCOME_INDEX = {outcome.value: index for index, outcome in enumerate(OUTCOMES)}
@@ -194,8 +195,10 @@ class MergedSample:
 
     def merge(self, seen: int, values: list[float]) -> None:
         """Add a uniform sample ``values`` (``min(seen, size)`` of them) of ``seen`` values."""
-        if not seen:
+        if seen <= 0:
             return
+        if len(values) > min(seen, self.size):  # more than a sample of them: never hold more than size
+            values = values[:min(seen, self.size)]
         total = self.seen + seen
         keep = min(total, self.size)
         if total <= self.size:
@@ -310,6 +313,8 @@ class MergedRecorder(Recorder):
             series = self._series.get(key) or self._new_series(key)
             _add_outcomes(series.outcomes, outcomes)
             for second, requests, errors, client_errors, overloads, rejected, hist in seconds:
+                if second > now + FUTURE_S:
+                    continue  # a clock ahead: stamped in, it would make the slot skip its real second
                 slot = second % slots
                 if series.stamp[slot] != second:
                     if series.stamp[slot] > second:

@@ -14,6 +14,7 @@ from gateway.services.replica_windows import SETTLE_S, FleetView, ReplicaWindows
 from gateway.settings import Settings
 from gateway.store.memory import InMemoryStore
 from gateway.telemetry.recorder import Outcome, Recorder
+from gateway.workers.deltas import Delta, MergedRecorder, MergedSample
 
 
 class Clock:
@@ -150,3 +151,69 @@ async def test_the_holders_own_windows_count_once_however_its_writes_and_reads_i
     assert windows.view.window("qc", "3", 10).requests == 7
     await windows.refresh()
     assert windows.view.window("qc", "3", 10).requests == 7 and windows.published == 2
+
+
+def published(requests: int, ahead_s: int = 0, **fields: object) -> dict[str, object]:
+    """A report as a replica of this version publishes it: ``requests`` of qc 3 in this second."""
+    return {"replica": "a", "offset": time.time() - time.monotonic(), "seq": 1,
+            "seconds": [["qc", "3", int(time.monotonic()) + ahead_s, requests, 0, 0, 0, 0, [[3, requests]]]],
+            "samples": [["qc", "3", requests, [0.004] * requests]], "clients": [], "streams": [], **fields}
+
+
+def _malformed() -> dict[str, str]:
+    good = published(1)
+    second = good["seconds"][0]  # type: ignore[index]
+    return {
+        "not an object": "[1, 2]",
+        "offset Infinity": json.dumps({**good, "offset": float("inf")}),  # json.dumps writes Infinity
+        "offset past float": json.dumps(good).replace('"offset":', '"offset": 1e400, "x":', 1),
+        "clients a list": json.dumps({**good, "clients": [["qc", "3", [["10.0.0.1", [1, 0, 0, 0]]]]]}),
+        "bucket out of range": json.dumps({**good, "seconds": [[*second[:8], [[10_000, 1]]]]}),
+        "negative bucket": json.dumps({**good, "seconds": [[*second[:8], [[-1, 1]]]]}),
+        "negative seen": json.dumps({**good, "samples": [["qc", "3", -5, [0.004]]]}),
+        "negative count": json.dumps({**good, "seconds": [[*second[:3], -7, *second[4:]]]}),
+        "a million samples of one": json.dumps({**good, "samples": [["qc", "3", 1, [0.004] * 1_000_000]]}),
+        "NaN sample": json.dumps({**good, "samples": [["qc", "3", 1, [float("nan")]]]}),
+        "a second in the future": json.dumps(published(1, ahead_s=300)),
+        "a clock ahead": json.dumps({**good, "offset": good["offset"] + 300.0}),  # type: ignore[operator]
+        "a second that is not a number": json.dumps({**good, "seconds": [[*second[:2], "now", *second[3:]]]}),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_malformed()))
+async def test_a_malformed_report_is_skipped_and_counted_and_the_rest_read_once(kind: str) -> None:
+    """Another gateway version's report, a broken writer's or a clock ahead: that report alone is
+    refused (counted, logged once); the reports around it are read, each once, and the ticks go on.
+    On the code before, refresh raised (every tick, re-adding the reports before it) or took it in."""
+    store = InMemoryStore()
+    windows = ReplicaWindows(store, Recorder(), "holder")
+    await windows.refresh()  # caught up with an empty store
+    windows._direct.add(99)  # as if one of its own reports were in the view already (it looks for those first)
+    await store.publish_windows("a", json.dumps(published(1)), 300)
+    await store.publish_windows("holder", _malformed()[kind], 300)  # under the holder's own name
+    await store.publish_windows("a", json.dumps(published(2)), 300)
+    for _ in range(3):
+        await windows.refresh()  # a tick each
+    window = windows.view.window("qc", "3", 10)
+    assert (window.requests, sum(window.histogram)) == (3, 3), "each good report once, the bad one not at all"
+    latencies = windows.view.take_latencies("qc", "3")
+    assert latencies == [0.004] * 3
+    assert windows.view.reporters(10) == ["a"] and windows.refused == 1
+
+
+def test_a_future_second_from_a_worker_does_not_take_its_slot() -> None:
+    """A delta whose second is ahead of the merger's clock (a clock ahead, a bad report) is not
+    stamped into the ring: the real second that shares its slot is still counted."""
+    clock = Clock(1000.2)
+    merged = MergedRecorder(clock=clock)
+    now, slots = 1000, merged._slots
+    merged.merge(1, Delta(series=[("qc", "3", (), ((now + slots, 50, 0, 0, 0, 0, ()),))]))
+    merged.merge(1, Delta(series=[("qc", "3", (), ((now, 4, 0, 0, 0, 0, ()),))]))
+    assert merged.window("qc", "3", 10).requests == 4
+
+
+def test_a_merged_sample_holds_no_more_than_its_size_of_what_it_was_given() -> None:
+    sample = MergedSample(size=8)
+    sample.merge(1, [1.0] * 1000)
+    sample.merge(-3, [2.0])
+    assert sample.take() == [1.0] and sample.seen == 0
