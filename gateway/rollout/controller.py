@@ -143,17 +143,17 @@ class RolloutController:
 
     async def tick(self, fence: Fence | None = None) -> None:
         """One pass over every rollout; ``fence`` (the loop's lease) is checked on every write."""
-        if self.windows is not None:
-            try:
-                await self.windows.refresh()  # every replica's windows since the last tick
-            except StoreError as exc:
-                log.warning("rollout controller: replicas' windows unavailable (%s): judging what it has", exc)
         try:
             listed = await self.store.list_rollouts()
             self._listed.clear()
             self._listed.update(listed)
         except StoreError as exc:
             log.warning("rollout controller: store unavailable (%s): judging from memory", exc)
+        if self.windows is not None:  # after the listing: a rollout it knows is judged on its own windows
+            try:
+                await self.windows.refresh(dict(self._listed))  # every replica's windows since the last tick
+            except StoreError as exc:
+                log.warning("rollout controller: replicas' windows unavailable (%s): judging what it has", exc)
         for model, stored in list(self._listed.items()):
             try:
                 rollout = self._working(model, stored)

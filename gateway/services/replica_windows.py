@@ -32,7 +32,8 @@ from typing import Any
 
 from gateway.background import Background
 from gateway.errors import StoreError
-from gateway.store.base import StateStore
+from gateway.store.base import StateStore, StoredRollout
+from gateway.store.budget import bounded, call_budget
 from gateway.telemetry.recorder import HIST_SECONDS, LATENCY_BOUNDS, Recorder
 from gateway.telemetry.reservoir import DEFAULT_SIZE
 from gateway.workers.deltas import Delta, MergedRecorder, Sample, Second, sparse
@@ -252,7 +253,10 @@ class ReplicaWindows:
     the fleet view before each tick."""
 
     def __init__(self, store: StateStore, recorder: Recorder, replica: str) -> None:
-        self.store = store
+        # Bounded: the holder's refresh runs inside the tick's call budget, and a publish has one
+        # of its own, so a locked or silent store never holds a tick (nor, on SQLite, the one
+        # connection the tick's own calls wait for) longer than that budget.
+        self.store = bounded(store)
         self.recorder = recorder
         self.replica = replica
         self.tap = WindowTap(recorder)
@@ -282,17 +286,21 @@ class ReplicaWindows:
         while True:
             await asyncio.sleep(PUBLISH_S)
             try:
-                if time.monotonic() - self._looked >= ROLLOUTS_S:
-                    await self._look_at_rollouts()
-                await self.publish()
+                with call_budget(PUBLISH_S / 2):
+                    if time.monotonic() - self._looked >= ROLLOUTS_S:
+                        await self._look_at_rollouts()
+                    await self.publish()
             except StoreError as exc:
                 log.debug("publishing this replica's windows failed: %s", exc)  # state sync reports the store
 
-    async def _look_at_rollouts(self) -> None:
+    async def _look_at_rollouts(self, known: dict[str, StoredRollout] | None = None) -> None:
+        """The active rollouts' versions, from the store, or from ``known`` (the holder's tick has
+        just listed them, or judges from memory while the store is away: its own windows of a
+        rollout begun just before still go into its view)."""
         self._looked = time.monotonic()
         versions: set[tuple[str, str]] = set()
         statistical: set[tuple[str, str]] = set()
-        for model, stored in (await self.store.list_rollouts()).items():
+        for model, stored in (known if known is not None else await self.store.list_rollouts()).items():
             document = stored.document
             if document.get("state") not in ACTIVE:
                 continue
@@ -324,18 +332,19 @@ class ReplicaWindows:
         await self.store.publish_windows(self.replica, encode(delta, self.replica, offset, seq), KEEP_S)
         self.published += 1
 
-    async def refresh(self) -> None:
-        """The lease holder, before each tick: its own windows up to now, and what every other
-        replica published since the last call (all the store keeps, its own too, the first
-        time: an interval begun before the hand-over is judged whole) added to the fleet view."""
+    async def refresh(self, known: dict[str, StoredRollout] | None = None) -> None:
+        """The lease holder, in each tick before it judges: its own windows up to now, and what
+        every other replica published since the last call (all the store keeps, its own too, the
+        first time: an interval begun before the hand-over is judged whole) added to the fleet
+        view. ``known``: the rollouts the tick judges (listed, or from memory); None: the store's."""
         if self._cursor is None:
             self.view = FleetView()  # a new holder starts from what the store kept, not an older view
             self._cursor, self._holding = "", False
             self._direct.clear()
         elif self._holding:
-            if time.monotonic() - self._looked >= ROLLOUTS_S:
-                await self._look_at_rollouts()  # a rollout begun this tick: its versions from now on
-            await self.publish()
+            if known is not None or time.monotonic() - self._looked >= ROLLOUTS_S:
+                await self._look_at_rollouts(known)  # a rollout begun this tick: its versions from now on
+            await self.publish()  # into the view at once: a store that is away fails only its copy
         local = time.time() - self.view.now()
         while True:
             cursor, entries = await self.store.read_windows(self._cursor)

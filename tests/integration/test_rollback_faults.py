@@ -11,7 +11,7 @@ import sqlite3
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +56,12 @@ def begin(url: str, **spec: Any) -> dict[str, Any]:
 
 
 class GatedSource:
-    """The gateway's own metrics source behind a gate the test opens: a tick slowed on purpose
-    (real Prometheus cannot be told to hold one answer)."""
+    """What the controller judges from, behind a gate the test opens: a tick slowed on purpose
+    (real Prometheus cannot be told to hold one answer). It wraps ``judged_source()``, the source
+    the judge reads (with the recorder source, every replica's published windows summed), taken
+    anew at each read as the controller does."""
 
-    def __init__(self, inner: MetricsSource) -> None:
+    def __init__(self, inner: Callable[[], MetricsSource]) -> None:
         self.inner = inner
         self.gate = threading.Event()
         self.gate.set()
@@ -70,12 +72,13 @@ class GatedSource:
             self.entered.set()
             while not self.gate.is_set():
                 await asyncio.sleep(0.02)
-        return await self.inner.window(model, version, seconds)
+        return await self.inner().window(model, version, seconds)
 
 
 def gate(gw: GatewayThread) -> GatedSource:
-    source = GatedSource(gw.app.rollouts.source)
-    gw.app.rollouts.source = source
+    controller = gw.app.rollouts
+    source = GatedSource(controller.judged_source)
+    controller.judged_source = lambda: source  # type: ignore[method-assign]
     return source
 
 
