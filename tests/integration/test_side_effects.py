@@ -131,10 +131,16 @@ def test_a_finished_rollback_needs_attention_until_acknowledged(gateway: Gateway
 def test_a_version_that_is_not_loaded_is_refused_with_how_to_load_it(gateway: GatewayThread) -> None:
     """Friction 7: an unloaded version read 'not known to Triton' with no pointer to loading it.
     (qc's version 4 is in the repository; config.pbtxt serves 1-3.)"""
+    # The session Triton is shared: a module before this one may have tried version 4 (it fails to
+    # load on purpose), and Triton then lists it UNAVAILABLE: the refusal says so, with the same pointer.
+    index = httpx.post(f"{gateway.settings.triton_url}/v2/repository/index", json={}, timeout=10).json()
+    tried = any(entry["name"] == "qc" and entry.get("version") == "4" for entry in index)
     status, doc = admin_call(gateway.url, "PATCH", "/admin/models/qc/policy/weights", {"weights": {"2": 90, "4": 10}})
     assert status == 409, doc
-    assert doc["error"].startswith("version 4 of model 'qc' is not known to Triton (known: 1, 2, 3)"), doc
-    assert doc["error"].endswith(": if the model repository has it, load it with `gateway ctl versions load qc 4` "
+    assert doc["error"].startswith("version 4 of model 'qc' is UNAVAILABLE on Triton" if tried else
+                                   "version 4 of model 'qc' is not known to Triton (known: 1, 2, 3)"), (tried, doc)
+    assert doc["error"].endswith((", not READY: " if tried else ": if the model repository has it, ")
+                                 + "load it with `gateway ctl versions load qc 4` "
                                  "(POST /admin/models/qc/versions/4/load)"), doc  # Triton cannot say: 9 is a typo
 
 
