@@ -129,6 +129,17 @@ def died_in(server: LocalTriton, where: str, lines: int = 25) -> None:
 _session_triton: list[tuple[LocalTriton, dict[str, set[str]]]] = []
 
 
+def _unready_reasons(server: LocalTriton, model: str) -> str:
+    """What Triton's index says of ``model``'s versions that are not READY (why a stub died, say)."""
+    import urllib.request
+
+    request = urllib.request.Request(f"{server.http_url}/v2/repository/index", data=b"{}", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        index = json.loads(response.read())
+    return "; ".join(f"version {entry.get('version', '?')} {entry.get('state')}: {entry.get('reason', '')}"[:400]
+                     for entry in index if entry.get("name") == model) or "not in Triton's index"
+
+
 def _ready_versions(server: LocalTriton) -> dict[str, set[str]]:
     import urllib.request
 
@@ -169,13 +180,22 @@ def session_triton_left_as_found(request: pytest.FixtureRequest) -> Iterator[Non
         from tests import run_report
 
         run_report.note(run_report.LEFT_CHANGED, left)
+        import urllib.error
         import urllib.request
 
         for model in changed:  # Triton keeps a config given with a load: the versions are given back the same way
-            with urllib.request.urlopen(f"{server.http_url}/v2/models/{model}/config", timeout=10) as response:
-                config = json.loads(response.read())
-            config["version_policy"] = {"specific": {"versions": sorted(int(v) for v in wanted.get(model, ()))}}
-            body = json.dumps({"parameters": {"config": json.dumps(config)}}).encode()
+            try:
+                with urllib.request.urlopen(f"{server.http_url}/v2/models/{model}/config", timeout=10) as response:
+                    config = json.loads(response.read())
+            except urllib.error.HTTPError as exc:  # no version of it is READY: Triton has no config to give
+                if exc.code != 404:
+                    raise
+                run_report.note(run_report.LEFT_CHANGED, f"{request.node.nodeid}: {model}: "
+                                                         f"{_unready_reasons(server, model)}")
+                body = b"{}"  # loaded again from the repository's own config.pbtxt
+            else:
+                config["version_policy"] = {"specific": {"versions": sorted(int(v) for v in wanted.get(model, ()))}}
+                body = json.dumps({"parameters": {"config": json.dumps(config)}}).encode()
             load = urllib.request.Request(f"{server.http_url}/v2/repository/models/{model}/load", data=body,
                                           method="POST")
             urllib.request.urlopen(load, timeout=120).close()
