@@ -24,6 +24,11 @@ from tests.support import TOKEN, wait_for
 pytestmark = pytest.mark.triton
 MB = 1 << 20
 
+# The data ports' control calls these tests expect refused: an unload of a model Triton does not
+# have, so a refusal that fails unloads nothing of the session Triton's (a tok unloaded here once
+# left every later module of that worker without it).
+PROBE = "/v2/repository/models/no_such_model/unload"
+
 
 def rss(pid: int) -> int:
     with open(f"/proc/{pid}/status") as status:
@@ -98,12 +103,12 @@ def test_bodies_tokens_and_metrics_at_the_workers_edge(triton: LocalTriton, tmp_
             assert b"gateway_worker_up" in scraped.read()
         # 3. wrong data-port control tokens, over fresh connections (either worker): one node count
         for n in range(FREE_FAILURES + 1):
-            status, _ = call(gw.url, "POST", "/v2/repository/models/tok/unload", f"guess-{n}-xxxxx", {})
+            status, _ = call(gw.url, "POST", PROBE, f"guess-{n}-xxxxx", {})
             assert status == 401
         locked = wait_for(lambda: call(gw.url, "GET", "/admin/models", TOKEN)[0] == 429, 5,
                           what="the control plane's count to lock the client")
         assert locked
-        statuses = {call(gw.url, "POST", "/v2/repository/models/tok/unload", TOKEN, {})[0] for _ in range(6)}
+        statuses = {call(gw.url, "POST", PROBE, TOKEN, {})[0] for _ in range(6)}
         assert statuses == {429}, "every worker heard the lockout"
 
 
@@ -140,7 +145,7 @@ def test_sighup_applies_tokens_ends_removed_sessions_and_names_what_needs_a_rest
             assert status == 401, token
         assert call(gw.url, "GET", "/console/api/overview", None, headers={"Cookie": cookie})[0] == 401
         wait_for(lambda: _workers_replaced(gw.url, before), 60, what="the workers replaced with the new settings")
-        status, _ = call(gw.url, "POST", "/v2/repository/models/tok/unload", "bob-token-1", {})
+        status, _ = call(gw.url, "POST", PROBE, "bob-token-1", {})
         assert status == 401, "the data ports' control token is the new one too"
         assert call(gw.url, "PUT", "/admin/models/qc/policy", "alice-token-2", {"weights": {"3": 100}})[0] == 200
     finally:
