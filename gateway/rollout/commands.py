@@ -64,6 +64,17 @@ class RolloutCommands:
 
     async def _begin(self, model: str, spec: RolloutSpec, actor: str, existing: StoredRollout | None,
                      policy: StoredPolicy | None, stable: str, variant: dict[str, Any]) -> Rollout:
+        """A start commits its own first step: the ticks leave the model alone until it has (a tick
+        between the record's write and the start's policy write wrote the policy first, and the
+        start then failed on its own rollout: 412 "policy ... is at revision 2, not 1")."""
+        self.controller.starting.add(model)
+        try:
+            return await self._begin_guarded(model, spec, actor, existing, policy, stable, variant)
+        finally:
+            self.controller.starting.discard(model)
+
+    async def _begin_guarded(self, model: str, spec: RolloutSpec, actor: str, existing: StoredRollout | None,
+                             policy: StoredPolicy | None, stable: str, variant: dict[str, Any]) -> Rollout:
         c = self.controller
         if stable == spec.canary:
             raise Conflict(f"version {stable} already takes most of the traffic: name another stable version")

@@ -104,6 +104,7 @@ class RolloutController:
                                      on_lost=self._deposed, on_held=self._restore_loaded_versions)
         # model -> (base revision, state the store has not taken, the metric that decided it)
         self._unsaved: dict[str, tuple[int, Rollout, str | None]] = {}
+        self.starting: set[str] = set()  # models whose rollout start is writing its first step (commands)
         self._background = Background()  # the loop, and unload tasks after promotions
         self._restoring: asyncio.Task[Any] | None = None
         self.hooks = Hooks(clock)  # webhooks (queued, sent off the tick) and gates (asked in the tick)
@@ -155,6 +156,8 @@ class RolloutController:
             except StoreError as exc:
                 log.warning("rollout controller: replicas' windows unavailable (%s): judging what it has", exc)
         for model, stored in list(self._listed.items()):
+            if model in self.starting:  # its start commits its first step itself
+                continue
             try:
                 rollout = self._working(model, stored)
             except Exception as exc:  # one record this version cannot read must not stop every other rollout

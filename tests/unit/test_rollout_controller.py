@@ -131,6 +131,27 @@ async def test_healthy_canary_is_promoted_step_by_step(h: Harness) -> None:
     assert "rollout_started" in actions and "rollout_promoted" in actions
 
 
+async def test_a_tick_during_a_start_leaves_the_first_step_to_the_start(h: Harness) -> None:
+    """A tick between the start's record write and its policy write wrote the first step itself,
+    and the start then failed on its own rollout (412 "policy of model 'qc' is at revision 2,
+    not 1", twice in parallel runs right after a gateway's start)."""
+    put_rollout = h.store.put_rollout
+    ticked: list[bool] = []
+
+    async def and_a_tick(*args: Any, **kwargs: Any) -> Any:
+        stored = await put_rollout(*args, **kwargs)
+        if not ticked:
+            ticked.append(True)
+            await h.controller.tick()  # the loop's tick, landing in the middle of the start
+        return stored
+
+    h.store.put_rollout = and_a_tick  # type: ignore[method-assign]
+    await h.controller.begin("qc", SPEC, "alice")
+    assert ticked and await h.weights() == {"2": 95, "3": 5}
+    assert (await h.store.get_policy("qc")).revision == 2  # type: ignore[union-attr]  # one write: the start's
+    assert (await h.state())["state"] == "progressing"
+
+
 async def test_ticks_before_the_interval_ends_do_nothing(h: Harness) -> None:
     await h.controller.begin("qc", SPEC, "alice")
     await h.interval(canary=(100, 0, 0.004), seconds=5)
