@@ -114,7 +114,10 @@ def test_rejected_failures_are_capacity_and_raising_in_execute_is_backend(triton
     assert rejected["state"] == "rolled_back", rejected["reason"]
     verdict = unhealthy(rejected)
     assert (verdict["metric"], verdict["failure_class"]) == ("capacity_error_rate", "capacity"), verdict["reason"]
-    assert verdict["canary_rejected"] > 0 and verdict["canary_errors"] == 0
+    # the statistical judge weighs the intervals together: the verdict that decided may come from an
+    # interval with no REJECTED of its own (seen once under load): the rollout's canary had them
+    assert sum(v.get("canary_rejected", 0) for v in rejected["verdicts"]) > 0, rejected["verdicts"]
+    assert verdict["canary_errors"] == 0, verdict
     assert "canary errors are REJECTED (its queue full or timed out: capacity), not BACKEND" in rejected["reason"]
     assert backend["state"] == "rolled_back", backend["reason"]
     verdict = unhealthy(backend)
