@@ -21,6 +21,7 @@ from tests.support import (
     drive,
     gateway_settings,
     infer_version,
+    wait_for,
 )
 
 pytestmark = pytest.mark.triton
@@ -86,15 +87,24 @@ def test_a_missed_change_message_is_healed_by_the_resync(triton: LocalTriton, re
 
     values = {"store_url": redis_url, "admin_token": TOKEN, "resync_interval_s": 0.5}
     with GatewayThread(gateway_settings(triton.http_url, **values)) as gw:
+        passes = []  # resync passes ended since the write: counted, not timed (a 3 s bound failed at load 11)
+        resync = gw.app.sync.resync
+
+        async def counted() -> None:
+            await resync()
+            passes.append(time.monotonic())
+
+        assert infer_version(gw.url) != "1"
+        gw.app.sync.resync = counted  # type: ignore[method-assign]
         # Write behind the gateway's back, without publishing: as if the message was lost.
         record = {"revision": 7, "model": "qc", "spec": {"weights": {"1": 100}, "sticky_header": None, "rules": []},
                   "updated_at": time.time()}
         client = redis.Redis.from_url(redis_url)
         client.set("gateway:policy:qc", json.dumps(record))
         client.close()
-        deadline = time.monotonic() + 3
-        while infer_version(gw.url) != "1":
-            assert time.monotonic() < deadline
+        written = len(passes)
+        wait_for(lambda: len(passes) >= written + 2, 30, what="two resync passes after the write")
+        assert infer_version(gw.url) == "1"
 
 
 def test_weight_shift_under_constant_load_fails_no_request(triton: LocalTriton) -> None:
