@@ -40,6 +40,9 @@ class Reload:
     source: str
     applied: list[str] = field(default_factory=list)  # in force now
     restart: list[str] = field(default_factory=list)  # changed in the file, not in force until a restart
+    # workers: every old worker has closed its listeners (until then one may still take a
+    # connection, with the old settings: a removed token); None in one process (no workers)
+    workers_replaced: bool | None = None
 
     def describe(self) -> str:
         applied = ", ".join(self.applied) or "nothing changed"
@@ -49,7 +52,11 @@ class Reload:
                 f"restart: {', '.join(self.restart)}")
 
     def document(self) -> dict[str, object]:
-        return {"source": self.source, "applied": self.applied, "restart_needed": self.restart}
+        document: dict[str, object] = {"source": self.source, "applied": self.applied,
+                                       "restart_needed": self.restart}
+        if self.workers_replaced is not None:
+            document["workers_replaced"] = self.workers_replaced
+        return document
 
 
 def changed(old: Settings, new: Settings) -> list[str]:

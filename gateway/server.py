@@ -107,6 +107,9 @@ class GatewayServer(uvicorn.Server):
             finally:
                 self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
 
+    def stopped_accepting(self) -> None:
+        """Neither port accepts a new connection from here on (a worker tells its control plane)."""
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         """uvicorn's, except for the connections that reached the port just before: those the
         kernel queued are accepted and served, not reset by the close (``gateway.drain``), and
@@ -125,7 +128,8 @@ class GatewayServer(uvicorn.Server):
                     config=config, server_state=self.server_state, app_state=self.lifespan.state, _loop=loop),
                     config.ssl):
                 protocol.shutdown()  # type: ignore[attr-defined]
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # the gRPC port's stop has closed its listener too
+        self.stopped_accepting()
         try:  # requests finish within drain_timeout_s
             async with asyncio.timeout(self.config.timeout_graceful_shutdown):
                 await self._wait_tasks_to_complete()

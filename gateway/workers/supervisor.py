@@ -125,6 +125,7 @@ class Supervisor:
         self._push_scheduled = False
         self._stopping = False
         self._spare: tuple[BaseProcess, Connection] | None = None
+        self._retiring: set[int] = set()  # pids of old workers (SIGHUP) not yet done with their listeners
         self._context = multiprocessing.get_context("spawn")
         self.shared = None if settings.worker_reuse_port() else self._bind(settings, reuse_port=False)
         # SO_REUSEPORT: each slot's own sockets, inherited by every worker of the slot in turn, so
@@ -262,6 +263,8 @@ class Supervisor:
                     self.control.throttle.failed(message[1], message[2])
                 elif message[0] == "ack" and current:
                     slot.push = message[1]
+                elif message[0] == "retired":
+                    self._retiring.discard(pid)
                 elif message[0] == "serving" and current:
                     slot.ready.set()
                 elif message[0] == "draining" and current and not self._stopping:
@@ -379,16 +382,36 @@ class Supervisor:
             replaced, self.slot_listeners = self.slot_listeners, self._bind_slots(settings)
         await self.control.reconfigure(settings)  # tokens, sessions, declared policies, ...: at once
         self.settings = settings
+        reload.workers_replaced = False
         self.last_reload = reload
+        retiring = []
         for slot in self.slots:
             old = slot.process
             self._start(slot, settings)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(slot.ready.wait(), START_GRACE_S)
-            if old is not None and old.is_alive():
-                os.kill(old.pid or 0, signal.SIGTERM)
+            if old is not None and old.is_alive() and old.pid is not None:
+                self._retiring.add(old.pid)
+                os.kill(old.pid, signal.SIGTERM)
+                retiring.append(old)
         self._close_listeners(replaced)
+        reload.workers_replaced = await self._retire(retiring)
         log.log(logging.WARNING if reload.restart else logging.INFO, "%s (workers replaced)", reload.describe())
+
+    async def _retire(self, processes: list[BaseProcess]) -> bool:
+        """Wait until each SIGTERMed old worker has closed its listeners (or exited): until then
+        the kernel may still hand it a connection, served with the old settings (a token the
+        reload removed). False when one has not within ``worker_stall_s``: it stays listed so."""
+        deadline = time.monotonic() + max(self.settings.worker_stall_s, 1.0)
+        try:
+            while any(p.pid in self._retiring and p.is_alive() for p in processes):
+                if time.monotonic() > deadline:
+                    log.warning("SIGHUP: an old worker still listens after %.0f s", self.settings.worker_stall_s)
+                    return False
+                await asyncio.sleep(0.02)
+            return True
+        finally:
+            self._retiring.difference_update(p.pid for p in processes)
 
     # -- running --------------------------------------------------------------------------------
     async def run(self) -> int:

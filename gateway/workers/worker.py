@@ -320,6 +320,12 @@ class WorkerGateway(Gateway):
         if self.channel is not None and not self.channel.writer.is_closing():
             self.channel.send("draining")
 
+    def retired(self) -> None:
+        """Its listeners are closed: a connection made from now on reaches another worker, which
+        is what a SIGHUP waits for before it calls the workers replaced."""
+        if self.channel is not None and not self.channel.writer.is_closing():
+            self.channel.send("retired")
+
     def _report_now(self, lag: float = 0.0) -> None:
         if self.channel is not None and not self.channel.writer.is_closing():
             delta = self.recorder.take_delta()
@@ -342,6 +348,9 @@ class WorkerServer(GatewayServer):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.worker.draining()  # a successor takes the slot's sockets now (unless the node stops)
         await super().shutdown(sockets)
+
+    def stopped_accepting(self) -> None:
+        self.worker.retired()
 
 
 async def _ok(send: Send, body: bytes) -> None:
