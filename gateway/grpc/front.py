@@ -218,8 +218,8 @@ class StreamCall(_Call):
     async def _open(self) -> None:
         router = self.front.router
         try:
-            opened = await router.upstream.open(STREAM_INFER, self, client_metadata(self.stream.headers),
-                                                self.remaining())
+            opened = await router.open_stream(self.client, STREAM_INFER, self, client_metadata(self.stream.headers),
+                                              self.remaining())
         except GatewayError as exc:
             code = status_for(exc)
             self.finish(code, router.details(code, exc.message))

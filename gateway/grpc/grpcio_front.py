@@ -199,7 +199,7 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
         opened = time.monotonic()
         relay = _StreamRelay()
         try:
-            upstream = await router.upstream.open(method, relay, _forwarded(context, metadata), remaining)
+            upstream = await router.open_stream(ledger.client, method, relay, _forwarded(context, metadata), remaining)
         except GatewayError as exc:  # no server could take it: the gateway's own words, no address
             refusal = status_for(exc)
             await context.abort(_STATUS.get(refusal, grpc.StatusCode.UNKNOWN), router.details(refusal, exc.message))
