@@ -14,6 +14,13 @@ exposition was built (~150 loop turns/s, ~900 without a scrape). So the renderin
 itself (:func:`pace`): every ``PACE_EVERY`` samples built or written it sleeps ``PACE_S``, which
 hands the lock to the loop at once; the loop waits at most that many samples' work.
 
+The big families (a few series per model with a policy: ~85,000 lines at 5,000 models) come as
+:class:`Keyed` rows, each row's text kept between scrapes (:class:`Lines`): a scrape writes again
+only the rows whose numbers changed since the one before, and joins the rest as they were.
+Writing every line with prometheus-client's encoders held the interpreter's lock (shared with the
+loop) for ~3 s of a 5,000-model scrape under load; the lines are the encoders' to the byte
+(tests/unit/test_exposition_lines.py compares them, in both formats).
+
 Collectors with a ``snapshot()`` (returning something with ``collect()``) are copied this way;
 any other collector (the process, fleet and worker collectors: a few series, plain fields) is
 collected on the loop as it is. Scrapes that arrive while one is rendered in the same format
@@ -25,13 +32,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString as _go_float
 
 Metric = Any  # prometheus_client.core.Metric, whose families are built off the loop
 PACE_EVERY = 200  # samples built or written by the rendering thread between two pauses (~0.3 ms of work)
@@ -59,24 +67,123 @@ class _Paced(list[Any]):
             yield sample
 
 
-def _encode_paced(encoder: Any, frozen: Frozen) -> bytes:
+floatToGoString = cast(Callable[[Any], str], _go_float)  # the encoders' own spelling of a value
+Row = tuple[Hashable, Hashable]  # (key: the row's labels, signature: its numbers)
+
+
+class Keyed:
+    """A family as rows: ``add(family, key, signature)`` adds a row's samples, and equal
+    signatures make equal samples, so a row's text can be kept while its signature stays."""
+
+    def __init__(self, name: str, make: Callable[[], Metric], rows: Sequence[Row],
+                 add: Callable[[Any, Any, Any], None]) -> None:
+        self.name = name
+        self.make = make
+        self.rows = rows
+        self.add = add
+
+    def metric(self) -> Metric:
+        family = self.make()
+        for key, signature in self.rows:
+            self.add(family, key, signature)
+        return family
+
+
+class Lines:
+    """Each :class:`Keyed` row's text as last written, by format and family; used by the
+    rendering thread alone. ``rendered``: the rows and sample lines the last render wrote anew."""
+
+    def __init__(self) -> None:
+        self._rows: dict[tuple[bool, str], dict[Hashable, tuple[Hashable, str]]] = {}
+        self._headers: dict[tuple[bool, str], str] = {}
+        self.rendered = (0, 0)
+
+    def render(self, families: Iterable[Keyed], openmetrics: bool) -> str:
+        out: list[str] = []
+        rows = lines = 0
+        for keyed in families:
+            kept = self._rows.get((openmetrics, keyed.name), {})
+            fresh: dict[Hashable, tuple[Hashable, str]] = {}
+            family = keyed.make()
+            header = self._headers.get((openmetrics, keyed.name))
+            if header is None:
+                header = self._headers[(openmetrics, keyed.name)] = _header(family, openmetrics)
+            out.append(header)
+            for key, signature in keyed.rows:
+                pace()
+                hit = kept.get(key)
+                if hit is None or hit[0] != signature:
+                    del family.samples[:]
+                    keyed.add(family, key, signature)
+                    hit = (signature, "".join([_line(sample) for sample in family.samples]))
+                    rows += 1
+                    lines += len(family.samples)
+                fresh[key] = hit
+                out.append(hit[1])
+            self._rows[(openmetrics, keyed.name)] = fresh  # rows gone since the last scrape are dropped
+        self.rendered = (rows, lines)
+        return "".join(out)
+
+
+def _header(family: Metric, openmetrics: bool) -> str:
+    """The family's HELP and TYPE lines as prometheus-client's encoders write them."""
+    if openmetrics:
+        doc = family.documentation.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+        return f"# HELP {family.name} {doc}\n# TYPE {family.name} {family.type}\n"
+    name = family.name + "_total" if family.type == "counter" else family.name
+    doc = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
+    return f"# HELP {name} {doc}\n# TYPE {name} {family.type}\n"
+
+
+def _line(sample: Any) -> str:
+    """One sample's line as both encoders write it (no timestamp, no exemplar, legacy names)."""
+    pace()
+    if not sample.labels:
+        return f"{sample.name} {floatToGoString(sample.value)}\n"
+    labels = ",".join([f'{name}="{_escaped(value)}"' for name, value in sorted(sample.labels.items())])
+    return f"{sample.name}{{{labels}}} {floatToGoString(sample.value)}\n"
+
+
+def _escaped(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+
+
+def _encode_paced(encoder: Any, frozen: Frozen, lines: Lines, openmetrics: bool) -> bytes:
     _rendering.count = 0
     try:
-        return bytes(encoder(frozen))
+        keyed = lines.render(frozen.keyed(), openmetrics).encode()
+        return keyed + bytes(encoder(frozen.rest()))  # OpenMetrics' "# EOF" stays last
     finally:
         del _rendering.count
 
 
 class Frozen:
-    """One moment's metrics, ready to be encoded on any thread (what the encoders call ``registry``)."""
+    """One moment's metrics, ready to be encoded on any thread (what the encoders call ``registry``).
+    A part with ``families()`` gives some of its families as :class:`Keyed` rows."""
 
-    def __init__(self, parts: list[Any]) -> None:
+    def __init__(self, parts: list[Any], keyed_apart: bool = False) -> None:
         self.parts = parts
+        self.keyed_apart = keyed_apart  # collect() leaves the Keyed families out (they are written apart)
+
+    def keyed(self) -> Iterator[Keyed]:
+        for part in self.parts:
+            if hasattr(part, "families"):
+                yield from (family for family in part.families() if isinstance(family, Keyed))
+
+    def rest(self) -> Frozen:
+        """The families that are not :class:`Keyed`, for an encoder."""
+        return Frozen(self.parts, keyed_apart=True)
 
     def collect(self) -> Iterator[Metric]:
         paced = getattr(_rendering, "count", None) is not None
         for part in self.parts:
-            for metric in part.collect() if hasattr(part, "collect") else part:
+            if hasattr(part, "families"):
+                metrics: Iterable[Any] = (family.metric() if isinstance(family, Keyed) else family
+                                          for family in part.families()
+                                          if not (self.keyed_apart and isinstance(family, Keyed)))
+            else:
+                metrics = part.collect() if hasattr(part, "collect") else part
+            for metric in metrics:
                 if paced:
                     metric.samples = _Paced(metric.samples)
                 yield metric
@@ -91,6 +198,7 @@ class SnapshotRegistry(CollectorRegistry):
         self._ordered: list[Collector] = []
         self._executor: ThreadPoolExecutor | None = None
         self._rendering: dict[str, asyncio.Future[bytes]] = {}
+        self.lines = Lines()  # the keyed rows' text, kept between scrapes (the rendering thread's)
 
     def register(self, collector: Collector) -> None:
         super().register(collector)
@@ -116,7 +224,9 @@ class SnapshotRegistry(CollectorRegistry):
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="metrics-render")
             frozen = self.freeze()
-            pending = asyncio.get_running_loop().run_in_executor(self._executor, _encode_paced, encoder, frozen)
+            openmetrics = content_type.startswith("application/openmetrics-text")
+            pending = asyncio.get_running_loop().run_in_executor(self._executor, _encode_paced, encoder, frozen,
+                                                                 self.lines, openmetrics)
             self._rendering[content_type] = pending
             pending.add_done_callback(lambda _: self._rendering.pop(content_type, None))
         return await asyncio.shield(pending), content_type

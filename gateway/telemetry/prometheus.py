@@ -23,10 +23,11 @@ from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from gateway.policy_book import PolicyBook
-from gateway.telemetry.exposition import SnapshotRegistry, pace
+from gateway.telemetry.exposition import Keyed, SnapshotRegistry, pace
 from gateway.telemetry.recorder import LATENCY_BOUNDS, OUTCOMES, STEERED_ROUTES, Outcome, Recorder
 
 Totals = tuple[int, float, tuple[int, ...]]  # count, sum, histogram (LATENCY_BOUNDS + overflow)
+ZERO_OUTCOMES = tuple((outcome, 0) for outcome in OUTCOMES)  # a version a policy names, before its traffic
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,12 @@ class GatewaySnapshot:
     store_up: bool
 
     def collect(self) -> Iterator[Metric]:
+        for family in self.families():
+            yield family.metric() if isinstance(family, Keyed) else family
+
+    def families(self) -> Iterator[Metric | Keyed]:
+        """Every family; the ones with a few series per model as :class:`Keyed` rows, whose text
+        the rendering thread keeps between scrapes (gateway.telemetry.exposition)."""
         yield from self._requests()
         yield from self._streams()
         yield from self._policies()
@@ -91,32 +98,25 @@ class GatewaySnapshot:
         yield results
         yield latency
 
-    def _requests(self) -> Iterator[Metric]:
-        requests = CounterMetricFamily("gateway_requests", "Requests through the gateway, by routed version, "
-                                       "route reason, protocol and status code",
-                                       labels=["model", "version", "route", "protocol", "code"])
+    def _requests(self) -> Iterator[Metric | Keyed]:
         durations: dict[tuple[str, str, str, str], tuple[list[int], float]] = {}
-        for (model, version, route, protocol, code), (count, total, hist) in self.totals:
-            requests.add_metric([model, version, route, protocol, code], count)
-            pace()
+        counts: list[tuple[Any, Any]] = []
+        for label, (count, total, hist) in self.totals:
+            counts.append((label, count))
+            model, version, route, protocol, _ = label
             key = (model, version, protocol, "false" if route in STEERED_ROUTES else "true")
             summed = durations.get(key)
             if summed is None:
                 durations[key] = (list(hist), total)
             else:
                 durations[key] = ([a + b for a, b in zip(summed[0], hist)], summed[1] + total)
-        yield requests
+        yield Keyed("gateway_requests", _requests_family, counts, _add_count)
         for model, version in self.watched:  # from 0, so the first judged request counts in increase()
             for protocol in ("http", "grpc"):
                 durations.setdefault((model, version, protocol, "true"), ([0] * (len(LATENCY_BOUNDS) + 1), 0.0))
-        histogram = HistogramMetricFamily("gateway_request_duration_seconds", "Latency through the gateway of "
-                                          "successes and upstream errors; judged=\"false\": the client chose the "
-                                          "version (routes pinned and rule), never judged",
-                                          labels=["model", "version", "protocol", "judged"])
-        for labelled, (summed_hist, summed_total) in durations.items():
-            histogram.add_metric(list(labelled), _buckets(summed_hist), summed_total)
-            pace()
-        yield histogram
+        yield Keyed("gateway_request_duration_seconds", _durations_family,
+                    [(labelled, (tuple(hist), total)) for labelled, (hist, total) in durations.items()],
+                    _add_duration)
         yield self._outcomes()
         errors = CounterMetricFamily("gateway_upstream_errors", "Upstream failures by kind",
                                      labels=["model", "version", "kind"])
@@ -148,37 +148,30 @@ class GatewaySnapshot:
         yield first
         yield gap
 
-    def _outcomes(self) -> Metric:
+    def _outcomes(self) -> Keyed:
         """Per version and outcome. Every version in a policy's weights has every outcome from 0
         (one bounded set: six series per version a policy names), so its first error counts in
         increase(), which misses the first sample of a new series."""
-        family = CounterMetricFamily("gateway_version_requests", "Requests per version by outcome (success, "
-                                     "upstream_error, client_error, rejected, overload, cancelled); "
-                                     "judged=\"false\": the client chose the version (routes pinned and rule), "
-                                     "never judged",
-                                     labels=["model", "version", "outcome", "judged"])
         totals = self.outcomes
+        rows: list[tuple[Any, Any]] = [((model, version, "true"), tuple(counts.items()))
+                                       for (model, version), counts in totals.items()]
         for model, policy in self.policies.items():
             for version in policy.spec.weights:
                 if (model, version) not in totals:
-                    totals[(model, version)] = dict.fromkeys(OUTCOMES, 0)
-        for judged, rows in (("true", totals), ("false", self.steered)):
-            for (model, version), counts in rows.items():
-                for outcome, count in counts.items():
-                    family.add_metric([model, version, outcome.value, judged], count)
-                    pace()
-        return family
+                    rows.append(((model, version, "true"), ZERO_OUTCOMES))
+        rows += [((model, version, "false"), tuple(counts.items()))
+                 for (model, version), counts in self.steered.items()]
+        return Keyed("gateway_version_requests", _outcomes_family, rows, _add_outcomes)
 
-    def _policies(self) -> Iterator[Metric]:
-        weights = GaugeMetricFamily("gateway_route_weight", "Routing weight in percent", labels=["model", "version"])
-        revisions = GaugeMetricFamily("gateway_policy_revision", "Applied policy revision", labels=["model"])
+    def _policies(self) -> Iterator[Keyed]:
+        weights: list[tuple[Any, Any]] = []
+        revisions: list[tuple[Any, Any]] = []
         for model, policy in self.policies.items():
-            revisions.add_metric([model], policy.revision)
+            revisions.append((model, policy.revision))
             for version, percent in policy.spec.weights.items():
-                weights.add_metric([model, version], float(percent))
-                pace()
-        yield weights
-        yield revisions
+                weights.append(((model, version), float(percent)))
+        yield Keyed("gateway_route_weight", _weights_family, weights, _add_gauge)
+        yield Keyed("gateway_policy_revision", _revisions_family, revisions, _add_revision)
 
     def _rollouts(self) -> Iterator[Metric]:
         state = GaugeMetricFamily("gateway_rollout_state", "1 for the rollout's current state",
@@ -230,6 +223,59 @@ class GatewayCollector:
             rollout_states=dict(recorder.rollout_states), rollbacks=dict(recorder.rollbacks),
             rollback_blocked=dict(recorder.rollback_blocked), sync_errors=dict(recorder.sync_errors),
             loop_restarts=dict(recorder.loop_restarts), store_up=recorder.store_up)
+
+
+def _requests_family() -> Metric:
+    return CounterMetricFamily("gateway_requests", "Requests through the gateway, by routed version, route reason, "
+                               "protocol and status code", labels=["model", "version", "route", "protocol", "code"])
+
+
+def _durations_family() -> Metric:
+    return HistogramMetricFamily("gateway_request_duration_seconds", "Latency through the gateway of successes and "
+                                 "upstream errors; judged=\"false\": the client chose the version (routes pinned and "
+                                 "rule), never judged", labels=["model", "version", "protocol", "judged"])
+
+
+def _outcomes_family() -> Metric:
+    return CounterMetricFamily("gateway_version_requests", "Requests per version by outcome (success, "
+                               "upstream_error, client_error, rejected, overload, cancelled); judged=\"false\": the "
+                               "client chose the version (routes pinned and rule), never judged",
+                               labels=["model", "version", "outcome", "judged"])
+
+
+def _weights_family() -> Metric:
+    return GaugeMetricFamily("gateway_route_weight", "Routing weight in percent", labels=["model", "version"])
+
+
+def _revisions_family() -> Metric:
+    return GaugeMetricFamily("gateway_policy_revision", "Applied policy revision", labels=["model"])
+
+
+def _add_count(family: CounterMetricFamily, key: tuple[str, ...], count: int) -> None:
+    family.add_metric(list(key), count)
+    pace()
+
+
+def _add_duration(family: HistogramMetricFamily, key: tuple[str, ...], totals: tuple[tuple[int, ...], float]) -> None:
+    family.add_metric(list(key), _buckets(totals[0]), totals[1])
+    pace()
+
+
+def _add_outcomes(family: CounterMetricFamily, key: tuple[str, str, str],
+                  counts: tuple[tuple[Outcome, int], ...]) -> None:
+    model, version, judged = key
+    for outcome, count in counts:
+        family.add_metric([model, version, outcome.value, judged], count)
+        pace()
+
+
+def _add_gauge(family: GaugeMetricFamily, key: tuple[str, ...], value: float) -> None:
+    family.add_metric(list(key), value)
+    pace()
+
+
+def _add_revision(family: GaugeMetricFamily, model: str, revision: int) -> None:
+    family.add_metric([model], revision)
 
 
 def _buckets(hist: Sequence[int]) -> list[tuple[str, float]]:
