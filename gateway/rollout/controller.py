@@ -148,6 +148,7 @@ class RolloutController:
             listed = await self.store.list_rollouts()
             self._listed.clear()
             self._listed.update(listed)
+            self.driver.keep_read(listed)
         except StoreError as exc:
             log.warning("rollout controller: store unavailable (%s): judging from memory", exc)
         if self.windows is not None:  # after the listing: a rollout it knows is judged on its own windows
@@ -190,7 +191,7 @@ class RolloutController:
         if unsaved is not None and unsaved[0] == stored.revision:
             return unsaved[1]
         self._unsaved.pop(model, None)
-        return Rollout.from_document(stored.document)
+        return self.driver.read(stored)
 
     async def _reconcile(self, stored: StoredRollout, rollout: Rollout, fence: Fence | None) -> None:
         now = self.clock()

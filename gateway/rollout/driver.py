@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from decimal import Decimal
+from typing import Any
 
 from gateway.errors import UpstreamTimeout
 from gateway.policy import PolicySpec, ShadowSpec, with_shadow, with_weights
@@ -54,9 +55,31 @@ class PolicyDriver:
         self.fast = fast
         self.overridden: set[str] = set()  # models whose book holds a rollback the store has not seen yet
         self.known: dict[str, StoredRollout] = {}  # the newest record per model: the controller's memory
+        # model -> (a stored document, the Rollout read from it, whether that Rollout's document()
+        # is the same document): a tick over rollouts with nothing new validates nothing and
+        # serializes nothing (RolloutSpec's validation and dumps were most of an idle tick)
+        self._read: dict[str, tuple[dict[str, Any], Rollout, bool]] = {}
+
+    def read(self, stored: StoredRollout) -> Rollout:
+        """The stored record as a Rollout: the one read before when its document is the same."""
+        kept = self._read.get(stored.model)
+        if kept is not None and (kept[0] is stored.document or kept[0] == stored.document):
+            return kept[1]
+        rollout = Rollout.from_document(stored.document)
+        self._read[stored.model] = (stored.document, rollout, rollout.document() == stored.document)
+        return rollout
+
+    def keep_read(self, models: set[str] | dict[str, Any]) -> None:
+        """Forget what was read of rollouts the store no longer lists."""
+        for model in self._read.keys() - models:
+            del self._read[model]
 
     async def save(self, base: StoredRollout, rollout: Rollout, fence: Fence | None,
                    guard: Guard | None = None) -> StoredRollout:
+        kept = self._read.get(rollout.model)
+        if guard is None and kept is not None and kept[1] is rollout and kept[2] \
+                and (kept[0] is base.document or kept[0] == base.document):
+            return base  # the record as it was read, unchanged: nothing to write
         document = rollout.document()
         if document == base.document:
             return base

@@ -2,8 +2,11 @@
 
 A change made through any replica reaches the others through the store's change feed
 (Redis pub/sub: milliseconds; SQLite: polled); a periodic full resync heals anything the
-feed missed. The feed says RESYNC whenever it (re)connects, so a change made while this
-replica was not listening is found at once, not at the next periodic resync.
+feed missed. A store that counts its policy writes (SQLite: ``StateStore.policy_mark``) is read
+whole only when that count moved since the last full read, so an idle resync costs one number,
+not every record (15-20 ms a pass at 5,000 models). The feed says RESYNC whenever it
+(re)connects, so a change made while this replica was not listening is found at once, not at
+the next periodic resync.
 
 What the store holds wins, even when it went *back*: a new store generation (a wiped or
 replaced store) or a revision below the book's (a failover that lost writes) rebuilds the
@@ -53,6 +56,9 @@ class StateSync:
         self._last_failure = ""
         self._reported: dict[str, str] = {}  # model -> the unreadable record's message, logged once
         self._lock = asyncio.Lock()  # one sync step at a time: a rebuild never interleaves with a refresh
+        # The store's policy mark (StateStore.policy_mark) when the last full read began: a resync
+        # that finds it unchanged reads nothing (every record at 5,000 models: 15-20 ms each 5 s).
+        self._read_at_mark: str | None = None
         self._background = Background()
 
     @property
@@ -97,6 +103,15 @@ class StateSync:
         self._mark_store(True)
 
     async def _resync(self) -> None:
+        mark = await self.store.policy_mark()
+        if mark is not None and mark == self._read_at_mark and not self._reported:
+            self._mark_store(True)
+            return  # no policy record written since the last full read (unreadable ones are read again)
+        self._read_at_mark = None  # until this read has been applied whole
+        await self._read_all()
+        self._read_at_mark = mark
+
+    async def _read_all(self) -> None:
         scan = await self.store.scan_policies()
         self._mark_store(True)
         self._corrupt(scan.corrupt)

@@ -183,6 +183,11 @@ class StateStore(Protocol):
     async def scan_policies(self) -> PolicyScan:
         """Every policy record with the store's generation, unreadable records named apart."""
 
+    async def policy_mark(self) -> str | None:
+        """A value that changes whenever any policy record is written, by any process (and with
+        the generation), or None when the backend cannot tell: a periodic resync that finds the
+        mark where its last full read left it has nothing to read (gateway.services.state_sync)."""
+
     async def put_policy(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
                          event: EventDraft, guard: Guard | None = None) -> StoredPolicy:
         """Compare-and-set: write ``spec`` (None deletes) as revision+1 and append the event,

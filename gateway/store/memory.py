@@ -72,6 +72,9 @@ class InMemoryStore:
     async def scan_policies(self) -> PolicyScan:
         return PolicyScan(self._generation, dict(self._policies), {})
 
+    async def policy_mark(self) -> str | None:
+        return None  # a scan is a dict copy: nothing to save by skipping it
+
     async def put_policy(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
                          event: EventDraft, guard: Guard | None = None) -> StoredPolicy:
         current = self._policies.get(model)

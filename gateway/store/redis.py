@@ -201,6 +201,9 @@ class RedisStore:
     async def list_policies(self) -> dict[str, StoredPolicy]:
         return (await self.scan_policies()).policies
 
+    async def policy_mark(self) -> str | None:
+        return None  # the feed is pub/sub, which drops messages while a replica is away: a resync reads all
+
     async def scan_policies(self) -> PolicyScan:
         generation, raws = await self._all("policy")
         policies, corrupt = {}, {}

@@ -70,6 +70,8 @@ CREATE TABLE IF NOT EXISTS rollout_history (model TEXT NOT NULL, started_at REAL
                                             PRIMARY KEY (model, started_at));
 CREATE TABLE IF NOT EXISTS changes (id INTEGER PRIMARY KEY CHECK (id = 1), count INTEGER NOT NULL);
 INSERT OR IGNORE INTO changes VALUES (1, 0);
+CREATE TABLE IF NOT EXISTS policy_writes (id INTEGER PRIMARY KEY CHECK (id = 1), count INTEGER NOT NULL);
+INSERT OR IGNORE INTO policy_writes VALUES (1, 0);
 """
 # Every write of a policy or rollout record, by any connection (another replica, a hand edit),
 # counts in `changes`: the change feed reads that one number each poll, and lists every record's
@@ -77,7 +79,10 @@ INSERT OR IGNORE INTO changes VALUES (1, 0);
 TRIGGERS = "\n".join(
     f"CREATE TRIGGER IF NOT EXISTS {table}_{event.lower()} AFTER {event} ON {table} "
     "BEGIN UPDATE changes SET count = count + 1 WHERE id = 1; END;"
-    for table in ("policies", "rollouts") for event in ("INSERT", "UPDATE", "DELETE"))
+    for table in ("policies", "rollouts") for event in ("INSERT", "UPDATE", "DELETE")) + "\n" + "\n".join(
+    # policy records alone, in `policy_writes`: the periodic resync reads every record only when it moved
+    f"CREATE TRIGGER IF NOT EXISTS policies_{event.lower()}_mark AFTER {event} ON policies "
+    "BEGIN UPDATE policy_writes SET count = count + 1 WHERE id = 1; END;" for event in ("INSERT", "UPDATE", "DELETE"))
 POLICY_COLUMNS = "model, spec, revision, updated_at, actor"
 
 
@@ -179,6 +184,10 @@ class SQLiteStore:
                 corrupt[row[0]] = exc.message
         self._specs.keep_only(policies)
         return PolicyScan(self._generation, policies, corrupt)
+
+    async def policy_mark(self) -> str | None:
+        row = await self._run(lambda db: db.execute("SELECT count FROM policy_writes WHERE id = 1").fetchone())
+        return f"{self._generation}:{row[0] if row else 0}"
 
     async def put_policy(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
                          event: EventDraft, guard: Guard | None = None) -> StoredPolicy:
