@@ -151,8 +151,8 @@ def _escaped(value: str) -> str:
 def _encode_paced(encoder: Any, frozen: Frozen, lines: Lines, openmetrics: bool) -> bytes:
     _rendering.count = 0
     try:
-        keyed = lines.render(frozen.keyed(), openmetrics).encode()
-        return keyed + bytes(encoder(frozen.rest()))  # OpenMetrics' "# EOF" stays last
+        keyed, rest = frozen.split()
+        return lines.render(keyed, openmetrics).encode() + bytes(encoder(rest))  # OpenMetrics' "# EOF" stays last
     finally:
         del _rendering.count
 
@@ -161,26 +161,32 @@ class Frozen:
     """One moment's metrics, ready to be encoded on any thread (what the encoders call ``registry``).
     A part with ``families()`` gives some of its families as :class:`Keyed` rows."""
 
-    def __init__(self, parts: list[Any], keyed_apart: bool = False) -> None:
+    def __init__(self, parts: list[Any]) -> None:
         self.parts = parts
-        self.keyed_apart = keyed_apart  # collect() leaves the Keyed families out (they are written apart)
 
-    def keyed(self) -> Iterator[Keyed]:
+    def split(self) -> tuple[list[Keyed], Frozen]:
+        """The :class:`Keyed` families, and the others for an encoder (each part's families built once)."""
+        keyed: list[Keyed] = []
+        parts: list[Any] = []
         for part in self.parts:
             if hasattr(part, "families"):
-                yield from (family for family in part.families() if isinstance(family, Keyed))
-
-    def rest(self) -> Frozen:
-        """The families that are not :class:`Keyed`, for an encoder."""
-        return Frozen(self.parts, keyed_apart=True)
+                plain: list[Metric] = []
+                for family in part.families():
+                    if isinstance(family, Keyed):
+                        keyed.append(family)
+                    else:
+                        plain.append(family)
+                parts.append(plain)
+            else:
+                parts.append(part)
+        return keyed, Frozen(parts)
 
     def collect(self) -> Iterator[Metric]:
         paced = getattr(_rendering, "count", None) is not None
         for part in self.parts:
             if hasattr(part, "families"):
                 metrics: Iterable[Any] = (family.metric() if isinstance(family, Keyed) else family
-                                          for family in part.families()
-                                          if not (self.keyed_apart and isinstance(family, Keyed)))
+                                          for family in part.families())
             else:
                 metrics = part.collect() if hasattr(part, "collect") else part
             for metric in metrics:
