@@ -206,6 +206,42 @@ def merge_cost(requests_per_report: int = 2500, reports: int = 400) -> tuple[flo
     return spent / reports * 1e6, take_s / reports * 1e6, sum(map(len, blobs)) // reports
 
 
+def spread_cost(models: int, requests_per_report: int = 2500, reports: int = 120) -> tuple[float, float, int]:
+    """As :func:`merge_cost`, with the worker's requests spread round-robin over ``models`` models
+    (versions 2 and 3, 80/20: bench/scale.py's workers sweep): (µs CPU per report on the control
+    plane, µs to take it on the worker, bytes), over the reports after the first third (the
+    control plane has named every label set by then: the steady state)."""
+    import pickle
+    import random
+
+    from gateway.telemetry.recorder import Outcome
+    from gateway.workers.deltas import DeltaRecorder, MergedRecorder
+
+    now = [1000.0]
+    rng = random.Random(1)
+    worker, merged = DeltaRecorder(clock=lambda: now[0]), MergedRecorder(clock=lambda: now[0])
+    names = ["qc" if index == 0 else f"m{index:05d}" for index in range(models)]
+    blobs, take_s, at = [], 0.0, 0
+    for _ in range(reports):
+        for request in range(requests_per_report):
+            version = "2" if rng.random() < 0.8 else "3"
+            worker.record(names[at], version, Outcome.SUCCESS, rng.random() / 50, "weighted", "http", "200")
+            at = (at + 1) % models
+            if request % (requests_per_report // 10) == 0:
+                now[0] += 0.025  # 250 ms per report
+        started = time.process_time()
+        blobs.append(pickle.dumps(("delta", worker.take_delta(), 0.0, 1), protocol=pickle.HIGHEST_PROTOCOL))
+        take_s += time.process_time() - started
+    warm = reports // 3
+    for blob in blobs[:warm]:
+        merged.merge(0, pickle.loads(blob)[1])
+    started = time.process_time()
+    for blob in blobs[warm:]:
+        merged.merge(0, pickle.loads(blob)[1])
+    spent = time.process_time() - started
+    return spent / (reports - warm) * 1e6, take_s / reports * 1e6, sum(map(len, blobs)) // reports
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=int, default=10)
@@ -213,11 +249,17 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--workers", type=int, default=2, help="compared with 1")
     parser.add_argument("--merge-only", action="store_true", help="only the report decode + merge micro-measure")
+    parser.add_argument("--spread-models", default="1,100,1000", help="the micro-measure again with the requests "
+                        "spread over each of these numbers of models (comma-separated; empty: not)")
     args = parser.parse_args()
     control, take, size = merge_cost()
     print(f"one report of a worker at 10,000 req/s ({size} bytes): {take:.0f} us to take on the worker, "
           f"{control:.0f} us CPU to decode and merge on the control plane; 32 workers x 4 reports/s: "
           f"{32 * 4 * control / 1e6:.3f} CPU seconds per second", flush=True)
+    for models in [int(part) for part in args.spread_models.split(",") if part]:
+        control, take, size = spread_cost(models)
+        print(f"  spread over {models} models ({size} bytes): {take:.0f} us to take, {control:.0f} us to decode "
+              f"and merge; 32 workers x 4 reports/s: {32 * 4 * control / 1e6:.3f} CPU seconds per second", flush=True)
     if args.merge_only:
         return
     with tempfile.TemporaryDirectory() as tmp_dir:

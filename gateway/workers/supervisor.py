@@ -242,6 +242,7 @@ class Supervisor:
     async def _serve_channel(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         channel = Channel(reader, writer)
         slot: WorkerSlot | None = None
+        pid = 0
         try:
             _, index, pid = await channel.receive()
             slot = self.slots[index]
@@ -280,6 +281,7 @@ class Supervisor:
             if slot is not None and slot.channel is channel:
                 slot.channel = None
                 slot.ready.clear()
+            self.recorder.forget_names(pid)  # its reports came on this channel: no more will
             channel.close()
 
     def _merge(self, slot: WorkerSlot, pid: int, current: bool, delta: Delta, lag_s: float, push: int) -> None:

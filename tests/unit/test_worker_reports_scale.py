@@ -3,15 +3,25 @@
 Before issue 36 each report (every 250 ms per worker) diffed every label set and every series
 the worker had ever seen, and carried and merged 31 histogram buckets per label set and 35
 integers per (series, second) touched: with --workers 2 and traffic over 1,000 models the
-supervisor spent 143-188 ms CPU/s on it (bench/scale.py).
+supervisor spent 143-188 ms CPU/s on it (bench/scale.py). Then a report carried only what
+changed, but named every label set and series it carried and was merged one of them at a time
+in Python: 44-60 ms CPU/s. Now a label set is named once, then numbered, and a report is added
+in a few array operations whatever the label sets in it.
 """
 
 from __future__ import annotations
 
+import sys
+from array import array
+from types import FrameType
 from typing import Any
 
+import pytest
+
 from gateway.telemetry.recorder import OUTCOMES, Outcome, Recorder
-from gateway.workers.deltas import DeltaRecorder, MergedRecorder
+from gateway.workers import columns as columns_module
+from gateway.workers.columns import SECOND_ROW
+from gateway.workers.deltas import Delta, DeltaRecorder, MergedRecorder
 
 MODELS = 1000
 
@@ -28,6 +38,8 @@ def numbers(value: Any) -> int:
     """How many numbers a report carries (what is pickled, sent and merged)."""
     if isinstance(value, bool | int | float):
         return 1
+    if isinstance(value, array):
+        return len(value)
     if isinstance(value, dict):
         return sum(numbers(item) for item in value.values())
     if isinstance(value, list | tuple):
@@ -48,6 +60,17 @@ def test_a_report_carries_a_few_numbers_per_sample_not_every_bucket_of_every_lab
     assert carried <= 20 * MODELS, f"{carried / MODELS:.0f} numbers per sample"
 
 
+def carried(worker: DeltaRecorder, delta: Delta) -> tuple[list[Any], list[tuple[Any, list[int]]]]:
+    """The label sets and the (series, seconds) a worker's report carries, by the worker's names."""
+    columns = delta.columns
+    assert columns is not None
+    encoder = worker._encoder  # noqa: SLF001 - the worker's own numbering, to read its report back
+    seconds = [columns.seconds[at:at + 2] for at in range(0, len(columns.seconds), SECOND_ROW)]
+    return ([encoder.labels.keys[number] for number in columns.labels],
+            [(encoder.series.keys[number], [second for at, second in seconds if at == number])
+             for number in columns.series])
+
+
 def test_a_worker_holds_and_visits_only_what_changed_since_its_last_report() -> None:
     clock = Clock()
     worker = DeltaRecorder(clock=clock)
@@ -61,10 +84,102 @@ def test_a_worker_holds_and_visits_only_what_changed_since_its_last_report() -> 
     assert (len(worker.totals), len(worker.series()), len(worker.upstream_errors)) == (1, 1, 0), \
         "a worker's tables hold what came since its last report: what the next report visits"
     delta = worker.take_delta()
-    assert list(delta.totals) == [("m00007", "2", "weighted", "http", "500")]
-    [(model, version, outcomes, seconds)] = delta.series
-    assert (model, version) == ("m00007", "2") and [second[0] for second in seconds] == [1002]
-    assert dict(zip(OUTCOMES, outcomes, strict=True)) == {**dict.fromkeys(OUTCOMES, 0), Outcome.UPSTREAM_ERROR: 1}
+    labels, series = carried(worker, delta)
+    assert labels == [("m00007", "2", "weighted", "http", "500")]
+    assert series == [(("m00007", "2"), [1002])]
+    assert delta.columns is not None
+    assert list(delta.columns.outcomes) == [OUTCOMES.index(Outcome.UPSTREAM_ERROR), 1], \
+        "its one outcome: (series row x outcomes + outcome, count)"
+
+
+def test_a_label_set_is_named_once_then_a_report_carries_its_number() -> None:
+    """A report of 1,000 models the worker reported before carries no name: numbers only
+    (each report named all 2,000 label sets and series again: ~10,000 strings to unpickle)."""
+    clock = Clock()
+    worker = DeltaRecorder(clock=clock)
+    for _ in range(2):
+        for index in range(MODELS):
+            worker.record(f"m{index:05d}", "2", Outcome.SUCCESS, 0.004, "weighted", "http", "200")
+        delta = worker.take_delta()
+        clock.now += 0.25
+    assert delta.columns is not None
+    assert (delta.columns.new_labels, delta.columns.new_series, delta.totals, delta.series) == ([], [], {}, [])
+    assert len(delta.columns.labels) == len(delta.columns.series) == MODELS
+
+
+def python_calls(action: Any) -> int:
+    """How many Python functions and builtins ``action()`` calls: a merge that visits each label
+    set in Python calls something per label set."""
+    calls = 0
+
+    def count(_frame: FrameType, event: str, _arg: Any) -> None:
+        nonlocal calls
+        if event in ("call", "c_call"):
+            calls += 1
+
+    sys.setprofile(count)
+    try:
+        action()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_merging_a_report_of_a_thousand_models_is_a_few_array_operations_not_one_per_label_set() -> None:
+    clock = Clock()
+    worker, merged = DeltaRecorder(clock=clock), MergedRecorder(clock=clock)
+    for step in range(3):
+        for index in range(MODELS):
+            outcome = Outcome.UPSTREAM_ERROR if index % 7 == 0 else Outcome.SUCCESS
+            worker.record(f"m{index:05d}", "2", outcome, index / 10_000, "weighted", "http", "200")
+            worker.record(f"m{index:05d}", "3", Outcome.SUCCESS, 0.004, "sticky", "grpc", "OK")
+        clock.now += 0.6
+        delta = worker.take_delta()
+        calls = python_calls(lambda delta=delta: merged.merge(1, delta))
+        if step:  # the first report names every label set and series: each gets its row once
+            assert calls < 150, f"{calls} calls to merge a report of {2 * MODELS} label sets"
+    assert merged.totals[("m00007", "2", "weighted", "http", "200")].count == 3
+    assert merged.window("m00007", "2", 10).errors == 3
+
+
+def test_a_worker_that_numbered_too_many_keys_starts_over_and_nothing_is_lost(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The numbering is bounded: past NAMES_LIMIT keys a worker names them again from 0 and the
+    control plane forgets its old numbers; a worker's numbers are its own (two workers, same names)."""
+    monkeypatch.setattr(columns_module, "NAMES_LIMIT", 50)
+    clock = Clock()
+    workers = [DeltaRecorder(clock=clock) for _ in range(2)]
+    merged, single = MergedRecorder(clock=clock), Recorder(clock=clock)
+    restarts = 0
+    for step in range(400):
+        model = f"m{(step * 7) % 90:05d}" if step % 2 else f"m{step % 30:05d}"
+        for recorder in (workers[step % 2], single):
+            recorder.record(model, "2", Outcome.SUCCESS, step / 1000, "weighted", "http", "200")
+        if step % 40 == 39:
+            clock.now += 0.5
+            for pid, worker in enumerate(workers):
+                delta = worker.take_delta()
+                assert delta.columns is not None
+                restarts += delta.columns.restart
+                merged.merge(pid, delta)
+    assert restarts >= 2
+    assert {k: (t.count, t.hist) for k, t in merged.totals.items()} == \
+        {k: (t.count, t.hist) for k, t in single.totals.items()}
+    assert merged.outcome_totals() == single.outcome_totals()
+    assert merged.window("m00001", "2", 30) == single.window("m00001", "2", 30)
+
+
+def test_a_report_in_numbers_the_control_plane_never_saw_named_is_refused_whole() -> None:
+    """A worker's numbers are only good on its own channel: forgotten when it closes, a report
+    of them is an error (the channel's reader logs it), not counts added to someone's rows."""
+    worker, merged = DeltaRecorder(), MergedRecorder()
+    worker.record("qc", "2", Outcome.SUCCESS, 0.004, "weighted", "http", "200")
+    merged.merge(7, worker.take_delta())
+    merged.forget_names(7)
+    worker.record("qc", "2", Outcome.SUCCESS, 0.004, "weighted", "http", "200")
+    with pytest.raises(IndexError):
+        merged.merge(7, worker.take_delta())
+    assert merged.totals[("qc", "2", "weighted", "http", "200")].count == 1
 
 
 def test_reports_of_a_thousand_models_merge_to_what_one_recorder_saw() -> None:
