@@ -224,3 +224,37 @@ def test_in_flight_requests_merge_by_difference_and_leave_nothing_behind_in_a_wo
     assert merged.inflight[("m00001", "2")] == 1 and merged.inflight[("m00999", "2")] == 0
     merged.forget_worker(1)
     assert merged.inflight[("m00001", "2")] == 0
+
+
+def test_past_max_series_the_merged_tables_fold_into_the_overflow_rows_and_lose_no_request(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control plane's array tables are bounded as the recorder's dicts are: past MAX_SERIES
+    label sets (and series) a new one shares its overflow row. Which label sets get rows of their
+    own follows the order they are merged in (a worker's report at a time), so they are not the
+    ones a single recorder would have kept; every request is counted once either way."""
+    from gateway.telemetry import recorder as recorder_module
+
+    monkeypatch.setattr(recorder_module, "MAX_SERIES", 40)
+    monkeypatch.setattr(columns_module, "MAX_SERIES", 40)
+    clock = Clock()
+    workers = [DeltaRecorder(clock=clock) for _ in range(2)]
+    merged, single = MergedRecorder(clock=clock), Recorder(clock=clock)
+    for step in range(600):
+        model = f"m{step % 100:05d}"
+        for recorder in (workers[step % 2], single):
+            recorder.record(model, "2", Outcome.SUCCESS, step / 10_000, "weighted", "http" if step % 3 else "grpc",
+                            "200")
+        if step % 60 == 59:
+            clock.now += 0.5
+            for pid, worker in enumerate(workers):
+                merged.merge(pid, worker.take_delta())
+    rows, kept = dict(merged.totals.items()), dict(single.totals.items())
+    assert len(rows) == len(kept) == 42, "40 label sets, then one overflow row per protocol"
+    assert ("_unknown", "", "", "grpc", "") in rows and ("_unknown", "", "", "http", "") in rows
+    assert sum(row.count for row in rows.values()) == 600
+    assert [sum(column) for column in zip(*(row.hist for row in rows.values()), strict=True)] == \
+        [sum(column) for column in zip(*(row.hist for row in kept.values()), strict=True)]
+    for label in rows.keys() & kept.keys() - {("_unknown", "", "", "grpc", ""), ("_unknown", "", "", "http", "")}:
+        assert (rows[label].count, rows[label].hist) == (kept[label].count, kept[label].hist)
+    assert len(merged.series()) == 41 and sum(sum(outcomes.values()) for outcomes in merged.outcome_totals().values()) \
+        == 600
