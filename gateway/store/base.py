@@ -188,6 +188,10 @@ class StateStore(Protocol):
         the generation), or None when the backend cannot tell: a periodic resync that finds the
         mark where its last full read left it has nothing to read (gateway.services.state_sync)."""
 
+    async def policies_since(self, mark: str) -> tuple[str, dict[str, StoredPolicy]] | None:
+        """The policy records written since ``mark`` (a :meth:`policy_mark`), and the mark now;
+        None when the backend cannot tell which they are (the caller reads them all)."""
+
     async def put_policy(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
                          event: EventDraft, guard: Guard | None = None) -> StoredPolicy:
         """Compare-and-set: write ``spec`` (None deletes) as revision+1 and append the event,

@@ -75,6 +75,9 @@ class InMemoryStore:
     async def policy_mark(self) -> str | None:
         return None  # a scan is a dict copy: nothing to save by skipping it
 
+    async def policies_since(self, mark: str) -> tuple[str, dict[str, StoredPolicy]] | None:
+        return None
+
     async def put_policy(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
                          event: EventDraft, guard: Guard | None = None) -> StoredPolicy:
         current = self._policies.get(model)

@@ -204,6 +204,9 @@ class RedisStore:
     async def policy_mark(self) -> str | None:
         return None  # the feed is pub/sub, which drops messages while a replica is away: a resync reads all
 
+    async def policies_since(self, mark: str) -> tuple[str, dict[str, StoredPolicy]] | None:
+        return None
+
     async def scan_policies(self) -> PolicyScan:
         generation, raws = await self._all("policy")
         policies, corrupt = {}, {}

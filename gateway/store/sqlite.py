@@ -113,6 +113,9 @@ class SQLiteStore:
             columns = {row[1] for row in db.execute("PRAGMA table_info(policies)")}
             if "actor" not in columns:  # a file from before the writer was kept with the record
                 db.execute("ALTER TABLE policies ADD COLUMN actor TEXT NOT NULL DEFAULT ''")
+            if "written" not in columns:  # the policy mark at which the record was written (policies_since)
+                db.execute("ALTER TABLE policies ADD COLUMN written INTEGER NOT NULL DEFAULT 0")
+            db.execute("CREATE INDEX IF NOT EXISTS policies_by_written ON policies (written)")
             db.execute("INSERT OR IGNORE INTO meta VALUES ('generation', ?)", (new_generation(),))
             generation = db.execute("SELECT value FROM meta WHERE key = 'generation'").fetchone()[0]
             return db, str(generation)
@@ -189,6 +192,33 @@ class SQLiteStore:
         row = await self._run(lambda db: db.execute("SELECT count FROM policy_writes WHERE id = 1").fetchone())
         return f"{self._generation}:{row[0] if row else 0}"
 
+    async def policies_since(self, mark: str) -> tuple[str, dict[str, StoredPolicy]] | None:
+        """The records written since ``mark`` (each write of ours stamps its record with the mark it
+        makes), with the mark now; None when they cannot be told apart (another generation, a
+        write that did not stamp its record: a hand edit, an older gateway, or a model written
+        twice since): then read them all."""
+        generation, _, count = mark.rpartition(":")
+        if generation != self._generation or not count.isdigit():
+            return None
+        since = int(count)
+
+        def read(db: sqlite3.Connection) -> tuple[int, list[Any]]:
+            db.execute("BEGIN")  # the count and the rows of one moment
+            try:
+                now = db.execute("SELECT count FROM policy_writes WHERE id = 1").fetchone()
+                rows = db.execute(f"SELECT {POLICY_COLUMNS} FROM policies WHERE written > ?", (since,)).fetchall()
+            finally:
+                db.execute("COMMIT")
+            return (int(now[0]) if now else 0), rows
+
+        now, rows = await self._run(read)
+        if now < since or len(rows) != now - since:
+            return None
+        try:
+            return f"{self._generation}:{now}", {row[0]: _policy(row, self._generation, self._specs) for row in rows}
+        except CorruptRecord:
+            return None  # the full read names it
+
     async def put_policy(self, model: str, spec: PolicySpec | None, expected_revision: int | None,
                          event: EventDraft, guard: Guard | None = None) -> StoredPolicy:
         return await self._run(lambda db: self._transaction(
@@ -206,7 +236,8 @@ class SQLiteStore:
         except CorruptRecord:  # overwriting a corrupt record is how it gets repaired
             current = None
         stored = StoredPolicy(model, spec, revision + 1, time.time(), self._generation, event.actor)
-        db.execute(f"INSERT OR REPLACE INTO policies ({POLICY_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
+        db.execute(f"INSERT OR REPLACE INTO policies ({POLICY_COLUMNS}, written) VALUES (?, ?, ?, ?, ?, "
+                   "(SELECT count + 1 FROM policy_writes WHERE id = 1))",  # the mark its insert trigger makes
                    (model, json.dumps(stored_spec(spec)) if spec else None, stored.revision, stored.updated_at,
                     event.actor))
         before = current.document() if current and current.spec else None

@@ -110,14 +110,18 @@ async def test_the_sqlite_change_feed_lists_revisions_only_when_a_record_was_wri
         await store.close()
 
 
-async def test_a_periodic_resync_with_nothing_written_reads_no_stored_record(
+async def test_a_periodic_resync_reads_the_records_written_since_the_last_one_only(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The resync every resync_interval_s (5 s) read all 5,000 records again with nothing written
-    (15-20 ms a pass): now it reads the store's policy mark, one number, and the records only
-    when the mark moved (any writer: the triggers count every write to the file)."""
+    """The resync every resync_interval_s (5 s) read all 5,000 records again, written or not
+    (15-20 ms a pass): now it reads the records written since its last pass (by any process:
+    each write stamps its record with the store's policy mark), and all of them only when the
+    store cannot tell which (a hand edit, a model written twice since)."""
+    import sqlite3
+
     import gateway.store.sqlite as sqlite_store
 
-    store = SQLiteStore(tmp_path / "state.db")
+    path = tmp_path / "state.db"
+    store = SQLiteStore(path)
     await store.open()
     try:
         for index in range(1000):
@@ -136,17 +140,23 @@ async def test_a_periodic_resync_with_nothing_written_reads_no_stored_record(
         for _ in range(3):
             await sync.resync()
         assert read.calls == 0, f"{read.calls} stored records read in 3 resync passes with nothing written"
-        other = SQLiteStore(tmp_path / "state.db")  # another process's write, which no feed told us of
+        other = SQLiteStore(path)  # another process's writes, which no feed told us of
         await other.open()
         try:
             await other.put_policy("m00500", OTHER, None, EventDraft("test", "put_policy"))
+            await other.put_policy("m00600", OTHER, None, EventDraft("test", "put_policy"))
         finally:
             await other.close()
+        read.calls = 0  # (the writer's own reads)
         await sync.resync()
-        policy_now = book.get("m00500")
-        assert policy_now is not None and policy_now.revision == 2, "a write the mark counts is read"
+        assert read.calls == 2, f"{read.calls} records read for 2 written"
+        assert all(getattr(book.get(m), "revision", 0) == 2 for m in ("m00500", "m00600"))
         read.calls = 0
         await sync.resync()
         assert read.calls == 0
+        with sqlite3.connect(path) as db:  # a hand edit: counted by the triggers, not stamped
+            db.execute("UPDATE policies SET revision = 3 WHERE model = 'm00700'")
+        await sync.resync()
+        assert read.calls == 1000 and getattr(book.get("m00700"), "revision", 0) == 3, "then all are read"
     finally:
         await store.close()
