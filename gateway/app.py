@@ -269,7 +269,7 @@ class Gateway(Dispatch):
         settings = self.settings
         upstream = FleetGrpc(self.fleets.default)
         named = {fleet.name: FleetGrpc(fleet) for fleet in self.fleets if fleet is not self.fleets.default}
-        self.grpc_router = GrpcRouter(self.pipeline, upstream, named, settings.grpc_max_left_streams_per_client)
+        self.grpc_router = GrpcRouter(self.pipeline, upstream, named, settings.grpc_max_streams_per_client)
         if settings.grpc_server == "grpcio":
             self.grpc = GrpcProxy(self.grpc_router, self.gate, self.health, self.budget,
                                   settings.max_connections_per_client)

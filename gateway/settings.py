@@ -200,10 +200,11 @@ class Settings(BaseSettings):
     grpc_max_health_watches_per_client: int = Field(
         64, ge=1, le=1_000_000, description="grpc.health.v1 Watch calls one client address (an IPv6 /64) may hold "
         "open on the gRPC port (RESOURCE_EXHAUSTED past it); every open watch shares one readiness probe a second")
-    grpc_max_left_streams_per_client: int = Field(
-        256, ge=1, le=1_000_000, description="ModelStreamInfer streams one client may have left (cancelled or "
-        "disconnected) while Triton still answers them: a left stream is never reset on Triton (resets crash Triton "
-        "2.51), it runs to its end; past this the client's next stream is answered RESOURCE_EXHAUSTED until one ends")
+    grpc_max_streams_per_client: int = Field(
+        1024, ge=1, le=1_000_000, description="ModelStreamInfer streams one client address may have running on "
+        "Triton, open or left: a stream its client cancels is never reset on Triton (resets crash Triton 2.51) and "
+        "runs to its end; past this the client's next stream is answered RESOURCE_EXHAUSTED until one ends (per "
+        "worker with --workers)")
     grpc_max_connections: int = Field(16384, ge=1, le=1_000_000, description="gRPC port, lean server only: client "
                                       "connections at once; one more has its first call answered UNAVAILABLE with "
                                       "the reason, then GOAWAY, and is closed. At the limit: ~5 KB of RSS and a "

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
 from typing import Protocol
 from urllib.parse import unquote
 
@@ -285,19 +284,17 @@ class Http2Connection(Endpoint):
             call.requests_ended = True
             self.send(call, b"", end=True)
 
-    def leave(self, call: _Call, within_s: float, ticket: Callable[[], Slot] | None = None) -> None:
+    def leave(self, call: _Call, within_s: float) -> None:
         """The caller went away: it hears CANCELLED now, and the call is left to finish on Triton,
         its answers dropped, never reset (Triton 2.51 crashes on resets of its gRPC calls, unary and
         streaming: ``grpc.upstream``). A stream's requests are ended (END_STREAM after what was
         sent), so Triton ends it once it has answered them. The tick resets it only if it is still
         open at its deadline, or ``within_s`` from now without one: Triton is busy or hung then,
         and a reset in the middle of a request's work is not what crashes it. The call keeps its
-        admission slot until it ends here: Triton is still working on it; a stream takes
-        ``ticket()`` (its place in its client's left streams: ``grpc.left_streams``) for as long."""
+        admission slot until it ends here (a stream its place in its client's streams:
+        ``grpc.client_streams``): Triton is still working on it."""
         if call.id not in self.streams:
             return
-        if ticket is not None and call.slot is None:
-            call.slot = ticket()  # given back by _finish, as a unary call's admission slot
         future, listener = call.future, call.listener
         call.future, call.listener = None, _LEFT
         if not call.requests_ended:  # a stream whose requests went on: no more will come

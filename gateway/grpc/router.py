@@ -12,11 +12,10 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from functools import partial
 
 from gateway.errors import BadRequest
 from gateway.grpc.client_connection import StreamListener
-from gateway.grpc.left_streams import LeftStreams
+from gateway.grpc.client_streams import ClientStreams
 from gateway.grpc.renamed import GrpcRename, grpc_rename, with_model
 from gateway.grpc.status import StatusCode, classify, status_name
 from gateway.grpc.upstream import GrpcUpstream, Reply, UpstreamStream
@@ -149,21 +148,26 @@ class GrpcRouter:
     recording stream replies, and the error details clients see."""
 
     def __init__(self, pipeline: Pipeline, upstream: GrpcUpstream,
-                 fleets: Mapping[str, GrpcUpstream] | None = None, left_streams_per_client: int = 256) -> None:
+                 fleets: Mapping[str, GrpcUpstream] | None = None, streams_per_client: int = 1024) -> None:
         self.pipeline = pipeline
         self.book = pipeline.book
         self.upstream = upstream  # the default fleet
         self.fleets = dict(fleets or {})  # named fleets (ModelInfer only: a stream stays on the default fleet)
-        self.left = LeftStreams(left_streams_per_client)
+        self.streams = ClientStreams(streams_per_client)
 
     async def open_stream(self, client: str, path: str, listener: StreamListener, metadata: Forwarded,
                           timeout: float | None) -> UpstreamStream:
-        """A ModelStreamInfer stream upstream for ``client``; if the client leaves it, it counts
-        against the client until Triton ends it (``grpc.left_streams``: TooManyLeftStreams, a
-        GatewayError, when the client is at its limit)."""
-        self.left.check(client)
-        stream = await self.upstream.open(path, listener, metadata, timeout)
-        stream.left_ticket = partial(self.left.ticket, client)
+        """A ModelStreamInfer stream upstream for ``client``, counted against the client until
+        Triton ends it, whether the client stays or leaves (``grpc.client_streams``: TooManyStreams,
+        a GatewayError, when the client is at its bound)."""
+        ticket = self.streams.take(client)  # before the wait for a connection: a burst counts whole
+        try:
+            stream = await self.upstream.open(path, listener, metadata, timeout)
+        except BaseException:
+            ticket.release()
+            raise
+        # the call was created without a pause since: it has not ended; _finish gives the ticket back
+        stream.call.slot = ticket
         return stream
 
     def route(self, raw: Raw, headers: Iterable[tuple[bytes, bytes]]) -> tuple[RouteFields, Policy | None, Decision]:

@@ -38,7 +38,6 @@ import asyncio
 import base64
 import errno
 import ssl
-from collections.abc import Callable
 
 from gateway.errors import UpstreamUnavailable, os_reason
 from gateway.grpc.client_connection import (
@@ -223,14 +222,12 @@ class UpstreamStream:
     """One open streaming call: send request messages, end them, or cancel the call (for its
     caller: upstream, it is left to finish, never reset)."""
 
-    __slots__ = ("connection", "call", "leave_within_s", "left_ticket")
+    __slots__ = ("connection", "call", "leave_within_s")
 
     def __init__(self, connection: Http2Connection, call: _Call, leave_within_s: float = LEAVE_WITHIN_S) -> None:
         self.connection = connection
         self.call = call
         self.leave_within_s = leave_within_s
-        # what a cancel takes while the stream runs on without its client (``grpc.left_streams``)
-        self.left_ticket: Callable[[], Slot] | None = None
 
     def send(self, message: Message) -> None:
         self.connection.send_message(self.call, message)
@@ -244,7 +241,7 @@ class UpstreamStream:
         self.connection.end_requests(self.call)
 
     def cancel(self) -> None:
-        self.connection.leave(self.call, self.leave_within_s, self.left_ticket)
+        self.connection.leave(self.call, self.leave_within_s)
 
 
 def _metadata_field(key: str | bytes, value: str | bytes) -> bytes:

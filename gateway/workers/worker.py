@@ -18,7 +18,8 @@ Shared budgets, so that N workers admit what one process would:
   bytes held for request bodies (``max_buffered_body_bytes``; never below one largest body);
 - ``max_connections_per_client`` is per node too: each worker admits its share of one
   address's connections (a compare against its own count, as with one process), so one
-  client never holds more than the cap on the node; so is ``grpc_max_left_streams_per_client``.
+  client never holds more than the cap on the node (``grpc_max_streams_per_client`` is per
+  worker: a gRPC client's one connection reaches one worker).
 
 The listeners are its slot's own ``SO_REUSEPORT`` sockets (Linux), bound by the supervisor
 and listening once the slot's first worker is ready; each worker of the slot inherits them in
@@ -61,10 +62,6 @@ from gateway.workers.pins import VERSION_TABLE, RemotePins
 
 log = logging.getLogger("gateway.workers")
 SHADOW_QUEUE, SHADOW_SENDERS = 1000, 2  # ShadowMirror's defaults: one process's budget, split
-
-
-# per-client bounds a node holds: each worker sees a share of a client's connections
-PER_CLIENT_SHARES = ("max_connections_per_client", "grpc_max_left_streams_per_client")
 
 
 def share(total: int, index: int, count: int) -> int:
@@ -198,9 +195,9 @@ class WorkerGateway(Gateway):
         """Become worker ``index``: its share of the node's budgets. Separate from construction,
         so that a spare worker, built in advance, replaces a dead one in milliseconds."""
         self.index = index
-        # the per-address caps: both ports read them from these settings as they start
-        self.settings = self.settings.model_copy(update={name: share(getattr(self.settings, name), index, self.count)
-                                                         for name in PER_CLIENT_SHARES})
+        # the per-address connection cap: both ports read it from these settings as they start
+        self.settings = self.settings.model_copy(update={"max_connections_per_client": share(
+            self.settings.max_connections_per_client, index, self.count)})
         for fleet in self.fleets:
             fleet.max_inflight = share(fleet.max_inflight, index, self.count)
         # the bytes held for request bodies: a share, but a body of the largest size still fits
