@@ -398,7 +398,9 @@ class Supervisor:
                 retiring.append(old)
         self._close_listeners(replaced)
         reload.workers_replaced = await self._retire(retiring)
-        log.log(logging.WARNING if reload.restart else logging.INFO, "%s (workers replaced)", reload.describe())
+        done = "workers replaced" if reload.workers_replaced else "an old worker still listens: workers_replaced false"
+        log.log(logging.WARNING if reload.restart or not reload.workers_replaced else logging.INFO, "%s (%s)",
+                reload.describe(), done)
 
     async def _retire(self, processes: list[BaseProcess]) -> bool:
         """Wait until each SIGTERMed old worker has closed its listeners (or exited): until then
