@@ -148,9 +148,25 @@ def _escaped(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
 
 
-def _encode_paced(encoder: Any, frozen: Frozen, lines: Lines, openmetrics: bool) -> bytes:
+# Name escapings under which the encoders write our (legacy-valid) names as they are, so kept
+# lines hold; under another (Prometheus 3 may ask for "dots": each _ written __) the encoder
+# writes every line (tests/unit/test_exposition_lines.py compares every format).
+KEPT_ESCAPINGS = frozenset(("", "underscores", "allow-utf-8"))
+
+
+def _escaping(content_type: str) -> str:
+    for param in content_type.split(";")[1:]:
+        name, _, value = param.strip().partition("=")
+        if name == "escaping":
+            return value
+    return ""
+
+
+def _encode_paced(encoder: Any, frozen: Frozen, lines: Lines, openmetrics: bool, kept: bool = True) -> bytes:
     _rendering.count = 0
     try:
+        if not kept:
+            return bytes(encoder(frozen))
         keyed, rest = frozen.split()
         return lines.render(keyed, openmetrics).encode() + bytes(encoder(rest))  # OpenMetrics' "# EOF" stays last
     finally:
@@ -232,7 +248,8 @@ class SnapshotRegistry(CollectorRegistry):
             frozen = self.freeze()
             openmetrics = content_type.startswith("application/openmetrics-text")
             pending = asyncio.get_running_loop().run_in_executor(self._executor, _encode_paced, encoder, frozen,
-                                                                 self.lines, openmetrics)
+                                                                 self.lines, openmetrics,
+                                                                 _escaping(content_type) in KEPT_ESCAPINGS)
             self._rendering[content_type] = pending
             pending.add_done_callback(lambda _: self._rendering.pop(content_type, None))
         return await asyncio.shield(pending), content_type
