@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
@@ -72,10 +72,13 @@ Row = tuple[Hashable, Hashable]  # (key: the row's labels, signature: its number
 
 
 class Keyed:
-    """A family as rows: ``add(family, key, signature)`` adds a row's samples, and equal
-    signatures make equal samples, so a row's text can be kept while its signature stays."""
+    """A family as rows: ``rows()`` gives (key, signature) pairs, ``add(family, key, signature)``
+    adds a row's samples, and equal signatures make equal samples, so a row's text can be kept
+    while its signature stays. Rows are made as they are read: a list of them lived through a
+    whole rendering, was promoted into the collector's oldest generation (~75,000 objects a
+    scrape at 5,000 models) and set off full collections that stopped the loop for 20-100 ms."""
 
-    def __init__(self, name: str, make: Callable[[], Metric], rows: Sequence[Row],
+    def __init__(self, name: str, make: Callable[[], Metric], rows: Callable[[], Iterator[Row]],
                  add: Callable[[Any, Any, Any], None]) -> None:
         self.name = name
         self.make = make
@@ -84,45 +87,48 @@ class Keyed:
 
     def metric(self) -> Metric:
         family = self.make()
-        for key, signature in self.rows:
+        for key, signature in self.rows():
             self.add(family, key, signature)
         return family
 
 
 class Lines:
     """Each :class:`Keyed` row's text as last written, by format and family; used by the
-    rendering thread alone. ``rendered``: the rows and sample lines the last render wrote anew."""
+    rendering thread alone. ``rendered``: the rows and sample lines the last render wrote anew.
+    A row that did not change allocates nothing that outlives the render."""
 
     def __init__(self) -> None:
-        self._rows: dict[tuple[bool, str], dict[Hashable, tuple[Hashable, str]]] = {}
-        self._headers: dict[tuple[bool, str], str] = {}
+        self._rows: dict[tuple[bool, str], dict[Hashable, tuple[Hashable, bytes]]] = {}
+        self._headers: dict[tuple[bool, str], bytes] = {}
         self.rendered = (0, 0)
 
-    def render(self, families: Iterable[Keyed], openmetrics: bool) -> str:
-        out: list[str] = []
+    def render(self, families: Iterable[Keyed], openmetrics: bool) -> list[bytes]:
+        """The families' text, in pieces (joined once, with the rest, by the caller)."""
+        out: list[bytes] = []
         rows = lines = 0
         for keyed in families:
-            kept = self._rows.get((openmetrics, keyed.name), {})
-            fresh: dict[Hashable, tuple[Hashable, str]] = {}
+            kept = self._rows.setdefault((openmetrics, keyed.name), {})
             family = keyed.make()
             header = self._headers.get((openmetrics, keyed.name))
             if header is None:
-                header = self._headers[(openmetrics, keyed.name)] = _header(family, openmetrics)
+                header = self._headers[(openmetrics, keyed.name)] = _header(family, openmetrics).encode()
             out.append(header)
-            for key, signature in keyed.rows:
+            seen = 0
+            for key, signature in keyed.rows():
                 pace()
+                seen += 1
                 hit = kept.get(key)
                 if hit is None or hit[0] != signature:
                     del family.samples[:]
                     keyed.add(family, key, signature)
-                    hit = (signature, "".join([_line(sample) for sample in family.samples]))
+                    hit = kept[key] = (signature, "".join([_line(sample) for sample in family.samples]).encode())
                     rows += 1
                     lines += len(family.samples)
-                fresh[key] = hit
                 out.append(hit[1])
-            self._rows[(openmetrics, keyed.name)] = fresh  # rows gone since the last scrape are dropped
+            if len(kept) > seen:  # rows gone since the last scrape: keep only this one's
+                self._rows[(openmetrics, keyed.name)] = {key: kept[key] for key, _ in keyed.rows() if key in kept}
         self.rendered = (rows, lines)
-        return "".join(out)
+        return out
 
 
 def _header(family: Metric, openmetrics: bool) -> str:
@@ -168,7 +174,9 @@ def _encode_paced(encoder: Any, frozen: Frozen, lines: Lines, openmetrics: bool,
         if not kept:
             return bytes(encoder(frozen))
         keyed, rest = frozen.split()
-        return lines.render(keyed, openmetrics).encode() + bytes(encoder(rest))  # OpenMetrics' "# EOF" stays last
+        pieces = lines.render(keyed, openmetrics)
+        pieces.append(bytes(encoder(rest)))  # OpenMetrics' "# EOF" stays last
+        return b"".join(pieces)  # one copy of the whole text
     finally:
         del _rendering.count
 

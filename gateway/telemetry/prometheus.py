@@ -100,22 +100,21 @@ class GatewaySnapshot:
 
     def _requests(self) -> Iterator[Metric | Keyed]:
         durations: dict[tuple[str, str, str, str], tuple[list[int], float]] = {}
-        counts: list[tuple[Any, Any]] = []
-        for label, (count, total, hist) in self.totals:
-            counts.append((label, count))
-            model, version, route, protocol, _ = label
+        for (model, version, route, protocol, _), (_, total, hist) in self.totals:
             key = (model, version, protocol, "false" if route in STEERED_ROUTES else "true")
             summed = durations.get(key)
             if summed is None:
                 durations[key] = (list(hist), total)
             else:
                 durations[key] = ([a + b for a, b in zip(summed[0], hist)], summed[1] + total)
-        yield Keyed("gateway_requests", _requests_family, counts, _add_count)
+        totals = self.totals
+        yield Keyed("gateway_requests", _requests_family,
+                    lambda: ((label, count) for label, (count, _, _) in totals), _add_count)
         for model, version in self.watched:  # from 0, so the first judged request counts in increase()
             for protocol in ("http", "grpc"):
                 durations.setdefault((model, version, protocol, "true"), ([0] * (len(LATENCY_BOUNDS) + 1), 0.0))
         yield Keyed("gateway_request_duration_seconds", _durations_family,
-                    [(labelled, (tuple(hist), total)) for labelled, (hist, total) in durations.items()],
+                    lambda: ((labelled, (tuple(hist), total)) for labelled, (hist, total) in durations.items()),
                     _add_duration)
         yield self._outcomes()
         errors = CounterMetricFamily("gateway_upstream_errors", "Upstream failures by kind",
@@ -152,26 +151,31 @@ class GatewaySnapshot:
         """Per version and outcome. Every version in a policy's weights has every outcome from 0
         (one bounded set: six series per version a policy names), so its first error counts in
         increase(), which misses the first sample of a new series."""
-        totals = self.outcomes
-        rows: list[tuple[Any, Any]] = [((model, version, "true"), tuple(counts.items()))
-                                       for (model, version), counts in totals.items()]
-        for model, policy in self.policies.items():
-            for version in policy.spec.weights:
-                if (model, version) not in totals:
-                    rows.append(((model, version, "true"), ZERO_OUTCOMES))
-        rows += [((model, version, "false"), tuple(counts.items()))
-                 for (model, version), counts in self.steered.items()]
+        totals, policies, steered = self.outcomes, self.policies, self.steered
+
+        def rows() -> Iterator[tuple[Any, Any]]:
+            for (model, version), counts in totals.items():
+                yield (model, version, "true"), tuple(counts.items())
+            for model, policy in policies.items():
+                for version in policy.spec.weights:
+                    if (model, version) not in totals:
+                        yield (model, version, "true"), ZERO_OUTCOMES
+            for (model, version), counts in steered.items():
+                yield (model, version, "false"), tuple(counts.items())
+
         return Keyed("gateway_version_requests", _outcomes_family, rows, _add_outcomes)
 
     def _policies(self) -> Iterator[Keyed]:
-        weights: list[tuple[Any, Any]] = []
-        revisions: list[tuple[Any, Any]] = []
-        for model, policy in self.policies.items():
-            revisions.append((model, policy.revision))
-            for version, percent in policy.spec.weights.items():
-                weights.append(((model, version), float(percent)))
+        policies = self.policies
+
+        def weights() -> Iterator[tuple[Any, Any]]:
+            for model, policy in policies.items():
+                for version, percent in policy.spec.weights.items():
+                    yield (model, version), float(percent)
+
         yield Keyed("gateway_route_weight", _weights_family, weights, _add_gauge)
-        yield Keyed("gateway_policy_revision", _revisions_family, revisions, _add_revision)
+        yield Keyed("gateway_policy_revision", _revisions_family,
+                    lambda: ((model, policy.revision) for model, policy in policies.items()), _add_revision)
 
     def _rollouts(self) -> Iterator[Metric]:
         state = GaugeMetricFamily("gateway_rollout_state", "1 for the rollout's current state",

@@ -109,3 +109,34 @@ async def test_a_scrape_after_one_request_formats_that_requests_series_alone_at_
     assert b'gateway_requests_total{code="200",model="m00007",protocol="http",route="weighted",version="2"} 2.0' \
         in body
     assert families(body) == families(generate_latest(registry.freeze()))
+
+
+async def test_a_warm_scrape_at_5000_models_sets_off_no_garbage_collection() -> None:
+    """A scrape whose rows lived as lists through the rendering promoted ~75,000 objects into the
+    collector's oldest generation each time and set off full collections (20-100 ms each with the
+    interpreter's lock held: the loop stopped). Rows made as they are read die as they are
+    written: counted, the collections during warm scrapes."""
+    import gc
+
+    recorder = Recorder()
+    recorder.record("m00007", "2", Outcome.SUCCESS, 0.004, "weighted", "http", "200")
+    registry = make_registry(GatewayCollector(recorder, book_of(5000)))
+    collections: list[int] = []
+
+    def counted(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    try:
+        await registry.render(None)  # cold: every row's line is made and kept
+        gc.collect()
+        gc.callbacks.append(counted)
+        try:
+            for _ in range(3):
+                recorder.record("m00007", "2", Outcome.SUCCESS, 0.004, "weighted", "http", "200")
+                await registry.render(None)
+        finally:
+            gc.callbacks.remove(counted)
+    finally:
+        registry.close()
+    assert len(collections) <= 3 and 2 not in collections, f"collections during 3 warm scrapes: {collections}"
