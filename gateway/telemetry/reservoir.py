@@ -39,12 +39,15 @@ class Reservoir:
         self._planned = min(planned, 2 * size + 64)
         self.seen = 0
         self._values = [0.0] * size  # allocated once: add() never grows a list
-        self._rng = rng or np.random.default_rng()
+        self._rng = rng  # made with the first schedule (seeding one costs ~40 µs)
         self._arrivals: list[int] = []  # the 1-based arrival numbers that replace a kept value
         self._slots: list[int] = []  # and the slot each one takes
-        self._at = self._next = self._slot = 0
+        self._at = 0
         self._log_w = 0.0
-        self._schedule()
+        # No schedule yet (slot -1): it is drawn when a value first comes past ``size``. A gateway
+        # watches each rollout's versions with three reservoirs (latencies, streams' two), most of
+        # which never get that many values: 50 rollouts starting drew 300 schedules (~60 ms at once).
+        self._next, self._slot = size + 1, -1
 
     def add(self, value: float) -> None:
         """O(1): one increment and one comparison, except at the planned replacements."""
@@ -52,6 +55,10 @@ class Reservoir:
         if seen <= self.size:
             self._values[seen - 1] = value
         elif seen == self._next:
+            if self._slot < 0:  # the first window past size of a new reservoir: its schedule, once
+                self._schedule()
+                if seen != self._next:
+                    return
             self._values[self._slot] = value
             self._at += 1
             if self._at == len(self._arrivals):
@@ -72,6 +79,8 @@ class Reservoir:
         return sample
 
     def _schedule(self) -> None:
+        if self._rng is None:
+            self._rng = np.random.default_rng()
         # Algorithm L: W starts as U^(1/size) once the reservoir is full.
         self._log_w = math.log(1.0 - self._rng.random()) / self.size
         self._plan(self.size)
@@ -80,6 +89,7 @@ class Reservoir:
         """The next replacements after arrival ``last``: each comes after a Geometric(W)
         number of skipped arrivals, takes a uniform slot, and shrinks W by U^(1/size)."""
         count, rng = self._planned, self._rng
+        assert rng is not None, "planned after the first schedule made the generator"
         log_w = self._log_w + np.concatenate(([0.0], np.cumsum(np.log1p(-rng.random(count - 1)) / self.size)))
         self._log_w = float(log_w[-1] + math.log(1.0 - rng.random()) / self.size)
         with np.errstate(divide="ignore"):  # W == 1 gives no skip, W == 0 (never, in practice) an endless one

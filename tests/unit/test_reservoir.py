@@ -94,3 +94,23 @@ def test_a_take_with_nothing_added_draws_nothing_and_the_next_window_stays_unifo
         assert reservoir.take() == []  # an idle second between windows
     assert sum(counts) == 2_000 * 10
     assert stats.chisquare(counts).pvalue > 0.001
+
+
+def test_a_new_reservoir_draws_its_schedule_only_once_a_value_comes_past_its_size() -> None:
+    """A rollout's versions are watched with three reservoirs each, most of which never see more
+    values than they hold: 50 rollouts starting drew 300 schedules at once (~60 ms). Counted; and
+    the first window past the size, whose schedule is drawn then, is still uniform."""
+    rng = CountedRng(5)
+    reservoir = Reservoir(10, rng=rng)  # type: ignore[arg-type]
+    for value in range(10):
+        reservoir.add(float(value))
+    assert rng.drawn == 0 and sorted(reservoir.take()) == [float(v) for v in range(10)]
+    counts = [0] * 200
+    for seed in range(2_000):
+        fresh = Reservoir(10, rng=np.random.default_rng(seed))
+        for value in range(200):
+            fresh.add(float(value))
+        for kept in fresh.take():
+            counts[int(kept)] += 1
+    assert sum(counts) == 2_000 * 10
+    assert stats.chisquare(counts).pvalue > 0.001
