@@ -114,12 +114,14 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     _framing = 0  # which of Content-Length (1) and Transfer-Encoding (2, 4: ending in chunked) the head has
     _inference: Callable[..., Any] | None = None  # the data-plane handler, served without the app's wrappers
     task: asyncio.Task[None] | None = None  # the task serving the current request
+    _fresh_context = False  # each request's task runs in a new contextvars.Context (uvicorn's reset_contextvars)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         # Transfer-Encoding with Content-Length: read by the Transfer-Encoding (RFC 9112 6.3);
         # llhttp's default refuses it, while Triton serves it (NVIDIA's own HTTP QA sends it)
         self.parser.set_dangerous_leniencies(lenient_chunked_length=True)
         self._sweep = Sweep.of(self.loop)
+        self._fresh_context = getattr(self.config, "reset_contextvars", False)  # uvicorn's option, once per connection
         self._raw = transport
         self._out = CoalescingTransport(transport, self.loop, self.closing)
         super().connection_made(self._out)
@@ -219,7 +221,15 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._header_bytes = self._header_count = 0
         self._forwarded = False
         self._framing = 0
-        super().on_message_begin()
+        # uvicorn's, inline (a call less per request)
+        self.url = b""
+        self.expect_100_continue = False
+        headers: list[tuple[bytes, bytes]] = []
+        self.headers = headers
+        self.scope = {
+            "type": "http", "asgi": {"version": self.asgi_version, "spec_version": "2.3"}, "http_version": "1.1",
+            "server": self.server, "client": self.client, "root_path": self.root_path, "headers": headers,
+            "scheme": self.scheme, "state": self.app_state.copy()}  # type: ignore[typeddict-item]
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -276,21 +286,22 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         scope["method"] = parser.get_method().decode("ascii")
         if http_version != "1.1":
             scope["http_version"] = http_version
-        parsed_url = httptools.parse_url(self.url)
-        raw_path = parsed_url.path
+        url = self.url
+        if url[:1] == b"/" and b"?" not in url and b"#" not in url:  # origin-form, no query: the path as sent
+            raw_path, query = url, b""
+        else:
+            parsed_url = httptools.parse_url(url)
+            raw_path, query = parsed_url.path, parsed_url.query or b""
         path = raw_path.decode("ascii")
         scope["path"] = urllib.parse.unquote(path) if "%" in path else path
         scope["raw_path"] = raw_path
-        scope["query_string"] = parsed_url.query or b""
+        scope["query_string"] = query
         scope[CONNECTION_KEY] = self  # type: ignore[literal-required]
         existing = self.cycle
         self.cycle = GatewayCycle(
-            scope=scope, transport=self.transport, flow=self.flow, logger=self.logger,
-            access_logger=self.access_logger, access_log=self.access_log,
-            default_headers=self.server_state.default_headers, message_event=asyncio.Event(),
-            expect_100_continue=self.expect_100_continue,
-            keep_alive=http_version != "1.0" and parser.should_keep_alive() and not both,
-            on_response=self.on_response_complete)
+            scope, self.transport, self.flow, self.logger, self.access_logger, self.access_log,  # type: ignore[arg-type]
+            self.server_state.default_headers, asyncio.Event(), self.expect_100_continue,
+            http_version != "1.0" and parser.should_keep_alive() and not both, self.on_response_complete)
         # Inference goes straight to the data-plane handler: what the app's wrappers (uvicorn's
         # proxy-headers middleware, the /v2 dispatch) would do to it is nothing, unless it carries
         # X-Forwarded-* headers (then the middleware may name another client).
@@ -306,7 +317,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         """uvicorn's, and the task is kept: the proxy cancels it when the client leaves (asking
         asyncio.current_task() costs a Python call per request in 3.11). A pipelined request's task
         starts only once the previous answer is out, so ``task`` is always the request being served."""
-        context = contextvars.Context() if getattr(self.config, "reset_contextvars", False) else None
+        context = contextvars.Context() if self._fresh_context else None
         task = self.task = self.loop.create_task(cycle.run_asgi(app), context=context)
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)

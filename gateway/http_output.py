@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE, RequestResponseCycle
 
 from gateway.batched_transport import BatchedTransport
@@ -34,6 +36,10 @@ class CoalescingTransport(BatchedTransport):
         self._on_close()
 
 
+def _answered() -> None:
+    """What ``on_response`` is once the request's handler is done (uvicorn leaves a no-op there)."""
+
+
 def error_response(status: bytes, message: str, *extra: bytes) -> bytes:
     """A whole HTTP/1.1 answer in Triton's error shape, closing the connection."""
     body = json.dumps({"error": message}).encode()
@@ -47,11 +53,56 @@ class GatewayCycle(RequestResponseCycle):
     transport: BatchedTransport  # the front's CoalescingTransport (GatewayHttpProtocol.connection_made)
     replaced = False  # the handler's answer could not be written: the JSON 500 went instead
     cut_by_drain = False  # drain_timeout_s ended while this request ran: its handler is cancelled
+    # uvicorn's state, as its __init__ starts it: read from the class until a request changes it
+    disconnected = False
+    more_body = True
+    response_started = False
+    response_complete = False
+    chunked_encoding: bool | None = None
+    expected_content_length = 0
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, scope: Any, transport: BatchedTransport, flow: FlowControl, logger: logging.Logger,
+                 access_logger: logging.Logger, access_log: bool, default_headers: list[tuple[bytes, bytes]],
+                 message_event: asyncio.Event, expect_100_continue: bool, keep_alive: bool,
+                 on_response: Callable[..., None]) -> None:
+        """uvicorn's, positional and without its body buffer (``pieces`` instead): one cycle per
+        request, and its keyword arguments, passed on through ``super().__init__``, cost two dicts."""
+        self.scope = scope
+        self.transport = transport
+        self.flow = flow
+        self.logger = logger
+        self.access_logger = access_logger
+        self.access_log = access_log
+        self.default_headers = default_headers
+        self.message_event = message_event
+        self.on_response = on_response
+        self.keep_alive = keep_alive
+        self.waiting_for_100_continue = expect_100_continue
         self.pieces: list[bytes] = []  # the body's pieces not yet received (GatewayHttpProtocol.on_body)
         self.pending = 0  # their bytes
+
+    async def run_asgi(self, app: Any) -> None:
+        """uvicorn's, but the callback it leaves behind is a function, not a new lambda per request."""
+        try:
+            result = await app(self.scope, self.receive, self.send)
+        except BaseException as exc:
+            self.logger.error("Exception in ASGI application\n", exc_info=exc)
+            if not self.response_started:
+                await self.send_500_response()
+            else:
+                self.transport.close()
+        else:
+            if result is not None:
+                self.logger.error("ASGI callable should return None, but returned '%s'.", result)
+                self.transport.close()
+            elif not self.response_started and not self.disconnected:
+                self.logger.error("ASGI callable returned without starting response.")
+                await self.send_500_response()
+            elif not self.response_complete and not self.disconnected:
+                self.logger.error("ASGI callable returned without completing response.")
+                self.transport.close()
+        finally:
+            self.on_response = _answered
 
     async def receive(self) -> Any:
         """uvicorn's, but the body's pieces are handed on as they came: one piece as it is, several
@@ -101,12 +152,12 @@ class GatewayCycle(RequestResponseCycle):
         parts = [STATUS_LINE[status]]
         for name, value in self.default_headers:
             parts += (name, b": ", value, b"\r\n")
+        first = len(parts)
         for name, value in headers:
             parts += (name.lower(), b": ", value, b"\r\n")
-        # uvicorn's checks, in one pass each: names joined (no separator is a valid name byte), values
-        # joined by a tab (valid in a value)
-        if HEADER_RE.search(b"".join([name for name, _ in headers])) or HEADER_VALUE_RE.search(
-                b"\t".join([value for _, value in headers])):
+        # uvicorn's checks, in one pass each: names joined (no separator is a valid name byte; lower
+        # case changes none of the bytes refused), values joined by a tab (valid in a value)
+        if HEADER_RE.search(b"".join(parts[first::4])) or HEADER_VALUE_RE.search(b"\t".join(parts[first + 2::4])):
             await self.send({"type": "http.response.start", "status": status, "headers": headers})
             await self.send({"type": "http.response.body", "body": body})
             return
