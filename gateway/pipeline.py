@@ -66,6 +66,7 @@ MAX_MODEL_NAME_BYTES = 255
 # A pinned version that failed and that no policy names: one label, whatever clients send.
 UNSERVED_VERSION = "_unserved"
 _CONTROL_CHARACTERS = frozenset(chr(code) for code in [*range(32), 127])
+_NO_KEYS: dict[bytes, bytes] = {}  # the routing keys of a request that has none (read, never written)
 
 
 def checked_version(version: str) -> str:
@@ -216,7 +217,13 @@ class Pipeline:
         if policy is None:
             return DEFAULT
         names = policy.header_names
-        return choose(policy, {name: value for name, value in headers if name in names}, self._draw())
+        found = _NO_KEYS  # most requests carry none of the names: no dict (nor comprehension) of their own
+        for name, value in headers:
+            if name in names:
+                if found is _NO_KEYS:
+                    found = {}
+                found[name] = value
+        return choose(policy, found, self._draw())
 
     async def route_sequence(self, policy: Policy, headers: Iterable[tuple[bytes, bytes]], sequence_id: object,
                              start: bool, end: bool, client: str | None = None) -> Decision:

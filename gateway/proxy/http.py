@@ -236,7 +236,9 @@ class HttpProxy:
 
     def _pins_sequences(self) -> bool:
         """A fleet of several servers keeps each sequence on one: it needs the requests' sequence fields."""
-        return self.upstream.reads_sequences or any(fleet.reads_sequences for fleet in self.fleets.values())
+        if self.upstream.reads_sequences:
+            return True
+        return bool(self.fleets) and any(fleet.reads_sequences for fleet in self.fleets.values())
 
     async def _sequence(self, headers: list[tuple[bytes, bytes]], body: bytes,
                         scope: Scope | None = None) -> SequenceFields | None:
@@ -452,7 +454,7 @@ def _with_version(target: bytes, version: str) -> bytes:
     """/v2/models/{m}/{action}[?q] -> /v2/models/{m}/versions/{version}/{action}[?q]"""
     path, sep, query = target.partition(b"?")
     head, _, action = path.rpartition(b"/")
-    return b"%s/versions/%s/%s%s%s" % (head, version.encode(), action, sep, query)
+    return b"".join((head, b"/versions/", version.encode(), b"/", action, sep, query))
 
 
 def _named(parts: list[str]) -> tuple[str, str | None]:
