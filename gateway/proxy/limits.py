@@ -159,7 +159,10 @@ def end_to_end(headers: Headers) -> Headers:
     Cheap in the usual case: a response carries exactly one of the fixed set (Content-Length or
     Transfer-Encoding), so only when more were dropped can a ``Connection`` header name others.
     """
-    kept = [(name, value) for name, value in headers if name.lower() not in HOP_BY_HOP_RESPONSE]
+    kept = []
+    for header in headers:  # a loop, not a comprehension: no function object per answer (CPython 3.11)
+        if header[0].lower() not in HOP_BY_HOP_RESPONSE:
+            kept.append(header)
     if len(headers) - len(kept) > 1:
         named: frozenset[bytes] = frozenset()
         for name, value in headers:
