@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from fastapi import FastAPI
@@ -72,6 +72,32 @@ from gateway.telemetry.sources import make_source
 from gateway.upstream import HttpUpstream
 
 log = logging.getLogger("gateway")
+YOUNG_GC_THRESHOLD = 100_000  # see serving_collector
+
+
+@contextlib.contextmanager
+def serving_collector() -> Iterator[None]:
+    """The garbage collector while the gateway serves.
+
+    What startup built (modules, FastAPI's routes, protos) lives as long as the process: frozen,
+    the collector stops walking it. Each full collection under load walked all of it (~150 ms,
+    tens of µs per request).
+
+    The young generation is collected after ``YOUNG_GC_THRESHOLD`` net allocations of tracked
+    objects instead of Python's 700. The data path leaves no cycles, so a young collection finds
+    nothing, but it ran whenever the requests in flight grew by 700 objects (one HTTP request in
+    flight holds ~60-100): at 16 connections never, at 1,000 every burst of arrivals was collected,
+    promoted, and walked again in the older generations (~30 young, 3 middle and 0.25 full
+    collections per 1,000 requests: ~10 µs of each request's CPU). Cyclic garbage (errors'
+    tracebacks) is still collected, after 100,000 objects instead of 700 (a few ms each time)."""
+    gc.collect()
+    gc.freeze()
+    thresholds = gc.get_threshold()
+    gc.set_threshold(max(thresholds[0], YOUNG_GC_THRESHOLD), *thresholds[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
 
 
 class Gateway(Dispatch):
@@ -221,17 +247,13 @@ class Gateway(Dispatch):
         gc.collect()
         gc.freeze()
         await self._start()
-        # What startup built (modules, FastAPI's routes, protos) lives as long as the process: frozen,
-        # the collector stops walking it. Each full collection under load walked all of it (~150 ms,
-        # tens of µs per request); requests' objects still in flight get promoted and trigger them.
-        gc.collect()
-        gc.freeze()
-        self.probes.started = True
-        try:
-            yield
-        finally:
-            self.probes.started = False
-            await self._stop()
+        with serving_collector():
+            self.probes.started = True
+            try:
+                yield
+            finally:
+                self.probes.started = False
+                await self._stop()
 
     async def _start(self) -> None:
         await self.store.open()
