@@ -328,6 +328,18 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if (self.parser.should_upgrade() and self._should_upgrade()) or cycle.response_complete:
             return
+        charge = cycle.charge
+        if charge is not None:  # the handler reads the rest whole (GatewayCycle.rest_of_body): no pause, no wake
+            try:
+                charge(len(body))
+            except Exception as refused:  # over a byte bound: its handler answers why; nothing more is read
+                cycle.charge = None
+                cycle.refusal = refused
+                self.flow.pause_reading()
+                cycle.message_event.set()
+                return
+            cycle.pieces.append(body)
+            return
         cycle.pieces.append(body)
         cycle.pending += len(body)
         if cycle.pending > HIGH_WATER_LIMIT:

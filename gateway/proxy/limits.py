@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import zlib
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.byte_budget import ByteBudget, inflation_limit
 from gateway.errors import ClientGone, PayloadTooLarge
@@ -54,6 +54,12 @@ _COMPRESSED = frozenset([b"gzip", b"deflate"])
 HOP_BY_HOP_RESPONSE = frozenset([b"connection", b"keep-alive", b"proxy-connection", b"proxy-authenticate",
                                  b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade",
                                  b"content-length"])
+
+
+class RestOfBody(Protocol):
+    """``GatewayCycle.rest_of_body`` (the gateway's HTTP front): what ``receive`` is bound to there."""
+
+    def __call__(self, charge: Callable[[int], None]) -> Awaitable[list[bytes] | None]: ...
 
 
 class BodyReader:
@@ -107,6 +113,21 @@ class BodyReader:
         chunks, size = [first], len(first)
         self._take(size)
         try:
+            rest_of_body: RestOfBody | None = getattr(getattr(receive, "__self__", None), "rest_of_body", None)
+            if rest_of_body is not None:  # the gateway's own front: the rest in one wake, charged as it comes
+
+                def charge(length: int) -> None:
+                    nonlocal size
+                    if size + length > self.max_body:
+                        raise PayloadTooLarge(f"request body over the limit of {self.max_body} bytes")
+                    self._take(length)
+                    size += length
+
+                pieces = await rest_of_body(charge)
+                if pieces is None:
+                    raise ClientGone("the client closed the connection while sending the body")
+                chunks += pieces
+                return b"".join(chunks)
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
