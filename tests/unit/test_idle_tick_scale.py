@@ -16,22 +16,15 @@ import pytest
 
 from gateway.rollout.spec import RolloutSpec
 from gateway.rollout.steps import Rollout
-from tests.scale_triton import ScaleTriton, names
-from tests.unit.test_triton_reads_scale import Clock, gateway, put
+from tests.scale_triton import ScaleTriton
+from tests.unit.test_triton_reads_scale import gateway, start_rollouts
 
 ROLLOUTS = 50
 
 
 async def test_ticks_over_fifty_idle_rollouts_validate_and_serialize_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     async with ScaleTriton(200) as triton, gateway(triton, controller_tick_s=1.0) as app:
-        await app.sequence_models.stop()
-        models = names(ROLLOUTS)
-        for model in models:
-            assert (await put(app, model, {"2": 100})).status_code == 200
-            await app.rollouts.begin(model, RolloutSpec(canary="3", interval_s=3600), "test")
-        clock = Clock()
-        for server in app.fleets.default.servers.values():
-            server.reads.clock = clock
+        models, clock = await start_rollouts(app, ROLLOUTS)
         await app.rollouts.tick()  # the first weights applied, every record read once
         await app.rollouts.tick()
         validated, serialized = [0], [0]

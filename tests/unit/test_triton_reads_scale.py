@@ -53,16 +53,23 @@ class Clock:
         return self.now
 
 
+async def start_rollouts(app: Gateway, count: int) -> tuple[list[str], Clock]:
+    """``count`` rollouts (one interval an hour), the model-config reader stopped (it shares the
+    same reads; here, only the ticks), and the fleet's reads on a clock the test moves."""
+    await app.sequence_models.stop()
+    models = names(count)
+    for model in models:
+        assert (await put(app, model, {"2": 100})).status_code == 200
+        await app.rollouts.begin(model, RolloutSpec(canary="3", interval_s=3600), "test")
+    clock = Clock()
+    for server in app.fleets.default.servers.values():
+        server.reads.clock = clock  # a tick's worth of time between ticks, however fast they run here
+    return models, clock
+
+
 async def test_fifty_rollouts_tick_on_at_most_one_index_read_per_server_per_tick() -> None:
     async with ScaleTriton(500) as triton, gateway(triton, controller_tick_s=1.0) as app:
-        await app.sequence_models.stop()  # the model-config reader shares the same reads; here, only the ticks
-        models = names(ROLLOUTS)
-        for model in models:
-            assert (await put(app, model, {"2": 100})).status_code == 200
-            await app.rollouts.begin(model, RolloutSpec(canary="3", interval_s=3600), "test")
-        clock = Clock()
-        for server in app.fleets.default.servers.values():
-            server.reads.clock = clock  # a tick's worth of time between ticks, however fast they run here
+        models, clock = await start_rollouts(app, ROLLOUTS)
         before, ticks = triton.asked["index"], 5
         for _ in range(ticks):
             await app.rollouts.tick()
