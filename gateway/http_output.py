@@ -60,6 +60,8 @@ class GatewayCycle(RequestResponseCycle):
     response_complete = False
     chunked_encoding: bool | None = None
     expected_content_length = 0
+    charge: Callable[[int], None] | None = None  # set while rest_of_body collects (on_body calls it)
+    refusal: BaseException | None = None  # what ``charge`` raised for a piece: rest_of_body raises it
 
     def __init__(self, scope: Any, transport: BatchedTransport, flow: FlowControl, logger: logging.Logger,
                  access_logger: logging.Logger, access_log: bool, default_headers: list[tuple[bytes, bytes]],
@@ -80,8 +82,6 @@ class GatewayCycle(RequestResponseCycle):
         self.waiting_for_100_continue = expect_100_continue
         self.pieces: list[bytes] = []  # the body's pieces not yet received (GatewayHttpProtocol.on_body)
         self.pending = 0  # their bytes
-        self.charge: Callable[[int], None] | None = None  # set while rest_of_body collects (on_body calls it)
-        self.refusal: BaseException | None = None  # what ``charge`` raised for a piece: rest_of_body raises it
 
     async def run_asgi(self, app: Any) -> None:
         """uvicorn's, but the callback it leaves behind is a function, not a new lambda per request."""
