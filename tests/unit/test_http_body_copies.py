@@ -44,19 +44,24 @@ class Reading:
         await send({"type": "http.response.body", "body": b"ok"})
 
 
+def served(app: Any, max_body: int, transport: PeerTransport) -> tuple[Any, ServerState]:
+    """The HTTP port's protocol with these bounds, serving ``app`` over ``transport``; its server state."""
+    config = Config(app=app, lifespan="off", log_level="warning")
+    config.load()
+    state = ServerState()
+    connection = protocol_for(Settings.load(None, max_body_bytes=max_body))(
+        config=config, server_state=state, app_state={}, _loop=asyncio.get_running_loop())
+    connection.connection_made(transport)
+    return connection, state
+
+
 @pytest.mark.parametrize("read_size", [64 << 10, 256 << 10 | 3])
 async def test_a_body_spread_over_reads_is_copied_once_on_its_way_in(read_size: int) -> None:
     body = bytes(range(256)) * (SIZE // 256)
     wire = b"POST /upload HTTP/1.1\r\nhost: gateway\r\ncontent-length: %d\r\n\r\n" % SIZE + body
     reads = [wire[at:at + read_size] for at in range(0, len(wire), read_size)]
     app = Reading()
-    settings = Settings.load(None, max_body_bytes=2 * SIZE)
-    config = Config(app=app, lifespan="off", log_level="warning")
-    config.load()
-    state = ServerState()
-    connection = protocol_for(settings)(config=config, server_state=state, app_state={},
-                                        _loop=asyncio.get_running_loop())
-    connection.connection_made(PeerTransport(1))
+    connection, state = served(app, 2 * SIZE, PeerTransport(1))
     allocated = 0
     tracemalloc.start()
     try:
@@ -132,13 +137,8 @@ async def test_an_8_mb_body_is_read_without_pausing_and_with_one_wake() -> None:
     body = bytes(SIZE)
     wire = b"POST /upload HTTP/1.1\r\nhost: gateway\r\ncontent-length: %d\r\n\r\n" % SIZE + body
     app = Woken()
-    config = Config(app=app, lifespan="off", log_level="warning")
-    config.load()
-    state = ServerState()
-    connection = protocol_for(Settings.load(None, max_body_bytes=2 * SIZE))(
-        config=config, server_state=state, app_state={}, _loop=asyncio.get_running_loop())
     transport = Counting()
-    connection.connection_made(transport)
+    connection, state = served(app, 2 * SIZE, transport)
     reads = [wire[at:at + (64 << 10)] for at in range(0, len(wire), 64 << 10)]
     try:
         for piece in reads:
@@ -189,13 +189,7 @@ async def test_a_body_read_whole_is_still_refused_piece_by_piece(reader: BodyRea
                         for at in range(0, len(body), 64 << 10)) + b"0\r\n\r\n"
     wire = b"POST /upload HTTP/1.1\r\nhost: gateway\r\n%s\r\n\r\n" % framing + body
     app = Refused(reader)
-    config = Config(app=app, lifespan="off", log_level="warning")
-    config.load()
-    state = ServerState()
-    connection = protocol_for(Settings.load(None, max_body_bytes=4 * MB))(
-        config=config, server_state=state, app_state={}, _loop=asyncio.get_running_loop())
-    transport = Counting()
-    connection.connection_made(transport)
+    connection, state = served(app, 4 * MB, Counting())
     try:
         for at in range(0, len(wire), 64 << 10):
             connection.data_received(wire[at:at + (64 << 10)])
