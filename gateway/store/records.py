@@ -72,7 +72,10 @@ class SpecCache:
             return kept[1]
         spec = self._by_text.get(raw)
         if spec is None:
-            spec = self._by_text[raw] = spec_from_document(load_json(raw, what), what)
+            spec = spec_from_document(load_json(raw, what), what)
+            if len(self._by_text) > 2 * len(self._last) + 64:  # texts no record has any more (few full reads)
+                self._by_text = {text: kept_spec for text, kept_spec in self._last.values()}
+            self._by_text[raw] = spec
         self._last[model] = (raw, spec)
         return spec
 

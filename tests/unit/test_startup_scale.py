@@ -92,3 +92,22 @@ async def test_the_policies_are_read_with_the_imports_objects_frozen_and_the_con
             pass
     assert seen["frozen"] > 10_000, "the objects the imports built are frozen before the policies are read"
     assert seen["configs_read"] >= 300 and seen["configs_during_resync"] > 0, seen
+
+
+def test_the_texts_kept_for_validation_stay_bounded_by_the_records() -> None:
+    """With a resync that reads only what was written, full reads (which drop texts no record has)
+    are rare: the texts kept are bounded by the records themselves, however many writes."""
+    from gateway.store.records import SpecCache, stored_spec
+
+    cache = SpecCache()
+    for write in range(5_000):
+        spec = PolicySpec.model_validate({"weights": {"2": 100 - write % 100, "3": write % 100}, "sticky_header":
+                                          f"x-{write}"})
+        cache.spec(f"m{write % 10}", json_text(stored_spec(spec)), "test")
+    assert len(cache._by_text) <= 2 * 10 + 64 + 1
+
+
+def json_text(document: object) -> str:
+    import json
+
+    return json.dumps(document)
