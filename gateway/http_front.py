@@ -54,7 +54,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from gateway.asgi import Dispatch
 from gateway.client_address import PerAddress
 from gateway.drain import DRAIN_GRACE_S, grace
-from gateway.http_output import CoalescingTransport, GatewayCycle, error_response
+from gateway.http_output import Arrival, CoalescingTransport, GatewayCycle, error_response
 from gateway.proxy.http import CONNECTION_KEY
 from gateway.settings import Settings
 from gateway.sweep import Sweep
@@ -300,7 +300,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         existing = self.cycle
         self.cycle = GatewayCycle(
             scope, self.transport, self.flow, self.logger, self.access_logger, self.access_log,  # type: ignore[arg-type]
-            self.server_state.default_headers, asyncio.Event(), self.expect_100_continue,
+            self.server_state.default_headers, Arrival(), self.expect_100_continue,
             http_version != "1.0" and parser.should_keep_alive() and not both, self.on_response_complete)
         # Inference goes straight to the data-plane handler: what the app's wrappers (uvicorn's
         # proxy-headers middleware, the /v2 dispatch) would do to it is nothing, unless it carries

@@ -36,6 +36,40 @@ class CoalescingTransport(BatchedTransport):
         self._on_close()
 
 
+class Arrival:
+    """``asyncio.Event``'s ``set``/``clear``/``wait`` for one request's cycle (uvicorn's
+    ``message_event``: the body arrived, the client left, the answer is out), with less work:
+    one request makes one, sets it about three times and waits on it at most a few times, and
+    has one waiter at most (its handler's task). No future is made unless it waits unset."""
+
+    __slots__ = ("_set", "_waiter")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiter: asyncio.Future[bool] | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            waiter = self._waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(True)
+
+    def clear(self) -> None:
+        self._set = False
+
+    async def wait(self) -> bool:
+        if self._set:
+            return True
+        waiter = self._waiter
+        if waiter is None or waiter.done():  # a waiter cancelled before leaves a done future
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+        return await waiter
+
+
 def _answered() -> None:
     """What ``on_response`` is once the request's handler is done (uvicorn leaves a no-op there)."""
 
@@ -51,6 +85,7 @@ class GatewayCycle(RequestResponseCycle):
     """uvicorn's request/response cycle, but an answer it cannot write becomes a JSON 500."""
 
     transport: BatchedTransport  # the front's CoalescingTransport (GatewayHttpProtocol.connection_made)
+    message_event: Arrival  # type: ignore[assignment]  # asyncio.Event's calls, lighter
     replaced = False  # the handler's answer could not be written: the JSON 500 went instead
     cut_by_drain = False  # drain_timeout_s ended while this request ran: its handler is cancelled
     # uvicorn's state, as its __init__ starts it: read from the class until a request changes it
@@ -65,7 +100,7 @@ class GatewayCycle(RequestResponseCycle):
 
     def __init__(self, scope: Any, transport: BatchedTransport, flow: FlowControl, logger: logging.Logger,
                  access_logger: logging.Logger, access_log: bool, default_headers: list[tuple[bytes, bytes]],
-                 message_event: asyncio.Event, expect_100_continue: bool, keep_alive: bool,
+                 message_event: Arrival, expect_100_continue: bool, keep_alive: bool,
                  on_response: Callable[..., None]) -> None:
         """uvicorn's, positional and without its body buffer (``pieces`` instead): one cycle per
         request, and its keyword arguments, passed on through ``super().__init__``, cost two dicts."""

@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Iterable
 
 from gateway.errors import ClientGone, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from gateway.fleet.balancer import Fleet
-from gateway.fleet.members import Server
+from gateway.fleet.members import Admitted, Server
 from gateway.sequences import SequenceFields
 from gateway.upstream import HttpUpstream, NotesServer, Slot, UpstreamResponse
 
@@ -110,7 +110,7 @@ class FleetHttp(HttpUpstream):
         server.requests += 1
         try:  # the slot goes back as the answer's headers arrive (the connection does it), or on the way out
             response = await server.http.request(method, target, headers, body, content_length=content_length,
-                                                 timeout_s=timeout_s, slot=server.admitted())
+                                                 timeout_s=timeout_s, slot=Admitted(server))
         except (UpstreamTimeout, ClientGone):
             raise
         except UpstreamError as exc:  # refused, unreachable, or the connection broke: the server's fault

@@ -47,6 +47,7 @@ _UNAVAILABLE_MARKERS = tuple(marker.encode() for marker in VERSION_UNAVAILABLE_M
 _NEEDS_BODY = Decision(None, Reason.SEQUENCE)  # marker: decide after reading the body
 _AS_SENT = Target(None)  # not an inference call: the path goes upstream as the client sent it
 _UNNAMED: tuple[str, str | None] = ("", None)  # a call that names no model: a fleet sends it to any server
+_METHODS = {method: method.encode() for method in ("POST", "GET", "HEAD", "PUT", "DELETE", "OPTIONS")}
 _STABLE_READS = frozenset(["ready", "config"])  # with the metadata call itself: answered for a renamed stable target
 _MAX_RENAMED_TARGET = TRITON_MAX_TARGET + len("/versions/") + 19  # the most Triton reads whole (proxy.limits)
 
@@ -143,6 +144,7 @@ class HttpProxy:
                        model: str | None, policy: Policy | None, decision: Decision | None,
                        named: tuple[str, str | None] = _UNNAMED, as_sent: Target = _AS_SENT) -> None:
         started = time.perf_counter()
+        budget = self.bodies.budget
         message = await receive()
         body: bytes = message.get("body", b"")
         held = 0
@@ -151,7 +153,7 @@ class HttpProxy:
                 if message.get("more_body"):  # all of it before an upstream connection is taken (proxy.limits)
                     body = await self.bodies.read(body, receive, scope["headers"])
                 else:
-                    self.bodies.take(len(body))
+                    budget.take(len(body))
                 held = len(body)
                 sequence = None
                 if decision is _NEEDS_BODY or decision is not None and self._pins_sequences():
@@ -166,7 +168,7 @@ class HttpProxy:
                                  sequence, named, as_sent)
         finally:
             if held:
-                self.bodies.release(held)
+                budget.release(held)
 
     async def _exchange(self, scope: Scope, receive: Receive, send: Send, target: bytes, versioned: bool,
                         model: str | None, policy: Policy | None, decision: Decision | None, body: bytes,
@@ -344,7 +346,9 @@ class HttpExchange:
                                  f"server reads at most {_MAX_RENAMED_TARGET} reliably")
         else:
             self.renamed = None  # a fallback after a renamed target may answer as the called model
-        self.response = await upstream.request(scope["method"].encode(), path or self._path(target), scope["headers"],
+        method = scope["method"]
+        self.response = await upstream.request(_METHODS.get(method) or method.encode(), path or self._path(target),
+                                               scope["headers"],
                                                self.body, model=model, version=self.version or target.version,
                                                sequence=self.sequence, for_exchange=self)
         self.status = self.response.status
