@@ -16,6 +16,7 @@ import zlib
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
+from gateway.client_address import client_key
 from gateway.control_surface import ControlGate, http_control_call
 from gateway.errors import (
     BadRequest,
@@ -518,4 +519,7 @@ def sequence_fields(header: bytes | None) -> tuple[object | None, bool, bool]:
 def _client(proxy: HttpProxy, scope: Scope) -> str:
     """The request's client for the rollout judge: the peer, or whom a trusted proxy forwarded."""
     peer = scope.get("client")
-    return proxy.pipeline.clients.of(peer[0] if peer else None, scope["headers"])
+    clients = proxy.pipeline.clients
+    if not clients.trusted:  # no proxy is believed: the peer's address itself (a call less per request)
+        return client_key(peer[0] if peer else "")
+    return clients.of(peer[0] if peer else None, scope["headers"])
