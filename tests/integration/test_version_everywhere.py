@@ -65,7 +65,12 @@ def test_a_server_serving_another_config_holds_the_rollout_naming_it(
         status, doc = admin_call(gw.url, "POST", "/admin/models/qc/rollout", spec)
         assert status == 200, doc
         assert doc["files"] and "model.py" in " ".join(doc["files"]), "the canary's files, by hash, at the start"
-        load(second, drifted[1])  # a server reloaded with another config mid-rollout
+        # A server reloaded with another config mid-rollout, paused around the reload: Triton takes
+        # seconds to load it, and while its config cannot be read it holds nothing, so a rollout of
+        # 1 s intervals could end before the reload did (it never held once, in a full run).
+        assert admin_call(gw.url, "POST", "/admin/models/qc/rollout/pause")[0] == 200
+        load(second, drifted[1])
+        assert admin_call(gw.url, "POST", "/admin/models/qc/rollout/resume")[0] == 200
         held = wait_for(lambda: (lambda d: d if "held:" in d["reason"] else None)(rollout_status(gw.url)), 30,
                         what="the rollout to hold")
         step = held["step"]  # the step it was at when the reload landed (the reload takes seconds: 0 or 1)
