@@ -65,18 +65,30 @@ def test_static_policies_seed_but_never_overwrite_api_changes(triton: LocalTrito
 
 
 @pytest.mark.redis
-def test_a_change_through_one_replica_reaches_the_other_within_a_second(triton: LocalTriton, redis_url: str) -> None:
+def test_a_change_through_one_replica_reaches_the_other_by_the_change_feed(triton: LocalTriton, redis_url: str) -> None:
+    """B applies A's changes from the store's change messages (milliseconds), not from a periodic
+    resync (30 s here): counted by B's own sync steps, not timed (a 1 s bound read 7 s once, with the
+    machine starved in a full run; the delay is in docs/deployment.md's measured figures)."""
     values = {"store_url": redis_url, "admin_token": TOKEN, "resync_interval_s": 30}
     with GatewayThread(gateway_settings(triton.http_url, **values)) as a, \
             GatewayThread(gateway_settings(triton.http_url, **values)) as b:
+        steps: list[str] = []  # B's sync steps since here
+        refresh, resync = b.app.sync.refresh, b.app.sync.resync
+
+        async def counted_refresh(model: str) -> None:
+            await refresh(model)
+            steps.append(f"refresh {model}")
+
+        async def counted_resync() -> None:
+            await resync()
+            steps.append("resync")
+
+        b.app.sync.refresh, b.app.sync.resync = counted_refresh, counted_resync  # type: ignore[method-assign]
         assert admin_call(a.url, "PUT", "/admin/models/qc/policy", {"weights": {"1": 100}})[0] == 200
-        deadline = time.monotonic() + 1.0
-        while infer_version(b.url) != "1":
-            assert time.monotonic() < deadline, "replica B did not apply A's policy within 1 s"
-        changed_at = time.monotonic()
+        wait_for(lambda: infer_version(b.url) == "1", 20, what="replica B applying A's policy")
         assert admin_call(a.url, "PATCH", "/admin/models/qc/policy/weights", {"weights": {"3": 100}})[0] == 200
-        while infer_version(b.url) != "3":
-            assert time.monotonic() - changed_at < 1.0, "replica B did not apply A's weights within 1 s"
+        wait_for(lambda: infer_version(b.url) == "3", 20, what="replica B applying A's weights")
+        assert "resync" not in steps and steps.count("refresh qc") >= 2, steps
         status, doc = admin_call(b.url, "GET", "/admin/models/qc/policy")
         assert doc["revision"] == 2 and doc["weights"] == {"3": 100}
 
