@@ -137,7 +137,9 @@ def test_a_gateway_killed_mid_descent_carries_on_down_from_the_store(triton: Loc
                                                                      tmp_path: Path) -> None:
     env = {"GATEWAY_TRITON_URL": triton.http_url, "GATEWAY_STORE_URL": f"sqlite:///{tmp_path}/state.db",
            "GATEWAY_ADMIN_TOKEN": TOKEN, "GATEWAY_CONTROLLER_TICK_S": str(TICK_S),
-           "GATEWAY_CONTROLLER_LEASE_TTL_S": "2", "GATEWAY_CONTROLLER_CALL_TIMEOUT_S": "0.25"}
+           # each tick call gets 0.5 s (0.25 timed out the store's replica windows under a full run's load,
+           # and the descent was not reached in 15 s once); the lease outlives a tick cut off at 4 calls
+           "GATEWAY_CONTROLLER_LEASE_TTL_S": "3", "GATEWAY_CONTROLLER_CALL_TIMEOUT_S": "0.5"}
     faults.set("qc", "3", error_rate=0.3)
     first = GatewayProcess(env).start()
     try:
