@@ -51,16 +51,22 @@ class Counted:
         self.calls = 0
 
 
+async def synced_book(store: SQLiteStore, models: int) -> tuple[PolicyBook, StateSync]:
+    """``models`` policies stored, and a book brought to them by one resync pass."""
+    for index in range(models):
+        await store.put_policy(f"m{index:05d}", SPEC, None, EventDraft("test", "put_policy"))
+    book = PolicyBook()
+    sync = StateSync(store, PolicyService(store, book, None), resync_interval_s=60)  # type: ignore[arg-type]
+    await sync.resync()
+    return book, sync
+
+
 async def test_a_resync_pass_parses_and_compiles_only_the_model_that_changed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = SQLiteStore(tmp_path / "state.db")
     await store.open()
     try:
-        for index in range(1000):
-            await store.put_policy(f"m{index:05d}", SPEC, None, EventDraft("test", "put_policy"))
-        book = PolicyBook()
-        sync = StateSync(store, PolicyService(store, book, None), resync_interval_s=60)  # type: ignore[arg-type]
-        await sync.resync()
+        book, sync = await synced_book(store, 1000)
         assert len(book.snapshot()) == 1000
         parses, compiles = Counted(), Counted()
         validate = PolicySpec.model_validate.__func__  # type: ignore[attr-defined]
@@ -124,11 +130,7 @@ async def test_a_periodic_resync_reads_the_records_written_since_the_last_one_on
     store = SQLiteStore(path)
     await store.open()
     try:
-        for index in range(1000):
-            await store.put_policy(f"m{index:05d}", SPEC, None, EventDraft("test", "put_policy"))
-        book = PolicyBook()
-        sync = StateSync(store, PolicyService(store, book, None), resync_interval_s=60)  # type: ignore[arg-type]
-        await sync.resync()
+        book, sync = await synced_book(store, 1000)
         read = Counted()
         policy = sqlite_store._policy
 
