@@ -53,3 +53,16 @@ def command_lines(pids: set[int]) -> list[str]:
             continue
         out.append(f"{pid} {command[:100].decode(errors='replace')}")
     return out
+
+
+def stub_regions(server: int) -> set[str]:
+    """The /dev/shm regions of a tritonserver's Python-backend stubs (each stub's third argument)."""
+    regions = set()
+    for stub in children(server):
+        try:
+            args = (Path("/proc") / str(stub) / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(args) > 2 and args[0].endswith(b"triton_python_backend_stub"):
+            regions.add(args[2].decode())
+    return regions

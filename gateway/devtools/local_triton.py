@@ -197,6 +197,12 @@ def _kill_group(pgid: int) -> None:
             continue
 
 
+def _remove_regions(prefix: str) -> None:
+    for region in Path("/dev/shm").glob(f"{prefix}*"):
+        with contextlib.suppress(OSError):
+            region.unlink()
+
+
 def _pytriton_root() -> Path:
     try:
         import pytriton
@@ -253,6 +259,11 @@ class LocalTriton:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     @property
+    def shm_prefix(self) -> str:
+        """The start of the names of this server's Python-backend regions in /dev/shm."""
+        return f"triton_gateway_{self.http_port}_"
+
+    @property
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
 
@@ -281,6 +292,9 @@ class LocalTriton:
             # the wheel ships the local cache implementation. Models without response_cache never use it.
             f"--cache-config=local,size={CACHE_BYTES}",
             f"--cache-directory={root / 'tritonserver' / 'caches'}",
+            # The Python backend's shared-memory regions are named after the server (its HTTP port:
+            # one server at a time has it), so stop() removes those of a server that could not.
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
         ]
         cmd += [f"--load-model={name}" for name in self.models]
         return cmd
@@ -363,8 +377,12 @@ class LocalTriton:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait(5)
-        elif process is not None:  # it died by itself (a crash, SIGKILL): its stubs outlive it, in its group
+        if process is not None:
+            # A stub outlives a server that died by itself (a crash, SIGKILL), and one was seen
+            # orphaned after a SIGTERM: whatever is left of the group goes. A server that did not
+            # unload its models (killed, or a stub killed with it) leaves their regions in /dev/shm.
             _kill_group(process.pid)
+            _remove_regions(self.shm_prefix)
         if self._workdir is not None and self.log_file is None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None

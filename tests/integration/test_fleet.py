@@ -18,6 +18,7 @@ from gateway.devtools.local_triton import LocalTriton
 from gateway.grpc.status import StatusCode
 from tests.fleet_support import INFER as INFER_PATH
 from tests.fleet_support import drive_grpc, fleet_settings, infer_message, ready_versions, successes
+from tests.processes import stub_regions
 from tests.support import (
     INFER_BODY,
     TOKEN,
@@ -207,12 +208,14 @@ def test_a_server_killed_under_load_is_ejected_and_rejoins_with_the_fleets_versi
                 time.sleep(1.0)
                 assert second.pid is not None
                 before_kill = load.result.total
+                regions = stub_regions(second.pid)
                 killed_at = time.monotonic()
                 os.killpg(second.pid, signal.SIGKILL)
                 wait_for(lambda: not victim.in_service, 2.0, interval=0.02, what="the killed server's ejection")
                 ejected_after = time.monotonic() - killed_at
                 time.sleep(1.0)
                 second.stop()  # reap the killed process
+                left = [region for region in regions if Path("/dev/shm", region).exists()]
                 during = load.result.total - before_kill
                 second.start()  # returns once Triton is ready (it loads qc 1, 2, 3 by itself)
                 restarted_at = time.monotonic()
@@ -232,6 +235,8 @@ def test_a_server_killed_under_load_is_ejected_and_rejoins_with_the_fleets_versi
             admin_call(gw.url, "POST", "/admin/models/qc/versions/1/load")
     assert ejected_after < 2.0
     assert rejoined_after < 5.0, rejoined_after
+    # the killed server's stubs had regions that nobody unloaded: stop() removes them
+    assert regions and left == [], (regions, left)
     assert seen_in_service == [{"2", "3"}], "the fleet's loaded set was applied before it took traffic"
     failed = [t for t in load.failed_at]
     assert len(failed) <= load.concurrency, load.result.failures  # at most the requests in flight at the kill
