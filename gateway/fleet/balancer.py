@@ -197,9 +197,10 @@ class Fleet:
             server.inflight += 1
             return server
         best = server
-        for other in self.candidates(model, version):
-            if other.has_room and other.inflight < best.inflight:
-                best = other
+        if self.single is None:  # one server: no other could take it (and no candidates looked up per request)
+            for other in self.candidates(model, version):
+                if other.has_room and other.inflight < best.inflight:
+                    best = other
         if best is not server:
             best.inflight += 1
             return best

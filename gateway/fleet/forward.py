@@ -28,7 +28,6 @@ it lives on the gRPC side, so this package imports no front and no protocol of t
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterable
 
 from gateway.errors import ClientGone, UpstreamError, UpstreamTimeout, UpstreamUnavailable
@@ -99,7 +98,7 @@ class FleetHttp(HttpUpstream):
                      timeout_s: float | None) -> tuple[Server, float]:
         """A slot, waited for within the request's deadline; the server and what is left of the deadline."""
         timeout = self.fleet.request_timeout_s if timeout_s is None else timeout_s
-        loop = asyncio.get_running_loop()
+        loop = server.running_loop()
         started = loop.time()
         server = await self.fleet.admit(server, model, version, timeout)
         return server, max(timeout - (loop.time() - started), 0.001)

@@ -48,7 +48,7 @@ class Server:
 
     __slots__ = ("fleet", "spec", "name", "http", "grpc", "control", "probe", "limit", "inflight",
                  "waiters", "failures", "probe_failures", "up", "ejected", "in_service", "ready", "requests", "errors",
-                 "ejections", "refused", "last_error", "reads", "__weakref__")
+                 "ejections", "refused", "last_error", "reads", "loop", "_wait_deadlines", "__weakref__")
 
     def __init__(self, fleet: str, spec: ServerSpec, *, grpc_connect: GrpcConnect, pool_size: int = 128,
                  connect_timeout_s: float = 2.0, request_timeout_s: float = 60.0, max_inflight: int = 0,
@@ -80,6 +80,8 @@ class Server:
         self.refused = 0
         self.last_error = ""
         self.reads = ServerReads()  # what the control plane read of it lately, shared (gateway.fleet.reads)
+        self.loop: asyncio.AbstractEventLoop | None = None  # the loop that owns it, once a request waited
+        self._wait_deadlines: WaitDeadlines | None = None
 
     def __repr__(self) -> str:
         return f"Server({self.fleet}/{self.name}, inflight={self.inflight}, in_service={self.in_service})"
@@ -89,20 +91,34 @@ class Server:
         return not self.limit or self.inflight < self.limit
 
     # -- admission ---------------------------------------------------------------------------
+    def running_loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop that owns this server, asked for once (asyncio.get_running_loop makes a
+        getpid() system call per call in 3.11; one loop owns a server)."""
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            loop = self.loop = asyncio.get_running_loop()
+        return loop
+
     async def wait_for_slot(self, timeout_s: float | None) -> bool:
         """Queue for a slot, at most ``timeout_s`` (None: until the caller is cancelled); True once
         one is ours (``inflight`` counts it).
 
         The request's task awaits its waiter itself: a handed slot wakes it in one step, and a
-        timeout is one timer that answers the waiter False. ``asyncio.wait_for`` over a shield
-        cost three more futures and three more loop turns per queued request (at 1,000 HTTP
-        connections every request queues: that was a tenth of the gateway's CPU)."""
+        timeout answers the waiter False. ``asyncio.wait_for`` over a shield cost three more
+        futures and three more loop turns per queued request (at 1,000 HTTP connections every
+        request queues: that was a tenth of the gateway's CPU); a timer armed and cancelled per
+        queued request, ~2 µs more: the queue's deadlines share one timer (:class:`WaitDeadlines`)."""
         if timeout_s is not None and timeout_s <= 0:
             return False
-        loop = asyncio.get_running_loop()
+        loop = self.running_loop()
         waiter: asyncio.Future[bool] = loop.create_future()
         self.waiters.append(waiter)
-        timer = None if timeout_s is None else loop.call_later(timeout_s, _time_out, waiter)
+        deadlines = None
+        if timeout_s is not None:
+            deadlines = self._wait_deadlines
+            if deadlines is None or deadlines.loop is not loop:
+                deadlines = self._wait_deadlines = WaitDeadlines(loop)
+            deadlines.keep(waiter, loop.time() + timeout_s)
         try:
             granted = await waiter
         except asyncio.CancelledError:
@@ -112,8 +128,8 @@ class Server:
                 self._leave(waiter)
             raise
         finally:
-            if timer is not None:
-                timer.cancel()
+            if deadlines is not None:
+                deadlines.pending.pop(waiter, None)
         if not granted:
             self._leave(waiter)
         return granted
@@ -156,6 +172,9 @@ class Server:
         return False
 
     async def aclose(self) -> None:
+        deadlines, self._wait_deadlines = self._wait_deadlines, None
+        if deadlines is not None:
+            deadlines.close()
         for waiter in self.waiters:
             waiter.cancel()
         self.waiters.clear()
@@ -165,9 +184,45 @@ class Server:
         await self.grpc.aclose()
 
 
-def _time_out(waiter: asyncio.Future[bool]) -> None:
-    if not waiter.done():
-        waiter.set_result(False)
+class WaitDeadlines:
+    """The deadlines of one server's queued requests, under one timer armed for the earliest (as
+    ``upstream.Deadlines`` keeps a pool's exchanges): queued requests mostly share their timeout,
+    so a later one's deadline is later, and keeping one is a dict insertion; the timer is re-armed
+    when the earliest deadline moves earlier or when it fires. A deadline is met as exactly as a
+    timer of its own would meet it: its waiter is answered False."""
+
+    __slots__ = ("loop", "pending", "_timer", "_at")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.pending: dict[asyncio.Future[bool], float] = {}  # waiter -> its deadline (loop time)
+        self._timer: asyncio.TimerHandle | None = None
+        self._at = 0.0
+
+    def keep(self, waiter: asyncio.Future[bool], deadline: float) -> None:
+        self.pending[waiter] = deadline
+        if self._timer is None or deadline < self._at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._at = deadline
+            self._timer = self.loop.call_at(deadline, self._due)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _due(self) -> None:
+        self._timer = None
+        now = self.loop.time() + 0.001  # the loop's clock counts milliseconds: a timer may fire just short of it
+        pending = self.pending
+        for waiter in [waiter for waiter, deadline in pending.items() if deadline <= now]:
+            del pending[waiter]
+            if not waiter.done():
+                waiter.set_result(False)
+        if pending:
+            self._at = min(pending.values())
+            self._timer = self.loop.call_at(self._at, self._due)
 
 
 class Admitted:

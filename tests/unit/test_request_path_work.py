@@ -5,7 +5,9 @@ of that was work no request needs: a new function object per request for each co
 generator or lambda on the path (CPython 3.11 builds one for each), a timer handle armed and
 cancelled per upstream exchange (``Deadlines`` keeps them under one), a getpid() system call
 per request for the running loop (``asyncio.get_running_loop`` in 3.11), and an ``asyncio.Event``
-per request, made and set in Python (the cycle's ``Arrival`` does the same with less). Counted here with a
+per request, made and set in Python (the cycle's ``Arrival`` does the same with less); nor, for a request
+that queues for an admission slot (every request does at 1,000 connections), a timer of its own for
+its deadline or a loop lookup (the server's queue keeps its deadlines under one timer). Counted here with a
 profile hook over requests served through the real front, proxy, pipeline, fleet and upstream
 pool (a small fake upstream answers: only the gateway's own calls are counted).
 """
@@ -13,9 +15,10 @@ pool (a small fake upstream answers: only the gateway's own calls are counted).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import FrameType
 from typing import Any
 
@@ -59,8 +62,16 @@ class Served(Dispatch):
 
 @pytest.fixture
 async def gateway_front() -> AsyncIterator[tuple[Any, PeerTransport, Recorder]]:
+    async with front(1) as (connections, recorder, _):
+        yield connections[0][0], connections[0][1], recorder
+
+
+@contextlib.asynccontextmanager
+async def front(clients: int, max_inflight: int = 0) -> AsyncIterator[
+        tuple[list[tuple[Any, PeerTransport]], Recorder, Fleet]]:
+    """The gateway's HTTP front, proxy and one-server fleet, with ``clients`` connections to it."""
     listener = await Listener().start()
-    fleet = Fleet("default", grpc_connect=RecordingConnection)
+    fleet = Fleet("default", grpc_connect=RecordingConnection, max_inflight=max_inflight)
     server = fleet.add(ServerSpec(http=f"http://127.0.0.1:{listener.port}", grpc=f"127.0.0.1:{listener.port}"))
     server.up = server.in_service = True
     fleet.changed()
@@ -72,14 +83,18 @@ async def gateway_front() -> AsyncIterator[tuple[Any, PeerTransport, Recorder]]:
     config = Config(app=dispatch, lifespan="off", log_level="warning", ws="none", proxy_headers=False,
                     access_log=False, server_header=False)  # as gateway.server configures uvicorn
     config.load()
-    connection = protocol_for(Settings.load(None))(config=config, server_state=ServerState(), app_state={},
-                                                   _loop=asyncio.get_running_loop())
-    transport = PeerTransport(1)
-    connection.connection_made(transport)
+    protocol = protocol_for(Settings.load(None))
+    connections = []
+    for index in range(clients):
+        connection = protocol(config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
+        transport = PeerTransport(1 + index)
+        connection.connection_made(transport)
+        connections.append((connection, transport))
     try:
-        yield connection, transport, recorder
+        yield connections, recorder, fleet
     finally:
-        connection.connection_lost(None)
+        for connection, _ in connections:
+            connection.connection_lost(None)
         await fleet.aclose()
         await listener.stop()
 
@@ -93,11 +108,8 @@ async def serve(connection: Any, transport: PeerTransport, answered: int) -> Non
     raise AssertionError("no answer")
 
 
-async def test_a_routed_request_builds_no_function_arms_no_timer_and_asks_for_no_loop(
-        gateway_front: tuple[Any, PeerTransport, Recorder]) -> None:
-    connection, transport, recorder = gateway_front
-    for answered in range(WARM):  # the upstream connection; each version's routing headers, made once
-        await serve(connection, transport, answered)
+def counter() -> tuple[Counter[str], Callable[[FrameType, str, Any], None]]:
+    """What the profile hook finds of the avoidable work, by kind and caller."""
     seen: Counter[str] = Counter()
 
     def profile(frame: FrameType, event: str, arg: Any) -> None:
@@ -110,9 +122,20 @@ async def test_a_routed_request_builds_no_function_arms_no_timer_and_asks_for_no
                 seen[f"{code.co_name} from {caller.f_code.co_name}"] += 1  # asyncio's loop: Python methods
             elif code.co_filename.endswith("/asyncio/locks.py") and caller and ours(caller.f_code.co_filename):
                 seen[f"asyncio.Event.{code.co_name} from {caller.f_code.co_name}"] += 1  # the cycle's is an Arrival
+            elif code.co_name == "wait_for_slot":
+                seen["queued"] += 1
         elif event == "c_call" and getattr(arg, "__name__", "") in AVOIDABLE and ours(code.co_filename):
             seen[f"{arg.__name__} from {code.co_name}"] += 1
 
+    return seen, profile
+
+
+async def test_a_routed_request_builds_no_function_arms_no_timer_and_asks_for_no_loop(
+        gateway_front: tuple[Any, PeerTransport, Recorder]) -> None:
+    connection, transport, recorder = gateway_front
+    for answered in range(WARM):  # the upstream connection; each version's routing headers, made once
+        await serve(connection, transport, answered)
+    seen, profile = counter()
     sys.setprofile(profile)
     try:
         for answered in range(WARM, WARM + REQUESTS):
@@ -123,3 +146,37 @@ async def test_a_routed_request_builds_no_function_arms_no_timer_and_asks_for_no
     routed = recorder.window("qc", "2", 60).requests + recorder.window("qc", "3", 60).requests
     assert routed == WARM + REQUESTS, "each one routed and recorded once"
     assert dict(seen) == {}, f"per-request work over {REQUESTS} requests: {dict(seen)}"
+
+
+async def test_a_queued_request_arms_no_timer_and_asks_for_no_loop() -> None:
+    """At 1,000 connections every request waits for an admission slot (``max_inflight_per_server``):
+    that wait costs a future and a loop turn, not a timer armed and cancelled per request (its
+    deadline shares the queue's one timer) nor a getpid() for the running loop. The old code: a
+    ``call_later`` from ``wait_for_slot`` and two ``get_running_loop`` per queued request."""
+    clients, rounds = 5, 8
+    async with front(clients, max_inflight=1) as (connections, recorder, fleet):
+        async def burst(done: int) -> None:
+            for connection, _ in connections:
+                connection.data_received(REQUEST)
+            for _ in range(2000):
+                if all(transport.written.count(b"HTTP/1.1 200 OK") > done for _, transport in connections):
+                    return
+                await asyncio.sleep(0.001)
+            raise AssertionError("not all answered")
+
+        for done in range(2):  # warm: the upstream connection, the routing headers, the queue's timer
+            await burst(done)
+        seen, profile = counter()
+        sys.setprofile(profile)
+        try:
+            for done in range(2, 2 + rounds):
+                await burst(done)
+        finally:
+            sys.setprofile(None)
+        queued = seen.pop("queued", 0)
+        assert queued >= rounds * (clients - 1) // 2, f"the requests queued for the one slot: {queued}"
+        assert dict(seen) == {}, f"per-request work over {rounds * clients} requests, {queued} queued: {dict(seen)}"
+        server = fleet.single
+        assert server is not None and server.inflight == 0 and not server.waiters
+        routed = recorder.window("qc", "2", 60).requests + recorder.window("qc", "3", 60).requests
+        assert routed == (2 + rounds) * clients
