@@ -324,21 +324,19 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def on_body(self, body: bytes) -> None:
         """uvicorn's, but the piece is kept as httptools handed it (``GatewayCycle.pieces``), not
-        appended to a bytearray that ``receive`` copies again: a body is copied once, when read whole."""
+        appended to a bytearray that ``receive`` copies again: a body is copied once, when read whole
+        (a large one into its own buffer as it comes: ``GatewayCycle.keep``)."""
         cycle = self.cycle
         if (self.parser.should_upgrade() and self._should_upgrade()) or cycle.response_complete:
             return
-        charge = cycle.charge
-        if charge is not None:  # the handler reads the rest whole (GatewayCycle.rest_of_body): no pause, no wake
+        if cycle.charge is not None:  # the handler reads the rest whole (GatewayCycle.rest_of_body): no pause, no wake
             try:
-                charge(len(body))
+                cycle.keep(body)
             except Exception as refused:  # over a byte bound: its handler answers why; nothing more is read
                 cycle.charge = None
                 cycle.refusal = refused
                 self.flow.pause_reading()
                 cycle.message_event.set()
-                return
-            cycle.pieces.append(body)
             return
         cycle.pieces.append(body)
         cycle.pending += len(body)

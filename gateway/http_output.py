@@ -70,6 +70,10 @@ class Arrival:
         return await waiter
 
 
+FILL_FROM = 1 << 20  # a request body announced at this size or more is copied into a buffer of its own ...
+FILL_AFTER = 256 << 10  # ... once this much of it came (GatewayCycle.rest_of_body)
+
+
 def _answered() -> None:
     """What ``on_response`` is once the request's handler is done (uvicorn leaves a no-op there)."""
 
@@ -95,8 +99,14 @@ class GatewayCycle(RequestResponseCycle):
     response_complete = False
     chunked_encoding: bool | None = None
     expected_content_length = 0
-    charge: Callable[[int], None] | None = None  # set while rest_of_body collects (on_body calls it)
+    charge: Callable[[int], None] | None = None  # set while rest_of_body collects (on_body calls keep)
     refusal: BaseException | None = None  # what ``charge`` raised for a piece: rest_of_body raises it
+    fill_size = 0  # the announced size of a large body rest_of_body collects (0: its pieces are joined)
+    gathered = 0  # the body's bytes kept in ``pieces`` while it is collected
+    filling: bytearray | None = None  # a large body's own buffer, of its announced size, as its bytes come
+    # a view of it, copied into: a bytearray's own slice assignment copies bytes into a temporary first
+    filling_view: memoryview | None = None
+    filled = 0  # bytes of it copied in
 
     def __init__(self, scope: Any, transport: BatchedTransport, flow: FlowControl, logger: logging.Logger,
                  access_logger: logging.Logger, access_log: bool, default_headers: list[tuple[bytes, bytes]],
@@ -160,38 +170,84 @@ class GatewayCycle(RequestResponseCycle):
         self.pending = 0
         return {"type": "http.request", "body": body, "more_body": self.more_body}
 
-    async def rest_of_body(self, charge: Callable[[int], None]) -> list[bytes] | None:
-        """The rest of the request body, in the pieces httptools handed over, once all of it is
-        in (None: the client went away first). Each piece is passed to ``charge`` (its size) as
-        it arrives, before it is kept: ``charge`` counts it against the byte bounds and raises to
-        refuse it, and the refusal is raised here. Since every byte held is charged, reading is
-        not paused on the way, and the handler's task wakes once for the whole body: reading by
-        ``receive()`` paused and resumed the socket and woke the task every 64 KB (uvicorn's
-        high-water mark), 128 times for an 8 MB body, and joined the pieces of each wake."""
+    async def rest_of_body(self, first: bytes, charge: Callable[[int], None],
+                           announced: int | None) -> bytes | bytearray | None:
+        """The whole request body, ``first`` being what was received of it (and charged) already,
+        once all of it is in (None: the client went away first). Each piece is passed to ``charge``
+        (its size) as it arrives, before it is kept: ``charge`` counts it against the byte bounds and
+        raises to refuse it, and the refusal is raised here. Since every byte held is charged,
+        reading is not paused on the way, and the handler's task wakes once for the whole body:
+        reading by ``receive()`` paused and resumed the socket and woke the task every 64 KB
+        (uvicorn's high-water mark), 128 times for an 8 MB body, and joined the pieces of each wake.
+
+        A body ``announced`` (Content-Length) of FILL_FROM or more is copied, once FILL_AFTER
+        bytes of it came, into a buffer of its own of exactly that size (the rest charged then), and
+        so is every piece after it as it comes (:meth:`keep`): the reads are let go at once instead
+        of being held until a join copies them whole. Held reads then the join of them left two
+        copies of the body in memory at its end, and a heap fragmented by the reads (an 8 MB body's
+        peak RSS 1.4-1.7x the bytes in flight); the gRPC port's messages fill a buffer the same way.
+        A smaller body, or a chunked one, is joined once when whole."""
         if self.disconnected or self.response_complete:
             return None
-        pieces = self.pieces
-        for piece in pieces:
-            charge(len(piece))
-        if self.more_body:
-            self.charge = charge
-            self.flow.resume_reading()
-            try:
+        pieces, self.pieces = self.pieces, [first] if first else []
+        self.pending = 0
+        self.gathered = len(first)
+        self.fill_size = announced if announced is not None and announced >= FILL_FROM else 0
+        self.charge = charge
+        try:
+            for piece in pieces:  # what came after ``first`` was received
+                self.keep(piece)
+            if self.more_body:
+                self.flow.resume_reading()
                 while self.more_body and not self.disconnected and self.refusal is None:
                     await self.message_event.wait()
                     self.message_event.clear()
-            finally:
-                self.charge = None
-            refusal, self.refusal = self.refusal, None
-            if refusal is not None or self.disconnected:
-                self.pieces = []  # given back to the budget by the caller: not kept either
-                self.pending = 0
-                if refusal is not None:
-                    raise refusal
-                return None
+        finally:
+            self.charge = None
+            pieces, self.pieces, filling, self.filling = self.pieces, [], self.filling, None
+            if self.filling_view is not None:
+                self.filling_view.release()  # the buffer is the body's alone from here
+                self.filling_view = None
+            self.gathered = self.fill_size = 0
+        refusal, self.refusal = self.refusal, None
+        if refusal is not None:  # given back to the budget by the caller: not kept either
+            raise refusal
+        if self.disconnected:
+            return None
+        if filling is not None:
+            return filling
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def keep(self, piece: bytes) -> None:
+        """A piece of the body rest_of_body collects (``GatewayHttpProtocol.on_body``): copied into the
+        body's buffer if it has one, else charged (``charge`` raises to refuse it) and kept as it is."""
+        view = self.filling_view
+        if view is not None:  # charged whole when it was made
+            at = self.filled
+            view[at:at + len(piece)] = piece
+            self.filled = at + len(piece)
+            return
+        self.charge(len(piece))  # type: ignore[misc]  # set while rest_of_body collects
+        self.pieces.append(piece)
+        self.gathered += len(piece)
+        if self.fill_size and self.gathered >= FILL_AFTER:
+            self._fill()
+
+    def _fill(self) -> None:
+        """The large body's buffer, of its announced size: the rest of it charged now (raises if it
+        does not fit), the pieces kept so far copied in and let go. Made once FILL_AFTER bytes came,
+        never for a size only announced (a head alone buys no buffer)."""
+        size, gathered = self.fill_size, self.gathered
+        self.charge(size - gathered)  # type: ignore[misc]
+        buffer = bytearray(size)
+        view = memoryview(buffer)
+        at = 0
+        for piece in self.pieces:
+            view[at:at + len(piece)] = piece
+            at += len(piece)
         self.pieces = []
-        self.pending = 0
-        return pieces
+        self.gathered = 0
+        self.filling, self.filling_view, self.filled = buffer, view, at
 
     async def send(self, message: Any) -> None:
         if self.replaced:

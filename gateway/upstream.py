@@ -33,6 +33,9 @@ from gateway.errors import ClientGone, UpstreamError, UpstreamTimeout, UpstreamU
 from gateway.sequences import SequenceFields
 
 Headers = list[tuple[bytes, bytes]]
+# A request body held whole: bytes, or the bytearray a large one was read into as it came
+# (``http_output.GatewayCycle.rest_of_body``); written as it is, never copied.
+Body = bytes | bytearray
 # Not forwarded: hop-by-hop (RFC 9110 §7.6.1) and what this client sets itself (Host, framing, Expect).
 _HOP_BY_HOP = frozenset(
     [b"connection", b"keep-alive", b"proxy-connection", b"proxy-authorization", b"proxy-authenticate",
@@ -327,7 +330,7 @@ class HttpUpstream:
     reads_sequences = False  # one server: a request's sequence fields choose nothing (see FleetHttp)
 
     async def request(self, method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]],
-                      body: bytes | AsyncIterator[bytes] = b"", *, content_length: int | None = None,
+                      body: Body | AsyncIterator[bytes] = b"", *, content_length: int | None = None,
                       timeout_s: float | None = None, model: str = "", version: str | None = None,
                       sequence: SequenceFields | None = None, for_exchange: NotesServer | None = None,
                       slot: Slot | None = None) -> UpstreamResponse:
@@ -365,7 +368,7 @@ class HttpUpstream:
                 conn.exchange = exchange
                 deadlines.keep(exchange, deadline, timeout)
                 try:
-                    if isinstance(body, bytes):  # the usual case: written at once, no coroutine
+                    if isinstance(body, Body):  # the usual case: written at once, no coroutine
                         self._write(conn, head, body)
                     else:
                         await self._send(conn, exchange, head, body, chunked=content_length is None)
@@ -380,7 +383,7 @@ class HttpUpstream:
                     raise
                 if exchange.error is None:
                     return exchange
-                if resent or not (reused and exchange.dropped) or not isinstance(body, bytes):  # a stream is consumed
+                if resent or not (reused and exchange.dropped) or not isinstance(body, Body):  # a stream is consumed
                     exchange.abort()
                     raise exchange.error
                 resent = True
@@ -413,7 +416,7 @@ class HttpUpstream:
             raise dropped from None
 
     def _head(self, method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]],
-              body: bytes | AsyncIterator[bytes], content_length: int | None) -> bytes:
+              body: Body | AsyncIterator[bytes], content_length: int | None) -> bytes:
         lines = [method, b" ", target, b" HTTP/1.1\r\nhost: ", self.host_header, b"\r\n"]
         named = None
         for name, value in headers:
@@ -424,7 +427,7 @@ class HttpUpstream:
         if named and named - _HOP_BY_HOP:  # rare: the client's Connection header names more hop-by-hop headers
             kept = [(name, value) for name, value in headers if name not in named and name != b"connection"]
             return self._head(method, target, kept, body, content_length)
-        if isinstance(body, bytes):
+        if isinstance(body, Body):
             if body or method not in _IDEMPOTENT:
                 lines += (b"content-length: ", str(len(body)).encode(), b"\r\n")
         elif content_length is not None:
@@ -435,8 +438,8 @@ class HttpUpstream:
         return b"".join(lines)
 
     async def _send(self, conn: _Connection, exchange: UpstreamResponse, head: bytes,
-                    body: bytes | AsyncIterator[bytes], chunked: bool) -> None:
-        if isinstance(body, bytes):
+                    body: Body | AsyncIterator[bytes], chunked: bool) -> None:
+        if isinstance(body, Body):
             self._write(conn, head, body)
             return
         transport = conn.transport
@@ -449,14 +452,13 @@ class HttpUpstream:
             conn.sending = False
 
     @staticmethod
-    def _write(conn: _Connection, head: bytes, body: bytes) -> None:
+    def _write(conn: _Connection, head: bytes, body: Body) -> None:
         transport = conn.transport
         assert transport is not None
         if len(body) < 65536:
             transport.write(head + body)
-        else:
-            transport.write(head)
-            transport.write(body)
+        else:  # one writev, the body as it is (uvloop keeps a view of what the socket did not take)
+            transport.writelines((head, body))
 
     @staticmethod
     async def _send_stream(transport: asyncio.Transport, exchange: UpstreamResponse,

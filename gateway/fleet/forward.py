@@ -34,7 +34,7 @@ from gateway.errors import ClientGone, UpstreamError, UpstreamTimeout, UpstreamU
 from gateway.fleet.balancer import Fleet
 from gateway.fleet.members import Admitted, Server
 from gateway.sequences import SequenceFields
-from gateway.upstream import HttpUpstream, NotesServer, Slot, UpstreamResponse
+from gateway.upstream import Body, HttpUpstream, NotesServer, Slot, UpstreamResponse
 
 # Triton's answer when a model's queue is full (HTTP 503, gRPC UNAVAILABLE): passed on as it is.
 TRITON_QUEUE_FULL = "Exceeds maximum queue size"
@@ -57,7 +57,7 @@ class FleetHttp(HttpUpstream):
         return self.fleet.single is None
 
     async def request(self, method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]],
-                      body: bytes | AsyncIterator[bytes] = b"", *, content_length: int | None = None,
+                      body: Body | AsyncIterator[bytes] = b"", *, content_length: int | None = None,
                       timeout_s: float | None = None, model: str = "", version: str | None = None,
                       sequence: SequenceFields | None = None, for_exchange: NotesServer | None = None,
                       slot: Slot | None = None) -> UpstreamResponse:
@@ -104,7 +104,7 @@ class FleetHttp(HttpUpstream):
         return server, max(timeout - (loop.time() - started), 0.001)
 
     async def _on(self, server: Server, method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]],
-                    body: bytes | AsyncIterator[bytes], content_length: int | None,
+                    body: Body | AsyncIterator[bytes], content_length: int | None,
                     timeout_s: float | None) -> UpstreamResponse:
         server.requests += 1
         try:  # the slot goes back as the answer's headers arrive (the connection does it), or on the way out

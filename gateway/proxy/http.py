@@ -34,7 +34,7 @@ from gateway.proxy.shadow import Mirror
 from gateway.routing import VERSION_UNAVAILABLE_MARKERS, Decision, Policy, Reason
 from gateway.sequences import SequenceFields, checked_sequence_id
 from gateway.telemetry.recorder import STEERED_ROUTES, Outcome, http_outcome
-from gateway.upstream import HttpUpstream, UpstreamResponse
+from gateway.upstream import Body, HttpUpstream, UpstreamResponse
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -147,12 +147,12 @@ class HttpProxy:
         started = time.perf_counter()
         budget = self.bodies.budget
         message = await receive()
-        body: bytes = message.get("body", b"")
+        body: Body = message.get("body", b"")
         held = 0
         try:  # the body's bytes are released on every way out: answers, exceptions, cancellation
             try:
                 if message.get("more_body"):  # all of it before an upstream connection is taken (proxy.limits)
-                    body = await self.bodies.read(body, receive, scope["headers"])
+                    body = await self.bodies.read(message["body"], receive, scope["headers"])
                 else:
                     budget.take(len(body))
                 held = len(body)
@@ -172,7 +172,7 @@ class HttpProxy:
                 budget.release(held)
 
     async def _exchange(self, scope: Scope, receive: Receive, send: Send, target: bytes, versioned: bool,
-                        model: str | None, policy: Policy | None, decision: Decision | None, body: bytes,
+                        model: str | None, policy: Policy | None, decision: Decision | None, body: Body,
                         started: float, sequence: SequenceFields | None, named: tuple[str, str | None],
                         as_sent: Target = _AS_SENT) -> None:
         # what a fleet chooses the server by, read once here: the routed model (its version is
@@ -243,7 +243,7 @@ class HttpProxy:
             return True
         return bool(self.fleets) and any(fleet.reads_sequences for fleet in self.fleets.values())
 
-    async def _sequence(self, headers: list[tuple[bytes, bytes]], body: bytes,
+    async def _sequence(self, headers: list[tuple[bytes, bytes]], body: Body,
                         scope: Scope | None = None) -> SequenceFields | None:
         """The request's sequence fields, read once (BadRequest for an id Triton would not take),
         with the client of ``scope`` (whose quota the pins it makes count against, in every pin
@@ -266,7 +266,7 @@ class HttpProxy:
             return None
         return SequenceFields(checked, start, end, None if scope is None else _client(self, scope))
 
-    async def _json_header(self, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes | None:
+    async def _json_header(self, headers: list[tuple[bytes, bytes]], body: Body) -> Body | None:
         """The request's JSON header: the first Inference-Header-Content-Length bytes of a binary
         body, else all of it; decompressed (within the body limit) when the body is compressed.
         None when it cannot be read (Triton answers such a request itself)."""
@@ -305,7 +305,7 @@ class HttpExchange:
                  "sequence", "server", "renamed")
 
     def __init__(self, proxy: HttpProxy, scope: Scope, send: Send, target: bytes, versioned: bool,
-                 body: bytes, model: str = "", version: str | None = None) -> None:
+                 body: Body, model: str = "", version: str | None = None) -> None:
         self.proxy = proxy
         self.scope = scope
         self.send_to_client = send
@@ -495,7 +495,7 @@ async def _send_error(send: Send, error: GatewayError) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def sequence_fields(header: bytes | None) -> tuple[object | None, bool, bool]:
+def sequence_fields(header: Body | None) -> tuple[object | None, bool, bool]:
     """(sequence_id, start, end) from a request's JSON header (see ``HttpProxy._json_header``).
     The id is as the client wrote it (``Pipeline.route`` checks it); BadRequest for a header
     nested deeper than the parser goes."""

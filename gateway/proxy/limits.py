@@ -36,11 +36,11 @@ from __future__ import annotations
 import asyncio
 import zlib
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from gateway.byte_budget import ByteBudget, inflation_limit
 from gateway.errors import ClientGone, PayloadTooLarge
-from gateway.upstream import named_by_connection
+from gateway.upstream import Body, named_by_connection
 
 MIB = 1 << 20
 # Triton's first read of a request is 4,096 bytes: "OPTIONS " + target + "/versions/" + a 19-digit
@@ -48,6 +48,7 @@ MIB = 1 << 20
 TRITON_READ_BYTES = 4096
 TRITON_MAX_TARGET = TRITON_READ_BYTES - len("OPTIONS ") - len("/versions/") - 19 - len(" HTTP/1.1\r\n")
 Headers = list[tuple[bytes, bytes]]
+_Raw = TypeVar("_Raw", bytes, bytearray)  # what inflate was given comes back as it is when not compressed
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 # Never forwarded in a response: hop-by-hop (RFC 9110 §7.6.1) plus Content-Length (re-framed by us).
 _COMPRESSED = frozenset([b"gzip", b"deflate"])
@@ -59,7 +60,8 @@ HOP_BY_HOP_RESPONSE = frozenset([b"connection", b"keep-alive", b"proxy-connectio
 class RestOfBody(Protocol):
     """``GatewayCycle.rest_of_body`` (the gateway's HTTP front): what ``receive`` is bound to there."""
 
-    def __call__(self, charge: Callable[[int], None]) -> Awaitable[list[bytes] | None]: ...
+    def __call__(self, first: bytes, charge: Callable[[int], None],
+                 announced: int | None) -> Awaitable[bytes | bytearray | None]: ...
 
 
 class BodyReader:
@@ -86,7 +88,7 @@ class BodyReader:
     def max_buffered(self) -> int:
         return self.budget.limit
 
-    async def decoded(self, body: bytes, encoding: bytes | None, prefix: int | None = None) -> bytes:
+    async def decoded(self, body: Body, encoding: bytes | None, prefix: int | None = None) -> Body:
         """:func:`inflate` within ``max_body``, off the event loop: inflating 64 MiB takes 0.1-0.8 s
         of CPU here, which would stall every other client. One at a time, so a queue of bombs
         takes one core at most (zlib releases the GIL while it works): what inflates at a time is
@@ -98,15 +100,16 @@ class BodyReader:
         why = "" if limit == self.max_body else \
             f" ({self.max_inflation_ratio} times its {len(body)} bytes: max_inflation_ratio)"
         async with self._inflating:
-            return await asyncio.to_thread(inflate, body, encoding, limit, prefix, why)
+            return await asyncio.to_thread(_inflated, body, encoding, limit, prefix, why)
 
     def take(self, size: int) -> None:
         """A body that came whole with its headers is held as well (GatewayBusy if it does not fit)."""
         self.budget.take(size)
 
-    async def read(self, first: bytes, receive: Receive, headers: Headers) -> bytes:
-        """The whole body, ``first`` being what arrived with the headers. Raises PayloadTooLarge,
-        GatewayBusy or ClientGone; nothing stays held when it raises."""
+    async def read(self, first: bytes, receive: Receive, headers: Headers) -> bytes | bytearray:
+        """The whole body, ``first`` being what arrived with the headers: bytes, or (a large one read
+        by the gateway's own front) the bytearray it was copied into as it came. Raises
+        PayloadTooLarge, GatewayBusy or ClientGone; nothing stays held when it raises."""
         announced = content_length(headers)
         if announced is not None and announced > self.max_body:
             raise PayloadTooLarge(f"request body of {announced} bytes is over the limit of {self.max_body} bytes")
@@ -123,11 +126,10 @@ class BodyReader:
                     self._take(length)
                     size += length
 
-                pieces = await rest_of_body(charge)
-                if pieces is None:
+                body = await rest_of_body(first, charge, announced)
+                if body is None:
                     raise ClientGone("the client closed the connection while sending the body")
-                chunks += pieces
-                return b"".join(chunks)
+                return body
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
@@ -158,13 +160,17 @@ def content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
     return None
 
 
-def inflate(body: bytes, encoding: bytes | None, limit: int, prefix: int | None = None, why: str = "") -> bytes:
+def inflate(body: _Raw, encoding: bytes | None, limit: int, prefix: int | None = None, why: str = "") -> _Raw | bytes:
     """``body`` decoded from its Content-Encoding (gzip, deflate; anything else as is), at most
     ``limit`` bytes of it, else PayloadTooLarge; only the first ``prefix`` bytes when given.
     A corrupt stream raises zlib.error. A ``prefix`` of 0 (or less) means the whole body, as
     Inference-Header-Content-Length 0 does: never zlib's ``max_length=0``, which is no bound."""
     if encoding not in _COMPRESSED:
         return body
+    return _inflated(body, encoding, limit, prefix, why)
+
+
+def _inflated(body: Body, encoding: bytes | None, limit: int, prefix: int | None, why: str) -> bytes:
     inflater = zlib.decompressobj(47 if encoding == b"gzip" else 15)  # 47: gzip or zlib header, detected
     if prefix is not None and 0 < prefix <= limit:
         return inflater.decompress(body, prefix)

@@ -47,7 +47,7 @@ from gateway.grpc.upstream import GrpcUpstream, Metadata
 from gateway.pipeline import ShadowCopy
 from gateway.proxy.limits import MIB, inflate
 from gateway.telemetry.recorder import LATENCY_BOUNDS, Recorder, ShadowStats
-from gateway.upstream import HttpUpstream
+from gateway.upstream import Body, HttpUpstream
 
 REL_TOLERANCE = 1e-3
 SHADOW_TIMEOUT_S = 30.0
@@ -63,7 +63,7 @@ class Mirror:
     method: bytes
     target: bytes
     headers: list[tuple[bytes, bytes]]
-    body: bytes
+    body: Body  # the request's, as it was held (a large one: the bytearray it was read into)
     primary_status: int
     primary_body: bytes
     primary_headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # its framing: encoding, IHCL
