@@ -16,7 +16,7 @@ from gateway.grpc.wire import RouteFields
 from gateway.pipeline import Target
 from gateway.proxy.shadow import Mirror, ShadowMirror
 from gateway.telemetry.recorder import Recorder
-from gateway.upstream import HttpUpstream, UpstreamResponse
+from gateway.upstream import Body, HttpUpstream, UpstreamResponse
 
 
 class RecordingHttp(HttpUpstream):
@@ -24,7 +24,7 @@ class RecordingHttp(HttpUpstream):
         self.asked: list[tuple[bytes, str | None]] = []
 
     async def request(self, method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]],
-                      body: bytes | AsyncIterator[bytes] = b"", **kwargs: Any) -> UpstreamResponse:
+                      body: Body | AsyncIterator[bytes] = b"", **kwargs: Any) -> UpstreamResponse:
         self.asked.append((target, kwargs.get("version")))
         raise UpstreamUnavailable("recorded, not sent")
 
