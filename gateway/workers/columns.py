@@ -4,7 +4,7 @@ Why: with traffic spread over 1,000 models a worker's report (every 250 ms) carr
 sets and as many (series, second) pairs, each with a sample or two. Merged one Python object at a
 time (a dict lookup of a freshly unpickled key, then attribute and array updates) that cost the
 control plane 6-7 ms per report: 44-60 ms CPU/s for two workers. Here a worker names each label
-set and series once, by number (:class:`Names`), and a report carries numbers in flat arrays
+set and series once, by number (:mod:`gateway.workers.counting`), and a report carries numbers in flat arrays
 (:class:`Columns`); the control plane keeps its cumulative totals and per-second series in numpy
 arrays (:class:`TotalsTable`, :class:`SeriesTable`) and adds a whole report with a few indexed
 adds, whatever the number of label sets in it. What a report carries is still only what changed
@@ -17,20 +17,16 @@ from __future__ import annotations
 from array import array
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from gateway.telemetry.recorder import HIST_SECONDS, LATENCY_BOUNDS, MAX_SERIES, OUTCOMES, UNKNOWN_MODEL, Series
+from gateway.telemetry.recorder import HIST_SECONDS, LATENCY_BOUNDS, MAX_SERIES, OUTCOMES, UNKNOWN_MODEL
 
 BUCKETS = len(LATENCY_BOUNDS) + 1
 COUNTS = 5  # a second's requests, upstream errors, client errors, overloads, rejected
 SECOND_ROW = 2 + COUNTS  # (series number, second, its counts)
-NAMES_LIMIT = 4 * MAX_SERIES  # a worker that named more than this starts its numbering over
-_POSITIONS = range(BUCKETS)
-_OUTCOME_POSITIONS = range(len(OUTCOMES))
 Key = TypeVar("Key", bound=Hashable)
 Cells = npt.NDArray[Any]  # a table or a column of one: int64, int32 or float64
 
@@ -60,68 +56,6 @@ class Columns:
         """The label sets and (series, second) pairs it carries: what merging it visits in Python
         on the worker's side (the control plane adds them as arrays)."""
         return len(self.labels) + len(self.seconds) // SECOND_ROW
-
-
-class Names(Generic[Key]):
-    """A worker's numbers for the keys it has reported: each key is sent once, then its number."""
-
-    def __init__(self) -> None:
-        self.numbers: dict[Key, int] = {}
-        self.keys: list[Key] = []  # by number
-
-    def number(self, key: Key, new: list[Key]) -> int:
-        number = self.numbers.get(key)
-        if number is None:
-            number = self.numbers[key] = len(self.keys)
-            self.keys.append(key)
-            new.append(key)
-        return number
-
-
-class Encoder:
-    """A worker's side: its tables as :class:`Columns`, numbering keys as it goes."""
-
-    def __init__(self) -> None:
-        self.labels: Names[tuple[str, str, str, str, str]] = Names()
-        self.series: Names[tuple[str, str]] = Names()
-
-    def encode(self, totals: Mapping[tuple[str, str, str, str, str], Any], series: Mapping[tuple[str, str], Series]
-               ) -> Columns:
-        columns = Columns()
-        if len(self.labels.numbers) + len(totals) > NAMES_LIMIT or len(self.series.numbers) + len(series) > NAMES_LIMIT:
-            self.labels, self.series, columns.restart = Names(), Names(), True  # bounded: name them again
-        numbers, new, number = self.labels.numbers, columns.new_labels, self.labels.number
-        labels, counts, sums, label_hist = columns.labels, columns.counts, columns.sums, columns.label_hist
-        for row, (label, entry) in enumerate(totals.items()):
-            labels.append(numbers[label] if label in numbers else number(label, new))
-            counts.append(entry.count)
-            sums.append(entry.sum)
-            hist, cell = entry.hist, row * BUCKETS
-            for bucket in compress(_POSITIONS, hist):
-                label_hist.extend((cell + bucket, hist[bucket]))
-        series_numbers, new_series, series_number = self.series.numbers, columns.new_series, self.series.number
-        numbered, outcomes, seconds = columns.series, columns.outcomes, columns.seconds
-        second_hist = columns.second_hist
-        row = 0
-        for position, (key, entry) in enumerate(series.items()):
-            at = series_numbers[key] if key in series_numbers else series_number(key, new_series)
-            numbered.append(at)
-            counted, cell = list(entry.outcomes.values()), position * len(OUTCOMES)
-            for outcome in compress(_OUTCOME_POSITIONS, counted):
-                outcomes.extend((cell + outcome, counted[outcome]))
-            for slot, second in enumerate(entry.stamp):
-                if second < 0:
-                    continue
-                seconds.extend((at, second, entry.requests[slot], entry.errors[slot], entry.client_errors[slot],
-                                entry.overloads[slot], entry.rejected[slot]))
-                kept = second % entry.hist_slots
-                hist = entry.hist[kept]
-                if hist is not None and entry.hist_stamp[kept] == second:  # Series.histogram(second), inline
-                    cell = row * BUCKETS
-                    for bucket in compress(_POSITIONS, hist):
-                        second_hist.extend((cell + bucket, hist[bucket]))
-                row += 1
-        return columns
 
 
 def named_columns(totals: Mapping[Any, tuple[int, float, Sequence[tuple[int, int]]]],

@@ -1,16 +1,17 @@
 """Recorder deltas: what a worker's recorder gained since its last report, and the sum of them.
 
-The hot path is untouched: a worker's :class:`DeltaRecorder` is the plain
-:class:`~gateway.telemetry.recorder.Recorder` (``record()`` is inherited, keyword arguments
-and all). A report costs what changed, not what the worker has ever seen: a worker's tables
+A worker's :class:`DeltaRecorder` records as the plain
+:class:`~gateway.telemetry.recorder.Recorder` does (same ``record()``, keyword arguments and
+all). A report costs what changed, not what the worker has ever seen: a worker's tables
 (totals per label set, per-second series, requests whose client chose the version, upstream
 errors) hold only what came since its last report, and each report hands them over whole and
-starts afresh, so nothing is diffed. A worker's series are small (REPORT_SLOTS seconds, not the
-judge's horizon: the control plane keeps that). The totals and series travel as numbered columns
-(:mod:`gateway.workers.columns`: a label set is named once, histograms and outcomes as their
-non-zero cells). Measured before (bench/scale.py, --workers 2, traffic over 1,000 models):
-143-188 ms CPU/s on the supervisor when every report diffed every label set and merged 31 buckets
-each; 44-60 ms CPU/s when a report named every label set it carried and was merged one at a time.
+starts afresh, so nothing is diffed. The totals and series are counted in the arrays a report
+carries (:mod:`gateway.workers.counting`), so a sample costs the same whether the traffic is on
+one model or spread over thousands; they travel as numbered columns (:mod:`gateway.workers.columns`:
+a label set is named once, histograms and outcomes as their non-zero cells). Measured before
+(bench/scale.py, --workers 2, traffic over 1,000 models): 143-188 ms CPU/s on the supervisor when
+every report diffed every label set and merged 31 buckets each; 44-60 ms CPU/s when a report named
+every label set it carried and was merged one at a time.
 
 The control plane's :class:`MergedRecorder` adds deltas in (its totals and series are arrays, a
 report a few indexed adds), so ``/metrics`` and the rollout judge read one recorder with the
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import time
 from array import array
+from bisect import bisect_left
 from collections.abc import Callable, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
@@ -37,27 +39,29 @@ import numpy as np
 from gateway.telemetry.recorder import (
     LATENCY_BOUNDS,
     MAX_CLIENTS,
-    MAX_SERIES,
     OUTCOMES,
     OVERFLOW_CLIENT,
+    STEERED_ROUTES,
+    UNKNOWN_MODEL,
     Outcome,
     Recorder,
-    Series,
     ShadowStats,
     Window,
+    _bounded,
+    _zero_outcomes,
 )
 from gateway.telemetry.reservoir import DEFAULT_SIZE
 from gateway.workers.columns import (
     SECOND_ROW,
     Cells,
     Columns,
-    Encoder,
     SeriesTable,
     TotalsTable,
     as_array,
     cells_of,
     named_columns,
 )
+from gateway.workers.counting import Counting
 
 _BUCKETS = len(LATENCY_BOUNDS) + 1
 _SHADOW_FIELDS = ("requests", "errors", "compared", "agreed", "dropped")
@@ -69,11 +73,8 @@ Counts = tuple[int, ...]  # one count per Outcome, in OUTCOMES order
 # (second, requests, upstream errors, client errors, overloads, rejected, the judged requests' histogram)
 Second = tuple[int, int, int, int, int, int, Sparse]
 FUTURE_S = 2  # a second this far past the merger's now is not added (no clock here runs ahead)
-REPORT_SLOTS = 8  # seconds a worker's series hold between reports (later than this, a worker is long replaced)
 _POSITIONS = range(_BUCKETS)
 _NONE = np.zeros(0, np.int64)
-_UNSTAMPED = array("q", [-1]) * REPORT_SLOTS
-_NO_BUCKETS = [0] * _BUCKETS
 _OUTCOME_INDEX = {outcome.value: index for index, outcome in enumerate(OUTCOMES)}
 
 
@@ -113,38 +114,36 @@ class Delta:
 
 
 class DeltaRecorder(Recorder):
-    """A worker's recorder: the plain recorder, plus :meth:`take_delta` for the control plane."""
+    """A worker's recorder: the recorder's methods, its totals and judged series counted in the
+    arrays a report carries (:class:`~gateway.workers.counting.Counting`), and :meth:`take_delta`."""
 
     def __init__(self, horizon_s: int = 300, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(horizon_s, clock)
-        self._encoder = Encoder()
-        # the last report's entries, taken up again by the next report's first sample of the same key
-        # (a worker over 1,000 models made ~0.6 new series per request, ~2.6 us each)
-        self._spare_series: dict[tuple[str, str], Series] = {}
-        self._spare_totals: dict[tuple[str, str, str, str, str], Any] = {}
+        self._counting = Counting()
+        self.totals = self._counting.totals()  # type: ignore[assignment]  # read as count, sum, hist: as _Totals
         self._sent_shadow: dict[Any, tuple[list[int], float, list[int]]] = {}
         self._sent_streams: dict[Any, tuple[int, float, list[int]]] = {}
 
-    def _make_series(self) -> Series:
-        return Series(REPORT_SLOTS, REPORT_SLOTS)
+    def record(self, model: str, version: str, outcome: Outcome, latency_s: float,
+               route: str = "", protocol: str = "http", code: str = "200", client: str = "") -> None:
+        """As :meth:`Recorder.record`: a label set's totals, the version's judged series (not when
+        the client chose the version: those are only counted), the watched versions' samples."""
+        bucket = bisect_left(LATENCY_BOUNDS, latency_s) \
+            if outcome is Outcome.SUCCESS or outcome is Outcome.UPSTREAM_ERROR else -1
+        key = (model, version)
+        if route in STEERED_ROUTES:
+            self._counting.record((model, version, route, protocol, code), None, outcome, bucket, latency_s, 0)
+            counts = self._steered.get(key) or _bounded(self._steered, key, _zero_outcomes, (UNKNOWN_MODEL, ""))
+            counts[outcome] += 1
+            return
+        self._counting.record((model, version, route, protocol, code), key, outcome, bucket, latency_s,
+                              int(self._clock()))
+        if self._reservoirs:
+            self._watched(key, outcome, latency_s, client)
 
-    def _new_series(self, key: tuple[str, str]) -> Series:
-        series = self._spare_series.pop(key, None)
-        if series is None or len(self._series) >= MAX_SERIES:
-            return super()._new_series(key)
-        series.stamp[:] = _UNSTAMPED  # its counts and histograms start over as each second is stamped
-        series.hist_stamp[:] = _UNSTAMPED
-        series.outcomes = dict.fromkeys(OUTCOMES, 0)
-        self._series[key] = series
-        return series
-
-    def _new_totals(self, label: tuple[str, str, str, str, str]) -> Any:
-        totals = self._spare_totals.pop(label, None)
-        if totals is None or len(self._totals) >= MAX_SERIES:
-            return super()._new_totals(label)
-        totals.count, totals.sum, totals.hist[:] = 0, 0.0, _NO_BUCKETS
-        self._totals[label] = totals
-        return totals
+    def series(self) -> list[tuple[str, str]]:
+        """The series counted since the last report."""
+        return self._counting.series_counted()
 
     def watch_only(self, watched: set[tuple[str, str]]) -> None:
         """Sample exactly these versions' latencies (the control plane's rollouts watch them)."""
@@ -187,14 +186,10 @@ class DeltaRecorder(Recorder):
 
     def _take_tables(self, delta: Delta) -> None:
         """Every table that holds only what came since the last report, handed over whole."""
-        totals, self._totals = self._totals, {}
-        series, self._series = self._series, {}
         steered, self._steered = self._steered, {}
         errors, self._upstream_errors = self._upstream_errors, {}
-        self.totals = MappingProxyType(self._totals)
         self.upstream_errors = MappingProxyType(self._upstream_errors)
-        delta.columns = self._encoder.encode(totals, series)
-        self._spare_totals, self._spare_series = totals, series  # encoded: free to be taken up again
+        delta.columns = self._counting.take()
         delta.steered = {key: tuple(counts.values()) for key, counts in steered.items()}
         delta.upstream_errors = errors
 
@@ -278,7 +273,7 @@ class MergedRecorder(Recorder):
         self._totals_table = TotalsTable()
         self.totals = self._totals_table  # type: ignore[assignment]  # read as count, sum, hist: as _Totals
         self._series_table = SeriesTable(horizon_s)
-        # per worker: its label set and series numbers -> rows here (gateway.workers.columns.Names)
+        # per worker: its label set and series numbers -> rows here (gateway.workers.counting numbers them)
         self._names: dict[int, tuple[Cells, Cells]] = {}
 
     def watch_latencies(self, model: str, version: str) -> None:

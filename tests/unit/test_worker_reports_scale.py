@@ -20,6 +20,7 @@ import pytest
 
 from gateway.telemetry.recorder import OUTCOMES, Outcome, Recorder
 from gateway.workers import columns as columns_module
+from gateway.workers import counting as counting_module
 from gateway.workers.columns import SECOND_ROW
 from gateway.workers.deltas import Delta, DeltaRecorder, MergedRecorder
 
@@ -64,10 +65,10 @@ def carried(worker: DeltaRecorder, delta: Delta) -> tuple[list[Any], list[tuple[
     """The label sets and the (series, seconds) a worker's report carries, by the worker's names."""
     columns = delta.columns
     assert columns is not None
-    encoder = worker._encoder  # noqa: SLF001 - the worker's own numbering, to read its report back
+    counting = worker._counting  # noqa: SLF001 - the worker's own numbering, to read its report back
     seconds = [columns.seconds[at:at + 2] for at in range(0, len(columns.seconds), SECOND_ROW)]
-    return ([encoder.labels.keys[number] for number in columns.labels],
-            [(encoder.series.keys[number], [second for at, second in seconds if at == number])
+    return ([counting.label_keys[number] for number in columns.labels],
+            [(counting.series_keys[number], [second for at, second in seconds if at == number])
              for number in columns.series])
 
 
@@ -146,7 +147,7 @@ def test_a_worker_that_numbered_too_many_keys_starts_over_and_nothing_is_lost(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The numbering is bounded: past NAMES_LIMIT keys a worker names them again from 0 and the
     control plane forgets its old numbers; a worker's numbers are its own (two workers, same names)."""
-    monkeypatch.setattr(columns_module, "NAMES_LIMIT", 50)
+    monkeypatch.setattr(counting_module, "NAMES_LIMIT", 50)
     clock = Clock()
     workers = [DeltaRecorder(clock=clock) for _ in range(2)]
     merged, single = MergedRecorder(clock=clock), Recorder(clock=clock)
