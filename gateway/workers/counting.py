@@ -67,13 +67,13 @@ class Counting:
         # this report's label sets: numbers, requests, latency sums, histograms (row x BUCKETS)
         self.labels, self.counts = array("i", bytes(4 * rows)), array("i", bytes(4 * rows))
         self.sums, self.hist = array("d", bytes(8 * rows)), array("i", bytes(4 * rows * BUCKETS))
-        self.labels_used = 0
+        self.labels_used, self.label_rows = 0, rows
         # this report's series: numbers and outcomes (row x outcomes)
         self.series, self.outcomes = array("i", bytes(4 * rows)), array("i", bytes(4 * rows * _OUTCOMES))
-        self.series_used = 0
+        self.series_used, self.series_rows = 0, rows
         # this report's (series, second) pairs: SECOND_ROW numbers each, and their histograms
         self.seconds, self.second_hist = array("q", bytes(8 * rows * SECOND_ROW)), array("i", bytes(4 * rows * BUCKETS))
-        self.cells_used = 0
+        self.cells_used, self.cell_rows = 0, rows
 
     def _start_numbering(self) -> None:
         self.label_numbers: dict[Label, int] = {}
@@ -90,12 +90,23 @@ class Counting:
     def record(self, label: Label, key: SeriesKey | None, outcome: Outcome, bucket: int, latency_s: float,
                second: int) -> None:
         """One sample: ``label``'s totals (``bucket`` -1: not timed), and unless ``key`` is None
-        (the client chose the version: never judged) the series' outcomes and ``second``'s counts."""
+        (the client chose the version: never judged) the series' outcomes and ``second``'s counts.
+        A report's first sample of a label set, a series or a (series, second) pair takes the next
+        row of its pool, inline: no call, whatever the number of models in the traffic."""
+        generation = self.generation
         number = self.label_numbers.get(label)
-        if number is not None and self.label_mark[number] == self.generation:
+        if number is None or self.labels_used >= MAX_SERIES and self.label_mark[number] != generation:
+            number = self._label_number(label)
+        if self.label_mark[number] == generation:
             at = self.label_at[number]
         else:
-            at = self._label_row(label)
+            at = self.labels_used
+            if at == self.label_rows:
+                self._more_labels()
+            self.labels_used = at + 1
+            self.label_mark[number], self.label_at[number] = generation, at
+            self.labels[at], self.counts[at], self.sums[at] = number, 0, 0.0
+            self.hist[at * BUCKETS:(at + 1) * BUCKETS] = _ZERO_BUCKETS
         self.counts[at] += 1
         if bucket >= 0:
             self.sums[at] += latency_s
@@ -103,13 +114,34 @@ class Counting:
         if key is None:
             return
         number = self.series_numbers.get(key)
-        if number is not None and self.series_mark[number] == self.generation:
+        if number is None or self.series_used >= MAX_SERIES and self.series_mark[number] != generation:
+            number = self._series_number(key)
+        if self.series_mark[number] == generation:
             at = self.series_at[number]
-            cell = self.series_cell[number] if self.series_second[number] == second else self._cell(number, second)
+            fresh = self.series_second[number] != second
         else:
-            at, cell = self._series_row(key, second)
+            at = self.series_used
+            if at == self.series_rows:
+                self._more_series()
+            self.series_used = at + 1
+            self.series_mark[number], self.series_at[number] = generation, at
+            self.series[at] = number
+            self.outcomes[at * _OUTCOMES:(at + 1) * _OUTCOMES] = _ZERO_OUTCOMES
+            fresh = True
+        if fresh:  # the series' first sample of this second in this report: a new (series, second) pair
+            cell = self.cells_used
+            if cell == self.cell_rows:
+                self._more_cells()
+            self.cells_used = cell + 1
+            self.series_second[number], self.series_cell[number] = second, cell
+            row = cell * SECOND_ROW
+            self.seconds[row], self.seconds[row + 1] = number, second
+            self.seconds[row + 2:row + SECOND_ROW] = _ZERO_COUNTS
+            self.second_hist[cell * BUCKETS:(cell + 1) * BUCKETS] = _ZERO_BUCKETS
+        else:
+            cell = self.series_cell[number]
+            row = cell * SECOND_ROW
         self.outcomes[at * _OUTCOMES + OUTCOME_AT[outcome]] += 1
-        row = cell * SECOND_ROW
         if bucket >= 0:  # the judged requests: successes and upstream errors, timed
             self.seconds[row + 2] += 1
             self.second_hist[cell * BUCKETS + bucket] += 1
@@ -122,9 +154,9 @@ class Counting:
         elif outcome is Outcome.REJECTED:
             self.seconds[row + 6] += 1
 
-    def _label_row(self, label: Label) -> int:
-        """The label set's first sample of this report: its row (past MAX_SERIES label sets in one
-        report, the overflow's: label sets that clients control cannot grow a report)."""
+    def _label_number(self, label: Label) -> int:
+        """A label set's number, named now if it is new; past MAX_SERIES label sets in one report,
+        the overflow's (label sets that clients control cannot grow a report)."""
         if self.labels_used >= MAX_SERIES:
             label = (UNKNOWN_MODEL, "", "", label[3], "")
         number = self.label_numbers.get(label)
@@ -134,19 +166,10 @@ class Counting:
             self.new_labels.append(label)
             self.label_mark.append(0)
             self.label_at.append(0)
-        elif self.label_mark[number] == self.generation:
-            return self.label_at[number]  # the overflow, already in this report
-        at = self.labels_used
-        if at == len(self.labels):
-            _double(self.labels, self.counts, self.sums, self.hist)
-        self.labels_used = at + 1
-        self.label_mark[number], self.label_at[number] = self.generation, at
-        self.labels[at], self.counts[at], self.sums[at] = number, 0, 0.0
-        self.hist[at * BUCKETS:(at + 1) * BUCKETS] = _ZERO_BUCKETS
-        return at
+        return number
 
-    def _series_row(self, key: SeriesKey, second: int) -> tuple[int, int]:
-        """The series' first sample of this report: its row and its (series, second) pair's."""
+    def _series_number(self, key: SeriesKey) -> int:
+        """A series' number, as :meth:`_label_number` does for a label set."""
         if self.series_used >= MAX_SERIES:
             key = (UNKNOWN_MODEL, "")
         number = self.series_numbers.get(key)
@@ -156,30 +179,19 @@ class Counting:
             self.new_series.append(key)
             for per_number in (self.series_mark, self.series_at, self.series_second, self.series_cell):
                 per_number.append(0)
-        elif self.series_mark[number] == self.generation:  # the overflow, already in this report
-            at = self.series_at[number]
-            return at, self.series_cell[number] if self.series_second[number] == second else self._cell(number, second)
-        at = self.series_used
-        if at == len(self.series):
-            _double(self.series, self.outcomes)
-        self.series_used = at + 1
-        self.series_mark[number], self.series_at[number] = self.generation, at
-        self.series[at] = number
-        self.outcomes[at * _OUTCOMES:(at + 1) * _OUTCOMES] = _ZERO_OUTCOMES
-        return at, self._cell(number, second)
+        return number
 
-    def _cell(self, number: int, second: int) -> int:
-        """A new (series, second) pair of this report (a series' first sample of a second)."""
-        cell = self.cells_used
-        if cell * SECOND_ROW == len(self.seconds):
-            _double(self.seconds, self.second_hist)
-        self.cells_used = cell + 1
-        self.series_second[number], self.series_cell[number] = second, cell
-        row = cell * SECOND_ROW
-        self.seconds[row], self.seconds[row + 1] = number, second
-        self.seconds[row + 2:row + SECOND_ROW] = _ZERO_COUNTS
-        self.second_hist[cell * BUCKETS:(cell + 1) * BUCKETS] = _ZERO_BUCKETS
-        return cell
+    def _more_labels(self) -> None:
+        _double(self.labels, self.counts, self.sums, self.hist)
+        self.label_rows *= 2
+
+    def _more_series(self) -> None:
+        _double(self.series, self.outcomes)
+        self.series_rows *= 2
+
+    def _more_cells(self) -> None:
+        _double(self.seconds, self.second_hist)
+        self.cell_rows *= 2
 
     def take(self) -> Columns:
         """What came since the last report, as columns; the next report starts empty."""

@@ -143,6 +143,59 @@ def test_merging_a_report_of_a_thousand_models_is_a_few_array_operations_not_one
     assert merged.window("m00007", "2", 10).errors == 3
 
 
+def worker_calls_per_request(models: int, per_report: int = 1500, reports: int = 3) -> float:
+    """Python calls (functions and builtins) per request of a worker recording ``per_report``
+    requests over ``models`` models (80/20 over two versions) between reports, its reports included,
+    once every label set was named (the first reports, not counted)."""
+    clock = Clock()
+    worker = DeltaRecorder(clock=clock)
+    names = ["qc"] if models == 1 else [f"m{index:05d}" for index in range(models)]
+
+    def serve() -> None:
+        for _ in range(reports):
+            for index in range(per_report):
+                worker.record(names[index % models], "3" if index % 5 == 0 else "2", Outcome.SUCCESS, 0.003,
+                              "weighted", "http", "200", "client")
+            clock.now += 0.25
+            worker.take_delta()
+
+    serve()
+    return python_calls(serve) / (per_report * reports)
+
+
+def test_a_worker_s_sample_costs_the_same_over_a_thousand_models_as_over_one() -> None:
+    """Over 1,000 models nearly every sample of a report is its label set's and series' first
+    (~3,000 requests a report over ~2,000 of each): a worker that made or took up a totals and a
+    series object for each, then encoded them one by one in Python, called ~12 more functions per
+    request than over one model (17 against 5; +23% CPU per request, bench/scale.py --only workers).
+    Now such a sample takes the next row of the report's arrays inline, and a report is a few
+    array operations whatever it carries."""
+    one, spread = worker_calls_per_request(1), worker_calls_per_request(MODELS)
+    assert spread <= one + 0.05, f"calls per request: {one:.2f} over one model, {spread:.2f} over {MODELS}"
+
+
+def test_past_max_series_in_one_report_a_worker_s_label_sets_fold_into_the_overflow_and_lose_no_request(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(counting_module, "MAX_SERIES", 40)
+    clock = Clock()
+    worker, merged = DeltaRecorder(clock=clock), MergedRecorder(clock=clock)
+    for _ in range(2):
+        for index in range(100):
+            worker.record(f"m{index:05d}", "2", Outcome.SUCCESS, 0.004, "weighted", "http", "200")
+        worker.record("m00099", "2", Outcome.CLIENT_ERROR, 0.004, "weighted", "grpc", "400")
+        clock.now += 0.5
+        delta = worker.take_delta()
+        assert delta.columns is not None
+        assert (len(delta.columns.labels), len(delta.columns.series)) == (42, 41), \
+            "40 label sets, then one overflow per protocol; 40 series, then the overflow's"
+        merged.merge(1, delta)
+    rows = dict(merged.totals.items())
+    assert rows[("_unknown", "", "", "http", "")].count == 2 * 60
+    assert rows[("_unknown", "", "", "grpc", "")].count == 2
+    assert sum(row.count for row in rows.values()) == 2 * 101
+    assert merged.window("_unknown", "", 10).requests == 2 * 60 and merged.window("m00007", "2", 10).requests == 2
+
+
 def test_a_worker_that_numbered_too_many_keys_starts_over_and_nothing_is_lost(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The numbering is bounded: past NAMES_LIMIT keys a worker names them again from 0 and the
