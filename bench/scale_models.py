@@ -213,8 +213,10 @@ def _tables(rows: dict[tuple[str, int], list[dict[str, Any]]], args: argparse.Na
 @sweep("workers", "--workers 1 and 2 with traffic over 1 and --traffic-models models: CPU per request, supervisor")
 def workers_sweep(args: argparse.Namespace) -> list[Table]:
     spread_over = (1, args.traffic_models)
-    configurations = [(label, workers, models) for models in spread_over for workers in (1, 2)
-                      for label in scale_harness.TREES]
+    # a run over one model and its run over the spread side by side (ABBA over rounds): the ratio is
+    # of two runs seconds apart, so a shared machine's swings between rounds do not enter it
+    configurations = [(label, workers, models) for workers in (1, 2) for label in scale_harness.TREES
+                      for models in spread_over]
     rows: dict[tuple[str, int, int], list[dict[str, float]]] = {config: [] for config in configurations}
     with workdir() as tmp, stubs([args.traffic_models]) as started:
         stub = started[args.traffic_models]
@@ -249,5 +251,6 @@ def workers_sweep(args: argparse.Namespace) -> list[Table]:
                            "supervisor ms CPU/s": spread([r["supervisor_ms_s"] for r in found]) if workers > 1 else "-",
                            "errors": int(sum(r["errors"] for r in found))})
     table.notes.append(f"{args.rounds} round(s), configurations interleaved; wrk -t2 -c32, {args.load_s:g} s per run; "
-                       "'vs 1 model': the same round's run with traffic on one model, same worker count")
+                       "'vs 1 model': the same round's run with traffic on one model, same worker count, run just "
+                       "before or after it")
     return [table]
