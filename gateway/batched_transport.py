@@ -17,7 +17,7 @@ import asyncio
 from typing import Any
 
 Data = bytes | bytearray | memoryview
-_JOIN_BELOW = 64 << 10  # pending bytes under which the pieces are joined
+JOIN_BELOW = 64 << 10  # pending bytes under which the pieces are joined
 
 class BatchedTransport(asyncio.Transport):
     """``raw``, but the writes of one loop iteration are joined into one ``raw.write()`` on the
@@ -46,15 +46,21 @@ class BatchedTransport(asyncio.Transport):
             pending.append(data)
             self._size += len(data)
 
-    def write_now(self, data: Data) -> None:
+    def write_now(self, data: Data, body: Data | None = None) -> None:
         """A whole answer: sent at once when nothing of this iteration waits before it (one
         ``send()`` either way; joining it on the loop's next turn would cost that turn, an epoll
-        and a callback, and nothing would join it on an HTTP/1.1 connection), else after what waits."""
+        and a callback, and nothing would join it on an HTTP/1.1 connection), else after what waits.
+        ``body``: a large one after ``data`` (its head), written as it is (one writev, no join)."""
         if self._pending is None and not self.shut_down:
             if not self.raw.is_closing():
-                self.raw.write(data)
+                if body is None:
+                    self.raw.write(data)
+                else:
+                    self.raw.writelines((data, body))
         else:
             self.write(data)
+            if body is not None:
+                self.write(body)
 
     def flush(self) -> None:
         """Small pieces are joined into one ``write`` (a copy of a few KB is cheaper than a vector of
@@ -64,7 +70,7 @@ class BatchedTransport(asyncio.Transport):
         if pending and not self.raw.is_closing():
             if len(pending) == 1:
                 self.raw.write(pending[0])
-            elif self._size < _JOIN_BELOW:
+            elif self._size < JOIN_BELOW:
                 self.raw.write(b"".join(pending))
             else:
                 self.raw.writelines(pending)

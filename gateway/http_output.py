@@ -16,7 +16,7 @@ from typing import Any
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE, RequestResponseCycle
 
-from gateway.batched_transport import BatchedTransport
+from gateway.batched_transport import JOIN_BELOW, BatchedTransport
 from gateway.drain import cut_by_drain
 
 
@@ -292,9 +292,14 @@ class GatewayCycle(RequestResponseCycle):
         if not self.keep_alive:
             parts.append(b"connection: close\r\n")
         parts.append(b"\r\n")
-        if self.scope["method"] != "HEAD":
-            parts.append(body)
-        self.transport.write_now(b"".join(parts))  # the whole answer: no wait for the loop's next turn
+        if len(body) < JOIN_BELOW:
+            if self.scope["method"] != "HEAD":
+                parts.append(body)
+            self.transport.write_now(b"".join(parts))  # the whole answer: no wait for the loop's next turn
+        elif self.scope["method"] != "HEAD":  # a large body goes out as it is after its head (one writev), never
+            self.transport.write_now(b"".join(parts), body)  # copied into one with it (an 8 MB answer was, whole)
+        else:
+            self.transport.write_now(b"".join(parts))
         self.response_complete = True
         self.message_event.set()
         if not self.keep_alive:

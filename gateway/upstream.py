@@ -94,10 +94,15 @@ class UpstreamResponse:
         self._slot: Slot | None = None  # given back when the headers arrive
 
     def body(self) -> bytes:
-        """The whole body of a complete response."""
+        """The whole body of a complete response: its reads joined once (later calls, as for its
+        outcome or a shadow's comparison, take the same bytes; the reads go)."""
         assert self.complete, "body() on a response still streaming"
         chunks = self._chunks
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if len(chunks) == 1:
+            return chunks[0]
+        body = b"".join(chunks)
+        self._chunks = [body]
+        return body
 
     async def read(self) -> bytes:
         """The whole body, waiting for it if it is still arriving; body() works afterwards."""
