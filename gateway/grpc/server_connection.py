@@ -126,8 +126,8 @@ class GrpcServerConnection(Http2ServerConnection):
             if filling is not None:  # the rest of a large message spread over frames, copied in as it comes
                 at = call.filled
                 take_now = min(len(filling) - at, len(view))
-                if take_now:
-                    filling[at:at + take_now] = view[:take_now]
+                if take_now:  # through a view: a bytearray's own slice assignment copies the piece to a temporary first
+                    memoryview(filling)[at:at + take_now] = view[:take_now]
                     call.filled = at + take_now
                     view = view[take_now:]
                 if call.filled < len(filling):
@@ -208,11 +208,13 @@ class GrpcServerConnection(Http2ServerConnection):
         assert pieces is not None
         compressed = take(pieces, 5)[0] != 0
         buffer = bytearray(length)
+        into = memoryview(buffer)  # a bytearray's own slice assignment copies each piece to a temporary first
         at = 0
         while pieces:
             piece = pieces.popleft()
-            buffer[at:at + len(piece)] = piece
+            into[at:at + len(piece)] = piece
             at += len(piece)
+        into.release()
         call.gathered = 0
         call.filling, call.filled, call.fill_compressed = buffer, at, compressed
         return True
