@@ -77,15 +77,13 @@ FILL_AFTER = 256 << 10  # ... once this much of it came (GatewayCycle.rest_of_bo
 # Header lines found writable by uvicorn's checks (its two regular expressions, ~1.7 µs an answer
 # run on each): the same lines come back with every answer (Triton's content type, the routing
 # headers of each version), so each distinct one is checked once. Bounded: full, it starts again
-# empty. A content-length of digits is writable without a look-up.
+# empty. A content-length of digits is writable without a look-up (GatewayCycle.answer).
 _WRITABLE: set[tuple[bytes, bytes]] = set()
 WRITABLE_KEPT = 1024
 
 
 def _writable(name: bytes, value: bytes) -> bool:
     """uvicorn's checks of a header line it writes (lower case changes none of the bytes refused)."""
-    if name == b"content-length" and value.isdigit():
-        return True
     if HEADER_RE.search(name) or HEADER_VALUE_RE.search(value):
         return False
     if len(_WRITABLE) >= WRITABLE_KEPT:
@@ -179,7 +177,9 @@ class GatewayCycle(RequestResponseCycle):
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             self.waiting_for_100_continue = False
         if not self.disconnected and not self.response_complete:
-            self.flow.resume_reading()
+            flow = self.flow
+            if flow.read_paused:  # (uvicorn's call to find it was not, per request)
+                flow.resume_reading()
             await self.message_event.wait()
             self.message_event.clear()
         if self.disconnected or self.response_complete:
@@ -302,7 +302,8 @@ class GatewayCycle(RequestResponseCycle):
         writable = _WRITABLE
         for header in headers:
             name, value = header
-            if header not in writable and not _writable(name, value):
+            if header not in writable and not (value.isdigit() and name == b"content-length") \
+                    and not _writable(name, value):
                 await self.send({"type": "http.response.start", "status": status, "headers": headers})
                 await self.send({"type": "http.response.body", "body": body})
                 return

@@ -155,12 +155,19 @@ class UpstreamResponse:
         self._buffered += len(chunk)
         if self._buffered > _HIGH_WATER and self._conn is not None:
             self._conn.pause()
-        self._wake()
+        waiter = self._waiter  # _wake's, inline: an answer's body arrives with its headers, whose wake came first
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _finish(self) -> None:
         self.complete = True
-        self._cancel_timer()
-        self._wake()
+        deadlines = self._deadlines  # _cancel_timer's and _wake's, inline (once per exchange)
+        if deadlines is not None:
+            self._deadlines = None
+            deadlines.pending.discard(self)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _fail(self, error: UpstreamError) -> None:
         if self.complete or self.error is not None:
@@ -349,6 +356,7 @@ class HttpUpstream:
         ``slot``: the admission slot the request holds on this server (a fleet's), given back as the
         response headers arrive, or on the way out if none arrive.
         """
+        exchange: UpstreamResponse | None = None
         try:
             head = self._head(method, target, headers, body, content_length)
             timeout = self.request_timeout_s if timeout_s is None else timeout_s
@@ -394,8 +402,8 @@ class HttpUpstream:
                 resent = True
                 conn = await self._connection_for_resend(method, exchange.error, deadline)
         finally:
-            if slot is not None:
-                slot.release()  # nothing if the answer gave it back already
+            if slot is not None and (exchange is None or exchange._slot is not None):  # not given back by the answer
+                slot.release()
 
 
     async def _connection_for_resend(self, method: bytes, dropped: UpstreamError, deadline: float) -> _Connection:
