@@ -30,6 +30,7 @@ _started = time.monotonic()
 
 LEFT_CHANGED = "modules that left the session Triton changed or dead (put back)"
 TRITON_DIED = "session Tritons that died: the end of their logs"
+TRITON_AT_FAILURE = "the Tritons a failed test's process ran when it failed: their stubs and the end of their logs"
 DESCRIPTORS = "modules that left descriptors open (5 or more; the 15 worst)"
 SLOW_UNSAID = f"tests over {SLOW_S:.0f} s whose docstring does not say why"
 UNSCHEDULED_S = 20.0
@@ -55,6 +56,46 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         note(SLOW_UNSAID, f"{took:5.0f} s  {item.nodeid}", took)
     if took > UNSCHEDULED_S and schedule.expected_s(item.nodeid) < UNSCHEDULED_S / 2:
         note(UNSCHEDULED, f"{took:5.0f} s  {item.nodeid}", took)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.failed and report.when == "call":
+        for line in _tritons_now():
+            note(TRITON_AT_FAILURE, f"{item.nodeid}: {line}")
+
+
+def _tritons_now(lines: int = 12) -> list[str]:
+    """What a stalled Triton looked like (two loads once went unanswered for 300 s under load):
+    each tritonserver this process started, its stubs' states and its log's last lines."""
+    from tests.processes import children, descendants
+
+    found = []
+    for pid in sorted(descendants(os.getpid())):
+        try:
+            args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if not args[0].endswith(b"/tritonserver"):
+            continue
+        states = []
+        for stub in children(pid):
+            try:
+                stat = open(f"/proc/{stub}/stat").read().rsplit(")", 1)[1].split()
+                states.append(stat[0])
+            except (OSError, IndexError):
+                continue
+        backends = next((a.split(b"=", 1)[1] for a in args if a.startswith(b"--backend-directory=")), b"")
+        log = os.path.join(os.path.dirname(backends.decode()), "tritonserver.log")
+        try:
+            with open(log, errors="replace") as text:
+                tail = [each.rstrip() for each in text if each.strip() and not each.startswith(("|", "+-"))][-lines:]
+        except OSError as exc:
+            tail = [f"(no log: {exc})"]
+        found.append(f"tritonserver {pid}, stubs {' '.join(states) or 'none'}:\n" + "\n".join(f"    {t}" for t in tail))
+    return found
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -94,7 +135,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     from tests.abuse import worst
 
     limits = {DESCRIPTORS: 15}
-    for section in (LEFT_CHANGED, TRITON_DIED, DESCRIPTORS, SLOW_UNSAID, UNSCHEDULED, OPEN_NOW):
+    for section in (LEFT_CHANGED, TRITON_DIED, TRITON_AT_FAILURE, DESCRIPTORS, SLOW_UNSAID, UNSCHEDULED, OPEN_NOW):
         lines = sorted(_findings.get(section, []), key=lambda entry: -entry[0])[:limits.get(section)]
         if lines:
             terminalreporter.section(section)
