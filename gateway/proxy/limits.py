@@ -3,7 +3,11 @@
 - **Whole bodies first.** A request body that did not arrive with its headers is read to the
   end before an upstream connection is taken, so a client trickling its body holds only its
   own socket and the bytes it sent, never one of the pool's connections (128 such clients
-  used to starve every other request, ``/readyz`` included). Time between two pieces of a
+  used to starve every other request, ``/readyz`` included). A body announced at 1 MiB or more
+  is read into a buffer of its announced size once 256 KB of it came, charged whole to the
+  budget from then on (``http_output.GatewayCycle.rest_of_body``: one copy, no join): such a
+  client holds up to ``max_body_bytes`` for 256 KB sent, as a gRPC call reserves its announced
+  message from its 5-byte prefix. Time between two pieces of a
   body is bounded by ``body_idle_timeout_s`` in the server protocol (``gateway.server``).
 - **Two byte bounds.** One body: ``max_body_bytes`` (64 MiB, Triton's own default
   ``--http-max-input-size``), refused from ``Content-Length`` before a byte is read, or as soon
