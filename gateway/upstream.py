@@ -183,35 +183,30 @@ class UpstreamResponse:
             deadlines.pending.discard(self)
 
 
-class Deadlines:
-    """The deadlines of one pool's exchanges in flight, under one timer armed for the earliest.
+class EarliestTimer:
+    """Deadlines of many under one timer, armed for the earliest: a timer handle per deadline
+    (armed, cancelled, its libuv handle closed) was ~2.4 µs of a request's CPU. Deadlines kept
+    together mostly share their timeout, so a later one's is later: keeping one is a set or dict
+    insertion, and the timer is re-armed only when the earliest moves earlier (a shorter timeout)
+    or when it fires. Each is met as exactly as a timer of its own would meet it. A subclass
+    keeps the deadlines (``keep``, calling :meth:`_arm` only when one comes before ``_at``) and
+    says in :meth:`_expire` what to do with those past due."""
 
-    A timer handle per request (armed, cancelled, its libuv handle closed) was ~2.4 µs of one
-    request's CPU. Exchanges of one pool mostly share their timeout, so a later one's deadline
-    is later: keeping one costs a set insertion, and the timer is re-armed only when the earliest
-    deadline moves earlier (a shorter timeout) or when it fires (once a timeout at most at c=1).
-    Each deadline is met as exactly as a timer of its own would meet it."""
-
-    __slots__ = ("loop", "pending", "_timer", "_at")
+    __slots__ = ("loop", "_timer", "_at")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.pending: set[UpstreamResponse] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._at = 0.0  # when the timer fires
 
-    def keep(self, exchange: UpstreamResponse, deadline: float, timeout: float) -> None:
-        """Abort ``exchange`` with UpstreamTimeout at ``deadline`` unless it ends before."""
-        exchange.deadline, exchange.timeout, exchange._deadlines = deadline, timeout, self
-        self.pending.add(exchange)
-        if self._timer is None or deadline < self._at:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._at = deadline
-            self._timer = self.loop.call_at(deadline, self._due)
+    def _arm(self, deadline: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._at = deadline
+        self._timer = self.loop.call_at(deadline, self._due)
 
     def close(self) -> None:
-        """The pool closes: its timer goes (an exchange still in flight ends with its connection)."""
+        """Its owner closes: the timer goes."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -219,11 +214,37 @@ class Deadlines:
     def _due(self) -> None:
         self._timer = None
         now = self.loop.time() + 0.001  # the loop's clock counts milliseconds: a timer may fire just short of it
+        earliest = self._expire(now)
+        if earliest is not None:
+            self._arm(earliest)
+
+    def _expire(self, now: float) -> float | None:
+        """End what is due by ``now``; the earliest deadline still kept, if any."""
+        raise NotImplementedError
+
+
+class Deadlines(EarliestTimer):
+    """The deadlines of one pool's exchanges in flight (once a timeout at most at c=1), under one
+    timer (:class:`EarliestTimer`); an exchange past its own is aborted with UpstreamTimeout. The
+    pool closing drops the timer; an exchange still in flight ends with its connection."""
+
+    __slots__ = ("pending",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self.pending: set[UpstreamResponse] = set()
+
+    def keep(self, exchange: UpstreamResponse, deadline: float, timeout: float) -> None:
+        """Abort ``exchange`` with UpstreamTimeout at ``deadline`` unless it ends before."""
+        exchange.deadline, exchange.timeout, exchange._deadlines = deadline, timeout, self
+        self.pending.add(exchange)
+        if self._timer is None or deadline < self._at:
+            self._arm(deadline)
+
+    def _expire(self, now: float) -> float | None:
         for exchange in [exchange for exchange in self.pending if exchange.deadline <= now]:
             exchange.abort(UpstreamTimeout(f"Triton did not answer within {exchange.timeout:g}s"))
-        if self.pending:
-            self._at = min(exchange.deadline for exchange in self.pending)
-            self._timer = self.loop.call_at(self._at, self._due)
+        return min((exchange.deadline for exchange in self.pending), default=None)
 
 
 class _Connection(asyncio.Protocol):

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from gateway.fleet.config import ServerSpec
 from gateway.fleet.reads import ServerReads
-from gateway.upstream import HttpUpstream
+from gateway.upstream import EarliestTimer, HttpUpstream
 
 
 class GrpcClient(Protocol):
@@ -184,45 +184,29 @@ class Server:
         await self.grpc.aclose()
 
 
-class WaitDeadlines:
-    """The deadlines of one server's queued requests, under one timer armed for the earliest (as
-    ``upstream.Deadlines`` keeps a pool's exchanges): queued requests mostly share their timeout,
-    so a later one's deadline is later, and keeping one is a dict insertion; the timer is re-armed
-    when the earliest deadline moves earlier or when it fires. A deadline is met as exactly as a
-    timer of its own would meet it: its waiter is answered False."""
+class WaitDeadlines(EarliestTimer):
+    """The deadlines of one server's queued requests under one timer (as ``upstream.Deadlines``
+    keeps a pool's exchanges: :class:`~gateway.upstream.EarliestTimer`); a waiter past its own
+    is answered False."""
 
-    __slots__ = ("loop", "pending", "_timer", "_at")
+    __slots__ = ("pending",)
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+        super().__init__(loop)
         self.pending: dict[asyncio.Future[bool], float] = {}  # waiter -> its deadline (loop time)
-        self._timer: asyncio.TimerHandle | None = None
-        self._at = 0.0
 
     def keep(self, waiter: asyncio.Future[bool], deadline: float) -> None:
         self.pending[waiter] = deadline
         if self._timer is None or deadline < self._at:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._at = deadline
-            self._timer = self.loop.call_at(deadline, self._due)
+            self._arm(deadline)
 
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _due(self) -> None:
-        self._timer = None
-        now = self.loop.time() + 0.001  # the loop's clock counts milliseconds: a timer may fire just short of it
+    def _expire(self, now: float) -> float | None:
         pending = self.pending
         for waiter in [waiter for waiter, deadline in pending.items() if deadline <= now]:
             del pending[waiter]
             if not waiter.done():
                 waiter.set_result(False)
-        if pending:
-            self._at = min(pending.values())
-            self._timer = self.loop.call_at(self._at, self._due)
+        return min(pending.values(), default=None)
 
 
 class Admitted:

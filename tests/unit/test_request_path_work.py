@@ -112,6 +112,20 @@ async def serve(connection: Any, transport: PeerTransport, answered: int) -> Non
     raise AssertionError("no answer")
 
 
+async def served_under(profile: Callable[[FrameType, str, Any], None], connection: Any,
+                       transport: PeerTransport) -> None:
+    """WARM requests (the upstream connection; each version's routing headers, made once), then
+    REQUESTS more with ``profile`` as the profile hook."""
+    for answered in range(WARM):
+        await serve(connection, transport, answered)
+    sys.setprofile(profile)
+    try:
+        for answered in range(WARM, WARM + REQUESTS):
+            await serve(connection, transport, answered)
+    finally:
+        sys.setprofile(None)
+
+
 def counter() -> tuple[Counter[str], Callable[[FrameType, str, Any], None]]:
     """What the profile hook finds of the avoidable work, by kind and caller."""
     seen: Counter[str] = Counter()
@@ -137,15 +151,8 @@ def counter() -> tuple[Counter[str], Callable[[FrameType, str, Any], None]]:
 async def test_a_routed_request_builds_no_function_arms_no_timer_and_asks_for_no_loop(
         gateway_front: tuple[Any, PeerTransport, Recorder]) -> None:
     connection, transport, recorder = gateway_front
-    for answered in range(WARM):  # the upstream connection; each version's routing headers, made once
-        await serve(connection, transport, answered)
     seen, profile = counter()
-    sys.setprofile(profile)
-    try:
-        for answered in range(WARM, WARM + REQUESTS):
-            await serve(connection, transport, answered)
-    finally:
-        sys.setprofile(None)
+    await served_under(profile, connection, transport)
     assert transport.written.count(b"HTTP/1.1 200 OK") == WARM + REQUESTS
     routed = recorder.window("qc", "2", 60).requests + recorder.window("qc", "3", 60).requests
     assert routed == WARM + REQUESTS, "each one routed and recorded once"
@@ -164,20 +171,13 @@ CALLS_PER_REQUEST = {"Admitted.release": 1, "Server.release": 1, "UpstreamRespon
 async def test_a_routed_request_makes_no_call_that_finds_nothing_to_do(
         gateway_front: tuple[Any, PeerTransport, Recorder]) -> None:
     connection, transport, _ = gateway_front
-    for answered in range(WARM):
-        await serve(connection, transport, answered)
     calls: Counter[str] = Counter()
 
     def profile(frame: FrameType, event: str, arg: Any) -> None:
         if event == "call" and frame.f_code.co_qualname in CALLS_PER_REQUEST:
             calls[frame.f_code.co_qualname] += 1
 
-    sys.setprofile(profile)
-    try:
-        for answered in range(WARM, WARM + REQUESTS):
-            await serve(connection, transport, answered)
-    finally:
-        sys.setprofile(None)
+    await served_under(profile, connection, transport)
     assert {name: calls[name] for name in CALLS_PER_REQUEST} == {
         name: count * REQUESTS for name, count in CALLS_PER_REQUEST.items()}, f"over {REQUESTS} requests"
 
