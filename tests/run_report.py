@@ -14,6 +14,7 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -75,7 +76,7 @@ def _tritons_now(lines: int = 12) -> list[str]:
     found = []
     for pid in sorted(descendants(os.getpid())):
         try:
-            args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
         if not args[0].endswith(b"/tritonserver"):
@@ -83,7 +84,7 @@ def _tritons_now(lines: int = 12) -> list[str]:
         states = []
         for stub in children(pid):
             try:
-                stat = open(f"/proc/{stub}/stat").read().rsplit(")", 1)[1].split()
+                stat = Path(f"/proc/{stub}/stat").read_text().rsplit(")", 1)[1].split()
                 states.append(stat[0])
             except (OSError, IndexError):
                 continue
