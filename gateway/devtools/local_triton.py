@@ -366,14 +366,11 @@ class LocalTriton:
             time.sleep(0.2)
         raise TritonUnavailable(f"tritonserver not ready after {self.ready_timeout_s:.0f}s; log: {self.log_path}")
 
-    def stop(self, timeout_s: float = 15.0, graceful: bool = True) -> None:
-        """SIGTERM and wait: Triton closes its endpoints, answers what is in flight and unloads
-        every model, polling each second (~3 s with the sample models). ``graceful=False``: SIGKILL
-        at once, for a server nobody uses any more (the end of a ``with`` block)."""
+    def stop(self, timeout_s: float = 15.0) -> None:
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM if graceful else signal.SIGKILL)
+                os.killpg(process.pid, signal.SIGTERM)
             try:
                 process.wait(timeout_s)
             except subprocess.TimeoutExpired:
@@ -394,5 +391,4 @@ class LocalTriton:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
-        # the block was the server's whole use: no one waits on what a graceful stop is for
-        self.stop(graceful=False)
+        self.stop()
