@@ -32,7 +32,7 @@ def test_an_interrupted_parallel_run_leaves_no_process_behind(how: str, tmp_path
     gateway process, and then stops them all (about 30 s on a quiet machine, 95 s at load 15)."""
     held = tmp_path / "held"
     held.mkdir()
-    env = {**os.environ, "HELD_DIR": str(held)}
+    env = {**os.environ, "HELD_DIR": str(held), "PYTHONFAULTHANDLER": "1"}  # SIGABRT: its threads' stacks
     run = subprocess.Popen([sys.executable, "-m", "pytest", str(TARGET), "-n", "2", "-p", "no:cacheprovider",
                             "--basetemp", str(tmp_path / "nested"), "-q", "-o", "timeout=300"],
                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -52,7 +52,10 @@ def test_an_interrupted_parallel_run_leaves_no_process_behind(how: str, tmp_path
             os.killpg(run.pid, signal.SIGTERM)
         else:  # a supervisor that signals the process it started
             run.send_signal(signal.SIGTERM)
-        output, _ = run.communicate(timeout=150)
+        try:
+            output, _ = run.communicate(timeout=150)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the run did not end within 150 s of the signal:\n{stuck(run)}") from None
         wait_for(lambda: not any(alive(pid, since) for pid, since in started.items()), 30,
                  what="every process the run started to end")
     finally:
@@ -65,3 +68,29 @@ def test_an_interrupted_parallel_run_leaves_no_process_behind(how: str, tmp_path
                 os.kill(pid, signal.SIGKILL)
     assert not left, left
     assert run.returncode == pytest.ExitCode.INTERRUPTED, output[-3000:]
+
+
+def stuck(run: subprocess.Popen[str]) -> str:
+    """What a run that did not end was doing (it happened in full runs only, the Ctrl-C case, three
+    times in a row, never alone): each process of it still there, its state and kernel wait, and
+    the Python stacks of every thread, which PYTHONFAULTHANDLER prints on SIGABRT."""
+    pids = descendants(run.pid) | {run.pid}
+    states = []
+    for pid in sorted(pids):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            wchan = Path(f"/proc/{pid}/wchan").read_text()
+        except OSError:
+            continue
+        states.append(f"{stat} {wchan:24} {' '.join(command_lines({pid}))}")
+    for pid in pids:
+        if any("python" in line for line in command_lines({pid})):
+            try:
+                os.kill(pid, signal.SIGABRT)
+            except ProcessLookupError:
+                pass
+    try:
+        output, _ = run.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        output = "(no output within 30 s of SIGABRT)"
+    return "\n".join(states) + "\n" + output[-12000:]
