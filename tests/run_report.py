@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -31,6 +33,7 @@ _started = time.monotonic()
 
 LEFT_CHANGED = "modules that left the session Triton changed or dead (put back)"
 TRITON_DIED = "session Tritons that died: the end of their logs"
+SIGNALS_CHANGED = "tests that left SIGINT ignored, or SIGINT or SIGTERM blocked, in their process (put back)"
 TRITON_AT_FAILURE = "the Tritons a failed test's process ran when it failed: their stubs and the end of their logs"
 DESCRIPTORS = "modules that left descriptors open (5 or more; the 15 worst)"
 SLOW_UNSAID = f"tests over {SLOW_S:.0f} s whose docstring does not say why"
@@ -57,6 +60,26 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         note(SLOW_UNSAID, f"{took:5.0f} s  {item.nodeid}", took)
     if took > UNSCHEDULED_S and schedule.expected_s(item.nodeid) < UNSCHEDULED_S / 2:
         note(UNSCHEDULED, f"{took:5.0f} s  {item.nodeid}", took)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """A process started after a test that left SIGINT ignored or blocked inherits it: the
+    interrupted-run test's nested run then never saw its Ctrl-C (its tests slept on, three full
+    runs in a row). Whoever did it is named, and the signals are put back."""
+    yield
+    if threading.current_thread() is not threading.main_thread():
+        return
+    changed = sorted(signal.Signals(s).name for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+                     if s in (signal.SIGINT, signal.SIGTERM))
+    if changed:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
+        changed = [f"{name} blocked" for name in changed]
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        changed.append("SIGINT ignored")
+    if changed:
+        note(SIGNALS_CHANGED, f"{item.nodeid}: {', '.join(changed)}")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -136,7 +159,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     from tests.abuse import worst
 
     limits = {DESCRIPTORS: 15}
-    for section in (LEFT_CHANGED, TRITON_DIED, TRITON_AT_FAILURE, DESCRIPTORS, SLOW_UNSAID, UNSCHEDULED, OPEN_NOW):
+    for section in (LEFT_CHANGED, SIGNALS_CHANGED, TRITON_DIED, TRITON_AT_FAILURE, DESCRIPTORS, SLOW_UNSAID,
+                    UNSCHEDULED, OPEN_NOW):
         lines = sorted(_findings.get(section, []), key=lambda entry: -entry[0])[:limits.get(section)]
         if lines:
             terminalreporter.section(section)
