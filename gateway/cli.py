@@ -127,15 +127,18 @@ def _triton(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     try:
-        with triton:
-            print(f"ready: {', '.join(triton.models)} from {triton.repository}; Ctrl-C stops it", flush=True)
-            while True:
-                time.sleep(3600)
+        triton.start()
+        print(f"ready: {', '.join(triton.models)} from {triton.repository}; Ctrl-C stops it", flush=True)
+        while True:
+            time.sleep(3600)
     except KeyboardInterrupt:
+        triton.stop()  # graceful: it answers what is in flight and unloads its models
         print("tritonserver stopped", flush=True)
     except TritonUnavailable as exc:
         print(f"gateway triton: {exc}", file=sys.stderr, flush=True)
         return 1
+    finally:
+        triton.stop()  # anything else ending this process (a no-op after the above)
     return 0
 
 

@@ -366,11 +366,14 @@ class LocalTriton:
             time.sleep(0.2)
         raise TritonUnavailable(f"tritonserver not ready after {self.ready_timeout_s:.0f}s; log: {self.log_path}")
 
-    def stop(self, timeout_s: float = 15.0) -> None:
+    def stop(self, timeout_s: float = 15.0, graceful: bool = True) -> None:
+        """SIGTERM and wait: Triton closes its endpoints, answers what is in flight and unloads
+        every model, polling each second (~3 s with the sample models). ``graceful=False``: SIGKILL
+        at once, for a server nobody uses any more (the end of a ``with`` block)."""
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
+                os.killpg(process.pid, signal.SIGTERM if graceful else signal.SIGKILL)
             try:
                 process.wait(timeout_s)
             except subprocess.TimeoutExpired:
@@ -391,4 +394,5 @@ class LocalTriton:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
+        # the block was the server's whole use: no one waits on what a graceful stop is for
+        self.stop(graceful=False)
