@@ -148,7 +148,7 @@ def test_a_gateway_killed_mid_descent_carries_on_down_from_the_store(triton: Loc
             # 6 s intervals: the restart below (a few seconds) lands inside the 50% hold
             start(first.url, judge="thresholds", steps=[60, 100], interval_s=6, min_requests=10, failure_limit=1,
                   rollback={"mode": "gradual", "steps": [50, 20, 0]})
-            wait_for(lambda: rollout_status(first.url)["state"] == "rolling_back", 15, interval=0.05,
+            wait_for(lambda: rollout_status(first.url)["state"] == "rolling_back", 30, interval=0.05,
                      what="the descent")
             first.kill()
     finally:
