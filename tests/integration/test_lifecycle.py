@@ -79,7 +79,9 @@ def test_full_cycle_under_load_fails_no_request(own_triton: LocalTriton) -> None
                      10, what="shadow comparisons")
             status, rollout = admin_call(gw.url, "POST", "/admin/models/qc/rollout", {
                 "canary": "3", "judge": "thresholds", "steps": [25, 50, 100], "interval_s": 1.5, "min_requests": 10,
-                "unload_previous": True})
+                # the cycle is under test, not the judge: an identical v3's p99 read 2.00x the stable's
+                # (28 vs 14 ms, 1.5x by default) on 1.5 s of a full run's load (ci-15)
+                "max_p99_ratio": 3.0, "unload_previous": True})
             assert status == 200, rollout
             shadow = rollout["shadow"]["3"]
             assert shadow["requests"] > 0 and shadow["agreement_rate"] == 0.0, "v3 answers 3x, v2 answers 2x"
