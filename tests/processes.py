@@ -14,6 +14,12 @@ def _stat(pid: int | str) -> tuple[str, int, int] | None:
     return fields[0], int(fields[1]), int(fields[19])
 
 
+def state(pid: int) -> str | None:
+    """The process's state letter (R, S, D, Z, ...), None when it is gone."""
+    stat = _stat(pid)
+    return None if stat is None else stat[0]
+
+
 def started_at(pid: int) -> int | None:
     """When the process started: with its pid, who it is (pids are reused within minutes here)."""
     stat = _stat(pid)

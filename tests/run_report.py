@@ -94,7 +94,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def _tritons_now(lines: int = 12) -> list[str]:
     """What a stalled Triton looked like (two loads once went unanswered for 300 s under load):
     each tritonserver this process started, its stubs' states and its log's last lines."""
-    from tests.processes import children, descendants
+    from tests.processes import children, descendants, state
 
     found = []
     for pid in sorted(descendants(os.getpid())):
@@ -104,13 +104,7 @@ def _tritons_now(lines: int = 12) -> list[str]:
             continue
         if not args[0].endswith(b"/tritonserver"):
             continue
-        states = []
-        for stub in children(pid):
-            try:
-                stat = Path(f"/proc/{stub}/stat").read_text().rsplit(")", 1)[1].split()
-                states.append(stat[0])
-            except (OSError, IndexError):
-                continue
+        states = [letter for stub in children(pid) if (letter := state(stub))]
         backends = next((a.split(b"=", 1)[1] for a in args if a.startswith(b"--backend-directory=")), b"")
         log = os.path.join(os.path.dirname(backends.decode()), "tritonserver.log")
         try:

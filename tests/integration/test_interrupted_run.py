@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import alive, command_lines, descendants, started_at
+from tests.processes import alive, command_lines, descendants, started_at, state
 from tests.support import wait_for
 
 pytestmark = pytest.mark.triton
@@ -87,11 +87,10 @@ def stuck(run: subprocess.Popen[str]) -> str:
     states = []
     for pid in sorted(pids):
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
             wchan = Path(f"/proc/{pid}/wchan").read_text()
         except OSError:
             continue
-        states.append(f"{stat} {wchan:24} {' '.join(command_lines({pid}))}")
+        states.append(f"{state(pid)} {wchan:24} {' '.join(command_lines({pid}))}")
     for pid in pids:
         if any("python" in line for line in command_lines({pid})):
             try:
