@@ -233,11 +233,11 @@ def drain_qc(triton: LocalTriton) -> int:
     return len(versions)
 
 
-def settled_triton_requests(triton: LocalTriton) -> int:
+def settled_triton_requests(triton: LocalTriton, still_s: float = 0.1) -> int:
     """``triton_requests`` once Triton has answered every ``qc`` request sent to it before
-    (``drain_qc``: its probes are in the count) and the count stopped moving."""
+    (``drain_qc``: its probes are in the count) and the count stopped moving for ``still_s``."""
     drain_qc(triton)
-    return still_triton_requests(triton)
+    return still_triton_requests(triton, still_s)
 
 
 def still_triton_requests(triton: LocalTriton, still_s: float = 0.1, within_s: float = 5.0) -> int:
