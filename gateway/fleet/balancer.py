@@ -188,11 +188,22 @@ class Fleet:
         return server
 
     async def admit(self, server: Server, model: Key, version: Key | None, deadline_s: float | None) -> Server:
-        """A slot on ``server``, or on the least busy other candidate with room, or a wait in order
-        for one on ``server``: until the request's own deadline (``deadline_s`` from now; None:
-        until the caller gives up, e.g. the gRPC front at the client's deadline), or at most
-        ``queue_timeout_s`` when shedding is set. ``Overloaded`` (429 + Retry-After) when none
-        came. ``inflight`` counts it."""
+        """A slot on ``server``, or on the least busy other candidate with room (:meth:`room`), or a
+        wait in order for one on ``server``: until the request's own deadline (``deadline_s`` from
+        now; None: until the caller gives up, e.g. the gRPC front at the client's deadline), or at
+        most ``queue_timeout_s`` when shedding is set (:meth:`queue_wait`). ``Overloaded`` (429 +
+        Retry-After) when none came. ``inflight`` counts it. (The HTTP fleet does the same in its
+        request's own frame: ``FleetHttp.request``.)"""
+        found = self.room(server, model, version)
+        if found is not None:
+            return found
+        if await server.wait_for_slot(self.queue_wait(deadline_s)):
+            return server
+        raise self.refusal(server, deadline_s)
+
+    def room(self, server: Server, model: Key, version: Key | None) -> Server | None:
+        """A slot taken on ``server``, else on the least busy other candidate with room
+        (``inflight`` counts it); None when every one is full."""
         if server.has_room:
             server.inflight += 1
             return server
@@ -201,17 +212,24 @@ class Fleet:
             for other in self.candidates(model, version):
                 if other.has_room and other.inflight < best.inflight:
                     best = other
-        if best is not server:
-            best.inflight += 1
-            return best
+        if best is server:
+            return None
+        best.inflight += 1
+        return best
+
+    def queue_wait(self, deadline_s: float | None) -> float | None:
+        """How long a request with ``deadline_s`` left waits for a slot: its deadline, or
+        ``queue_timeout_s`` when shedding is set and comes first."""
         shed = self.queue_timeout_s
-        sheds_first = shed is not None and (deadline_s is None or shed < deadline_s)
-        if await server.wait_for_slot(shed if sheds_first else deadline_s):
-            return server
+        return shed if shed is not None and (deadline_s is None or shed < deadline_s) else deadline_s
+
+    def refusal(self, server: Server, deadline_s: float | None) -> Overloaded:
+        """No slot came on ``server`` within :meth:`queue_wait`: counted, and why."""
         server.refused += 1
+        sheds_first = self.queue_wait(deadline_s) != deadline_s
         why = "the queue wait (queue_timeout_ms) ran out" if sheds_first else "the request's deadline ran out"
-        raise Overloaded(f"fleet '{self.name}': every server is at its limit of {self.max_inflight} requests in "
-                         f"flight and {why}; retry later")
+        return Overloaded(f"fleet '{self.name}': every server is at its limit of {self.max_inflight} requests in "
+                          f"flight and {why}; retry later")
 
     def failed(self, server: Server, error: str) -> None:
         if server.transport_failed(error, self.eject_after):

@@ -28,6 +28,7 @@ it lives on the gRPC side, so this package imports no front and no protocol of t
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable
 
 from gateway.errors import ClientGone, UpstreamError, UpstreamTimeout, UpstreamUnavailable
@@ -69,8 +70,28 @@ class FleetHttp(HttpUpstream):
         if server is None:  # several servers: choose by what the front handed over (one server reads none of it)
             server = fleet.pick(model, version) if sequence is None else fleet.pick_in_sequence(model, version,
                                                                                                  sequence)
-        if server.limit and server.inflight >= server.limit:  # full: wait for a slot, within the request's deadline
-            server, timeout_s = await self._admit(server, model, version, timeout_s)
+        if server.limit and server.inflight >= server.limit:  # full: room elsewhere, else a wait for a slot in order
+            found = None if server is fleet.single else fleet.room(server, model, version)
+            if found is not None:
+                server = found
+            else:  # Fleet.admit's wait, in this frame: the queued request's wake resumes no coroutine more
+                timeout = fleet.request_timeout_s if timeout_s is None else timeout_s
+                shed = fleet.queue_timeout_s
+                wait = timeout if shed is None or shed >= timeout else shed  # Fleet.queue_wait's, inline
+                loop = server.running_loop()
+                started = loop.time()
+                waiter = server.queue(loop, started + wait, wait)
+                if waiter is None:
+                    raise fleet.refusal(server, timeout)
+                try:
+                    granted = await waiter
+                except asyncio.CancelledError:
+                    server.leave_queue(waiter)
+                    raise
+                if not granted:
+                    server.leave_queue(waiter)
+                    raise fleet.refusal(server, timeout)
+                timeout_s = max(timeout - (loop.time() - started), 0.001)
         else:
             server.inflight += 1
         if for_exchange is not None:

@@ -101,40 +101,55 @@ class Server:
 
     async def wait_for_slot(self, timeout_s: float | None) -> bool:
         """Queue for a slot, at most ``timeout_s`` (None: until the caller is cancelled); True once
-        one is ours (``inflight`` counts it).
+        one is ours (``inflight`` counts it). The HTTP fleet awaits :meth:`queue`'s waiter in its
+        own frame instead (``fleet.forward``): this coroutine is a frame more per queued request."""
+        loop = self.running_loop()
+        waiter = self.queue(loop, None if timeout_s is None else loop.time() + timeout_s, timeout_s)
+        if waiter is None:
+            return False
+        try:
+            granted = await waiter
+        except asyncio.CancelledError:
+            self.leave_queue(waiter)
+            raise
+        if not granted:
+            self.leave_queue(waiter)
+        return granted
+
+    def queue(self, loop: asyncio.AbstractEventLoop, deadline: float | None,
+              timeout_s: float | None = None) -> asyncio.Future[bool] | None:
+        """A place in the queue for a slot: a future the caller awaits, True once the slot is its own
+        (``inflight`` counts it), False past ``deadline`` (``loop``'s time, from :meth:`running_loop`;
+        None: none); None when ``timeout_s`` leaves no time to wait (refused at once). A waiter that ends otherwise than
+        True (cancelled, False) goes through :meth:`leave_queue`.
 
         The request's task awaits its waiter itself: a handed slot wakes it in one step, and a
         timeout answers the waiter False. ``asyncio.wait_for`` over a shield cost three more
         futures and three more loop turns per queued request (at 1,000 HTTP connections every
         request queues: that was a tenth of the gateway's CPU); a timer armed and cancelled per
-        queued request, ~2 µs more: the queue's deadlines share one timer (:class:`WaitDeadlines`)."""
+        queued request, ~2 µs more: the queue's deadlines share one timer (:class:`WaitDeadlines`);
+        and a coroutine between the request and its waiter, a frame made and resumed per queued
+        request: the caller awaits the future in its own frame."""
         if timeout_s is not None and timeout_s <= 0:
-            return False
-        loop = self.running_loop()
+            return None
         waiter: asyncio.Future[bool] = loop.create_future()
         self.waiters.append(waiter)
-        deadlines = None
-        if timeout_s is not None:
+        if deadline is not None:
             deadlines = self._wait_deadlines
             if deadlines is None or deadlines.loop is not loop:
                 deadlines = self._wait_deadlines = WaitDeadlines(loop)
-            deadlines.keep(waiter, loop.time() + timeout_s)
-        try:
-            granted = await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled() and waiter.result():
-                self.release()  # the slot was handed to a caller that went away: pass it on
-            else:
-                self._leave(waiter)
-            raise
-        finally:
-            if deadlines is not None:
-                deadlines.pending.pop(waiter, None)
-        if not granted:
-            self._leave(waiter)
-        return granted
+            deadlines.keep(waiter, deadline)
+        return waiter
 
-    def _leave(self, waiter: asyncio.Future[bool]) -> None:
+    def leave_queue(self, waiter: asyncio.Future[bool]) -> None:
+        """A queued request goes (cancelled, or past its deadline): out of the queue; a slot handed
+        to it as it went is passed on."""
+        deadlines = self._wait_deadlines
+        if deadlines is not None:
+            deadlines.pending.pop(waiter, None)
+        if waiter.done() and not waiter.cancelled() and waiter.result():
+            self.release()  # the slot was handed to a caller that went away: pass it on
+            return
         waiter.cancel()
         try:
             self.waiters.remove(waiter)  # O(queue), on the overload path only
@@ -143,14 +158,17 @@ class Server:
 
     def release(self) -> None:
         """A request on this server was answered (or failed): hand its slot to the first live
-        waiter, or free it. Called through its ``Admitted`` once, by the upstream connection as
-        the answer arrives, not when the request's task next runs: on a busy loop that is later,
-        and the slot would count a request Triton has finished."""
+        waiter (its deadline dropped), or free it. Called through its ``Admitted`` once, by the
+        upstream connection as the answer arrives, not when the request's task next runs: on a busy
+        loop that is later, and the slot would count a request Triton has finished."""
         waiters = self.waiters
         while waiters:
             waiter = waiters.popleft()
             if not waiter.done():
                 waiter.set_result(True)
+                deadlines = self._wait_deadlines
+                if deadlines is not None:
+                    deadlines.pending.pop(waiter, None)
                 return
         self.inflight -= 1
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import sys
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
 from types import FrameType
 from typing import Any
@@ -140,8 +141,6 @@ def counter() -> tuple[Counter[str], Callable[[FrameType, str, Any], None]]:
                 seen[f"{code.co_name} from {caller.f_code.co_name}"] += 1  # asyncio's loop: Python methods
             elif code.co_filename.endswith("/asyncio/locks.py") and caller and ours(caller.f_code.co_filename):
                 seen[f"asyncio.Event.{code.co_name} from {caller.f_code.co_name}"] += 1  # the cycle's is an Arrival
-            elif code.co_name == "wait_for_slot":
-                seen["queued"] += 1
         elif event == "c_call" and getattr(arg, "__name__", "") in AVOIDABLE and ours(code.co_filename):
             seen[f"{arg.__name__} from {code.co_name}"] += 1
 
@@ -182,13 +181,24 @@ async def test_a_routed_request_makes_no_call_that_finds_nothing_to_do(
         name: count * REQUESTS for name, count in CALLS_PER_REQUEST.items()}, f"over {REQUESTS} requests"
 
 
-async def test_a_queued_request_arms_no_timer_and_asks_for_no_loop() -> None:
-    """At 1,000 connections every request waits for an admission slot (``max_inflight_per_server``):
-    that wait costs a future and a loop turn, not a timer armed and cancelled per request (its
-    deadline shares the queue's one timer) nor a getpid() for the running loop. The old code: a
-    ``call_later`` from ``wait_for_slot`` and two ``get_running_loop`` per queued request."""
-    clients, rounds = 5, 8
-    async with front(clients, max_inflight=1) as (connections, recorder, fleet):
+class CountedQueue(deque[Any]):
+    """A server's queue of waiters that counts the requests that joined it."""
+
+    joined = 0
+
+    def append(self, waiter: Any) -> None:
+        self.joined += 1
+        super().append(waiter)
+
+
+async def bursts_under(profile: Callable[[FrameType, str, Any], None], clients: int, rounds: int,
+                       max_inflight: int) -> int:
+    """``rounds`` bursts of one request on each of ``clients`` connections at once (two more first,
+    unprofiled: the upstream connection, the routing headers, the queue's timer), with ``profile``
+    as the profile hook; every one answered and recorded. How many of the profiled ones queued."""
+    async with front(clients, max_inflight=max_inflight) as (connections, recorder, fleet):
+        server = fleet.single
+        assert server is not None
         async def burst(done: int) -> None:
             for connection, _ in connections:
                 connection.data_received(REQUEST)
@@ -198,22 +208,62 @@ async def test_a_queued_request_arms_no_timer_and_asks_for_no_loop() -> None:
                 await asyncio.sleep(0.001)
             raise AssertionError("not all answered")
 
-        for done in range(2):  # warm: the upstream connection, the routing headers, the queue's timer
+        for done in range(2):
             await burst(done)
-        seen, profile = counter()
+        queue = server.waiters = CountedQueue()
         sys.setprofile(profile)
         try:
             for done in range(2, 2 + rounds):
                 await burst(done)
         finally:
             sys.setprofile(None)
-        queued = seen.pop("queued", 0)
-        assert queued >= rounds * (clients - 1) // 2, f"the requests queued for the one slot: {queued}"
-        assert dict(seen) == {}, f"per-request work over {rounds * clients} requests, {queued} queued: {dict(seen)}"
-        server = fleet.single
-        assert server is not None and server.inflight == 0 and not server.waiters
+        assert server.inflight == 0 and not server.waiters
         routed = recorder.window("qc", "2", 60).requests + recorder.window("qc", "3", 60).requests
         assert routed == (2 + rounds) * clients
+    return queue.joined
+
+
+async def test_a_queued_request_arms_no_timer_and_asks_for_no_loop() -> None:
+    """At 1,000 connections every request waits for an admission slot (``max_inflight_per_server``):
+    that wait costs a future and a loop turn, not a timer armed and cancelled per request (its
+    deadline shares the queue's one timer) nor a getpid() for the running loop. The old code: a
+    ``call_later`` from ``wait_for_slot`` and two ``get_running_loop`` per queued request."""
+    clients, rounds = 5, 8
+    seen, profile = counter()
+    queued = await bursts_under(profile, clients, rounds, max_inflight=1)
+    assert queued >= rounds * (clients - 1) // 2, f"the requests queued for the one slot: {queued}"
+    assert dict(seen) == {}, f"per-request work over {rounds * clients} requests, {queued} queued: {dict(seen)}"
+
+
+async def test_a_queued_request_runs_no_coroutine_of_its_own_and_three_calls() -> None:
+    """A queued request's wake resumes its task's whole chain of coroutine frames once more (the
+    front's, the proxy's, the pipeline's, the fleet's): a coroutine between the request and its
+    waiter is one more frame made and resumed per queued request, at 1,000 connections per request.
+    The HTTP fleet awaits the queue's waiter in its request's own frame: besides the one more resume
+    of the frames any request runs, a queued request makes three calls (the server's loop, its place
+    in the queue, its deadline kept). The old code ran three coroutines of its own (``FleetHttp._admit``,
+    ``Fleet.admit``, ``Server.wait_for_slot``) and seven calls."""
+    clients, rounds = 5, 8
+
+    def counting(calls: Counter[str]) -> Callable[[FrameType, str, Any], None]:
+        def profile(frame: FrameType, event: str, arg: Any) -> None:
+            code = frame.f_code
+            if event == "call" and ours(code.co_filename):
+                kind = "coroutine" if code.co_flags & inspect.CO_COROUTINE else "call"
+                calls[f"{kind} {code.co_qualname}"] += 1
+        return profile
+
+    served: Counter[str] = Counter()
+    await bursts_under(counting(served), clients, rounds, max_inflight=0)
+    queued: Counter[str] = Counter()
+    waited = await bursts_under(counting(queued), clients, rounds, max_inflight=1)
+    assert waited >= rounds * (clients - 1) // 2, f"the requests queued for the one slot: {waited}"
+    coroutines = {name for name in queued if name.startswith("coroutine ")}
+    assert coroutines - set(served) == set(), "coroutines only a queued request runs"
+    more = {name: queued[name] - served[name] for name in queued if name.startswith("call ")
+            and queued[name] != served[name]}
+    assert more == {"call Server.running_loop": waited, "call Server.queue": waited,
+                    "call WaitDeadlines.keep": waited}, f"calls besides a served request's, {waited} queued"
 
 
 def test_a_header_line_is_checked_once_and_a_line_uvicorn_refuses_is_never_kept() -> None:
