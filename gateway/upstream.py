@@ -5,7 +5,8 @@ CPU. Measured on these machines, httpx costs 1,000-2,500 µs per request, aiohtt
 170-380 µs, and a minimal protocol with httptools' parser ~30 µs (uvicorn's server is
 built the same way). This module is that minimal client, with what a proxy needs:
 
-- a bounded pool per upstream (LIFO idle list, waiters handed connections directly);
+- a bounded pool per upstream (LIFO idle list, waiters handed connections directly, their
+  deadlines under one timer: :class:`WaiterDeadlines`);
 - request bodies as bytes (one write) or streamed (``Content-Length`` kept, else chunked);
 - responses buffered when they arrive whole, streamed chunk by chunk otherwise (SSE), with
   read back-pressure;
@@ -25,7 +26,7 @@ import asyncio
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 import httptools
 
@@ -247,6 +248,43 @@ class Deadlines(EarliestTimer):
         return min((exchange.deadline for exchange in self.pending), default=None)
 
 
+class WaiterDeadlines(EarliestTimer):
+    """Waiters (futures a task awaits) with a deadline each, under one timer (:class:`EarliestTimer`):
+    ``wait_for`` per waiter armed a timer and cost two more futures and loop turns. A waiter past
+    its own is ended by :meth:`_timed_out`; its owner drops it from ``pending`` when it ends first."""
+
+    __slots__ = ("pending",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self.pending: dict[asyncio.Future[Any], float] = {}  # waiter -> its deadline (loop time)
+
+    def keep(self, waiter: asyncio.Future[Any], deadline: float) -> None:
+        self.pending[waiter] = deadline
+        if self._timer is None or deadline < self._at:
+            self._arm(deadline)
+
+    def _expire(self, now: float) -> float | None:
+        pending = self.pending
+        for waiter in [waiter for waiter, deadline in pending.items() if deadline <= now]:
+            del pending[waiter]
+            if not waiter.done():
+                self._timed_out(waiter)
+        return min(pending.values(), default=None)
+
+    def _timed_out(self, waiter: asyncio.Future[Any]) -> None:
+        raise NotImplementedError
+
+
+class _ConnectionWaits(WaiterDeadlines):
+    """Requests waiting for one of a full pool's connections, each until its exchange's deadline."""
+
+    __slots__ = ()
+
+    def _timed_out(self, waiter: asyncio.Future[Any]) -> None:
+        waiter.set_exception(UpstreamTimeout("no free connection to Triton before the deadline"))
+
+
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; feeds httptools and routes callbacks to the exchange."""
 
@@ -359,6 +397,8 @@ class HttpUpstream:
         self._waiters: deque[asyncio.Future[_Connection | None]] = deque()
         self._closing = False
         self._deadlines: Deadlines | None = None
+        self._waits: _ConnectionWaits | None = None  # the waiters' deadlines
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop it serves, once a request waited
 
     reads_sequences = False  # one server: a request's sequence fields choose nothing (see FleetHttp)
 
@@ -387,9 +427,9 @@ class HttpUpstream:
                 assert loop is not None
                 deadline = loop.time() + timeout
             else:
-                loop = asyncio.get_running_loop()
+                loop = self._running_loop()
                 deadline = loop.time() + timeout
-                conn = await self._acquire(deadline)
+                conn = await self._acquire(deadline, once=not isinstance(body, Body))
             deadlines = self._deadlines
             if deadlines is None or deadlines.loop is not loop:
                 deadlines = self._deadlines = Deadlines(loop)
@@ -521,9 +561,13 @@ class HttpUpstream:
                 return conn
         return None
 
-    async def _acquire(self, deadline: float, fresh: bool = False) -> _Connection:
+    async def _acquire(self, deadline: float, fresh: bool = False, once: bool = False) -> _Connection:
         """The connection idle the shortest, else a new one, else the next one released.
-        ``fresh``: not one that sat idle (a resend; the others sat idle as long as the dropped one)."""
+        ``fresh``: not one that sat idle (a resend; the others sat idle as long as the dropped one).
+        ``once``: the request cannot be sent again (a streamed body): a connection handed over
+        waits for the loop to poll once, so a FIN Triton sent right after its answer is seen
+        (read in the next poll, not with the answer) before the body goes on a dying connection.
+        A whole body needs no wait: it is sent again on a fresh connection if dropped unanswered."""
         idle = self._idle
         while idle and not fresh:
             conn = idle.pop()
@@ -532,18 +576,46 @@ class HttpUpstream:
         if self._open < self.max_connections:
             self._open += 1
             return await self._connect()
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
+        if deadline <= loop.time():
+            raise UpstreamTimeout("no free connection to Triton before the deadline")
         waiter: asyncio.Future[_Connection | None] = loop.create_future()
         self._waiters.append(waiter)
+        waits = self._waits
+        if waits is None or waits.loop is not loop:
+            waits = self._waits = _ConnectionWaits(loop)
+        waits.keep(waiter, deadline)  # past it, the waiter raises UpstreamTimeout
         try:
-            handed: _Connection | None = await asyncio.wait_for(waiter, max(0.0, deadline - loop.time()))
-        except TimeoutError:
-            raise UpstreamTimeout("no free connection to Triton before the deadline") from None
+            handed = await waiter
+        except asyncio.CancelledError:
+            waits.pending.pop(waiter, None)
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:  # handed over as it went
+                given = waiter.result()
+                if given is None:
+                    self._slot_freed()  # its slot, to the next waiter
+                else:
+                    self._release(given)
+            raise
+        waits.pending.pop(waiter, None)
+        if once and handed is not None:
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                self._release(handed)
+                raise
         if handed is None:  # a slot freed up: open a new connection in it
             return await self._connect()
         if handed.closed or handed.transport.is_closing():  # type: ignore[union-attr]
-            return await self._acquire(deadline, fresh)  # Triton closed it as it answered: its slot comes back
+            return await self._acquire(deadline, fresh, once)  # Triton closed it as it answered: its slot comes back
         return handed
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop this pool serves, asked for once (asyncio.get_running_loop makes a getpid()
+        system call per call in 3.11; one loop owns a pool)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -600,6 +672,9 @@ class HttpUpstream:
         deadlines, self._deadlines = self._deadlines, None
         if deadlines is not None:
             deadlines.close()
+        waits, self._waits = self._waits, None
+        if waits is not None:
+            waits.close()
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from gateway.fleet.config import ServerSpec
 from gateway.fleet.reads import ServerReads
-from gateway.upstream import EarliestTimer, HttpUpstream
+from gateway.upstream import HttpUpstream, WaiterDeadlines
 
 
 class GrpcClient(Protocol):
@@ -202,29 +202,14 @@ class Server:
         await self.grpc.aclose()
 
 
-class WaitDeadlines(EarliestTimer):
-    """The deadlines of one server's queued requests under one timer (as ``upstream.Deadlines``
-    keeps a pool's exchanges: :class:`~gateway.upstream.EarliestTimer`); a waiter past its own
-    is answered False."""
+class WaitDeadlines(WaiterDeadlines):
+    """The deadlines of one server's queued requests under one timer (:class:`~gateway.upstream.WaiterDeadlines`,
+    as a pool's waiters for a connection); a waiter past its own is answered False."""
 
-    __slots__ = ("pending",)
+    __slots__ = ()
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(loop)
-        self.pending: dict[asyncio.Future[bool], float] = {}  # waiter -> its deadline (loop time)
-
-    def keep(self, waiter: asyncio.Future[bool], deadline: float) -> None:
-        self.pending[waiter] = deadline
-        if self._timer is None or deadline < self._at:
-            self._arm(deadline)
-
-    def _expire(self, now: float) -> float | None:
-        pending = self.pending
-        for waiter in [waiter for waiter, deadline in pending.items() if deadline <= now]:
-            del pending[waiter]
-            if not waiter.done():
-                waiter.set_result(False)
-        return min(pending.values(), default=None)
+    def _timed_out(self, waiter: asyncio.Future[Any]) -> None:
+        waiter.set_result(False)
 
 
 class Admitted:

@@ -50,7 +50,8 @@ WARM = 10
 BODY = b'{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,4],"data":[1,2,3,4]}]}'
 REQUEST = (b"POST /v2/models/qc/infer HTTP/1.1\r\nhost: gateway\r\ncontent-length: %d\r\n\r\n" % len(BODY)) + BODY
 FUNCTION_PER_CALL = frozenset(["<lambda>", "<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"])
-AVOIDABLE = frozenset(["get_running_loop", "call_at", "call_later", "search"])  # search: a regular expression
+# search: a regular expression; wait_for: a timer and two more futures and loop turns per wait
+AVOIDABLE = frozenset(["get_running_loop", "call_at", "call_later", "search", "wait_for"])
 
 
 def ours(filename: str) -> bool:
@@ -71,12 +72,12 @@ async def gateway_front() -> AsyncIterator[tuple[Any, PeerTransport, Recorder]]:
 
 
 @contextlib.asynccontextmanager
-async def front(clients: int, max_inflight: int = 0) -> AsyncIterator[
+async def front(clients: int, max_inflight: int = 0, pool_size: int = 128) -> AsyncIterator[
         tuple[list[tuple[Any, PeerTransport]], Recorder, Fleet]]:
     """The gateway's HTTP front, proxy and one-server fleet, with ``clients`` connections to it."""
     http_output._WRITABLE.clear()  # what other tests in this process left there: the warm-up fills it
     listener = await Listener().start()
-    fleet = Fleet("default", grpc_connect=RecordingConnection, max_inflight=max_inflight)
+    fleet = Fleet("default", grpc_connect=RecordingConnection, max_inflight=max_inflight, pool_size=pool_size)
     server = fleet.add(ServerSpec(http=f"http://127.0.0.1:{listener.port}", grpc=f"127.0.0.1:{listener.port}"))
     server.up = server.in_service = True
     fleet.changed()
@@ -192,11 +193,11 @@ class CountedQueue(deque[Any]):
 
 
 async def bursts_under(profile: Callable[[FrameType, str, Any], None], clients: int, rounds: int,
-                       max_inflight: int) -> int:
+                       max_inflight: int, pool_size: int = 128) -> int:
     """``rounds`` bursts of one request on each of ``clients`` connections at once (two more first,
     unprofiled: the upstream connection, the routing headers, the queue's timer), with ``profile``
     as the profile hook; every one answered and recorded. How many of the profiled ones queued."""
-    async with front(clients, max_inflight=max_inflight) as (connections, recorder, fleet):
+    async with front(clients, max_inflight=max_inflight, pool_size=pool_size) as (connections, recorder, fleet):
         server = fleet.single
         assert server is not None
         async def burst(done: int) -> None:
@@ -211,13 +212,15 @@ async def bursts_under(profile: Callable[[FrameType, str, Any], None], clients: 
         for done in range(2):
             await burst(done)
         queue = server.waiters = CountedQueue()
+        if not max_inflight:  # no slots: the requests past the pool's connections wait in its queue
+            queue = server.http._waiters = CountedQueue()
         sys.setprofile(profile)
         try:
             for done in range(2, 2 + rounds):
                 await burst(done)
         finally:
             sys.setprofile(None)
-        assert server.inflight == 0 and not server.waiters
+        assert server.inflight == 0 and not server.waiters and server.http.open_connections <= pool_size
         routed = recorder.window("qc", "2", 60).requests + recorder.window("qc", "3", 60).requests
         assert routed == (2 + rounds) * clients
     return queue.joined
@@ -263,7 +266,7 @@ async def test_a_queued_request_runs_no_coroutine_of_its_own_and_three_calls() -
     more = {name: queued[name] - served[name] for name in queued if name.startswith("call ")
             and queued[name] != served[name]}
     assert more == {"call Server.running_loop": waited, "call Server.queue": waited,
-                    "call WaitDeadlines.keep": waited}, f"calls besides a served request's, {waited} queued"
+                    "call WaiterDeadlines.keep": waited}, f"calls besides a served request's, {waited} queued"
 
 
 def test_a_header_line_is_checked_once_and_a_line_uvicorn_refuses_is_never_kept() -> None:
@@ -281,3 +284,27 @@ def test_a_header_line_is_checked_once_and_a_line_uvicorn_refuses_is_never_kept(
     for index in range(http_output.WRITABLE_KEPT + 10):
         assert http_output._writable(b"x-n", b"%d-" % index)
     assert len(http_output._WRITABLE) <= http_output.WRITABLE_KEPT
+
+
+async def test_a_request_waiting_for_a_pool_connection_arms_no_timer_and_makes_one_future() -> None:
+    """Past the pool's connections (``pool_size``; no admission slots: ``max_inflight_per_server``
+    0, or above it) a request waits for a connection in order: its own future, woken by the
+    connection handed over, its deadline under the pool's one timer for waiters. The old code:
+    ``asyncio.wait_for`` per waiting request (a timer armed and cancelled, two more futures)."""
+    clients, rounds = 5, 8
+    seen, counting = counter()
+    futures = 0
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        nonlocal futures
+        counting(frame, event, arg)
+        if event == "call" and frame.f_code.co_name == "create_future":  # asyncio's loop: a Python method
+            futures += frame.f_back is not None and ours(frame.f_back.f_code.co_filename)
+        elif event == "c_call" and getattr(arg, "__name__", "") == "create_future":
+            futures += ours(frame.f_code.co_filename)
+
+    waited = await bursts_under(profile, clients, rounds, max_inflight=0, pool_size=1)
+    assert waited >= rounds * (clients - 1) // 2, f"the requests that waited for the one connection: {waited}"
+    assert dict(seen) == {}, f"per-request work over {rounds * clients} requests, {waited} waited: {dict(seen)}"
+    served = rounds * clients  # a future per request for its answer (the exchange's waiter), one per wait
+    assert futures == served + waited, f"{futures} futures for {served} requests, {waited} of them waiting"

@@ -93,3 +93,35 @@ async def test_each_deadline_is_met_a_shorter_one_after_a_longer_one_included(po
     with pytest.raises(asyncio.CancelledError):
         await held_long
     assert pool._deadlines is not None and not pool._deadlines.pending, "every exchange left the deadlines"
+
+
+async def test_a_wait_for_a_connection_ends_at_its_deadline_and_a_cancelled_waiter_passes_its_turn_on(
+        pool: HttpUpstream) -> None:
+    """Past the pool's connections a request waits for one in order, its deadline kept under the
+    pool's one timer for waiters (``wait_for`` per waiter armed a timer of its own): it ends at its
+    deadline with UpstreamTimeout, and a waiter cancelled just as a connection's place came to it
+    passes that place on to the next (``wait_for`` returned it to the cancelled waiter instead)."""
+    pool.max_connections = 1
+    loop = asyncio.get_running_loop()
+    held = asyncio.create_task(pool.request(b"POST", b"/v2/models/qc/hold", [], b"{}"))
+    while pool.open_connections < 1:
+        await asyncio.sleep(0.001)
+    started = loop.time()
+    with pytest.raises(UpstreamTimeout, match="no free connection"):
+        await asyncio.wait_for(pool.request(b"POST", b"/v2/models/qc/infer", [], b"{}", timeout_s=0.1), 10)
+    assert loop.time() - started < 5 and pool._waits is not None and not pool._waits.pending
+    gone = asyncio.create_task(pool.request(b"POST", b"/v2/models/qc/infer", [], b"{}"))
+    served = asyncio.create_task(pool.request(b"POST", b"/v2/models/qc/infer", [], b"{}"))
+    while sum(not waiter.done() for waiter in pool._waiters) < 2:
+        await asyncio.sleep(0)
+    first = next(waiter for waiter in pool._waiters if not waiter.done())
+    held.cancel()  # its connection closes: its place goes to the first waiter
+    while not first.done():
+        await asyncio.sleep(0)
+    gone.cancel()  # before it ran on with the place
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    response = await asyncio.wait_for(served, 10)
+    assert response.status == 200 and pool.open_connections == 1 and not pool._waits.pending
+    with pytest.raises(asyncio.CancelledError):
+        await held

@@ -171,9 +171,9 @@ async def test_a_triton_gone_after_the_drop_gives_a_post_the_first_error_not_una
 def test_a_waiter_is_not_handed_a_connection_triton_closed_right_after_answering() -> None:
     """One connection allowed, two requests: the second (its body streamed, so never resent)
     waits for the first's connection, and Triton answers (keep-alive) and closes at once. Under
-    uvloop (the gateway's loop) the answer and the close are read together: the connection is
-    handed to the waiter already closing. The waiter takes a new connection (before: it wrote
-    on the dying one and got a 502 for a request Triton never saw)."""
+    uvloop (the gateway's loop) the close is read in the loop's poll after the answer's: the
+    connection is handed to the waiter as it closes. The waiter takes a new connection (before: it
+    wrote on the dying one and got a 502 for a request Triton never saw)."""
     async def scenario() -> list[bytes]:
         async with DroppingTriton("answer+close", max_connections=1) as triton:
             answers = list(await asyncio.gather(infer(triton), infer(triton, stream())))
