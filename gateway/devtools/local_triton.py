@@ -357,14 +357,29 @@ class LocalTriton:
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self._process is not None and self._process.poll() is not None:
-                raise TritonUnavailable(f"tritonserver exited with {self._process.returncode}; log: {self.log_path}")
+                raise TritonUnavailable(f"tritonserver exited with {self._process.returncode}; log: {self.log_path}"
+                                        f"{self._log_tail()}")
             if self.is_ready():
                 if self._process is not None and listens_on(self._process.pid, self.http_port) is False:
                     raise TritonUnavailable(f"port {self.http_port} answers, but not from the tritonserver started "
                                             f"here (pid {self._process.pid}); log: {self.log_path}")
                 return
             time.sleep(0.2)
-        raise TritonUnavailable(f"tritonserver not ready after {self.ready_timeout_s:.0f}s; log: {self.log_path}")
+        raise TritonUnavailable(f"tritonserver not ready after {self.ready_timeout_s:.0f}s; log: {self.log_path}"
+                                f"{self._log_tail()}")
+
+    def _log_tail(self, lines: int = 12) -> str:
+        """The log's last lines, for an error: a server that failed to start is stopped and its
+        working directory (the log with it) removed before anyone reads the error (an abort at
+        a restart was seen once with nothing left to tell why)."""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - 8192))
+                tail = log.read().decode(errors="replace").splitlines()[-lines:]
+        except (OSError, TypeError):
+            return ""
+        return "".join(f"\n  | {line}" for line in tail)
 
     def stop(self, timeout_s: float = 15.0, graceful: bool = True) -> None:
         """SIGTERM and wait: Triton closes its endpoints, answers what is in flight and unloads

@@ -9,10 +9,11 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from gateway.devtools.local_triton import LocalTriton, free_port_block, listens_on
+from gateway.devtools.local_triton import LocalTriton, TritonUnavailable, free_port_block, listens_on
 from tests.processes import alive, children, started_at
 from tests.support import wait_for
 
@@ -75,3 +76,13 @@ def test_readiness_is_that_of_the_process_started(triton: LocalTriton) -> None:
     assert listens_on(triton.pid, triton.http_port) is True and listens_on(triton.pid, triton.grpc_port) is True
     assert listens_on(os.getpid(), triton.http_port) is False
     assert listens_on(triton.pid, free_port_block(1)) is False
+
+
+def test_a_server_that_exits_at_start_says_why_from_its_log(tmp_path: Path) -> None:
+    """The error carries the log's last lines: the failed server's working directory, its log
+    with it, is removed before anyone reads the error."""
+    server = LocalTriton.on_free_ports(repository=tmp_path / "no-such-repository", models=("qc",))
+    with pytest.raises(TritonUnavailable, match="tritonserver exited with") as raised:
+        server.start()
+    assert "\n  | " in str(raised.value) and "no-such-repository" in str(raised.value), str(raised.value)
+    assert server.pid is None and not server.log_path.exists()
