@@ -33,6 +33,8 @@ _started = time.monotonic()
 
 LEFT_CHANGED = "modules that left the session Triton changed or dead (put back)"
 TRITON_DIED = "session Tritons that died: the end of their logs"
+SIGNALS_AT_START = ("test processes that started with SIGINT ignored, or SIGINT or SIGTERM blocked, inherited from "
+                    "whoever started the run (put back at their start)")
 SIGNALS_CHANGED = "tests that left SIGINT ignored, or SIGINT or SIGTERM blocked, in their process (put back)"
 TRITON_AT_FAILURE = "the Tritons a failed test's process ran when it failed: their stubs and the end of their logs"
 DESCRIPTORS = "modules that left descriptors open (5 or more; the 15 worst)"
@@ -62,14 +64,8 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         note(UNSCHEDULED, f"{took:5.0f} s  {item.nodeid}", took)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
-    """A process started after a test that left SIGINT ignored or blocked inherits it: the
-    interrupted-run test's nested run then never saw its Ctrl-C (its tests slept on, three full
-    runs in a row). Whoever did it is named, and the signals are put back."""
-    yield
-    if threading.current_thread() is not threading.main_thread():
-        return
+def _put_back_signals() -> list[str]:
+    """SIGINT's handler and SIGINT/SIGTERM's mask as a shell gives them; what was not, named."""
     changed = sorted(signal.Signals(s).name for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])
                      if s in (signal.SIGINT, signal.SIGTERM))
     if changed:
@@ -78,7 +74,28 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         changed.append("SIGINT ignored")
-    if changed:
+    return changed
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A run started as a background job of a shell without job control (`make test &`, as a CI
+    harness may) has SIGINT ignored, and every test process inherits it: the first test of each
+    worker was then named below for what it had not done (the judge's four longest, scheduled
+    first, in every fresh-clone run). The processes that run tests start as from an interactive
+    shell instead (a test's Ctrl-C to a server it started must reach it); xdist's controller,
+    which runs none, keeps what it was given."""
+    controller = getattr(session.config.option, "numprocesses", None) and not hasattr(session.config, "workerinput")
+    if not controller and threading.current_thread() is threading.main_thread() and (changed := _put_back_signals()):
+        note(SIGNALS_AT_START, f"{_worker_id(session.config)}: {', '.join(changed)}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """A process started after a test that left SIGINT ignored or blocked inherits it: the
+    interrupted-run test's nested run then never saw its Ctrl-C (its tests slept on, three full
+    runs in a row). Whoever did it is named, and the signals are put back."""
+    yield
+    if threading.current_thread() is threading.main_thread() and (changed := _put_back_signals()):
         note(SIGNALS_CHANGED, f"{item.nodeid}: {', '.join(changed)}")
 
 
@@ -153,8 +170,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     from tests.abuse import worst
 
     limits = {DESCRIPTORS: 15}
-    for section in (LEFT_CHANGED, SIGNALS_CHANGED, TRITON_DIED, TRITON_AT_FAILURE, DESCRIPTORS, SLOW_UNSAID,
-                    UNSCHEDULED, OPEN_NOW):
+    for section in (LEFT_CHANGED, SIGNALS_AT_START, SIGNALS_CHANGED, TRITON_DIED, TRITON_AT_FAILURE, DESCRIPTORS,
+                    SLOW_UNSAID, UNSCHEDULED, OPEN_NOW):
         lines = sorted(_findings.get(section, []), key=lambda entry: -entry[0])[:limits.get(section)]
         if lines:
             terminalreporter.section(section)
