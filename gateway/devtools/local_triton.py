@@ -240,6 +240,7 @@ class LocalTriton:
     ready_timeout_s: float = 60.0
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _workdir: Path | None = field(default=None, init=False, repr=False)
+    _start_id: str = field(default="", init=False, repr=False)
 
     @classmethod
     def on_free_ports(cls, **kwargs: object) -> LocalTriton:
@@ -260,8 +261,10 @@ class LocalTriton:
 
     @property
     def shm_prefix(self) -> str:
-        """The start of the names of this server's Python-backend regions in /dev/shm."""
-        return f"triton_gateway_{self.http_port}_"
+        """The start of the names of this server's Python-backend regions in /dev/shm: its HTTP
+        port and its start, so that a restart on the same ports never meets a region of the
+        server before it, and a late stop() of an old server cannot unlink a new one's."""
+        return f"triton_gateway_{self.http_port}_{self._start_id}_"
 
     @property
     def pid(self) -> int | None:
@@ -322,6 +325,7 @@ class LocalTriton:
                 f"port {', '.join(map(str, taken))} on 127.0.0.1 is already in use (a tritonserver left running? "
                 f"`ss -ltnp 'sport = :{taken[0]}'` names the process); choose other ports or stop it")
         self._workdir = Path(tempfile.mkdtemp(prefix="local-triton-"))
+        self._start_id = self._workdir.name.removeprefix("local-triton-")
         backend_dir = _backend_dir(_pytriton_root(), self._workdir / "backends")
         log_path = self.log_file or (self._workdir / "tritonserver.log")
         with open(log_path, "ab") as log:

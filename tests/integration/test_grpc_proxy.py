@@ -7,6 +7,7 @@ import queue
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -254,6 +255,7 @@ def test_triton_down_gives_unavailable_then_recovers(server: str) -> None:
         with GatewayThread(settings) as gw:
             client = grpcclient.InferenceServerClient(url=grpc_url(gw))
             assert version_of(client.infer("qc", inputs())) == "2"
+            first_prefix = triton.shm_prefix
             triton.stop()
             started = time.monotonic()
             with pytest.raises(InferenceServerException) as caught:
@@ -263,6 +265,8 @@ def test_triton_down_gives_unavailable_then_recovers(server: str) -> None:
             assert message.startswith("gateway: ") and "127.0.0.1" not in message, message
             assert time.monotonic() - started < 5
             triton.start()
+            # its Python-backend regions are named anew: a restart on the same ports never meets the old ones
+            assert triton.shm_prefix != first_prefix and not list(Path("/dev/shm").glob(f"{first_prefix}*"))
             deadline = time.monotonic() + 15
             while True:
                 try:
