@@ -75,7 +75,6 @@ Second = tuple[int, int, int, int, int, int, Sparse]
 FUTURE_S = 2  # a second this far past the merger's now is not added (no clock here runs ahead)
 _POSITIONS = range(_BUCKETS)
 _NONE = np.zeros(0, np.int64)
-_OUTCOME_INDEX = {outcome.value: index for index, outcome in enumerate(OUTCOMES)}
 
 
 def sparse(hist: Sequence[int], before: Sequence[int] | None = None) -> Sparse:
