@@ -108,16 +108,12 @@ class GatewayCycle(RequestResponseCycle):
 
     transport: BatchedTransport  # the front's CoalescingTransport (GatewayHttpProtocol.connection_made)
     message_event: Arrival  # type: ignore[assignment]  # asyncio.Event's calls, lighter
-    replaced = False  # the handler's answer could not be written: the JSON 500 went instead
     cut_by_drain = False  # drain_timeout_s ended while this request ran: its handler is cancelled
     # uvicorn's state, as its __init__ starts it: read from the class until a request changes it
-    disconnected = False
-    more_body = True
-    response_started = False
-    response_complete = False
+    # (what every request reads is set in __init__: a class attribute read through the instance is
+    # a full look-up each time in Python 3.11, an instance's own a specialized instruction)
     chunked_encoding: bool | None = None
     expected_content_length = 0
-    charge: Callable[[int], None] | None = None  # set while rest_of_body collects (on_body calls keep)
     refusal: BaseException | None = None  # what ``charge`` raised for a piece: rest_of_body raises it
     fill_size = 0  # the announced size of a large body rest_of_body collects (0: its pieces are joined)
     gathered = 0  # the body's bytes kept in ``pieces`` while it is collected
@@ -145,6 +141,12 @@ class GatewayCycle(RequestResponseCycle):
         self.waiting_for_100_continue = expect_100_continue
         self.pieces: list[bytes] = []  # the body's pieces not yet received (GatewayHttpProtocol.on_body)
         self.pending = 0  # their bytes
+        self.disconnected = False
+        self.more_body = True
+        self.response_started = False
+        self.response_complete = False
+        self.replaced = False  # the handler's answer could not be written: the JSON 500 went instead
+        self.charge: Callable[[int], None] | None = None  # set while rest_of_body collects (on_body calls keep)
 
     async def run_asgi(self, app: Any) -> None:
         """uvicorn's, but the callback it leaves behind is a function, not a new lambda per request."""
@@ -189,6 +191,22 @@ class GatewayCycle(RequestResponseCycle):
         pieces.clear()
         self.pending = 0
         return {"type": "http.request", "body": body, "more_body": self.more_body}
+
+    def whole_body(self) -> bytes | None:
+        """The request's body when all of it is in already (an inference request's usually came
+        with its head, in one read), taken as :meth:`receive` would hand it, without a coroutine,
+        a message dict or a wait; None: not yet (or the client left), :meth:`receive` it."""
+        if self.more_body or self.disconnected or self.response_complete or self.waiting_for_100_continue:
+            return None
+        flow = self.flow
+        if flow.read_paused:  # as receive() does: the body is the handler's now, the next request may come
+            flow.resume_reading()
+        self.message_event.clear()
+        pieces = self.pieces
+        body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        pieces.clear()
+        self.pending = 0
+        return body
 
     async def rest_of_body(self, first: bytes, charge: Callable[[int], None],
                            announced: int | None) -> bytes | bytearray | None:

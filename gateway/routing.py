@@ -177,6 +177,11 @@ def _by_key(policy: Policy, headers: Mapping[bytes, bytes], draw: int) -> Decisi
     return _in_range(policy, draw)[2]
 
 
+_WEYL_STEP = 6_180_339_887  # golden ratio conjugate * 10**10
+_WEYL_MOD = 10_000_000_000
+_WEYL_PER_BUCKET = _WEYL_MOD // BUCKETS
+
+
 class WeylDraw:
     """Anonymous draws from a Weyl sequence: n * (golden ratio) mod 1, scaled to buckets.
 
@@ -189,15 +194,13 @@ class WeylDraw:
     """
 
     __slots__ = ("_state",)
-    _STEP = 6_180_339_887  # golden ratio conjugate * 10**10
-    _MOD = 10_000_000_000
 
     def __init__(self, seed: int | None = None) -> None:
-        self._state = (secrets.randbelow(self._MOD) if seed is None else seed) % self._MOD
+        self._state = (secrets.randbelow(_WEYL_MOD) if seed is None else seed) % _WEYL_MOD
 
-    def __call__(self) -> int:
-        self._state = (self._state + self._STEP) % self._MOD
-        return self._state // (self._MOD // BUCKETS)
+    def __call__(self) -> int:  # module constants: read through the instance, a class's are full look-ups
+        self._state = state = (self._state + _WEYL_STEP) % _WEYL_MOD
+        return state // _WEYL_PER_BUCKET
 
 
 def choose_in_sequence(policy: Policy, headers: Mapping[bytes, bytes], draw: int, pins: SequencePinsLike,

@@ -146,13 +146,18 @@ class HttpProxy:
                        named: tuple[str, str | None] = _UNNAMED, as_sent: Target = _AS_SENT) -> None:
         started = time.perf_counter()
         budget = self.bodies.budget
-        message = await receive()
-        body: Body = message.get("body", b"")
+        # our front's cycle (gateway.http_output) hands a body that came whole without an ASGI message
+        whole_body = getattr(getattr(receive, "__self__", None), "whole_body", None)
+        body: Body | None = whole_body() if whole_body is not None else None
+        message = None
+        if body is None:
+            message = await receive()
+            body = message.get("body", b"")
         held = 0
         try:  # the body's bytes are released on every way out: answers, exceptions, cancellation
             try:
-                if message.get("more_body"):  # all of it before an upstream connection is taken (proxy.limits)
-                    body = await self.bodies.read(message["body"], receive, scope["headers"])
+                if message is not None and message.get("more_body"):  # all of it before an upstream connection is
+                    body = await self.bodies.read(message["body"], receive, scope["headers"])  # taken (proxy.limits)
                 else:
                     budget.take(len(body))
                 held = len(body)

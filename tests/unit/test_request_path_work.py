@@ -35,10 +35,12 @@ from gateway.fleet.balancer import Fleet
 from gateway.fleet.config import ServerSpec
 from gateway.fleet.forward import FleetHttp
 from gateway.http_front import protocol_for
+from gateway.http_output import GatewayCycle
 from gateway.pipeline import Pipeline
 from gateway.policy import PolicySpec
 from gateway.policy_book import PolicyBook
 from gateway.proxy.http import HttpProxy
+from gateway.routing import WeylDraw
 from gateway.settings import Settings
 from gateway.telemetry.recorder import Recorder
 from tests.unit.test_fleet_grpc import RecordingConnection
@@ -162,10 +164,13 @@ async def test_a_routed_request_builds_no_function_arms_no_timer_and_asks_for_no
 # Python calls one routed request makes of these, each (the old code made more, each finding
 # nothing to do: a second release of a slot the answer gave back, a wake with no waiter after the
 # headers', a resume of reading that was not paused, a transport's is_closing through the
-# coalescing one, a look at a content-length of digits)
+# coalescing one, a look at a content-length of digits, a receive() of a body already whole)
 CALLS_PER_REQUEST = {"Admitted.release": 1, "Server.release": 1, "UpstreamResponse._wake": 1,
                      "UpstreamResponse._cancel_timer": 0, "FlowControl.resume_reading": 0, "_writable": 0,
-                     "BatchedTransport.is_closing": 0}
+                     "BatchedTransport.is_closing": 0,
+                     # the body came with the head: handed over whole, no ASGI receive() (a coroutine, a
+                     # message dict, a wait); uvicorn's on_message_complete inlined in ours
+                     "GatewayCycle.receive": 0, "HttpToolsProtocol.on_message_complete": 0}
 
 
 async def test_a_routed_request_makes_no_call_that_finds_nothing_to_do(
@@ -308,3 +313,93 @@ async def test_a_request_waiting_for_a_pool_connection_arms_no_timer_and_makes_o
     assert dict(seen) == {}, f"per-request work over {rounds * clients} requests, {waited} waited: {dict(seen)}"
     served = rounds * clients  # a future per request for its answer (the exchange's waiter), one per wait
     assert futures == served + waited, f"{futures} futures for {served} requests, {waited} of them waiting"
+
+
+class _ClassReads:
+    """Counts, on an instance, the reads of a class's plain data attribute (not a method, a slot or
+    a property) through the instance: Python 3.11 specializes a read of an instance's own attribute
+    or slot into a direct load, and looks a class's up in full (~150 CPU instructions) each time."""
+
+    counts: Counter[str] = Counter()
+
+    def __getattribute__(self, name: str) -> Any:
+        value = object.__getattribute__(self, name)
+        if not name.startswith("__") and name not in object.__getattribute__(self, "__dict__"):
+            held = next((vars(cls)[name] for cls in type(self).__mro__ if name in vars(cls)), None)
+            if held is not None and not callable(held) and not hasattr(type(held), "__get__"):  # (a slot's, a property)
+                _ClassReads.counts[f"{type(self).__mro__[2].__name__}.{name}"] += 1
+        return value
+
+
+async def test_a_request_reads_its_state_and_bounds_from_its_objects_not_their_classes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What each request reads of its connection (the head bounds, the sweep's ticks, whether it
+    is ending) and of its cycle (uvicorn's state: disconnected, answered, ...) is the object's own:
+    the old code kept them as class attributes, ~10 full look-ups per request."""
+    import gateway.http_front as http_front
+
+    class CountedCycle(_ClassReads, GatewayCycle):
+        pass
+
+    monkeypatch.setattr(http_front, "GatewayCycle", CountedCycle)
+    real_protocol_for = http_front.protocol_for
+
+    def counted_protocol_for(settings: Settings) -> type[Any]:
+        return type("CountedProtocol", (_ClassReads, real_protocol_for(settings)), {})
+
+    monkeypatch.setattr(sys.modules[__name__], "protocol_for", counted_protocol_for)
+    async with front(1) as (connections, _, _):
+        connection, transport = connections[0]
+        for answered in range(WARM):
+            await serve(connection, transport, answered)
+        _ClassReads.counts.clear()
+        for answered in range(WARM, WARM + REQUESTS):
+            await serve(connection, transport, answered)
+        read = dict(_ClassReads.counts)  # (not the connection's end: once per connection)
+    assert read == {}, f"class attributes read over {REQUESTS} requests"
+    draw = type("CountedDraw", (_ClassReads, WeylDraw), {})()  # each request's routing draw
+    _ClassReads.counts.clear()
+    for _ in range(REQUESTS):
+        draw()
+    assert dict(_ClassReads.counts) == {}, f"class attributes read over {REQUESTS} draws"
+
+
+def test_the_url_is_never_searched_with_in(gateway_front: tuple[Any, PeerTransport, Recorder]) -> None:
+    """``b"?" in url`` first tries the needle as an integer (bytes' ``in`` takes one), building
+    and dropping a TypeError with its formatted message: ~1,500 CPU instructions, twice a request
+    for the query and fragment checks. ``find`` takes bytes at once."""
+    searched: list[bytes] = []
+
+    class Url(bytes):
+        def __contains__(self, item: object) -> bool:
+            searched.append(item)  # type: ignore[arg-type]
+            return super().__contains__(item)  # type: ignore[operator]
+
+    connection, _, _ = gateway_front
+    connection.on_message_begin()
+    connection.url = Url(b"/v2/models/qc/infer")
+    connection.on_header(b"content-length", b"0")
+    connection.on_headers_complete()
+    assert connection.scope["path"] == "/v2/models/qc/infer" and connection.scope["query_string"] == b""
+    assert searched == []
+    connection.task.cancel()
+
+
+async def test_a_request_task_gets_a_name_made_once(gateway_front: tuple[Any, PeerTransport, Recorder]) -> None:
+    """asyncio names a task "Task-<n>" unless told, a string formatted per task as Python 3.11
+    makes it: each request's task shares one name instead."""
+    connection, transport, _ = gateway_front
+    names = set()
+    for answered in range(3):
+        connection.data_received(REQUEST)
+        names.add(connection.task.get_name())
+        await serve_rest(transport, answered)
+    assert len(names) == 1, names
+
+
+async def serve_rest(transport: PeerTransport, answered: int) -> None:
+    for _ in range(2000):
+        if transport.written.count(b"HTTP/1.1 200 OK") > answered:
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("no answer")
