@@ -47,6 +47,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import httptools
+from uvicorn._types import ASGIVersions
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -138,6 +139,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._header_ticks, self._body_ticks, self._keep_alive_ticks = (
             self.header_ticks, self.body_ticks, self.keep_alive_ticks)
         self._fresh_context = getattr(self.config, "reset_contextvars", False)  # uvicorn's option, once per connection
+        # every request's scope["asgi"] (read only): one per connection instead of one per request
+        self._asgi: ASGIVersions = {"version": self.asgi_version, "spec_version": "2.3"}
         self._task_factory = self.loop.get_task_factory()
         self._raw = transport
         self._out = CoalescingTransport(transport, self.loop, self.closing)
@@ -244,7 +247,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         headers: list[tuple[bytes, bytes]] = []
         self.headers = headers
         self.scope = {
-            "type": "http", "asgi": {"version": self.asgi_version, "spec_version": "2.3"}, "http_version": "1.1",
+            "type": "http", "asgi": self._asgi, "http_version": "1.1",
             "server": self.server, "client": self.client, "root_path": self.root_path, "headers": headers,
             "scheme": self.scheme, "state": self.app_state.copy()}  # type: ignore[typeddict-item]
 

@@ -75,10 +75,11 @@ FILL_AFTER = 256 << 10  # ... once this much of it came (GatewayCycle.rest_of_bo
 
 
 # Header lines found writable by uvicorn's checks (its two regular expressions, ~1.7 µs an answer
-# run on each): the same lines come back with every answer (Triton's content type, the routing
-# headers of each version), so each distinct one is checked once. Bounded: full, it starts again
-# empty. A content-length of digits is writable without a look-up (GatewayCycle.answer).
-_WRITABLE: set[tuple[bytes, bytes]] = set()
+# run on each), each with its line as written (the name in lower case): the same lines come back
+# with every answer (Triton's content type, the routing headers of each version, the server's date
+# of this second), so each distinct one is checked and written out once. Bounded: full, it starts
+# again empty. A content-length of digits is writable without a look-up (GatewayCycle.answer).
+_WRITABLE: dict[tuple[bytes, bytes], bytes] = {}
 WRITABLE_KEPT = 1024
 
 
@@ -86,10 +87,16 @@ def _writable(name: bytes, value: bytes) -> bool:
     """uvicorn's checks of a header line it writes (lower case changes none of the bytes refused)."""
     if HEADER_RE.search(name) or HEADER_VALUE_RE.search(value):
         return False
+    _keep((name, value))
+    return True
+
+
+def _keep(header: tuple[bytes, bytes]) -> bytes:
+    """A writable header's line, kept for the next answers."""
     if len(_WRITABLE) >= WRITABLE_KEPT:
         _WRITABLE.clear()
-    _WRITABLE.add((name, value))
-    return True
+    line = _WRITABLE[header] = b"".join((header[0].lower(), b": ", header[1], b"\r\n"))
+    return line
 
 
 def _answered() -> None:
@@ -315,17 +322,23 @@ class GatewayCycle(RequestResponseCycle):
             await self.send({"type": "http.response.body", "body": body})
             return
         parts = [STATUS_LINE[status]]
-        for name, value in self.default_headers:
-            parts += (name, b": ", value, b"\r\n")
-        writable = _WRITABLE
+        lines = _WRITABLE
+        for header in self.default_headers:  # the server's own (its date): written as uvicorn writes them, unchecked
+            line = lines.get(header)
+            parts.append(line if line is not None else _keep(header))
         for header in headers:
-            name, value = header
-            if header not in writable and not (value.isdigit() and name == b"content-length") \
-                    and not _writable(name, value):
-                await self.send({"type": "http.response.start", "status": status, "headers": headers})
-                await self.send({"type": "http.response.body", "body": body})
-                return
-            parts += (name.lower(), b": ", value, b"\r\n")
+            line = lines.get(header)
+            if line is None:
+                name, value = header
+                if value.isdigit() and name == b"content-length":  # (not kept: each answer's size)
+                    line = b"content-length: " + value + b"\r\n"
+                elif _writable(name, value):
+                    line = lines[header]
+                else:
+                    await self.send({"type": "http.response.start", "status": status, "headers": headers})
+                    await self.send({"type": "http.response.body", "body": body})
+                    return
+            parts.append(line)
         self.response_started = True
         self.waiting_for_100_continue = False
         if not self.keep_alive:

@@ -67,6 +67,7 @@ MAX_MODEL_NAME_BYTES = 255
 UNSERVED_VERSION = "_unserved"
 _CONTROL_CHARACTERS = frozenset(chr(code) for code in [*range(32), 127])
 _NO_KEYS: dict[bytes, bytes] = {}  # the routing keys of a request that has none (read, never written)
+_STATUS_LABELS: dict[int | str, str] = {}  # an answer's status as the recorder's label: str(200) made once
 
 
 def checked_version(version: str) -> str:
@@ -339,6 +340,11 @@ class Pipeline:
         latency = time.perf_counter() - started
         if fault is not None:
             self.recorder.upstream_error(model, version, fault)
-        self.recorder.record(model, version, outcome, latency, reason, protocol, str(status), client)
+        code = _STATUS_LABELS.get(status)
+        if code is None:
+            code = str(status)
+            if len(_STATUS_LABELS) < 1024:  # HTTP's statuses and gRPC's names: a few
+                _STATUS_LABELS[status] = code
+        self.recorder.record(model, version, outcome, latency, reason, protocol, code, client)
         if self.access_log is not None:
             self.access_log(model, version, reason, protocol, status, latency, server)

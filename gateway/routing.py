@@ -65,6 +65,9 @@ class Policy:
     # The stable (heaviest) target when it is another model's name: the model's metadata, config
     # and readiness calls answer for it (None: they pass as the client sent them).
     renamed_stable: TargetName | None = None
+    # the versions of the split (spec.weights' keys): read per request (inflight_key), a set of
+    # its own is a slot's load where the spec's is a pydantic model's attribute, a full look-up
+    split_versions: frozenset[str] = frozenset()
 
 
 def layout(weights_bp: Mapping[str, int]) -> tuple[tuple[int, str], ...]:
@@ -108,6 +111,7 @@ def compile_policy(model: str, spec: PolicySpec, revision: int = 0, default_stic
         rules=rules,
         header_names=frozenset([sticky, *(name for name, _, _ in rules)]),
         hash_prefix=f"{model}:".encode(),
+        split_versions=frozenset(spec.weights),
         fallbacks=fallbacks,
         shadow_version=spec.shadow.version if spec.shadow else None,
         shadow_bp=int(spec.shadow.percent * 100) if spec.shadow else 0,
@@ -134,7 +138,7 @@ def inflight_key(model: str | None, policy: Policy | None, decision: Decision | 
     """Only versions a policy names: the gauge's labels stay bounded whatever clients send."""
     if model is None or policy is None or decision is None or decision.version is None:
         return None
-    return (model, decision.version) if decision.version in policy.spec.weights else None
+    return (model, decision.version) if decision.version in policy.split_versions else None
 
 
 def bucket(model: str, key: str | bytes) -> int:

@@ -51,6 +51,11 @@ _UNNAMED: tuple[str, str | None] = ("", None)  # a call that names no model: a f
 _METHODS = {method: method.encode() for method in ("POST", "GET", "HEAD", "PUT", "DELETE", "OPTIONS")}
 _STABLE_READS = frozenset(["ready", "config"])  # with the metadata call itself: answered for a renamed stable target
 _MAX_RENAMED_TARGET = TRITON_MAX_TARGET + len("/versions/") + 19  # the most Triton reads whole (proxy.limits)
+# A routed call's target with its version, as sent upstream: the same few (model, action, version)
+# come back with every request, so each is written once (four calls a request). Bounded: full, it
+# starts again empty (a query string makes a target of its own).
+_VERSIONED: dict[tuple[bytes, str], bytes] = {}
+_VERSIONED_KEPT = 1024
 
 
 class HttpProxy:
@@ -338,7 +343,14 @@ class HttpExchange:
     def _path(self, target: Target) -> bytes:
         if self.versioned or target.version is None:
             return self.target
-        return _with_version(self.target, target.version)
+        key = (self.target, target.version)
+        path = _VERSIONED.get(key)
+        if path is None:
+            path = _with_version(self.target, target.version)
+            if len(_VERSIONED) >= _VERSIONED_KEPT:
+                _VERSIONED.clear()
+            _VERSIONED[key] = path
+        return path
 
     async def send(self, target: Target) -> None:
         scope = self.scope

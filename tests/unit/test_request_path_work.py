@@ -170,7 +170,9 @@ CALLS_PER_REQUEST = {"Admitted.release": 1, "Server.release": 1, "UpstreamRespon
                      "BatchedTransport.is_closing": 0,
                      # the body came with the head: handed over whole, no ASGI receive() (a coroutine, a
                      # message dict, a wait); uvicorn's on_message_complete inlined in ours
-                     "GatewayCycle.receive": 0, "HttpToolsProtocol.on_message_complete": 0}
+                     "GatewayCycle.receive": 0, "HttpToolsProtocol.on_message_complete": 0,
+                     # the routed target with its version, written once per (target, version)
+                     "_with_version": 0}
 
 
 async def test_a_routed_request_makes_no_call_that_finds_nothing_to_do(
@@ -403,3 +405,61 @@ async def serve_rest(transport: PeerTransport, answered: int) -> None:
             return
         await asyncio.sleep(0.001)
     raise AssertionError("no answer")
+
+
+class _Reads:
+    """Stands for an object and counts what is read of it."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner, self.reads = inner, Counter[str]()
+
+    def __getattr__(self, name: str) -> Any:
+        self.reads[name] += 1
+        return getattr(self.inner, name)
+
+
+async def test_a_request_makes_its_scope_s_asgi_dict_and_status_label_once_and_reads_no_policy_spec() -> None:
+    """Per-request objects that need not be: the scope's ``asgi`` dict (one per connection, read only),
+    the recorder's status label (``str(200)``, one per status), and a read of the policy's pydantic
+    spec for the versions of its split (the compiled policy holds them: a spec's attribute is a full
+    look-up). The old code made a dict and a string per request and read ``spec.weights`` in each."""
+    async with front(1) as (connections, recorder, _):
+        connection, transport = connections[0]
+        for answered in range(WARM):
+            await serve(connection, transport, answered)
+        book = connection._inference.pipeline.book
+        policy = book.get("qc")
+        spec = _Reads(policy.spec)
+        object.__setattr__(policy, "spec", spec)  # frozen: the test swaps it in place
+        asgi, labels = [], []
+        real_record = recorder.record
+
+        def record(*args: Any) -> None:
+            labels.append(args[6])
+            real_record(*args)
+
+        recorder.record = record  # type: ignore[method-assign,assignment]
+        for answered in range(WARM, WARM + REQUESTS):
+            await serve(connection, transport, answered)
+            asgi.append(connection.scope["asgi"])
+    assert labels == ["200"] * REQUESTS
+    made = {"asgi dicts": len({id(made) for made in asgi}), "status labels": len({id(label) for label in labels}),
+            "reads of the policy's spec": sum(spec.reads.values())}
+    assert made == {"asgi dicts": 1, "status labels": 1, "reads of the policy's spec": 0}, f"over {REQUESTS} requests"
+
+
+async def test_an_answer_s_header_lines_are_written_out_once(
+        gateway_front: tuple[Any, PeerTransport, Recorder]) -> None:
+    """The answer's head is joined from its lines as written the first time (a header line in lower
+    case, ``: `` and its end): the old code lower-cased each name and built four pieces per line,
+    in every answer."""
+    connection, transport, _ = gateway_front
+    calls: Counter[str] = Counter()
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "c_call" and frame.f_code.co_qualname == "GatewayCycle.answer":
+            calls[getattr(arg, "__name__", "?")] += 1
+
+    await served_under(profile, connection, transport)
+    assert transport.written.count(b"\r\ncontent-type: application/json\r\n") == WARM + REQUESTS
+    assert calls["lower"] == 0 and calls["join"] == REQUESTS, f"over {REQUESTS} requests: {dict(calls)}"
