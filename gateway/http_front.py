@@ -344,7 +344,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             task = self.task = asyncio.Task(cycle.run_asgi(app), loop=self.loop, name=REQUEST_TASK, context=context)
         else:
             task = self.task = self.loop.create_task(cycle.run_asgi(app), context=context)
-        task.add_done_callback(self.tasks.discard)
+        # the server's set of requests in progress (what a drain waits for): the task leaves it as its
+        # handler ends (GatewayCycle.run_asgi), where a done callback cost a loop turn per request
+        cycle.task, cycle.tasks = task, self.tasks
         self.tasks.add(task)
 
     def on_body(self, body: bytes) -> None:

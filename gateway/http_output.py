@@ -128,6 +128,8 @@ class GatewayCycle(RequestResponseCycle):
     # a view of it, copied into: a bytearray's own slice assignment copies bytes into a temporary first
     filling_view: memoryview | None = None
     filled = 0  # bytes of it copied in
+    task: asyncio.Task[None] | None = None  # the task running the handler, in the server's set ``tasks``
+    tasks: set[asyncio.Task[None]] | None = None
 
     def __init__(self, scope: Any, transport: BatchedTransport, flow: FlowControl, logger: logging.Logger,
                  access_logger: logging.Logger, access_log: bool, default_headers: list[tuple[bytes, bytes]],
@@ -177,6 +179,9 @@ class GatewayCycle(RequestResponseCycle):
                 self.transport.close()
         finally:
             self.on_response = _answered
+            tasks = self.tasks
+            if tasks is not None:  # (one cancelled before it ran stays: only the drain cancels so, and waits no more)
+                tasks.discard(self.task)
 
     async def receive(self) -> Any:
         """uvicorn's, but the body's pieces are handed on as they came: one piece as it is, several

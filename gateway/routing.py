@@ -162,6 +162,8 @@ def choose(policy: Policy, headers: Mapping[bytes, bytes], draw: int) -> Decisio
     low-discrepancy sequence so that small weights are honoured exactly.
     Order: header rule, then sticky hash of the user key, then the weighted draw.
     """
+    if not headers:  # none of the headers the policy looks at (most requests): no rule, no key, the draw
+        return _in_range(policy, draw)[2]
     ruled = _by_rule(policy, headers)
     return ruled if ruled is not None else _by_key(policy, headers, draw)
 

@@ -98,7 +98,8 @@ class HttpProxy:
                 if len(parts) == 2 and parts[1] in ROUTED_ACTIONS:
                     model = checked_model(parts[0])
                     policy = self.book.get(model)  # the one policy lookup of this request
-                    decision = self._route(policy, scope)
+                    decision = _NEEDS_BODY if policy is not None and policy.sequence_affinity \
+                        else self.pipeline.route(policy, scope["headers"])  # (affinity: decided once the body is read)
                     versioned = False
                 elif len(parts) == 4 and parts[1] == "versions" and parts[3] in ROUTED_ACTIONS:
                     model = checked_model(parts[0])
@@ -140,11 +141,6 @@ class HttpProxy:
         if refused is None:  # the admin token is the gateway's, not Triton's business
             scope["headers"] = [(name, value) for name, value in scope["headers"] if name != b"authorization"]
         return refused
-
-    def _route(self, policy: Policy | None, scope: Scope) -> Decision:
-        if policy is not None and policy.sequence_affinity:
-            return _NEEDS_BODY  # decided in _forward, once the JSON header is read
-        return self.pipeline.route(policy, scope["headers"])
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send, target: bytes, versioned: bool,
                        model: str | None, policy: Policy | None, decision: Decision | None,
@@ -538,5 +534,6 @@ def _client(proxy: HttpProxy, scope: Scope) -> str:
     peer = scope.get("client")
     clients = proxy.pipeline.clients
     if not clients.trusted:  # no proxy is believed: the peer's address itself (a call less per request)
-        return client_key(peer[0] if peer else "")
+        address = peer[0] if peer else ""
+        return address if ":" not in address else client_key(address)  # IPv4 is its own key: no call
     return clients.of(peer[0] if peer else None, scope["headers"])
