@@ -79,8 +79,12 @@ def test_overload_on_both_versions_rolls_nothing_back(gateway: GatewayThread, fa
     assert doc["state"] == "promoted", doc["reason"]
     assert load.result.statuses[503] > 50, "Triton's queue-full answers reached the clients as Triton sent them"
     judged = [v for v in doc["verdicts"] if v["outcome"] == "healthy"]
-    # a full queue is the version's capacity (rejected, issue 34): both versions' alike, so nobody's
-    assert judged and all(v["canary_rejected"] > 0 and v["canary_error_rate"] == 0 for v in judged)
+    # a full queue is the version's capacity (rejected, issue 34): both versions' alike, so nobody's. Each
+    # verdict counts no error; the rejections are counted across them: one interval of ~14 canary requests
+    # at a 30% overload rate has none 0.7% of the time (ci-17, at load 13: one verdict of several had none)
+    numbers = [(v["canary_requests"], v["canary_rejected"], v["canary_error_rate"]) for v in judged]
+    assert judged and all(error_rate == 0 for _, _, error_rate in numbers), numbers
+    assert sum(rejected for _, rejected, _ in numbers) > 0, numbers
     assert gateway.app.recorder.window("qc", "3", 30).rejected > 0
 
 
