@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
+import types
 import urllib.parse
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -82,6 +84,13 @@ class _HeadRefused(Exception):
 
 def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:
     return any(name == b"transfer-encoding" or name == b"content-length" and value != b"0" for name, value in headers)
+
+
+def _direct(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """An object whose class defines ``__call__`` in Python, as that bound method: calling the object
+    takes Python 3.11's slower way (a look-up and an argument tuple, ~1,000 CPU instructions more)."""
+    call = inspect.getattr_static(type(handler), "__call__", None)
+    return types.MethodType(call, handler) if isinstance(call, types.FunctionType) else handler
 
 
 class GatewayHttpProtocol(HttpToolsProtocol):
@@ -149,7 +158,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if isinstance(app, ProxyHeadersMiddleware):
             app = app.app
         if isinstance(app, Dispatch):
-            self._inference = app.proxy
+            self._inference = _direct(app.proxy)
         if len(self.connections) > self.max_connections:
             self._refuse_later(f"the gateway has {self.max_connections} client connections open "
                                "(max_client_connections): retry shortly")

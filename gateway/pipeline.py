@@ -224,7 +224,7 @@ class Pipeline:
                 if found is _NO_KEYS:
                     found = {}
                 found[name] = value
-        return choose(policy, found, self._draw())
+        return choose(policy, found, self._draw.next())
 
     async def route_sequence(self, policy: Policy, headers: Iterable[tuple[bytes, bytes]], sequence_id: object,
                              start: bool, end: bool, client: str | None = None) -> Decision:
@@ -235,7 +235,7 @@ class Pipeline:
         names = policy.header_names
         found = {name: value for name, value in headers if name in names}
         checked = checked_sequence_id(sequence_id)  # BadRequest before the id reaches the pin table
-        draw = self._draw()
+        draw = self._draw.next()
         if checked is None:
             return choose(policy, found, draw)
         decision = choose_in_sequence(policy, found, draw, self.pins, checked, start, end, client)
@@ -318,7 +318,7 @@ class Pipeline:
         if shadow is None or version is None or decision.reason not in MAY_SHADOW or not exchange.mirrorable() \
                 or decision.version == version:
             return
-        if self._shadow_draw() >= policy.shadow_bp or shadow.full(model, version):
+        if self._shadow_draw.next() >= policy.shadow_bp or shadow.full(model, version):
             return
         shadow.offer(exchange.mirror(model, decision, self._target(version)))
 

@@ -204,9 +204,12 @@ class WeylDraw:
     def __init__(self, seed: int | None = None) -> None:
         self._state = (secrets.randbelow(_WEYL_MOD) if seed is None else seed) % _WEYL_MOD
 
-    def __call__(self) -> int:  # module constants: read through the instance, a class's are full look-ups
+    def next(self) -> int:  # module constants: read through the instance, a class's are full look-ups
+        """The next draw. A method: calling the object (``__call__``) takes a slower way in 3.11."""
         self._state = state = (self._state + _WEYL_STEP) % _WEYL_MOD
         return state // _WEYL_PER_BUCKET
+
+    __call__ = next
 
 
 def choose_in_sequence(policy: Policy, headers: Mapping[bytes, bytes], draw: int, pins: SequencePinsLike,
