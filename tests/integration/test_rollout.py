@@ -168,9 +168,11 @@ def test_unloading_the_canary_rolls_back_at_once_without_failing_requests(faults
 
 
 def test_a_gateway_killed_mid_rollout_resumes_at_the_same_step(triton: LocalTriton, tmp_path: Path) -> None:
+    # a store call is given 1 s (half the lease, as the defaults do): at 0.25 s the SQLite store's calls
+    # timed out for seconds under a loaded run (ci-18, load ~10) and the first step was not written in 15 s
     env = {"GATEWAY_TRITON_URL": triton.http_url, "GATEWAY_STORE_URL": f"sqlite:///{tmp_path}/state.db",
            "GATEWAY_ADMIN_TOKEN": TOKEN, "GATEWAY_CONTROLLER_TICK_S": "0.2",
-           "GATEWAY_CONTROLLER_LEASE_TTL_S": "2", "GATEWAY_CONTROLLER_CALL_TIMEOUT_S": "0.25"}
+           "GATEWAY_CONTROLLER_LEASE_TTL_S": "2", "GATEWAY_CONTROLLER_CALL_TIMEOUT_S": "1.0"}
     first = GatewayProcess(env).start()
     try:
         admin_call(first.url, "PUT", "/admin/models/qc/policy", {"weights": {"2": 100}})
