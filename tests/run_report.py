@@ -110,10 +110,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 def _tritons_now(lines: int = 12) -> list[str]:
     """What a stalled Triton looked like (two loads once went unanswered for 300 s under load):
-    each tritonserver this process started, its stubs' states and its log's last lines."""
+    each tritonserver this process started, its stubs' states and its log's last lines; and
+    each that exited by itself, with its log's last lines (a second Triton of a fleet test died
+    during a reload under load in ci-19, and its log went with its fixture)."""
+    from gateway.devtools.local_triton import ended_by_itself
     from tests.processes import children, descendants, state
 
-    found = []
+    found = [f"tritonserver {server.pid} exited by itself with {server.returncode}:"
+             + "".join(f"\n    {line}" for line in _last_lines(str(server.log_path), lines))
+             for server in ended_by_itself()]
     for pid in sorted(descendants(os.getpid())):
         try:
             args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -123,14 +128,17 @@ def _tritons_now(lines: int = 12) -> list[str]:
             continue
         states = [letter for stub in children(pid) if (letter := state(stub))]
         backends = next((a.split(b"=", 1)[1] for a in args if a.startswith(b"--backend-directory=")), b"")
-        log = os.path.join(os.path.dirname(backends.decode()), "tritonserver.log")
-        try:
-            with open(log, errors="replace") as text:
-                tail = [each.rstrip() for each in text if each.strip() and not each.startswith(("|", "+-"))][-lines:]
-        except OSError as exc:
-            tail = [f"(no log: {exc})"]
+        tail = _last_lines(os.path.join(os.path.dirname(backends.decode()), "tritonserver.log"), lines)
         found.append(f"tritonserver {pid}, stubs {' '.join(states) or 'none'}:\n" + "\n".join(f"    {t}" for t in tail))
     return found
+
+
+def _last_lines(log: str, lines: int) -> list[str]:
+    try:
+        with open(log, errors="replace") as text:
+            return [each.rstrip() for each in text if each.strip() and not each.startswith(("|", "+-"))][-lines:]
+    except OSError as exc:
+        return [f"(no log: {exc})"]
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

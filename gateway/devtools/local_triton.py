@@ -23,6 +23,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -226,6 +227,16 @@ def _backend_dir(root: Path, into: Path) -> Path:
     return into
 
 
+# Every server started in this process and not yet stopped, for ``ended_by_itself``.
+_RUNNING: weakref.WeakValueDictionary[int, LocalTriton] = weakref.WeakValueDictionary()
+
+
+def ended_by_itself() -> list[LocalTriton]:
+    """The servers started in this process that exited on their own (a crash) and were not
+    stopped yet: their logs are still there to read (stop() removes them)."""
+    return [server for server in list(_RUNNING.values()) if server.returncode is not None]
+
+
 @dataclass
 class LocalTriton:
     """One tritonserver process. Use as a context manager or call start()/stop()."""
@@ -339,6 +350,7 @@ class LocalTriton:
                 preexec_fn=dies_with_parent(),
             )
         self.log_path = log_path
+        _RUNNING[id(self)] = self
         try:
             self.wait_ready()
         except BaseException:
@@ -390,6 +402,7 @@ class LocalTriton:
         every model, polling each second (~3 s with the sample models). ``graceful=False``: SIGKILL
         at once, for a server nobody uses any more (the end of a ``with`` block)."""
         process, self._process = self._process, None
+        _RUNNING.pop(id(self), None)
         if process is not None and process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM if graceful else signal.SIGKILL)

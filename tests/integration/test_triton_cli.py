@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.devtools.local_triton import LocalTriton, TritonUnavailable, free_port_block, listens_on
+from gateway.devtools.local_triton import LocalTriton, TritonUnavailable, ended_by_itself, free_port_block, listens_on
 from tests.processes import alive, children, started_at
 from tests.support import wait_for
 
@@ -86,3 +86,18 @@ def test_a_server_that_exits_at_start_says_why_from_its_log(tmp_path: Path) -> N
         server.start()
     assert "\n  | " in str(raised.value) and "no-such-repository" in str(raised.value), str(raised.value)
     assert server.pid is None and not server.log_path.exists()
+
+
+def test_a_server_that_died_by_itself_is_named_with_its_log_until_stopped() -> None:
+    """What a failed test's summary reads for a Triton that crashed under it (ci-19: a fleet test's
+    second Triton died during a reload, and its log went with its fixture before anyone read it)."""
+    server = LocalTriton.on_free_ports(models=("qc",)).start()
+    try:
+        assert server not in ended_by_itself()
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGKILL)
+        wait_for(lambda: server.returncode is not None, 10, what="the server to end")
+        assert ended_by_itself() == [server] and server.log_path.exists()
+    finally:
+        server.stop()
+    assert ended_by_itself() == []
