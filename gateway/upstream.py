@@ -675,6 +675,12 @@ class HttpUpstream:
         waits, self._waits = self._waits, None
         if waits is not None:
             waits.close()
+        # Their deadlines went with the timer: each is ended now, not left to wait for a place
+        # that a closing pool would fill with a new connection or never.
+        waiters, self._waiters = self._waiters, deque()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(UpstreamUnavailable("the connection pool to Triton is closing"))
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()

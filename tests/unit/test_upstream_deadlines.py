@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import UpstreamTimeout
+from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 from gateway.upstream import HttpUpstream
 
 ANSWER = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"ok":true}'
@@ -123,5 +123,24 @@ async def test_a_wait_for_a_connection_ends_at_its_deadline_and_a_cancelled_wait
         await gone
     response = await asyncio.wait_for(served, 10)
     assert response.status == 200 and pool.open_connections == 1 and not pool._waits.pending
+    with pytest.raises(asyncio.CancelledError):
+        await held
+
+
+async def test_a_request_waiting_for_a_connection_when_the_pool_closes_ends_then(pool: HttpUpstream) -> None:
+    """Closing the pool stops the one timer its waiters' deadlines were under: a waiter is ended
+    at once (UpstreamUnavailable), not left without a deadline until a place came, which a closing
+    pool would fill with a new connection, or never (a reviewer's finding on the shared timer)."""
+    pool.max_connections = 1
+    held = asyncio.create_task(pool.request(b"POST", b"/v2/models/qc/hold", [], b"{}"))
+    while pool.open_connections < 1:
+        await asyncio.sleep(0.001)
+    waiting = asyncio.create_task(pool.request(b"POST", b"/v2/models/qc/infer", [], b"{}", timeout_s=30))
+    while not pool._waiters:
+        await asyncio.sleep(0)
+    await pool.aclose()
+    with pytest.raises(UpstreamUnavailable, match="pool to Triton is closing"):
+        await asyncio.wait_for(waiting, 5)
+    held.cancel()
     with pytest.raises(asyncio.CancelledError):
         await held
