@@ -56,8 +56,13 @@ def test_an_interrupted_parallel_run_leaves_no_process_behind(how: str, tmp_path
             output, _ = run.communicate(timeout=150)
         except subprocess.TimeoutExpired:
             raise AssertionError(f"the run did not end within 150 s of the signal:\n{stuck(run)}") from None
-        wait_for(lambda: not any(alive(pid, since) for pid, since in started.items()), 30,
-                 what="every process the run started to end")
+        try:
+            wait_for(lambda: not any(alive(pid, since) for pid, since in started.items()), 30,
+                     what="every process the run started to end")
+        except AssertionError:  # which ones, and in what state (ci-24: first seen, nothing named)
+            still = {pid for pid, since in started.items() if alive(pid, since)}
+            raise AssertionError(f"alive 30 s after the run ended: {command_lines(still)}; their states: "
+                                 f"{ {pid: state(pid) for pid in sorted(still)} }") from None
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
