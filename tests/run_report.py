@@ -113,11 +113,11 @@ def _tritons_now(lines: int = 12) -> list[str]:
     each tritonserver this process started, its stubs' states and its log's last lines; and
     each that exited by itself, with its log's last lines (a second Triton of a fleet test died
     during a reload under load in ci-19, and its log went with its fixture)."""
-    from gateway.devtools.local_triton import ended_by_itself
+    from gateway.devtools.local_triton import ended_by_itself, log_tail
     from tests.processes import children, descendants, state
 
     found = [f"tritonserver {server.pid} exited by itself with {server.returncode}:"
-             + "".join(f"\n    {line}" for line in _last_lines(str(server.log_path), lines))
+             + "".join(f"\n    {line}" for line in (log_tail(server.log_path, lines) or ["(no log)"]))
              for server in ended_by_itself()]
     for pid in sorted(descendants(os.getpid())):
         try:
@@ -128,17 +128,9 @@ def _tritons_now(lines: int = 12) -> list[str]:
             continue
         states = [letter for stub in children(pid) if (letter := state(stub))]
         backends = next((a.split(b"=", 1)[1] for a in args if a.startswith(b"--backend-directory=")), b"")
-        tail = _last_lines(os.path.join(os.path.dirname(backends.decode()), "tritonserver.log"), lines)
+        tail = log_tail(os.path.join(os.path.dirname(backends.decode()), "tritonserver.log"), lines) or ["(no log)"]
         found.append(f"tritonserver {pid}, stubs {' '.join(states) or 'none'}:\n" + "\n".join(f"    {t}" for t in tail))
     return found
-
-
-def _last_lines(log: str, lines: int) -> list[str]:
-    try:
-        with open(log, errors="replace") as text:
-            return [each.rstrip() for each in text if each.strip() and not each.startswith(("|", "+-"))][-lines:]
-    except OSError as exc:
-        return [f"(no log: {exc})"]
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -227,6 +227,21 @@ def _backend_dir(root: Path, into: Path) -> Path:
     return into
 
 
+def log_tail(path: Path | str | None, lines: int = 12) -> list[str]:
+    """A tritonserver log's last ``lines`` lines that say something (its last 8 KB read; blank
+    lines and the rows of its model and option tables left out); none when there is no log."""
+    if path is None:
+        return []
+    try:
+        with open(path, "rb") as log:
+            log.seek(0, os.SEEK_END)
+            log.seek(max(0, log.tell() - 8192))
+            text = log.read().decode(errors="replace")
+    except OSError:
+        return []
+    return [line.rstrip() for line in text.splitlines() if line.strip() and not line.startswith(("|", "+-"))][-lines:]
+
+
 # Every server started in this process and not yet stopped, for ``ended_by_itself``.
 _RUNNING: weakref.WeakValueDictionary[int, LocalTriton] = weakref.WeakValueDictionary()
 
@@ -388,14 +403,7 @@ class LocalTriton:
         """The log's last lines, for an error: a server that failed to start is stopped and its
         working directory (the log with it) removed before anyone reads the error (an abort at
         a restart was seen once with nothing left to tell why)."""
-        try:
-            with open(self.log_path, "rb") as log:
-                log.seek(0, os.SEEK_END)
-                log.seek(max(0, log.tell() - 8192))
-                tail = log.read().decode(errors="replace").splitlines()[-lines:]
-        except (OSError, TypeError):
-            return ""
-        return "".join(f"\n  | {line}" for line in tail)
+        return "".join(f"\n  | {line}" for line in log_tail(getattr(self, "log_path", None), lines))
 
     def stop(self, timeout_s: float = 15.0, graceful: bool = True) -> None:
         """SIGTERM and wait: Triton closes its endpoints, answers what is in flight and unloads
