@@ -29,6 +29,7 @@ from tests.support import (
     drive,
     gateway_settings,
     infer_version,
+    stop_process,
     wait_for,
 )
 
@@ -268,7 +269,7 @@ async def test_the_redis_change_feed_stays_up_when_quiet_and_notices_a_frozen_se
         await publisher.aclose()
         assert await asyncio.wait_for(waiter, 2) == "qc"
         assert own_redis.process is not None
-        own_redis.process.send_signal(signal.SIGSTOP)  # alive to TCP, answers nothing: as a partition looks
+        stop_process(own_redis.process.pid)  # alive to TCP, answers nothing: as a partition looks
         try:
             started = time.monotonic()
             with pytest.raises(StoreError, match="no answer"):

@@ -28,7 +28,7 @@ from gateway.devtools.local_triton import SAMPLE_REPOSITORY, LocalTriton
 from tests.conftest import Faults
 from tests.fleet_support import INFER, fleet_settings, infer_message
 from tests.integration.test_http_failures import post
-from tests.support import GatewayThread, gateway_settings, get_json, wait_for
+from tests.support import GatewayThread, gateway_settings, get_json, stop_process, wait_for
 
 pytestmark = pytest.mark.triton
 T = TypeVar("T")
@@ -150,7 +150,7 @@ def test_a_stopped_triton_fails_calls_within_the_deadline_gives_slots_back_and_r
         message = infer_message("qc", "2")
         assert grpc_infer(address, message)[0] == "OK" and post(f"{gw.url}/v2/models/qc/infer")[0] == 200
         server = gw.app.fleets.default.servers[own_triton.http_url.removeprefix("http://")]
-        os.kill(pid, signal.SIGSTOP)
+        stop_process(pid)
         try:
             calls = at_once(4, lambda: grpc_infer(address, message))  # as many as admitted, no client deadline
             for code, details, seconds in calls:
@@ -183,7 +183,7 @@ def test_a_stream_on_a_stopped_triton_ends_unavailable_within_the_keepalive_boun
         server = gw.app.fleets.default.servers[own_triton.http_url.removeprefix("http://")]
         try:
             code, details, seconds = stream_until_fault(f"127.0.0.1:{gw.settings.grpc_port}", infer_message("qc", "2"),
-                                                        lambda: os.kill(pid, signal.SIGSTOP))
+                                                        lambda: stop_process(pid))
             assert code == "UNAVAILABLE" and said_by_the_gateway(details), (code, details, seconds)
             assert seconds < 1 + 2 + 1 + 3, seconds  # keepalive_s + keepalive_timeout_s, PING timing, ticks
         finally:
@@ -293,7 +293,7 @@ def test_readyz_answers_from_the_live_server_while_another_hangs(own_triton: Loc
                 started = time.monotonic()
                 status, answer = get_json(f"{gw.url}/readyz")
                 assert status == 200 and time.monotonic() - started < 2.5, (status, answer)  # was 5 s
-            os.kill(pid, signal.SIGSTOP)  # now neither answers: unready within the budget, not 2 x 5 s
+            stop_process(pid)  # now neither answers: unready within the budget, not 2 x 5 s
             try:
                 started = time.monotonic()
                 status, answer = get_json(f"{gw.url}/readyz")

@@ -34,6 +34,7 @@ from tests.support import (
     GatewayProcess,
     admin_call,
     drive,
+    stop_process,
     wait_for,
 )
 
@@ -355,7 +356,7 @@ def test_a_stalled_worker_is_replaced_and_sighup_applies_the_config_file_worker_
     gw = Supervised(env, "--config", str(config)).start()
     try:
         stalled = workers(gw.url)["workers"][1]
-        os.kill(stalled["pid"], signal.SIGSTOP)  # its event loop stops: no reports, no requests
+        stop_process(stalled["pid"])  # its event loop stops: no reports, no requests
         stopped_at = time.time()
 
         def replaced() -> dict[str, Any] | None:
