@@ -169,7 +169,12 @@ def test_unloading_the_canary_rolls_back_at_once_without_failing_requests(faults
 
 def test_a_gateway_killed_mid_rollout_resumes_at_the_same_step(triton: LocalTriton, tmp_path: Path) -> None:
     # a store call is given 1 s (half the lease, as the defaults do): at 0.25 s the SQLite store's calls
-    # timed out for seconds under a loaded run (ci-18, load ~10) and the first step was not written in 15 s
+    # timed out for seconds under a loaded run (ci-18, load ~10) and the first step was not written in 15 s.
+    # No p99 ratio: what is tested is the resume, not the judge. Under a full run's load, two intervals
+    # whose canary p99 came out 1.5x and 10 ms past the stable's roll the rollout back, and step 2
+    # never comes: the likeliest reading of ci-18's and ci-25's timeouts (the error counts in Triton's
+    # log were quiet; nothing else was). The wait below now fails at once, with the verdicts, if the
+    # rollout ends any other way.
     env = {"GATEWAY_TRITON_URL": triton.http_url, "GATEWAY_STORE_URL": f"sqlite:///{tmp_path}/state.db",
            "GATEWAY_ADMIN_TOKEN": TOKEN, "GATEWAY_CONTROLLER_TICK_S": "0.2",
            "GATEWAY_CONTROLLER_LEASE_TTL_S": "2", "GATEWAY_CONTROLLER_CALL_TIMEOUT_S": "1.0"}
@@ -177,8 +182,9 @@ def test_a_gateway_killed_mid_rollout_resumes_at_the_same_step(triton: LocalTrit
     try:
         admin_call(first.url, "PUT", "/admin/models/qc/policy", {"weights": {"2": 100}})
         with BackgroundLoad(first.url, concurrency=4):
-            start(first.url, judge="thresholds", steps=[10, 20, 50, 100], interval_s=1.5, min_requests=10)
-            wait_for(lambda: rollout_status(first.url)["step"] >= 1, 15, what="step 2")
+            start(first.url, judge="thresholds", steps=[10, 20, 50, 100], interval_s=1.5, min_requests=10,
+                  max_p99_ratio=None)
+            wait_stepped(first.url, past=0, within_s=15)
             killed_at_step = rollout_status(first.url)["step"]  # an interval is 1.5 s: no step in between
             first.kill()
     finally:
@@ -191,11 +197,23 @@ def test_a_gateway_killed_mid_rollout_resumes_at_the_same_step(triton: LocalTrit
         assert admin_call(second.url, "GET", "/admin/models/qc/policy")[1]["weights"]["3"] == \
             doc["steps"][resumed_step]
         with BackgroundLoad(second.url, concurrency=4):
-            later = wait_for(lambda: (d := rollout_status(second.url))["step"] > resumed_step or
-                             d["state"] == "promoted", 15, what="the rollout to carry on")
-        assert later
+            wait_stepped(second.url, past=resumed_step, within_s=15)
     finally:
         second.stop()
+
+
+def wait_stepped(url: str, past: int, within_s: float) -> None:
+    """Wait until the rollout at ``url`` goes past step ``past`` (or is promoted); it must not end
+    otherwise. A timeout says where it stood and its last verdicts."""
+    deadline = time.monotonic() + within_s
+    while True:
+        doc = rollout_status(url)
+        assert doc["state"] in ("progressing", "promoted"), doc
+        if doc["state"] == "promoted" or doc["step"] > past:
+            return
+        stood = {key: doc.get(key) for key in ("state", "step", "weights")}
+        assert time.monotonic() < deadline, f"not past step {past} in {within_s}s: {stood}, {doc['verdicts'][-3:]}"
+        time.sleep(0.1)
 
 
 def test_grpc_traffic_is_judged_the_same_way(triton: LocalTriton, faults: Faults) -> None:
