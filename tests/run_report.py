@@ -116,8 +116,9 @@ def _tritons_now(lines: int = 12) -> list[str]:
     from gateway.devtools.local_triton import ended_by_itself, log_tail
     from tests.processes import children, descendants, state
 
+    # a crashed server's log ends in its stack (~27 lines): what it said before that is the cause
     found = [f"tritonserver {server.pid} exited by itself with {server.returncode}:"
-             + "".join(f"\n    {line}" for line in (log_tail(server.log_path, lines) or ["(no log)"]))
+             + "".join(f"\n    {line}" for line in (log_tail(server.log_path, 5 * lines) or ["(no log)"]))
              for server in ended_by_itself()]
     for pid in sorted(descendants(os.getpid())):
         try:

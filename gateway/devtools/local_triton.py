@@ -228,14 +228,15 @@ def _backend_dir(root: Path, into: Path) -> Path:
 
 
 def log_tail(path: Path | str | None, lines: int = 12) -> list[str]:
-    """A tritonserver log's last ``lines`` lines that say something (its last 8 KB read; blank
-    lines and the rows of its model and option tables left out); none when there is no log."""
+    """A tritonserver log's last ``lines`` lines that say something (its last 8 KB read, more for
+    more than 20 lines; blank lines and the rows of its model and option tables left out); none
+    when there is no log."""
     if path is None:
         return []
     try:
         with open(path, "rb") as log:
             log.seek(0, os.SEEK_END)
-            log.seek(max(0, log.tell() - 8192))
+            log.seek(max(0, log.tell() - max(8192, 400 * lines)))
             text = log.read().decode(errors="replace")
     except OSError:
         return []
