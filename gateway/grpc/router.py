@@ -45,6 +45,7 @@ STREAM_INFER = SERVICE + "ModelStreamInfer"
 _METADATA, _CONFIG = SERVICE + "ModelMetadata", SERVICE + "ModelConfig"
 _STABLE_READS = frozenset([_METADATA, _CONFIG, SERVICE + "ModelReady"])
 _VERSION_GONE = frozenset([StatusCode.NOT_FOUND, StatusCode.UNAVAILABLE])
+_HEADER_LAG_S = 0.05  # how late a loaded gateway may read a call's headers (client_deadline_ran_out)
 _PINNED = Reason.PINNED
 
 Metadata = Sequence[tuple[str | bytes, str | bytes]]
@@ -336,11 +337,16 @@ def client_deadline_ran_out(code: int, timeout: float | None, elapsed: float) ->
     """A call that failed with ``code`` after ``elapsed`` seconds ran out of the deadline its
     client set (``timeout``; None: it set none): Triton's DEADLINE_EXCEEDED (no deadline of
     the gateway's own applies to gRPC: Triton got the client's, the gateway enforces the same
-    one), or any other failure (a reset, a cancel) once that deadline has passed (within the
-    clocks' rounding: the grpc-timeout header is rounded, Triton counts from its receipt)."""
+    one), or any other failure (a reset, a cancel) once that deadline has passed, as far as the
+    gateway can tell: its clock starts when it reads the call's headers, the client's when it
+    sent them, so a reset at the client's deadline reads early here by however late the headers
+    were read (measured with 3 CPU burners: up to 3 ms; in a full suite's run, past 12 ms once),
+    plus the header's rounding. A reset read within 5% + 50 ms of the deadline is taken for it.
+    A real cancel taken so still tells the judge the truth: a deadline is kept as a latency of
+    at least the time elapsed, and a cancelled call's latency is at least that too."""
     if timeout is None:
         return False
-    return code == StatusCode.DEADLINE_EXCEEDED or elapsed >= timeout * 0.95 - 0.002
+    return code == StatusCode.DEADLINE_EXCEEDED or elapsed >= timeout * 0.95 - _HEADER_LAG_S
 
 
 class SentRequest:

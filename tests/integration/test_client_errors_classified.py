@@ -58,6 +58,12 @@ def counts(gw: GatewayThread, version: str = "2") -> dict[Outcome, int]:
     return {outcome: n for outcome, n in gw.app.recorder.outcome_totals().get(("qc", version), {}).items() if n}
 
 
+def _since(before: dict[Outcome, int], after: dict[Outcome, int]) -> str:
+    """The outcomes counted between two reads, by name (pytest cuts a long dict's repr)."""
+    return ", ".join(f"{o.value} +{after.get(o, 0) - before.get(o, 0)}" for o in Outcome
+                     if after.get(o, 0) != before.get(o, 0)) or "none"
+
+
 def post(gw: GatewayThread, body: bytes) -> tuple[int, bytes]:
     request = urllib.request.Request(f"{gw.url}/v2/models/qc/infer", data=body, method="POST")
     try:
@@ -148,7 +154,7 @@ def test_the_clients_own_deadline_is_not_the_versions_error_but_the_gateways_is(
 
     deadline = time.monotonic() + 5
     while counts(gateway).get(Outcome.CLIENT_DEADLINE, 0) - before.get(Outcome.CLIENT_DEADLINE, 0) < 4:
-        assert time.monotonic() < deadline, counts(gateway)
+        assert time.monotonic() < deadline, f"outcomes since: {_since(before, counts(gateway))}"
         time.sleep(0.05)
     after = counts(gateway)
     assert after.get(Outcome.UPSTREAM_ERROR, 0) == before.get(Outcome.UPSTREAM_ERROR, 0), after

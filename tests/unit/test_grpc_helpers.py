@@ -8,7 +8,7 @@ from urllib.parse import unquote
 import pytest
 
 from gateway.grpc.front import client_metadata, deadline_of
-from gateway.grpc.router import GrpcInfer
+from gateway.grpc.router import GrpcInfer, client_deadline_ran_out
 from gateway.grpc.status import StatusCode, classify, status_name
 from gateway.grpc.wire import RouteFields, grpc_message, status_block
 from gateway.pipeline import route_metadata
@@ -71,6 +71,19 @@ def test_outcomes_by_status_code() -> None:
     assert classify(14, "failed to connect") is Outcome.UPSTREAM_ERROR
     assert {classify(code) for code in (3, 5, 7, 9, 12, 16)} == {Outcome.CLIENT_ERROR}
     assert status_name(14) == "UNAVAILABLE" and status_name(99) == "UNKNOWN"
+
+
+def test_a_reset_read_a_loaded_loops_lag_before_the_deadline_is_the_clients_deadline() -> None:
+    """The gateway's clock for a call starts when it reads the headers, the client's earlier:
+    a reset at the client's 200 ms deadline, its headers read 40 ms late, reads 160 ms in (a
+    full suite's run once counted one such as cancelled). A cancel half way is still a cancel."""
+    cancel = StatusCode.CANCELLED
+    assert client_deadline_ran_out(cancel, 0.2, 0.16)
+    assert client_deadline_ran_out(cancel, 10.0, 9.8)
+    assert not client_deadline_ran_out(cancel, 0.2, 0.1)
+    assert not client_deadline_ran_out(cancel, 10.0, 5.0)
+    assert not client_deadline_ran_out(cancel, None, 60.0), "no deadline set: a reset is a cancel"
+    assert client_deadline_ran_out(StatusCode.DEADLINE_EXCEEDED, 0.2, 0.01), "Triton's word for it"
 
 
 def test_route_metadata_names_route_and_version_for_every_route() -> None:
