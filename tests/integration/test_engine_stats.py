@@ -19,6 +19,7 @@ from gateway.grpc.upstream import GrpcUpstream
 from gateway.rollout.attribution import COMPUTE, attribute, view
 from gateway.services.engine_stats import EngineStats, interval
 from gateway.services.triton_control import TritonControl
+from tests.support import wait_for
 
 pytestmark = pytest.mark.triton
 
@@ -28,8 +29,14 @@ def engine_triton() -> Iterator[LocalTriton]:
     """A Triton of its own: loading the sample models `batched` and `cached` on the session one
     would change what every later module finds there."""
     with LocalTriton.on_free_ports(models=("batched", "cached")) as server:
-        for model, version in (("batched", "2"), ("batched", "3"), ("cached", "1")):
+        warmed = (("batched", "2"), ("batched", "3"), ("cached", "1"))
+        for model, version in warmed:
             infer(server, model, version, value=-1.0)  # a Python model's first execution is slow: not measured
+        # Triton counts a request's success after its answer is sent (its cache miss before it): a test
+        # reading its `before` at once could take the warm-up's success for one of its own (stop 42's CI:
+        # cached's 10 requests read as 11 successes and 10 lookups).
+        wait_for(lambda: all(successes(server, model, version) == 1 for model, version in warmed), 10,
+                 interval=0.02, what="Triton to count the warm-up requests")
         yield server
 
 
@@ -40,6 +47,12 @@ async def stats(engine_triton: LocalTriton) -> AsyncIterator[EngineStats]:
     fleet.add(ServerSpec(http=f"http://127.0.0.1:{free_port()}", grpc="127.0.0.1:1"))  # nobody listens there
     yield EngineStats(TritonControl(fleet), timeout_s=2.0)
     await fleet.aclose()
+
+
+def successes(server: LocalTriton, model: str, version: str) -> int:
+    """The successes Triton has counted for a version, read from its statistics endpoint."""
+    with urllib.request.urlopen(f"{server.http_url}/v2/models/{model}/versions/{version}/stats", timeout=10) as answer:
+        return int(json.load(answer)["model_stats"][0]["inference_stats"]["success"]["count"])
 
 
 def infer(server: LocalTriton, model: str, version: str, value: float = 1.0) -> int:
@@ -84,8 +97,11 @@ async def test_a_version_slower_in_compute_reads_as_compute(engine_triton: Local
 
 async def test_cache_hits_are_counted_apart(engine_triton: LocalTriton, stats: EngineStats) -> None:
     before = await stats.read("cached", ["1"])
+    counted = successes(engine_triton, "cached", "1")
     for _ in range(10):
         assert infer(engine_triton, "cached", "1", value=7.0) == 200  # one input: one miss, then hits
+    wait_for(lambda: successes(engine_triton, "cached", "1") >= counted + 10, 10, interval=0.02,
+             what="Triton to count the last success (after its answer)")
     after = await stats.read("cached", ["1"])
     found = interval(before, after, "cached", "1")
     assert found.counters is not None
