@@ -299,6 +299,20 @@ def rollout_status(url: str, model: str = "qc") -> dict[str, Any]:
     return doc
 
 
+def wait_stepped(url: str, past: int, within_s: float, model: str = "qc") -> None:
+    """Wait until the rollout at ``url`` goes past step ``past`` (or is promoted); it must not end
+    otherwise. A timeout says where it stood and its last verdicts."""
+    deadline = time.monotonic() + within_s
+    while True:
+        doc = rollout_status(url, model)
+        assert doc["state"] in ("progressing", "promoted"), doc
+        if doc["state"] == "promoted" or doc["step"] > past:
+            return
+        stood = {key: doc.get(key) for key in ("state", "step", "weights", "reason")}
+        assert time.monotonic() < deadline, f"not past step {past} in {within_s}s: {stood}, {doc['verdicts'][-3:]}"
+        time.sleep(0.1)
+
+
 def admin_call(base: str, method: str, path: str, body: Any = None, token: str = TOKEN,
                headers: dict[str, str] | None = None) -> tuple[int, Any]:
     data = None if body is None else json.dumps(body).encode()

@@ -23,6 +23,7 @@ from tests.support import (
     rollout_gateway,
     rollout_status,
     wait_for,
+    wait_stepped,
 )
 
 pytestmark = pytest.mark.triton
@@ -200,20 +201,6 @@ def test_a_gateway_killed_mid_rollout_resumes_at_the_same_step(triton: LocalTrit
             wait_stepped(second.url, past=resumed_step, within_s=15)
     finally:
         second.stop()
-
-
-def wait_stepped(url: str, past: int, within_s: float) -> None:
-    """Wait until the rollout at ``url`` goes past step ``past`` (or is promoted); it must not end
-    otherwise. A timeout says where it stood and its last verdicts."""
-    deadline = time.monotonic() + within_s
-    while True:
-        doc = rollout_status(url)
-        assert doc["state"] in ("progressing", "promoted"), doc
-        if doc["state"] == "promoted" or doc["step"] > past:
-            return
-        stood = {key: doc.get(key) for key in ("state", "step", "weights")}
-        assert time.monotonic() < deadline, f"not past step {past} in {within_s}s: {stood}, {doc['verdicts'][-3:]}"
-        time.sleep(0.1)
 
 
 def test_grpc_traffic_is_judged_the_same_way(triton: LocalTriton, faults: Faults) -> None:
