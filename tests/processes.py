@@ -49,15 +49,15 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
-def command_lines(pids: set[int]) -> list[str]:
-    """``pid command`` of each one still there, for a failure message."""
+def command_lines(pids: set[int], width: int = 100) -> list[str]:
+    """``pid command`` of each one still there (its first ``width`` characters), for a failure message."""
     out = []
     for pid in sorted(pids):
         try:
             command = (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
             continue
-        out.append(f"{pid} {command[:100].decode(errors='replace')}")
+        out.append(f"{pid} {command[:width].decode(errors='replace')}")
     return out
 
 
