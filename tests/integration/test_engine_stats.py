@@ -33,8 +33,8 @@ def engine_triton() -> Iterator[LocalTriton]:
         for model, version in warmed:
             infer(server, model, version, value=-1.0)  # a Python model's first execution is slow: not measured
         # Triton counts a request's success after its answer is sent (its cache miss before it): a test
-        # reading its `before` at once could take the warm-up's success for one of its own (stop 42's CI:
-        # cached's 10 requests read as 11 successes and 10 lookups).
+        # reading its `before` at once could take the warm-up's success for one of its own (a full run on
+        # 985abea: cached's 10 requests read as 11 successes and 10 lookups).
         wait_for(lambda: all(successes(server, model, version) == 1 for model, version in warmed), 10,
                  interval=0.02, what="Triton to count the warm-up requests")
         yield server
