@@ -340,7 +340,8 @@ def client_deadline_ran_out(code: int, timeout: float | None, elapsed: float) ->
     one), or any other failure (a reset, a cancel) once that deadline has passed, as far as the
     gateway can tell: its clock starts when it reads the call's headers, the client's when it
     sent them, so a reset at the client's deadline reads early here by however late the headers
-    were read (measured with 3 CPU burners: up to 3 ms; in a full suite's run, past 12 ms once),
+    were read (measured with 3 CPU burners: up to 3 ms; past 12 ms once in a full run, read from
+    the miscount it caused),
     plus the header's rounding. A reset read within 5% + 50 ms of the deadline is taken for it.
     A real cancel taken so still tells the judge the truth: a deadline is kept as a latency of
     at least the time elapsed, and a cancelled call's latency is at least that too."""

@@ -33,7 +33,7 @@ def test_an_interrupted_parallel_run_leaves_no_process_behind(how: str, tmp_path
     held = tmp_path / "held"
     held.mkdir()
     scratch = tmp_path / "tmp"  # a worker killed by the signal never removes its Triton's working
-    scratch.mkdir()  # directory: it is left here, with the test's, not in /tmp (2 of 3 runs left one)
+    scratch.mkdir()  # directory: it is left here, with the test's, not in /tmp (1 in 3 interruptions left one)
     env = {**os.environ, "HELD_DIR": str(held), "PYTHONFAULTHANDLER": "1",  # SIGABRT: its threads' stacks
            "TMPDIR": str(scratch)}
     run = subprocess.Popen([sys.executable, "-m", "pytest", str(TARGET), "-n", "2", "-p", "no:cacheprovider",
