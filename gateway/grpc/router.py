@@ -341,10 +341,10 @@ def client_deadline_ran_out(code: int, timeout: float | None, elapsed: float) ->
     gateway can tell: its clock starts when it reads the call's headers, the client's when it
     sent them, so a reset at the client's deadline reads early here by however late the headers
     were read (measured with 3 CPU burners: up to 3 ms; past 12 ms once in a full run, read from
-    the miscount it caused),
-    plus the header's rounding. A reset read within 5% + 50 ms of the deadline is taken for it.
-    A real cancel taken so still tells the judge the truth: a deadline is kept as a latency of
-    at least the time elapsed, and a cancelled call's latency is at least that too."""
+    the miscount it caused), plus the header's rounding. A reset read within 5% + 50 ms of the
+    deadline is taken for it. A real cancel taken so still tells the judge the truth: a deadline
+    is kept as a latency of at least the time elapsed, and a cancelled call's latency is at
+    least that too."""
     if timeout is None:
         return False
     return code == StatusCode.DEADLINE_EXCEEDED or elapsed >= timeout * 0.95 - _HEADER_LAG_S
