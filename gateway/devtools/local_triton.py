@@ -154,22 +154,6 @@ def dies_with_parent(signum: int = signal.SIGTERM) -> Callable[[], None] | None:
     return set_parent_death_signal
 
 
-def _with_nice(preexec: Callable[[], None] | None, nice: int) -> Callable[[], None] | None:
-    """``preexec`` then ``os.nice(nice)`` in the child; a refused increment leaves the default."""
-    if not nice:
-        return preexec
-
-    def both() -> None:
-        if preexec is not None:
-            preexec()
-        try:
-            os.nice(nice)
-        except OSError as exc:  # no CAP_SYS_NICE: written where the server's log begins
-            os.write(1, f"local_triton: nice {nice} refused ({exc}): the default priority\n".encode())
-
-    return both
-
-
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     """Whether something listens on ``port``: a bind as a server binds (SO_REUSEADDR, so the
     TIME_WAIT connections of a server just stopped don't count) fails."""
@@ -281,12 +265,6 @@ class LocalTriton:
     faults_file: Path | None = None
     log_file: Path | None = None
     ready_timeout_s: float = 60.0
-    # A nice value for the server and the Python-backend stubs it forks (negative: ahead of the
-    # rest; needs CAP_SYS_NICE, else the server runs at the default and says so in its log). For a
-    # server that starts stubs while the machine is saturated: this wheel's Python backend gives a
-    # stub 1 s to report healthy, and one starved past it makes the server abort (python_backend
-    # before PR #408; see tests/integration/test_version_everywhere.py).
-    nice: int = 0
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _workdir: Path | None = field(default=None, init=False, repr=False)
     _start_id: str = field(default="", init=False, repr=False)
@@ -385,7 +363,7 @@ class LocalTriton:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_with_nice(dies_with_parent(), self.nice),
+                preexec_fn=dies_with_parent(),
             )
         self.log_path = log_path
         _RUNNING[id(self)] = self

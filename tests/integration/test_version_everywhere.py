@@ -22,17 +22,9 @@ pytestmark = pytest.mark.triton
 
 @pytest.fixture(scope="module")
 def pair(faults_path: Path) -> Iterator[tuple[LocalTriton, LocalTriton]]:
-    """Two Tritons of the module's own (qc only): one of them gets another config of qc.
-
-    The second runs ahead of the rest of the machine (``nice=-10``). Reloading its qc with two
-    instances starts a stub per version, and this wheel's Python backend gives a new stub 1 s to
-    report healthy; a stub starved past that (a full run on 2 cores) is given up while it starts,
-    reads the init message freed under it and crashes holding its shared-memory lock, and the
-    server aborts on that lock (boost::interprocess::lock_exception; traced by helper-36: the
-    kernel's trap in the stub's PbString::LoadFromSharedMemory, then SIGABRT in tritonserver).
-    Triton's defect, widened to 5 s upstream (python_backend PR #408), not the gateway's."""
+    """Two Tritons of the module's own (qc only): one of them gets another config of qc."""
     with LocalTriton.on_free_ports(models=("qc",), faults_file=faults_path) as first:
-        with LocalTriton.on_free_ports(models=("qc",), faults_file=faults_path, nice=-10) as second:
+        with LocalTriton.on_free_ports(models=("qc",), faults_file=faults_path) as second:
             yield first, second
 
 
