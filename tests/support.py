@@ -365,6 +365,22 @@ class BackgroundLoad(LoadThread):
         self.result = LoadResult()
         self.started_at = 0.0
         self.seconds = 0.0
+        self._sending = threading.Event()  # cleared while paused
+        self._sending.set()
+        self._in_flight = 0  # requests sent and not answered (the load's loop writes it, pause() reads it)
+
+    @contextmanager
+    def paused(self, within_s: float = 30.0) -> Iterator[None]:
+        """No request in flight for the ``with`` block: new ones wait, the ones in flight are answered first."""
+        self._sending.clear()
+        try:
+            deadline = time.monotonic() + within_s
+            while self._in_flight:
+                assert time.monotonic() < deadline, f"{self._in_flight} requests unanswered after {within_s}s"
+                time.sleep(0.01)
+            yield
+        finally:
+            self._sending.set()
 
     async def _run(self) -> None:
         client = HttpUpstream(self.url, max_connections=self.concurrency, request_timeout_s=30)
@@ -372,6 +388,10 @@ class BackgroundLoad(LoadThread):
 
         async def worker() -> None:
             while not self._stop.is_set():
+                if not self._sending.is_set():
+                    await asyncio.sleep(0.01)
+                    continue
+                self._in_flight += 1
                 try:
                     response = await client.request(b"POST", target, [], self.body)
                     payload = await response.read()
@@ -379,6 +399,8 @@ class BackgroundLoad(LoadThread):
                     self.result.failures.append(repr(exc))
                     self.result.statuses[0] += 1
                     continue
+                finally:
+                    self._in_flight -= 1
                 self.result.statuses[response.status] += 1
                 if response.status == 200:
                     self.result.versions[self._answered(response.headers, payload)] += 1
