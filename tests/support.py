@@ -388,10 +388,11 @@ class BackgroundLoad(LoadThread):
 
         async def worker() -> None:
             while not self._stop.is_set():
+                self._in_flight += 1  # before the look at _sending: paused() then sees it or it sees the pause
                 if not self._sending.is_set():
+                    self._in_flight -= 1
                     await asyncio.sleep(0.01)
                     continue
-                self._in_flight += 1
                 try:
                     response = await client.request(b"POST", target, [], self.body)
                     payload = await response.read()
