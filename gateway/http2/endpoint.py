@@ -357,10 +357,7 @@ class Endpoint(asyncio.Protocol):
             if len(payload) != 4:
                 raise ProtocolError("RST_STREAM of a length other than 4", FRAME_SIZE_ERROR)
             if (stream := self.streams.get(stream_id)) is not None:
-                self._resets += 1
-                if self._resets > self._calm_resets:  # rapid reset (CVE-2023-44487)
-                    raise ProtocolError("too many stream resets", ENHANCE_YOUR_CALM)
-                self._on_reset(stream, int.from_bytes(payload, "big"))
+                self._on_reset(stream, int.from_bytes(payload, "big"))  # the server role counts them
             else:
                 self._unknown_stream(kind, stream_id)
         elif kind == PRIORITY_FRAME:

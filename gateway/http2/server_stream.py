@@ -53,7 +53,7 @@ class Limits:
     pings_per_s: int = 100  # counted between answers only, so a busy client's BDP probes never trip it
     settings_per_s: int = 100
     empty_frames_per_s: int = 200  # empty DATA/CONTINUATION, PRIORITY, unknown types
-    resets_per_s: int = 200  # RST_STREAM from the client on live streams, and stream errors we had to send
+    resets_per_s: int = 200  # RST_STREAM from the client on streams not answered yet, and stream errors we had to send
 
 
 class StreamHandler(Protocol):

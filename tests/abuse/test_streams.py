@@ -6,18 +6,24 @@ import grpc
 import h2.config
 import h2.connection
 import pytest
+from tritonclient.grpc import service_pb2
 
 from gateway.devtools.local_triton import LocalTriton
 from tests.abuse.attack import (
+    CANCEL,
     DATA,
     END_STREAM,
     ENHANCE_YOUR_CALM,
     FLOW_CONTROL_ERROR,
+    GOAWAY,
     MB,
     REFUSED_STREAM,
+    RST_STREAM,
     STREAM_CLOSED,
     Attacker,
+    Frame,
     frame,
+    grpc_status,
     infer_message,
     request_headers,
     watch,
@@ -89,6 +95,49 @@ def test_rapid_reset_ends_in_enhance_your_calm(gateway: GatewayThread, triton: L
         attacker.send(client.data_to_send())
         assert attacker.goaway(until=5).code == ENHANCE_YOUR_CALM
         attacker.close()
+
+
+def tokens_message(max_tokens: int, delay_ms: int) -> bytes:
+    """A ModelStreamInfer request for the sample model ``tok``, gRPC-framed: ``max_tokens`` replies,
+    the first at once and the others ``delay_ms`` apart."""
+    message = service_pb2.ModelInferRequest(model_name="tok")
+    for name, datatype, contents in (("text_input", "BYTES", None), ("max_tokens", "INT32", max_tokens),
+                                     ("delay_ms", "INT32", delay_ms)):
+        tensor = message.inputs.add(name=name, datatype=datatype, shape=[1])
+        if contents is None:
+            tensor.contents.bytes_contents.append(b"hi")
+        else:
+            tensor.contents.int_contents.append(contents)
+    raw: bytes = message.SerializeToString()
+    return b"\x00" + len(raw).to_bytes(4, "big") + raw
+
+
+def test_resets_of_answered_streams_are_not_a_reset_flood(gateway: GatewayThread, triton: LocalTriton) -> None:
+    """Not an attack: a client cutting generations short after their first token. 250 streams each
+    get a first reply (the second is 10 s away), then all 250 are reset in one burst, more than the
+    200 resets a second a connection may send: no GOAWAY, and the next call on the connection is
+    answered. A rapid reset is a reset before the answer (the test above); these calls were served,
+    and what Triton still does for them is bounded by ``grpc_max_streams_per_client``. Before, every
+    reset of a live stream counted: GOAWAY ENHANCE_YOUR_CALM at the 201st (and the reset test's
+    client, cancelling after a first reply ~560 times a second, was sent one every ~200 streams)."""
+    streams = [1 + 2 * i for i in range(250)]
+    assert len(streams) < gateway.settings.grpc_max_concurrent_streams
+    attacker = Attacker(gateway.settings.grpc_port)
+    opened = request_headers(b"/inference.GRPCInferenceService/ModelStreamInfer")
+    attacker.send(b"".join(attacker.headers(s, opened) + frame(DATA, 0, s, tokens_message(2, 10_000)) for s in streams))
+
+    def all_answered(frames: list[Frame]) -> bool:
+        return {f.stream_id for f in frames if f.kind == DATA} >= set(streams)
+
+    frames = attacker.frames(until=9, done=all_answered)
+    assert all_answered(frames), f"{len({f.stream_id for f in frames if f.kind == DATA})} of 250 first replies"
+    attacker.send(b"".join(frame(RST_STREAM, 0, s, CANCEL.to_bytes(4, "big")) for s in streams))
+    after = streams[-1] + 2
+    attacker.send(attacker.headers(after, request_headers()) + frame(DATA, END_STREAM, after, infer_message()))
+    frames = attacker.frames(until=10, done=lambda frames: grpc_status(frames, after) is not None)
+    assert [f.code for f in frames if f.kind == GOAWAY] == []
+    assert grpc_status(frames, after) == 0
+    attacker.close()
 
 
 def test_large_messages_multiplexed_on_one_connection_all_complete(triton: LocalTriton) -> None:
