@@ -11,6 +11,7 @@ to the controller alone ended the run with -15 (its workers then tore down on th
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -41,12 +42,14 @@ def test_an_interrupted_parallel_run_leaves_no_process_behind(how: str, tmp_path
                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            start_new_session=True, preexec_fn=as_from_a_shell)
     started: dict[int, int | None] = {}  # pid: its start time (pids are reused within minutes)
+    regions: set[str] = set()  # the name prefixes of the nested Tritons' Python-backend regions in /dev/shm
     try:
         wait_for(lambda: {p.name for p in held.iterdir()} == {"gateway", "prometheus"} or run.poll() is not None,
                  120, interval=0.2, what="both tests holding their servers")
         assert run.poll() is None, run.communicate()[0]
         started = {pid: started_at(pid) for pid in descendants(run.pid)}
         kinds = " ".join(command_lines(set(started), width=4096))  # a stub's path is long: under tmp_path
+        regions = set(re.findall(r"shm-region-prefix-name=(\S+)", kinds))
         for kind in ("tritonserver", "triton_python_backend_stub", "redis-server", "prometheus", "gateway serve"):
             assert kind in kinds, f"{kind} not started: {kinds}"
         if how == "Ctrl-C":  # the terminal sends SIGINT to the foreground process group
@@ -74,6 +77,9 @@ def test_an_interrupted_parallel_run_leaves_no_process_behind(how: str, tmp_path
         for pid, since in started.items():
             if alive(pid, since):
                 os.kill(pid, signal.SIGKILL)
+        for prefix in regions:  # a nested Triton stopped before it unloaded its models leaves its stubs'
+            for region in Path("/dev/shm").glob(f"{prefix}*"):  # regions (7 after ci-44, of one of them)
+                region.unlink(missing_ok=True)
     assert not left, left
     assert run.returncode == pytest.ExitCode.INTERRUPTED, output[-3000:]
 
