@@ -30,19 +30,13 @@ from tests.support import (
     GatewayThread,
     admin_call,
     gateway_settings,
+    rollout_status,
     wait_for,
     wait_stepped,
 )
 
 pytestmark = pytest.mark.triton
 TICK = 0.2
-
-
-def rollout(url: str) -> dict[str, Any]:
-    status, doc = admin_call(url, "GET", "/admin/models/qc/rollout")
-    assert status == 200, doc
-    assert isinstance(doc, dict)
-    return doc
 
 
 def policy_weights(url: str) -> dict[str, int]:
@@ -228,7 +222,7 @@ def test_kill_9_between_the_policy_write_and_the_rollout_write_resumes_at_the_sa
     second = GatewayProcess(env, port=first.port).start()
     try:
         with BackgroundLoad(second.url, concurrency=4):
-            doc = wait_for(lambda: (d := rollout(second.url))["applied"] and d, 6, what="the write adopted")
+            doc = wait_for(lambda: (d := rollout_status(second.url))["applied"] and d, 6, what="the write adopted")
             # The adopting tick may judge its interval at once (it is long due after the crash) and
             # advance: what matters is that it carried on from the crashed step, never paused.
             assert doc["state"] == "progressing", doc["reason"]
@@ -262,11 +256,11 @@ def test_an_sre_patch_during_a_slowed_tick_pauses_and_keeps_the_sres_weights(tri
                                   {"weights": {"2": 70, "3": 30}, "reason": "hand-tuning"})
         assert status == 200, body
         source.gate.set()
-        doc = wait_for(lambda: (d := rollout(gw.url))["state"] == "paused" and d, 5, what="the pause")
+        doc = wait_for(lambda: (d := rollout_status(gw.url))["state"] == "paused" and d, 5, what="the pause")
         time.sleep(5 * TICK)
         assert "admin" in doc["reason"] and "manual policy change" in doc["reason"]
         assert policy_weights(gw.url) == {"2": 70, "3": 30} and book_weights(gw) == {"2": 70, "3": 30}
-        assert rollout(gw.url)["state"] == "paused"
+        assert rollout_status(gw.url)["state"] == "paused"
 
 
 def test_two_gateways_on_one_redis_a_deposed_holders_writes_are_rejected(
@@ -375,7 +369,7 @@ def test_a_rollback_lands_while_another_process_holds_the_sqlite_file_for_12_sec
         # the judge's first unhealthy verdict decides: what is measured is how fast a decided
         # rollback lands, not how many intervals the judge wants
         begin(gw.url, steps=[20, 100], interval_s=1, min_requests=10, failure_limit=1)
-        wait_for(lambda: rollout(gw.url)["applied"], 10, what="the 20% step in place")
+        wait_for(lambda: rollout_status(gw.url)["applied"], 10, what="the 20% step in place")
         wait_for(lambda: gw.app.rollouts.fence is not None, 5, what="the lease")
         time.sleep(3)  # the 20% split measured before the lock
         locker = subprocess.Popen([sys.executable, "-c", script, str(path)], stdout=subprocess.PIPE, text=True)
