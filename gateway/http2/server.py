@@ -419,11 +419,13 @@ class Http2ServerConnection(Endpoint):
             stream.handler.on_end()
 
     def _on_reset(self, stream: StreamState, code: int) -> None:
-        # Rapid reset (CVE-2023-44487) is a stream reset before its answer: the client paid a frame,
-        # Triton's work went on. A stream reset once answered (a generation cut short after its first
-        # tokens) is not counted: its call was served, and what Triton still does for it is bounded by
-        # the client's streams (grpc_max_streams_per_client). Counting those sent a GOAWAY every ~200
-        # streams to a client cancelling after a first reply ~560 times a second (test_triton_resets).
+        # A rapid reset (CVE-2023-44487) is made of resets before the answer: each costs the client a
+        # frame and the gateway a call's setup, and the call goes on upstream. A stream reset once
+        # answered (response HEADERS sent; from Triton they come with a stream's first reply: a
+        # generation cut short after its first tokens) is not counted: its client waited for that
+        # answer, so it churns no faster than Triton answers, and what Triton still does for it is
+        # bounded by the client's streams (grpc_max_streams_per_client). Counting those sent a GOAWAY
+        # every ~200 streams to a client cancelling after a first reply ~560 times a second.
         served: ServerStream = stream  # type: ignore[assignment]
         if not served.responded:
             self._resets += 1

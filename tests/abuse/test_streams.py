@@ -26,6 +26,7 @@ from tests.abuse.attack import (
     grpc_status,
     infer_message,
     request_headers,
+    server_side,
     watch,
 )
 from tests.support import GatewayThread, gateway_settings
@@ -137,6 +138,23 @@ def test_resets_of_answered_streams_are_not_a_reset_flood(gateway: GatewayThread
     frames = attacker.frames(until=10, done=lambda frames: grpc_status(frames, after) is not None)
     assert [f.code for f in frames if f.kind == GOAWAY] == []
     assert grpc_status(frames, after) == 0
+    connection = server_side(gateway, attacker)
+    assert connection is not None and not connection.streams, "the reset streams were dropped"
+    attacker.close()
+
+
+def test_rapid_reset_of_stream_infer_calls_ends_in_enhance_your_calm(gateway: GatewayThread,
+                                                                     triton: LocalTriton) -> None:
+    """The rapid reset on ModelStreamInfer, whose resets once answered are not counted (the test
+    above): 400 streams, each opened with a whole request and reset in the same burst, before any
+    reply could be read, end in GOAWAY ENHANCE_YOUR_CALM. (The gateway reads 500 frames at a time:
+    400 streams put more than 200 resets on one side of any second's boundary.)"""
+    attacker = Attacker(gateway.settings.grpc_port)
+    opened = request_headers(b"/inference.GRPCInferenceService/ModelStreamInfer")
+    cancel = CANCEL.to_bytes(4, "big")
+    attacker.send(b"".join(attacker.headers(s, opened) + frame(DATA, 0, s, tokens_message(1, 0))
+                           + frame(RST_STREAM, 0, s, cancel) for s in (1 + 2 * i for i in range(400))))
+    assert attacker.goaway(until=5).code == ENHANCE_YOUR_CALM
     attacker.close()
 
 
