@@ -60,6 +60,8 @@ EXPECTED_S = {
     "tests/integration/test_lifecycle_config.py::test_a_fleet_sharing_one_repository": 15,
     "tests/integration/test_http_failures.py::test_triton_stopped_mid_run": 13,
     "tests/integration/test_replica_state.py::test_a_redis_outage_keeps_inference_going": 12,
+    "tests/integration/test_replica_state.py::test_a_corrupt_redis_record_is_skipped": 22,
+    "tests/integration/test_replica_state.py::test_a_wiped_store_gets_the_config_files_policies": 22,
     "tests/integration/test_hostile_judge.py::test_bad_requests_aimed_at_the_canary": 10,
     "tests/integration/test_grpc_health.py::test_sigterm_tells_watchers_not_serving": 12,
     "tests/integration/test_triton_cli.py::test_a_signal_stops_the_tritonserver": 12,
