@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from gateway.devtools import local_triton
 from tests import schedule
 
 SLOW_S = 30.0  # a test slower than this says why in its docstring (issue 31)
@@ -42,6 +43,7 @@ SLOW_UNSAID = f"tests over {SLOW_S:.0f} s whose docstring does not say why"
 UNSCHEDULED_S = 20.0
 UNSCHEDULED = f"tests over {UNSCHEDULED_S:.0f} s that tests/schedule.py does not know (add them to EXPECTED_S)"
 OPEN_NOW = "descriptors open at the end, per test process"
+STARTS_RETRIED = "Tritons killed by a signal while starting, and started again (local_triton.STARTS_RETRIED)"
 
 
 def note(section: str, line: str, key: float = 0.0) -> None:
@@ -139,6 +141,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if getattr(session.config.option, "numprocesses", None) and not hasattr(session.config, "workerinput"):
         return
     note(OPEN_NOW, f"{_worker_id(session.config)}: {len(os.listdir('/proc/self/fd'))}")
+    for start in local_triton.STARTS_RETRIED:
+        note(STARTS_RETRIED, f"{_worker_id(session.config)}: {start}")
     output = getattr(session.config, "workeroutput", None)
     if output is not None:
         from tests.abuse import worst
@@ -171,8 +175,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     from tests.abuse import worst
 
     limits = {DESCRIPTORS: 15}
-    for section in (LEFT_CHANGED, SIGNALS_AT_START, SIGNALS_CHANGED, TRITON_DIED, TRITON_AT_FAILURE, DESCRIPTORS,
-                    SLOW_UNSAID, UNSCHEDULED, OPEN_NOW):
+    for section in (LEFT_CHANGED, SIGNALS_AT_START, SIGNALS_CHANGED, TRITON_DIED, STARTS_RETRIED, TRITON_AT_FAILURE,
+                    DESCRIPTORS, SLOW_UNSAID, UNSCHEDULED, OPEN_NOW):
         lines = sorted(_findings.get(section, []), key=lambda entry: -entry[0])[:limits.get(section)]
         if lines:
             terminalreporter.section(section)

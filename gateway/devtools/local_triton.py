@@ -27,6 +27,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 SAMPLE_REPOSITORY = Path(__file__).resolve().parents[2] / "deploy" / "model_repository"
 SAMPLE_MODELS = ("qc", "tok", "seq")  # loaded at start; `batched` and `cached` are loaded by the tests that use them
@@ -40,6 +41,19 @@ TARGET_MODELS = ("qc_2026_12", "pipe")
 
 class TritonUnavailable(RuntimeError):
     """The wheel is missing, or the server did not become ready."""
+
+
+class _DiedStarting(TritonUnavailable):
+    """The server was killed by a signal before it was ready."""
+
+
+# Starts whose tritonserver was killed by a signal before it was ready, and which were started
+# again (what `make test`'s summary lists): the wheel's server aborted so within 50 ms of its
+# start, its log's one line an epoll_wait EBADF in its own gRPC poller, twice in ~65 full runs
+# (~1 in 4,000 starts), both times when a test restarted it; not ours to fix, and a second start
+# is as good as the first. A server that exits with a status (a bad flag, a model that fails to
+# load) is not started again.
+STARTS_RETRIED: list[str] = []
 
 
 def _ephemeral_range() -> tuple[int, int]:
@@ -270,7 +284,7 @@ class LocalTriton:
     _start_id: str = field(default="", init=False, repr=False)
 
     @classmethod
-    def on_free_ports(cls, **kwargs: object) -> LocalTriton:
+    def on_free_ports(cls, **kwargs: object) -> Self:
         base = free_port_block(3)
         return cls(http_port=base, grpc_port=base + 1, metrics_port=base + 2, **kwargs)  # type: ignore[arg-type]
 
@@ -351,6 +365,23 @@ class LocalTriton:
             raise TritonUnavailable(
                 f"port {', '.join(map(str, taken))} on 127.0.0.1 is already in use (a tritonserver left running? "
                 f"`ss -ltnp 'sport = :{taken[0]}'` names the process); choose other ports or stop it")
+        for retried in (False, True):
+            self._spawn()
+            try:
+                self.wait_ready()
+                return self
+            except _DiedStarting as exc:
+                self.stop()
+                if retried:
+                    raise
+                STARTS_RETRIED.append(str(exc))
+                print(f"tritonserver was killed by a signal while starting; starting it again: {exc}", file=sys.stderr)
+            except BaseException:
+                self.stop()
+                raise
+        return self
+
+    def _spawn(self) -> None:
         self._workdir = Path(tempfile.mkdtemp(prefix="local-triton-"))
         self._start_id = self._workdir.name.removeprefix("local-triton-")
         backend_dir = _backend_dir(_pytriton_root(), self._workdir / "backends")
@@ -367,12 +398,6 @@ class LocalTriton:
             )
         self.log_path = log_path
         _RUNNING[id(self)] = self
-        try:
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
 
     def is_ready(self) -> bool:
         """Server live and every sample model ready (per model: strict readiness is off)."""
@@ -389,8 +414,9 @@ class LocalTriton:
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self._process is not None and self._process.poll() is not None:
-                raise TritonUnavailable(f"tritonserver exited with {self._process.returncode}; log: {self.log_path}"
-                                        f"{self._log_tail()}")
+                died = _DiedStarting if self._process.returncode < 0 else TritonUnavailable
+                raise died(f"tritonserver exited with {self._process.returncode}; log: {self.log_path}"
+                           f"{self._log_tail()}")
             if self.is_ready():
                 if self._process is not None and listens_on(self._process.pid, self.http_port) is False:
                     raise TritonUnavailable(f"port {self.http_port} answers, but not from the tritonserver started "

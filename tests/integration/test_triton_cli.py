@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.devtools import local_triton
 from gateway.devtools.local_triton import LocalTriton, TritonUnavailable, ended_by_itself, free_port_block, listens_on
 from tests.processes import alive, children, started_at
 from tests.support import wait_for
@@ -101,3 +102,39 @@ def test_a_server_that_died_by_itself_is_named_with_its_log_until_stopped() -> N
     finally:
         server.stop()
     assert ended_by_itself() == []
+
+
+class AbortsFirst(LocalTriton):
+    """A server whose first start aborts at once (SIGABRT), as the wheel's tritonserver did twice
+    in ~65 full runs (an EBADF in its own gRPC poller within 50 ms; not to be made on demand, so
+    this stand-in's first process is a Python one that aborts itself), then starts for real."""
+
+    commands = 0
+
+    def command(self, backend_dir: Path) -> list[str]:
+        self.commands += 1
+        if self.commands == 1:
+            return [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGABRT)"]
+        return super().command(backend_dir)
+
+
+def test_a_server_killed_by_a_signal_while_starting_is_started_again_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    retried: list[str] = []
+    monkeypatch.setattr(local_triton, "STARTS_RETRIED", retried)
+    server = AbortsFirst.on_free_ports(models=("qc",))
+    with server:
+        assert server.commands == 2 and server.is_ready()
+    assert len(retried) == 1 and "tritonserver exited with -6" in retried[0], retried
+
+
+def test_a_server_that_exits_with_a_status_while_starting_is_not_started_again(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad flag or a model that fails to load exits with a status: a second start would fail the
+    same way, and take as long."""
+    retried: list[str] = []
+    monkeypatch.setattr(local_triton, "STARTS_RETRIED", retried)
+    server = AbortsFirst.on_free_ports(repository=tmp_path / "no-such-repository", models=("qc",))
+    server.commands = 1  # no abort: straight to the real server, which exits with 1
+    with pytest.raises(TritonUnavailable, match="tritonserver exited with 1"):
+        server.start()
+    assert server.commands == 2 and retried == []
