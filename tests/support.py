@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 import uvicorn
+from tritonclient.grpc import service_pb2
 
 from gateway.app import Gateway
 from gateway.devtools.local_triton import dies_with_parent, free_port
@@ -540,3 +541,18 @@ def pipe_as_in_the_repository(triton: Any) -> None:
     wanted = read_model(SAMPLE_REPOSITORY, "pipe").config
     if loaded["ensemble_scheduling"] != wanted["ensemble_scheduling"]:
         post("/v2/repository/models/pipe/load", json.dumps({"parameters": {"config": json.dumps(wanted)}}).encode())
+
+
+def tokens_request(count: int, delay_ms: int = 0) -> bytes:
+    """A ModelStreamInfer request (unframed) for the sample model ``tok``: ``count`` replies, the
+    first at once and the others ``delay_ms`` apart."""
+    request = service_pb2.ModelInferRequest(model_name="tok")
+    for name, datatype in (("text_input", "BYTES"), ("max_tokens", "INT32"), ("delay_ms", "INT32")):
+        tensor = request.inputs.add()
+        tensor.name, tensor.datatype = name, datatype
+        tensor.shape.extend([1])
+    request.inputs[0].contents.bytes_contents.append(b"hi")
+    request.inputs[1].contents.int_contents.append(count)
+    request.inputs[2].contents.int_contents.append(delay_ms)
+    encoded: bytes = request.SerializeToString()
+    return encoded

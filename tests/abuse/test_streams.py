@@ -6,9 +6,9 @@ import grpc
 import h2.config
 import h2.connection
 import pytest
-from tritonclient.grpc import service_pb2
 
 from gateway.devtools.local_triton import LocalTriton
+from gateway.grpc.wire import grpc_frame
 from tests.abuse.attack import (
     CANCEL,
     DATA,
@@ -29,7 +29,7 @@ from tests.abuse.attack import (
     server_side,
     watch,
 )
-from tests.support import GatewayThread, gateway_settings
+from tests.support import GatewayThread, gateway_settings, tokens_request
 
 pytestmark = pytest.mark.triton
 
@@ -98,21 +98,6 @@ def test_rapid_reset_ends_in_enhance_your_calm(gateway: GatewayThread, triton: L
         attacker.close()
 
 
-def tokens_message(max_tokens: int, delay_ms: int) -> bytes:
-    """A ModelStreamInfer request for the sample model ``tok``, gRPC-framed: ``max_tokens`` replies,
-    the first at once and the others ``delay_ms`` apart."""
-    message = service_pb2.ModelInferRequest(model_name="tok")
-    for name, datatype, contents in (("text_input", "BYTES", None), ("max_tokens", "INT32", max_tokens),
-                                     ("delay_ms", "INT32", delay_ms)):
-        tensor = message.inputs.add(name=name, datatype=datatype, shape=[1])
-        if contents is None:
-            tensor.contents.bytes_contents.append(b"hi")
-        else:
-            tensor.contents.int_contents.append(contents)
-    raw: bytes = message.SerializeToString()
-    return b"\x00" + len(raw).to_bytes(4, "big") + raw
-
-
 def test_resets_of_answered_streams_are_not_a_reset_flood(gateway: GatewayThread, triton: LocalTriton) -> None:
     """Not an attack: a client cutting generations short after their first token. 250 streams each
     get a first reply (the second is 10 s away), then all 250 are reset in one burst, more than the
@@ -125,7 +110,8 @@ def test_resets_of_answered_streams_are_not_a_reset_flood(gateway: GatewayThread
     assert len(streams) < gateway.settings.grpc_max_concurrent_streams
     attacker = Attacker(gateway.settings.grpc_port)
     opened = request_headers(b"/inference.GRPCInferenceService/ModelStreamInfer")
-    attacker.send(b"".join(attacker.headers(s, opened) + frame(DATA, 0, s, tokens_message(2, 10_000)) for s in streams))
+    message = grpc_frame(tokens_request(2, 10_000))
+    attacker.send(b"".join(attacker.headers(s, opened) + frame(DATA, 0, s, message) for s in streams))
 
     def all_answered(frames: list[Frame]) -> bool:
         return {f.stream_id for f in frames if f.kind == DATA} >= set(streams)
@@ -152,8 +138,9 @@ def test_rapid_reset_of_stream_infer_calls_ends_in_enhance_your_calm(gateway: Ga
     attacker = Attacker(gateway.settings.grpc_port)
     opened = request_headers(b"/inference.GRPCInferenceService/ModelStreamInfer")
     cancel = CANCEL.to_bytes(4, "big")
-    attacker.send(b"".join(attacker.headers(s, opened) + frame(DATA, 0, s, tokens_message(1, 0))
-                           + frame(RST_STREAM, 0, s, cancel) for s in (1 + 2 * i for i in range(400))))
+    message = grpc_frame(tokens_request(1))
+    attacker.send(b"".join(attacker.headers(s, opened) + frame(DATA, 0, s, message) + frame(RST_STREAM, 0, s, cancel)
+                           for s in (1 + 2 * i for i in range(400))))
     assert attacker.goaway(until=5).code == ENHANCE_YOUR_CALM
     attacker.close()
 

@@ -19,23 +19,10 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from gateway.devtools.local_triton import LocalTriton
-from tests.support import GatewayThread, gateway_settings, wait_for
+from tests.support import GatewayThread, gateway_settings, tokens_request, wait_for
 
 pytestmark = pytest.mark.triton
 STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
-
-
-def tokens_request(count: int, delay_ms: int) -> bytes:
-    request = service_pb2.ModelInferRequest(model_name="tok")
-    for name, datatype in (("text_input", "BYTES"), ("max_tokens", "INT32"), ("delay_ms", "INT32")):
-        tensor = request.inputs.add()
-        tensor.name, tensor.datatype = name, datatype
-        tensor.shape.extend([1])
-    request.inputs[0].contents.bytes_contents.append(b"hi")
-    request.inputs[1].contents.int_contents.append(count)
-    request.inputs[2].contents.int_contents.append(delay_ms)
-    encoded: bytes = request.SerializeToString()
-    return encoded
 
 
 def stream(channel: grpc.Channel, count: int, delay_ms: int, leave_after: int | None) -> int:

@@ -21,26 +21,13 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from tritonclient.grpc import service_pb2
 
 from gateway.devtools.local_triton import LocalTriton
-from tests.support import GatewayThread, gateway_settings
+from tests.support import GatewayThread, gateway_settings, tokens_request
 
 pytestmark = pytest.mark.triton
 STREAMS = 600
 STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
-
-
-def tokens_request(count: int) -> bytes:
-    request = service_pb2.ModelInferRequest(model_name="tok")
-    for name, datatype in (("text_input", "BYTES"), ("max_tokens", "INT32")):
-        tensor = request.inputs.add()
-        tensor.name, tensor.datatype = name, datatype
-        tensor.shape.extend([1])
-    request.inputs[0].contents.bytes_contents.append(b"hi")
-    request.inputs[1].contents.int_contents.append(count)
-    encoded: bytes = request.SerializeToString()
-    return encoded
 
 
 def cancelled_between_replies(channel: grpc.Channel) -> None:
