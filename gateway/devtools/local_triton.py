@@ -212,7 +212,8 @@ def _kill_group(pgid: int) -> None:
             continue
 
 
-def _remove_regions(prefix: str) -> None:
+def remove_regions(prefix: str) -> None:
+    """Unlink every /dev/shm region whose name starts with ``prefix`` (a server's ``shm_prefix``)."""
     for region in Path("/dev/shm").glob(f"{prefix}*"):
         with contextlib.suppress(OSError):
             region.unlink()
@@ -365,23 +366,16 @@ class LocalTriton:
             raise TritonUnavailable(
                 f"port {', '.join(map(str, taken))} on 127.0.0.1 is already in use (a tritonserver left running? "
                 f"`ss -ltnp 'sport = :{taken[0]}'` names the process); choose other ports or stop it")
-        for retried in (False, True):
-            self._spawn()
-            try:
-                self.wait_ready()
-                return self
-            except _DiedStarting as exc:
-                self.stop()
-                if retried:
-                    raise
-                STARTS_RETRIED.append(str(exc))
-                print(f"tritonserver was killed by a signal while starting; starting it again: {exc}", file=sys.stderr)
-            except BaseException:
-                self.stop()
-                raise
+        try:
+            self._launch()
+        except _DiedStarting as exc:
+            STARTS_RETRIED.append(str(exc))
+            print(f"tritonserver was killed by a signal while starting; starting it again: {exc}", file=sys.stderr)
+            self._launch()
         return self
 
-    def _spawn(self) -> None:
+    def _launch(self) -> None:
+        """Spawn tritonserver and wait until it is ready; it is stopped again if it is not."""
         self._workdir = Path(tempfile.mkdtemp(prefix="local-triton-"))
         self._start_id = self._workdir.name.removeprefix("local-triton-")
         backend_dir = _backend_dir(_pytriton_root(), self._workdir / "backends")
@@ -398,6 +392,11 @@ class LocalTriton:
             )
         self.log_path = log_path
         _RUNNING[id(self)] = self
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
 
     def is_ready(self) -> bool:
         """Server live and every sample model ready (per model: strict readiness is off)."""
@@ -452,7 +451,7 @@ class LocalTriton:
             # orphaned after a SIGTERM: whatever is left of the group goes. A server that did not
             # unload its models (killed, or a stub killed with it) leaves their regions in /dev/shm.
             _kill_group(process.pid)
-            _remove_regions(self.shm_prefix)
+            remove_regions(self.shm_prefix)
         if self._workdir is not None and self.log_file is None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.devtools.local_triton import remove_regions
 from tests.processes import alive, command_lines, descendants, started_at, state
 from tests.support import wait_for
 
@@ -78,8 +79,7 @@ def test_an_interrupted_parallel_run_leaves_no_process_behind(how: str, tmp_path
             if alive(pid, since):
                 os.kill(pid, signal.SIGKILL)
         for prefix in regions:  # a nested Triton stopped before it unloaded its models leaves its stubs'
-            for region in Path("/dev/shm").glob(f"{prefix}*"):  # regions (7 after ci-44, of one of them)
-                region.unlink(missing_ok=True)
+            remove_regions(prefix)  # regions (7 after ci-44, of one of them)
     assert not left, left
     assert run.returncode == pytest.ExitCode.INTERRUPTED, output[-3000:]
 
