@@ -58,17 +58,20 @@ def test_a_server_serving_another_config_holds_the_rollout_naming_it(
             "judge": "thresholds", "max_p99_ratio": None, "inconclusive_limit": 1000}
     odd = second.http_url.removeprefix("http://")
     with GatewayThread(settings) as gw, BackgroundLoad(gw.url, concurrency=4) as traffic:
-        # Each reload with no inference in flight (traffic.paused()): Triton 2.51's Python backend
-        # aborted now and then (boost::interprocess::lock_exception: 2 of 6 full runs in one
-        # session) while a reload's new instances started. The likeliest trigger left is the old
-        # instances executing requests beside them (one traced abort was in ModelInstanceExecute):
-        # neither one version at a time nor the server at nice -10 kept it from happening.
-        with traffic.paused():
-            load(second, drifted[1])
+
+        def reload(qc: dict[str, Any]) -> None:
+            """The second server's qc loaded with no inference in flight: Triton 2.51's Python backend
+            aborted now and then (boost::interprocess::lock_exception: 2 of 6 full runs in one
+            session) while a reload's new instances started. The likeliest trigger left is the old
+            instances executing requests beside them (one traced abort was in ModelInstanceExecute):
+            neither one version at a time nor the server at nice -10 kept it from happening."""
+            with traffic.paused():
+                load(second, qc)
+
+        reload(drifted[1])
         status, body = admin_call(gw.url, "POST", "/admin/models/qc/rollout", spec)
         assert status == 409 and f"server {odd} reports instance_group 2 instances (KIND_CPU)" in body["error"], body
-        with traffic.paused():
-            load(second, drifted[0])
+        reload(drifted[0])
         status, doc = admin_call(gw.url, "POST", "/admin/models/qc/rollout", spec)
         assert status == 200, doc
         assert doc["files"] and "model.py" in " ".join(doc["files"]), "the canary's files, by hash, at the start"
@@ -76,8 +79,7 @@ def test_a_server_serving_another_config_holds_the_rollout_naming_it(
         # seconds to load it, and while its config cannot be read it holds nothing, so a rollout of
         # 1 s intervals could end before the reload did (it never held once, in a full run).
         assert admin_call(gw.url, "POST", "/admin/models/qc/rollout/pause")[0] == 200
-        with traffic.paused():
-            load(second, drifted[1])
+        reload(drifted[1])
         assert admin_call(gw.url, "POST", "/admin/models/qc/rollout/resume")[0] == 200
         held = wait_for(lambda: (lambda d: d if "held:" in d["reason"] else None)(rollout_status(gw.url)), 30,
                         what="the rollout to hold")
@@ -91,8 +93,7 @@ def test_a_server_serving_another_config_holds_the_rollout_naming_it(
         still = wait_for(lambda: (lambda d: d if len(d["verdicts"]) >= verdicts + 2 else None)(rollout_status(gw.url)),
                          30, what="two more intervals")
         assert (still["step"], still["weights"]) == (step, held["weights"]), "held: no more weight while it differs"
-        with traffic.paused():
-            load(second, drifted[0])  # put back: the next healthy interval moves on
+        reload(drifted[0])  # put back: the next healthy interval moves on
         doc = wait_for(lambda: (lambda d: d if d["step"] > step else None)(rollout_status(gw.url)), 30,
                        what="the rollout to move on")
         assert doc["drift"] == [] and doc["state"] == "progressing"
