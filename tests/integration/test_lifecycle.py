@@ -197,5 +197,12 @@ def test_promotion_unloads_every_previous_version_with_one_reload(own_triton: Lo
         assert done["state"] == "promoted", done["reason"]
         wait_for(lambda: ready_versions(own_triton) == {"3"}, 30, what="versions 1 and 2 drained and unloaded")
         assert reloads == [{"3"}], reloads
-        events = admin_call(gw.url, "GET", "/admin/events?model=qc&limit=100")[1]["events"]
-        assert sorted(e["reason"].split()[1] for e in events if e["action"] == "version_unloaded") == ["1", "2"]
+        # the events are written once the reload call has returned, which Triton's own view can show
+        # before (a full run read none): wait for them, then they must name exactly 1 and 2
+
+        def unloaded() -> list[str]:
+            events = admin_call(gw.url, "GET", "/admin/events?model=qc&limit=100")[1]["events"]
+            return sorted(e["reason"].split()[1] for e in events if e["action"] == "version_unloaded")
+
+        wait_for(lambda: len(unloaded()) >= 2, 10, what="the version_unloaded events")
+        assert unloaded() == ["1", "2"]
