@@ -29,6 +29,7 @@ the prefixes below are how the fleet tells a call never sent from a connection t
 from __future__ import annotations
 
 import asyncio
+import struct
 from collections import deque
 from typing import Protocol
 from urllib.parse import unquote
@@ -39,9 +40,9 @@ from gateway.grpc.wire import Message, grpc_parts, peek, take
 from gateway.http2.endpoint import (
     CANCEL,
     PREFACE,
-    RECEIVE_WINDOW,
     REFUSED_STREAM,
     SETTINGS,
+    WINDOW_UPDATE,
     Endpoint,
     Headers,
     StreamState,
@@ -59,6 +60,11 @@ GOING_AWAY = OWN_ANSWER + "Triton is going away"
 # ... or the connection broke under the call (Triton may have run it: never re-sent).
 LOST = OWN_ANSWER + "lost the connection to Triton"
 _DEADLINE_GRACE_S = 0.5  # past a call's deadline before it is ended here: Triton's own answer comes first
+# What Triton may send a call before it is given more (SETTINGS_INITIAL_WINDOW_SIZE): a stream's
+# replies wait for its client when it reads slower (``hold``), so this is about what one stream can
+# park in the gateway. A unary reply past half of it is a large one: its window opens to UNARY_WINDOW.
+STREAM_WINDOW = 64 << 10
+UNARY_WINDOW = 16 << 20
 _HTTP_TO_GRPC = {400: INTERNAL, 401: StatusCode.UNAUTHENTICATED, 403: StatusCode.PERMISSION_DENIED,
                  404: StatusCode.UNIMPLEMENTED, 429: UNAVAILABLE, 502: UNAVAILABLE,
                  503: UNAVAILABLE, 504: UNAVAILABLE}
@@ -80,7 +86,7 @@ class Slot(Protocol):
 
 
 class _Call(StreamState):
-    __slots__ = ("future", "headers", "trailers", "chunks", "listener", "deadline", "slot", "requests_ended")
+    __slots__ = ("future", "headers", "trailers", "chunks", "listener", "deadline", "slot", "requests_ended", "wide")
 
     def __init__(self, stream_id: int, window: int, future: asyncio.Future[Reply] | None,
                  listener: StreamListener | None = None) -> None:
@@ -93,6 +99,7 @@ class _Call(StreamState):
         self.trailers: Headers | None = None
         self.chunks: deque[memoryview] = deque()
         self.requests_ended = False  # END_STREAM sent (or queued behind the requests)
+        self.wide = False  # a unary call's window opened to UNARY_WINDOW
 
 
 class Http2Connection(Endpoint):
@@ -113,7 +120,7 @@ class Http2Connection(Endpoint):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.attach(transport)
-        self.write(PREFACE + settings_frame(enable_push=0, initial_window=RECEIVE_WINDOW, max_frame=1 << 20)
+        self.write(PREFACE + settings_frame(enable_push=0, initial_window=STREAM_WINDOW, max_frame=1 << 20)
                    + open_windows())
         self._settings_sent = 1
         loop = asyncio.get_running_loop()
@@ -179,6 +186,22 @@ class Http2Connection(Endpoint):
             call.trailers = headers
         if end_stream:
             self._finish(call, _reply(call))
+
+    def _data_target(self, stream_id: int, length: int) -> None:
+        """Stream credit goes back on receipt at half the window, unless the call is held."""
+        call = self._data_into = self.streams.get(stream_id)
+        if call is None or self._data_end:
+            return  # a call already finished or left: its data still counted for the connection
+        call.unacked += length
+        if call.unacked > STREAM_WINDOW // 2 and not call.held:
+            self._credit(call)  # type: ignore[arg-type]
+
+    def _credit(self, call: _Call) -> None:
+        increment, call.unacked = call.unacked, 0
+        if call.listener is None and not call.wide:
+            call.wide = True
+            increment += UNARY_WINDOW - STREAM_WINDOW
+        self.write(frame(WINDOW_UPDATE, 0, call.id, struct.pack(">I", increment)))
 
     def _on_data(self, stream: StreamState, payload: memoryview, end_stream: bool) -> None:
         call: _Call = stream  # type: ignore[assignment]
@@ -279,6 +302,18 @@ class Http2Connection(Endpoint):
         pending = call.pending
         return len(pending) if pending is not None else 0
 
+    def hold(self, call: _Call) -> None:
+        """The call's replies wait for its caller's client: Triton gets no more stream credit (it
+        may send what is left of the window, ``STREAM_WINDOW`` at most) until ``release``."""
+        call.held = True
+
+    def release(self, call: _Call) -> None:
+        """The caller took the replies: what was received meanwhile is credited back."""
+        if call.held:
+            call.held = False
+            if call.unacked and call.id in self.streams:
+                self._credit(call)
+
     def end_requests(self, call: _Call) -> None:
         if call.id in self.streams and not call.requests_ended:
             call.requests_ended = True
@@ -299,6 +334,7 @@ class Http2Connection(Endpoint):
         call.future, call.listener = None, _LEFT
         if not call.requests_ended:  # a stream whose requests went on: no more will come
             self.end_requests(call)
+        self.release(call)  # its answers are dropped from now on: none waits for the caller
         ends = asyncio.get_running_loop().time() + within_s
         if not 0.0 < call.deadline <= ends:
             call.deadline = ends

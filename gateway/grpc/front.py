@@ -120,6 +120,9 @@ class _Call:
             self.timer.cancel()
         self.stop_upstream()
 
+    def on_sent(self) -> None:
+        """Answers went out to the client: only a stream relays more than one."""
+
     def stop_upstream(self) -> None:
         if self.task is not None and not self.task.done():
             self.task.cancel()
@@ -322,6 +325,18 @@ class StreamCall(_Call):
         for _, response in messages:
             self.connection.send_message(self.stream, self.front.router.record_stream_reply(self.ledger, response))
         del replies[:used]
+        # Replies waiting for the client (more than a stream window queued for its window, or its
+        # socket full): Triton's stream gets no more credit until they go out (on_sent).
+        pending, upstream = self.stream.pending, self.upstream
+        if upstream is not None and (self.connection.write_paused or pending is not None
+                                     and len(pending) > self.connection.limits.stream_window):
+            upstream.hold()
+
+    def on_sent(self) -> None:
+        upstream, pending = self.upstream, self.stream.pending
+        if upstream is not None and upstream.held and not self.connection.write_paused \
+                and (pending is None or len(pending) <= self.connection.limits.stream_window // 2):
+            upstream.release()
 
     def on_close(self, code: int, details: str) -> None:
         if code:

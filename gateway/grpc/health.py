@@ -215,6 +215,9 @@ class HealthCall:
         work = self._check() if self.stream.path == CHECK else self._watch()
         self.task = asyncio.get_running_loop().create_task(self._guarded(work))
 
+    def on_sent(self) -> None:
+        """Nothing to pace: a watch sends a status when readiness changes."""
+
     def on_reset(self) -> None:
         if self.task is not None and not self.task.done():
             self.task.cancel()

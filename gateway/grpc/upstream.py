@@ -237,6 +237,17 @@ class UpstreamStream:
         """Bytes sent but not yet taken by the upstream (waiting for its flow-control window)."""
         return self.connection.backlog(self.call)
 
+    @property
+    def held(self) -> bool:
+        return self.call.held
+
+    def hold(self) -> None:
+        """Triton's replies wait for the client: no more stream credit until ``release``."""
+        self.connection.hold(self.call)
+
+    def release(self) -> None:
+        self.connection.release(self.call)
+
     def end(self) -> None:
         self.connection.end_requests(self.call)
 

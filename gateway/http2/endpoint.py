@@ -24,7 +24,6 @@ END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
 NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
 STREAM_CLOSED, FRAME_SIZE_ERROR = 0x5, 0x6
 REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x7, 0x8, 0x9, 0xB
-RECEIVE_WINDOW = 1 << 24  # per stream, for the upstream client; the connection window is opened to 1 GiB
 MAX_FRAME = 1 << 20  # what the upstream client accepts (SETTINGS_MAX_FRAME_SIZE)
 MAX_HEADER_BLOCK = 1 << 20  # a header block spread over CONTINUATION frames may not grow past this
 MAX_WINDOW = 0x7FFFFFFF
@@ -119,14 +118,16 @@ class Queued:
 
 
 class StreamState:
-    """The sending side of one stream: its window and what waits for more window."""
+    """The sending side of one stream: its window and what waits for more window; and whether
+    the receiving side gives the peer credit."""
 
-    __slots__ = ("id", "window", "unacked", "pending", "end", "trailer")
+    __slots__ = ("id", "window", "unacked", "pending", "end", "trailer", "held")
 
     def __init__(self, stream_id: int, window: int) -> None:
         self.id = stream_id
         self.window = window
         self.unacked = 0  # received bytes not yet given back with a WINDOW_UPDATE
+        self.held = False  # what was received waits on the far side: no stream credit goes back (the roles' hold)
         self.pending: Queued | None = None  # DATA bytes waiting for window
         self.end = False  # END_STREAM once pending is out (when there is no trailer)
         self.trailer: bytes | None = None  # a HEADERS frame to send after pending
@@ -450,7 +451,8 @@ class Endpoint(asyncio.Protocol):
 
     def _data_head(self, flags: int, stream_id: int, length: int) -> None:
         """A DATA frame of ``length`` bytes begins, its payload to follow (``_data_piece``). The
-        client role: Triton is trusted, credit goes back on receipt, windows stay wide."""
+        client role: connection credit goes back on receipt (each stream's window bounds what
+        Triton may send it: ``client_connection``)."""
         self._data_end = bool(flags & END_STREAM)
         self._recv_unacked += length
         if self._recv_unacked > _CONNECTION_WINDOW // 2:
@@ -458,15 +460,9 @@ class Endpoint(asyncio.Protocol):
             self._recv_unacked = 0
 
     def _data_target(self, stream_id: int, length: int) -> None:
-        """The stream the DATA frame's payload goes to (``_data_into``), or none: it is dropped."""
-        stream = self._data_into = self.streams.get(stream_id)
-        if stream is None:
-            return  # a stream already finished or reset; its data still counted for the connection
-        if not self._data_end:
-            stream.unacked += length
-            if stream.unacked > RECEIVE_WINDOW // 2:
-                self.write(frame(WINDOW_UPDATE, 0, stream_id, struct.pack(">I", stream.unacked)))
-                stream.unacked = 0
+        """The stream the DATA frame's payload goes to (``_data_into``), or none: it is dropped;
+        and the stream's flow control (each role its own)."""
+        raise NotImplementedError
 
     def _data_piece(self, payload: memoryview, last: bool) -> None:
         """Part of the DATA frame's payload (``last``: its end); a view of what was read, not a copy."""

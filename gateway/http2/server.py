@@ -107,7 +107,7 @@ class Http2ServerConnection(Endpoint):
         self._window = self._born // TICKS_PER_S  # the second the flood counters count in
         self._timer: asyncio.TimerHandle | None = None  # a refusal's answer, a lingering close's end
         self._reset_ids: dict[int, None] = {}
-        self._write_paused = False
+        self.write_paused = False  # the client is not reading: its socket is past write_high_water
         self._refused = ""  # why this connection is one too many (a cap's reason): see _refuse
         self.write_closed = False  # our FIN is sent (a lingering close): the transport is shut, reads are dropped
 
@@ -175,16 +175,19 @@ class Http2ServerConnection(Endpoint):
         if not self.closed.done():
             self.closed.set_result(None)
 
-    # -- backpressure: a client that does not read its answers is not read either --------------
+    # -- backpressure: a client that does not read its answers is not read either, and the
+    # handlers relaying answers to it pause their source (write_paused; on_sent once they may go on)
     # pause_writing is called by the transport from inside a write, as its buffer passes the
     # high-water mark: the frame loop stops after the current frame, so frames already read wait too.
     def pause_writing(self) -> None:
-        self._write_paused = True
+        self.write_paused = True
         self._stop_reading()
 
     def resume_writing(self) -> None:
-        self._write_paused = False
+        self.write_paused = False
         self._continue_reading()
+        for stream in list(self.streams.values()):  # their answers may flow again (the handlers' on_sent)
+            self._on_drained(stream)
 
     def _yield_reading(self) -> None:
         """Thousands of tiny requests in one read must not hold the loop: the rest wait one turn."""
@@ -197,7 +200,7 @@ class Http2ServerConnection(Endpoint):
         self.reading = False
 
     def _continue_reading(self) -> None:
-        if self.reading or self._write_paused or self.transport is None or self.transport.is_closing():
+        if self.reading or self.write_paused or self.transport is None or self.transport.is_closing():
             return
         self.reading = True
         self.transport.resume_reading()
@@ -494,6 +497,13 @@ class Http2ServerConnection(Endpoint):
         call: ServerStream = stream  # type: ignore[assignment]
         if call.finished:
             self._forget(call)
+        else:
+            self._on_drained(call)
+
+    def _on_drained(self, stream: StreamState) -> None:
+        handler = stream.handler  # type: ignore[attr-defined]  # a ServerStream
+        if handler is not None:
+            handler.on_sent()
 
     # -- frames out -----------------------------------------------------------------------------
     def _forget(self, stream: ServerStream) -> None:

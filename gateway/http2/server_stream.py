@@ -62,12 +62,13 @@ class StreamHandler(Protocol):
     def on_message(self, message: bytes | bytearray) -> None: ...  # large, spread over frames: a bytearray
     def on_end(self) -> None: ...
     def on_reset(self) -> None: ...
+    def on_sent(self) -> None: ...  # answers queued for the client (stream.pending, a full socket) went out
 
 
 class ServerStream(StreamState):
     __slots__ = ("path", "headers", "pieces", "gathered", "filling", "filled", "fill_compressed", "handler",
                  "responded", "finished", "compression", "recv_window", "reserved", "admitted", "remote_closed",
-                 "inflating", "end_pending", "held", "handed", "charged")
+                 "inflating", "end_pending", "handed", "charged")
 
     def __init__(self, stream_id: int, window: int, headers: Headers, path: str, compression: bytes,
                  recv_window: int) -> None:
@@ -91,7 +92,7 @@ class ServerStream(StreamState):
         self.remote_closed = False  # the client sent END_STREAM
         self.inflating = False  # a large compressed message is inflated a slice per loop turn
         self.end_pending = False  # END_STREAM arrived while inflating
-        self.held = False  # the upstream has not taken what was handed over: no stream credit (see hold)
+        # held (StreamState): the upstream has not taken what was handed over: no stream credit (see hold)
         self.handed = False  # the reservation is for a message handed over while held: kept until release
         self.charged = 0  # bytes of the gateway's budget this stream holds besides its reservation (see _charge)
 

@@ -40,6 +40,9 @@ class Call:
     def on_end(self) -> None:
         pass
 
+    def on_sent(self) -> None:
+        pass
+
     def on_reset(self) -> None:
         Call.resets.append(self.stream.id)
         if self.stream.id == 1:

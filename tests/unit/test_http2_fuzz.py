@@ -92,6 +92,9 @@ class Handler:
     def on_reset(self) -> None:
         pass
 
+    def on_sent(self) -> None:
+        pass
+
 
 def valid_sequence() -> list[bytes]:
     encoder = hpack.Encoder()

@@ -66,6 +66,9 @@ class Keeper:
     def on_reset(self) -> None:
         pass
 
+    def on_sent(self) -> None:
+        pass
+
 
 def reads(message: bytes, frame_size: int = 16 << 10, read_size: int = 64 << 10) -> list[bytes]:
     """The client's bytes for one call carrying ``message``, cut into reads that end mid-frame."""

@@ -47,6 +47,9 @@ class Holder:
     def on_reset(self) -> None:
         pass
 
+    def on_sent(self) -> None:
+        pass
+
 
 async def test_an_answer_alone_on_its_connection_goes_out_before_the_next_turn() -> None:
     Holder.streams = []
