@@ -65,6 +65,10 @@ _STATUS = {code.value[0]: code for code in grpc.StatusCode}
 # Request bytes a stream may have waiting for Triton's flow-control window before the client's
 # next message is read: Triton reading slower than the client sends pauses the client.
 STREAM_BACKLOG = 1 << 20
+# Reply bytes a stream may have waiting for its client (grpcio writes one at a time, each once the
+# client's window takes it) before Triton's stream gets no more credit: a client that reads none
+# parks this plus what is left of the upstream window, not every reply (they queued without bound).
+REPLY_BACKLOG = 256 << 10
 
 
 class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
@@ -204,6 +208,7 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
             refusal = status_for(exc)
             await context.abort(_STATUS.get(refusal, grpc.StatusCode.UNKNOWN), router.details(refusal, exc.message))
             raise
+        relay.upstream = upstream
         pump = asyncio.get_running_loop().create_task(self._pump(requests, upstream, relay, wire, ledger))
         announced = False
         try:
@@ -211,6 +216,7 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]
                 response = await relay.replies.get()
                 if response is None:
                     break
+                relay.taken(response)
                 last = ledger.last
                 if not announced and last is not None:
                     await context.send_initial_metadata(router.announced(last.decision))
@@ -273,10 +279,12 @@ class _StreamRelay:
     """Triton's side of one stream (a ``StreamListener``), handed to the grpcio handler: reply
     messages in order, then None; ``closed`` holds the first final status (Triton's or ours)."""
 
-    __slots__ = ("replies", "drained", "buffer", "closed", "busy")
+    __slots__ = ("replies", "drained", "buffer", "closed", "busy", "queued", "upstream")
 
     def __init__(self) -> None:
         self.replies: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.queued = 0  # bytes of the replies waiting in it
+        self.upstream: UpstreamStream | None = None  # held while more than REPLY_BACKLOG waits
         self.drained = asyncio.Event()
         self.buffer = bytearray()
         self.closed: tuple[int, str] | None = None
@@ -291,7 +299,17 @@ class _StreamRelay:
         messages, used = split_messages(buffer)  # Triton compresses nothing: we never ask it to
         for _, response in messages:
             self.replies.put_nowait(response)
+            self.queued += len(response)
         del buffer[:used]
+        if self.queued > REPLY_BACKLOG and self.upstream is not None:
+            self.upstream.hold()
+
+    def taken(self, response: bytes) -> None:
+        """The handler took a reply to write: Triton's stream may send again once half the backlog is left."""
+        self.queued -= len(response)
+        upstream = self.upstream
+        if upstream is not None and upstream.held and self.queued <= REPLY_BACKLOG // 2:
+            upstream.release()
 
     def on_close(self, code: int, details: str) -> None:
         if self.closed is None:

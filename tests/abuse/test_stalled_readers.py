@@ -5,7 +5,8 @@ generations and reads nothing (its stream windows at 0, or its socket unread) on
 gateway queue every reply: 8 streams of 50,000 tokens grew it by ~9.5 MB a second. Now a stream
 whose replies wait for its client stops crediting Triton's stream (``client_connection.hold``)
 until they go out, so Triton waits instead, and what the gateway holds is a few stream windows
-per stream. A client that reads slowly is paced the same way and still gets every token.
+per stream, on either gRPC server (grpcio's: the replies in its handler's relay queue). A
+client that reads slowly is paced the same way and still gets every token.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from tests.abuse.attack import (
     server_side,
     watch,
 )
-from tests.support import GatewayThread, tokens_request, wait_for
+from tests.support import GatewayThread, gateway_settings, tokens_request, wait_for
 
 pytestmark = pytest.mark.triton
 STREAM_INFER = b"/inference.GRPCInferenceService/ModelStreamInfer"
@@ -42,7 +43,7 @@ INITIAL_WINDOW = 4
 MAX_WINDOW = (1 << 31) - 1
 
 
-def settings(window: int) -> bytes:
+def settings_frames(window: int) -> bytes:
     """The preface and SETTINGS_INITIAL_WINDOW_SIZE ``window``, the connection window opened as wide."""
     opened = frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", window - 65535)) if window > 65535 else b""
     return PREFACE + frame(SETTINGS, 0, 0, struct.pack(">HI", INITIAL_WINDOW, window)) + opened
@@ -86,19 +87,21 @@ def client_streams(gateway: GatewayThread) -> int:
 @pytest.mark.parametrize("window", [0, MAX_WINDOW], ids=["windows-at-0", "socket-unread"])
 def test_a_client_that_reads_no_replies_parks_a_few_windows_per_stream(gateway: GatewayThread, triton: LocalTriton,
                                                                        window: int) -> None:
-    """8 streams of 20,000 tokens (~2 MB each), none read: the client's windows stay at 0, or
+    """8 streams of 20,000 tokens (~1.5 MB each), none read: the client's windows stay at 0, or
     are opened wide and its socket is not read. Polled for 8 s, what the gateway holds for the
-    connection (replies queued for the client's windows plus its write buffer) never passes 1.5
-    stream windows per stream plus the write buffer's high-water mark (4 MiB; measured: 2.25 MiB
-    with the windows at 0, 1.45 MiB with the socket unread), and a bystander is served
-    throughout. Before, every reply was queued: ~1.2 MB more each second (6.2 and 7.3 MiB after 6 s)."""
+    connection (replies queued for the client's windows plus its write buffer) stays under the
+    bound, and a bystander is served throughout. With the windows at 0: 1.5 stream windows per
+    stream (3 MiB; measured 2.25 MiB: a stream window queued, then what is left of Triton's
+    window). With the socket unread: the write buffer's high-water mark and half a stream window
+    per stream (2 MiB; measured 1.45 MiB). Before, every reply was queued: 8.4 and 8.2 MiB
+    after 8 s (~1 and ~0.5 MB more each second: a large write buffer costs a memmove per send)."""
     streams = [1 + 2 * i for i in range(8)]
-    limits_window = gateway.settings.grpc_stream_window_bytes
-    bound = len(streams) * 3 * limits_window // 2 + MB  # MB: the transport's write_high_water
+    stream_window = gateway.settings.grpc_stream_window_bytes
+    bound = len(streams) * 3 * stream_window // 2 if window == 0 else MB + len(streams) * stream_window // 2
     message = grpc_frame(tokens_request(20_000))
     with watch(gateway, triton, rss_bound_mb=64):
         attacker = Attacker(gateway.settings.grpc_port, preface=False)
-        attacker.send(settings(window))
+        attacker.send(settings_frames(window))
         connection = wait_for(lambda: server_side(gateway, attacker), 5, what="the attacker's connection")
         small_socket_buffers(gateway, connection, attacker)
         attacker.send(b"".join(attacker.headers(s, request_headers(STREAM_INFER)) + frame(DATA, END_STREAM, s, message)
@@ -118,16 +121,61 @@ def test_a_client_that_reads_no_replies_parks_a_few_windows_per_stream(gateway: 
     wait_for(lambda: client_streams(gateway) == 0, 60, what="Triton to end the left streams")
 
 
+def test_grpcio_server_holds_replies_for_a_client_that_reads_none(triton: LocalTriton) -> None:
+    """The same attack (windows at 0) on grpcio's server (``grpc_server: grpcio``), whose handler
+    writes a reply only once the client's window takes the one before: the replies waiting for
+    it in the stream's relays stay under 1.5 stream windows per stream over 8 s (3 MiB; measured
+    2.35 MiB: past a quarter MiB each holds the upstream call), and a bystander is served.
+    Before, they queued without bound: 8.9 MiB after 8 s (~16,000 replies per stream)."""
+    settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url, grpc_server="grpcio",
+                                policies={"qc": {"weights": {"2": 100}}})
+    streams = [1 + 2 * i for i in range(8)]
+    bound = len(streams) * 3 * settings.grpc_stream_window_bytes // 2
+    message = grpc_frame(tokens_request(20_000))
+    with GatewayThread(settings) as gateway, watch(gateway, triton, rss_bound_mb=64):
+        attacker = Attacker(gateway.settings.grpc_port, preface=False)
+        attacker.send(settings_frames(0) + b"".join(attacker.headers(s, request_headers(STREAM_INFER))
+                                                    + frame(DATA, END_STREAM, s, message) for s in streams))
+        peak, samples = 0, []
+        ends = time.monotonic() + 8.0
+        while time.monotonic() < ends:
+            samples.append(relayed(gateway))
+            peak = max(peak, samples[-1])
+            time.sleep(0.1)
+        assert peak <= bound, f"the relays held {peak / MB:.1f} MiB of replies (bound {bound / MB:.0f} MiB); " \
+                              f"last samples {[round(s / MB, 1) for s in samples[-5:]]}"
+        assert peak >= MB, f"only {peak} bytes were ever held: were the replies streamed at all?"
+        attacker.close()
+        wait_for(lambda: client_streams(gateway) == 0, 60, what="Triton to end the left streams")
+
+
+def relayed(gateway: GatewayThread) -> int:
+    """Reply bytes waiting in grpcio's stream handlers for their clients: the relay queue of
+    every call on the upstream connections (its listener)."""
+    async def read() -> int:
+        router = gateway.app.grpc_router
+        assert router is not None
+        fleet = router.upstream.fleet  # type: ignore[attr-defined]  # a FleetGrpc, of one server here
+        connections = [server.grpc._connection for server in fleet.servers.values()]
+        calls = [call for connection in connections if connection is not None for call in connection.streams.values()]
+        queues = [getattr(call.listener, "replies", None) for call in calls]
+        return sum(len(reply) for queue in queues if queue is not None
+                   for reply in queue._queue if reply is not None)
+
+    counted: int = gateway.call(read())
+    return counted
+
+
 def test_a_slow_reader_gets_every_token(gateway: GatewayThread, triton: LocalTriton) -> None:
-    """Not an attack: two streams of 20,000 tokens (~1.5 MB each) read by a client that takes 4 KiB
-    at a time and gives as much window back, at most ~1 MB/s, slower than Triton sends: the
+    """Not an attack: two streams of 12,000 tokens (~0.9 MB each) read by a client that takes 2 KiB
+    at a time and gives as much window back, at most ~0.5 MB/s, slower than Triton sends: the
     replies wait for it, Triton's credit is held (seen) and given back again and again, and every
     token arrives, then the OK status, on both streams."""
     streams = [1, 3]
-    tokens = 20_000
+    tokens = 12_000
     attacker = Attacker(gateway.settings.grpc_port, preface=False, timeout=60)
     message = grpc_frame(tokens_request(tokens))
-    attacker.send(settings(16 << 10))
+    attacker.send(settings_frames(16 << 10))
     connection = wait_for(lambda: server_side(gateway, attacker), 5, what="the attacker's connection")
     attacker.send(b"".join(attacker.headers(s, request_headers(STREAM_INFER)) + frame(DATA, END_STREAM, s, message)
                            for s in streams))
@@ -171,7 +219,7 @@ class _Reader:
         sock = self.attacker.sock
         sock.settimeout(0.05)
         try:
-            chunk = sock.recv(4 << 10)
+            chunk = sock.recv(2 << 10)
         except TimeoutError:
             return
         if not chunk:
