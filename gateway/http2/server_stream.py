@@ -33,7 +33,9 @@ class Limits:
     upstream queues add at most two stream windows per stream. The connection window only
     bounds bytes in flight, so its credit goes back on receipt. 256 KiB per stream and 4 MiB
     per connection keep a fast client streaming on loopback and a LAN, and keep what 256
-    stalled streams can make the gateway hold to 64 MiB.
+    stalled streams can make the gateway hold to 64 MiB. Answers the other way: a stream whose
+    answers wait for the client (past one stream window queued, or the write buffer past
+    ``write_high_water``) has its source paused until they go out (``StreamHandler.on_sent``).
     """
 
     max_concurrent_streams: int = 256
