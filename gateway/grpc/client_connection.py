@@ -6,9 +6,16 @@ status codes, so ``gateway.http2`` imports nothing of gRPC (``tests/unit/test_ar
 
 A unary call is one stream whose request goes out in a single ``write()`` (HEADERS + DATA)
 when the windows allow, and whose reply is collected into ``(grpc status, message, response
-bytes)``. A streaming call (``open``) hands every frame of the reply to a ``StreamListener``
-as it arrives, and takes request messages one by one. GOAWAY, RST_STREAM and a lost
-connection end the affected calls with ``UNAVAILABLE`` (or ``CANCELLED``) the way grpcio does.
+bytes)`` (``grpc.reply``). A streaming call (``open``) hands every frame of the reply to a
+``StreamListener`` as it arrives, and takes request messages one by one. GOAWAY, RST_STREAM
+and a lost connection end the affected calls with ``UNAVAILABLE`` (or ``CANCELLED``) the way
+grpcio does.
+
+Triton may send a call ``STREAM_WINDOW`` ahead, given back on receipt at half of it. A
+streaming call whose replies wait for its caller's client is held (``hold``: no credit) until
+they go out (``release``): Triton waits, instead of the gateway queueing what a client that
+does not read would never take (8 streams of tokens once grew it by ~9.5 MB a second). A unary
+reply past half the window is a large one: its window opens to ``UNARY_WINDOW`` once.
 
 A hung server (stopped, or lost without a reset: node death, a blackholed address) is found
 by one timer per connection, never per call: every ``keepalive_s`` a keepalive ping goes out,
@@ -32,11 +39,11 @@ import asyncio
 import struct
 from collections import deque
 from typing import Protocol
-from urllib.parse import unquote
 
 from gateway.errors import OWN_ANSWER
+from gateway.grpc.reply import Reply, status_of, unary_reply
 from gateway.grpc.status import StatusCode
-from gateway.grpc.wire import Message, grpc_parts, peek, take
+from gateway.grpc.wire import Message, grpc_parts
 from gateway.http2.endpoint import (
     CANCEL,
     PREFACE,
@@ -51,8 +58,7 @@ from gateway.http2.endpoint import (
     settings_frame,
 )
 
-OK, CANCELLED, UNKNOWN, INTERNAL, UNAVAILABLE = (StatusCode.OK, StatusCode.CANCELLED, StatusCode.UNKNOWN,
-                                                 StatusCode.INTERNAL, StatusCode.UNAVAILABLE)
+CANCELLED, INTERNAL, UNAVAILABLE = StatusCode.CANCELLED, StatusCode.INTERNAL, StatusCode.UNAVAILABLE
 DEADLINE_EXCEEDED = StatusCode.DEADLINE_EXCEEDED
 # The beginnings of the gateway's own UNAVAILABLE details: nothing reached Triton ...
 NOT_CONNECTED = OWN_ANSWER + "cannot connect to Triton"
@@ -60,16 +66,9 @@ GOING_AWAY = OWN_ANSWER + "Triton is going away"
 # ... or the connection broke under the call (Triton may have run it: never re-sent).
 LOST = OWN_ANSWER + "lost the connection to Triton"
 _DEADLINE_GRACE_S = 0.5  # past a call's deadline before it is ended here: Triton's own answer comes first
-# What Triton may send a call before it is given more (SETTINGS_INITIAL_WINDOW_SIZE): a stream's
-# replies wait for its client when it reads slower (``hold``), so this is about what one stream can
-# park in the gateway. A unary reply past half of it is a large one: its window opens to UNARY_WINDOW.
+# SETTINGS_INITIAL_WINDOW_SIZE: about what one held stream may park in the gateway (see above)
 STREAM_WINDOW = 64 << 10
-UNARY_WINDOW = 16 << 20
-_HTTP_TO_GRPC = {400: INTERNAL, 401: StatusCode.UNAUTHENTICATED, 403: StatusCode.PERMISSION_DENIED,
-                 404: StatusCode.UNIMPLEMENTED, 429: UNAVAILABLE, 502: UNAVAILABLE,
-                 503: UNAVAILABLE, 504: UNAVAILABLE}
-
-Reply = tuple[int, str, bytes]
+UNARY_WINDOW = 16 << 20  # a large unary reply's window: its throughput as before (16 MiB for every call)
 
 
 class StreamListener(Protocol):
@@ -386,32 +385,7 @@ class _Left:
 _LEFT = _Left()
 
 
-def status_of(headers: Headers | None, trailers: Headers | None) -> tuple[int, str]:
-    """gRPC status and message from trailers (or a trailers-only response's headers)."""
-    status = details = None
-    for name, value in trailers if trailers is not None else headers or []:
-        if name == b"grpc-status":
-            status = value
-        elif name == b"grpc-message":
-            details = value
-    if status is None:
-        http_status = next((value for name, value in headers or [] if name == b":status"), b"")
-        code = _HTTP_TO_GRPC.get(int(http_status or 0), UNKNOWN)
-        return code, f"{OWN_ANSWER}Triton answered HTTP {http_status.decode() or '?'} without a gRPC status"
-    return int(status), unquote(details.decode("utf-8", "replace")) if details else ""
-
-
 def _reply(call: _Call) -> Reply:
-    code, message = status_of(call.headers, call.trailers)
-    if code != OK or call.listener is not None:
-        return code, message, b""
-    chunks = call.chunks
-    size = sum(len(chunk) for chunk in chunks)
-    head = peek(chunks, 5) if size >= 5 else b""
-    if len(head) < 5 or head[0] != 0:
-        return INTERNAL, f"{OWN_ANSWER}Triton sent no response message (or a compressed one)", b""
-    length = int.from_bytes(head[1:5], "big")
-    if size < 5 + length:
-        return INTERNAL, f"{OWN_ANSWER}Triton's response message is truncated", b""
-    take(chunks, 5)
-    return OK, message, take(chunks, length)  # the pieces joined once
+    if call.listener is not None:  # a stream's messages went to its listener as they came
+        return (*status_of(call.headers, call.trailers), b"")
+    return unary_reply(call.headers, call.trailers, call.chunks)

@@ -44,11 +44,11 @@ from gateway.grpc.client_connection import (
     GOING_AWAY,
     NOT_CONNECTED,
     Http2Connection,
-    Reply,
     Slot,
     StreamListener,
     _Call,
 )
+from gateway.grpc.reply import Reply
 from gateway.grpc.status import StatusCode
 from gateway.grpc.wire import Message
 from gateway.http2.hpack_codec import literal, literal_indexed_name
