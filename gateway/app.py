@@ -363,4 +363,5 @@ def grpc_limits(settings: Settings) -> Limits:
                   max_inflation_ratio=settings.max_inflation_ratio,
                   preface_timeout=settings.grpc_preface_timeout_s, header_timeout=settings.grpc_header_timeout_s,
                   idle_timeout=settings.grpc_idle_timeout_s, max_connections=settings.grpc_max_connections,
+                  stalled_timeout=settings.grpc_stalled_stream_timeout_s,
                   max_connections_per_client=settings.max_connections_per_client)

@@ -49,6 +49,7 @@ class Limits:
     preface_timeout: float = 10.0
     header_timeout: float = 10.0
     idle_timeout: float = 300.0
+    stalled_timeout: float = 30.0  # a stream's answers waiting for the client, its source paused, this long: cut
     max_connections: int = 16384  # client connections of the whole server; the next is refused with GOAWAY
     max_connections_per_client: int = 4096  # from one client address; the next is refused the same way
     # per second; past them: GOAWAY ENHANCE_YOUR_CALM
