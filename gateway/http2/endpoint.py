@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections import deque
 from typing import TypeVar
 
 from gateway.batched_transport import BatchedTransport
 from gateway.http2.hpack_codec import Decoder, HeaderListTooLarge, HpackError
+from gateway.http2.queued import JOIN_BELOW, Payload, Queued
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, PRIORITY_FRAME, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
@@ -73,48 +73,6 @@ def unpad(payload: _Payload) -> _Payload:
     if not payload or payload[0] >= len(payload):
         raise ProtocolError("padding longer than the frame")
     return payload[1:len(payload) - payload[0]]
-
-
-Data = bytes | bytearray | memoryview
-# Given to send: one buffer, or the parts of one (a gRPC prefix, a message, a field after it) sent
-# as they are, never joined into one when large.
-Payload = Data | tuple[Data, ...]
-_JOIN_BELOW = 16 << 10  # smaller payloads are joined into one write; larger ones go out as views of their parts
-
-
-class Queued:
-    """DATA bytes waiting for flow-control window: views of what was given to send, in order,
-    never copied. ``len()`` is the bytes waiting."""
-
-    __slots__ = ("parts", "size")
-
-    def __init__(self) -> None:
-        self.parts: deque[memoryview] = deque()
-        self.size = 0
-
-    def __len__(self) -> int:
-        return self.size
-
-    def add(self, data: Payload) -> None:
-        for part in data if isinstance(data, tuple) else (data,):
-            if len(part):
-                self.parts.append(part if isinstance(part, memoryview) else memoryview(part))
-                self.size += len(part)
-
-    def take(self, count: int) -> list[memoryview]:
-        """The first ``count`` bytes, as views (taken out of the queue)."""
-        self.size -= count
-        parts, taken = self.parts, []
-        while count:
-            part = parts[0]
-            if len(part) <= count:
-                taken.append(parts.popleft())
-                count -= len(part)
-            else:
-                taken.append(part[:count])
-                parts[0] = part[count:]
-                count = 0
-        return taken
 
 
 class StreamState:
@@ -544,7 +502,7 @@ class Endpoint(asyncio.Protocol):
         and slices of them), never copied into one buffer here."""
         if isinstance(data, tuple):
             size = sum(len(part) for part in data)
-            if size < _JOIN_BELOW:
+            if size < JOIN_BELOW:
                 data, size = b"".join(data), size
         else:
             size = len(data)
@@ -553,7 +511,7 @@ class Endpoint(asyncio.Protocol):
             self._send_window -= size
             stream.window -= size
             flags = END_STREAM if end and trailer is None else 0
-            if size >= _JOIN_BELOW:  # one DATA frame, its payload as given
+            if size >= JOIN_BELOW:  # one DATA frame, its payload as given
                 self.write(before + frame_head(DATA, flags, stream.id, size))
                 for part in data if isinstance(data, tuple) else (data,):
                     self.write(part)
