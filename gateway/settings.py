@@ -198,9 +198,11 @@ class Settings(BaseSettings):
     grpc_header_timeout_s: float = Field(10.0, gt=0, le=3600, description="time to finish one header block")
     grpc_idle_timeout_s: float = Field(300.0, gt=0, le=86400, description="close connections idle this long")
     grpc_stalled_stream_timeout_s: float = Field(
-        30.0, gt=0, le=86400, description="lean server: a ModelStreamInfer stream whose client took too few of its "
-        "replies for this long (Triton's stream held all along: the replies wait for the client, and Triton keeps "
-        "what it generates meanwhile) is ended RESOURCE_EXHAUSTED and left to finish on Triton, its replies dropped")
+        30.0, gt=0, le=86400, description="lean server: a call (stream or unary) whose answers queued for its "
+        "client have not moved for this long (none of them taken), whether or not Triton is done, is reset "
+        "ENHANCE_YOUR_CALM (gRPC clients read RESOURCE_EXHAUSTED), its queued answers dropped and a call still "
+        "running left to finish on Triton; a connection whose socket, past its 1 MiB write buffer, took nothing "
+        "for this long is closed. Any bytes taken restart it: a slow reader is never cut")
     grpc_max_health_watches_per_client: int = Field(
         64, ge=1, le=1_000_000, description="grpc.health.v1 Watch calls one client address (an IPv6 /64) may hold "
         "open on the gRPC port (RESOURCE_EXHAUSTED past it); every open watch shares one readiness probe a second")

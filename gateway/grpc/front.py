@@ -201,7 +201,7 @@ class UnaryCall(_Call):
 class StreamCall(_Call):
     """ModelStreamInfer: client messages routed and sent up one stream, answers relayed back."""
 
-    __slots__ = ("upstream", "waiting", "ended", "decision", "ledger", "replies", "settling", "settler", "stalled")
+    __slots__ = ("upstream", "waiting", "ended", "decision", "ledger", "replies", "settling", "settler")
     streaming = True
 
     def __init__(self, front: GrpcFront, connection: GrpcServerConnection, stream: ServerStream) -> None:
@@ -216,7 +216,6 @@ class StreamCall(_Call):
         # their order by the settler task; None when nothing waits.
         self.settling: list[tuple[Raw, RouteFields, Policy | None, Decision]] | None = None
         self.settler: asyncio.Task[None] | None = None
-        self.stalled: asyncio.TimerHandle | None = None  # the upstream is held: the bound on how long
         self.run(self._open)
 
     async def _open(self) -> None:
@@ -307,7 +306,6 @@ class StreamCall(_Call):
 
     def on_reset(self) -> None:
         super().on_reset()
-        self._unstall()
         if self.settler is not None and not self.settler.done():
             self.settler.cancel()
         if self.upstream is not None:
@@ -328,43 +326,21 @@ class StreamCall(_Call):
             self.connection.send_message(self.stream, self.front.router.record_stream_reply(self.ledger, response))
         del replies[:used]
         # Replies waiting for the client (more than a stream window queued for its window, or its
-        # socket full): Triton's stream gets no more credit until they go out (on_sent).
+        # socket full): Triton's stream gets no more credit until they go out (on_sent). Replies the
+        # client leaves unread for grpc_stalled_stream_timeout_s end the stream (http2.stall), and
+        # its reset stops the upstream call here (on_reset: left to finish on Triton).
         pending, upstream = self.stream.pending, self.upstream
         if upstream is not None and (self.connection.write_paused or pending is not None
                                      and len(pending) > self.connection.limits.stream_window):
             upstream.hold()
-            if self.stalled is None:
-                self.stalled = asyncio.get_running_loop().call_later(self.connection.limits.stalled_timeout,
-                                                                     self._stalled)
 
     def on_sent(self) -> None:
         upstream, pending = self.upstream, self.stream.pending
         if upstream is not None and upstream.held and not self.connection.write_paused \
                 and (pending is None or len(pending) <= self.connection.limits.stream_window // 2):
             upstream.release()
-            self._unstall()
-
-    def _unstall(self) -> None:
-        if self.stalled is not None:
-            self.stalled.cancel()
-            self.stalled = None
-
-    def _stalled(self) -> None:
-        """Held for ``stalled_timeout`` with too few replies taken: Triton keeps what it generates for a
-        held stream, so the client is answered (its queued replies dropped: the status need not wait
-        for its window) and the stream left to finish upstream, its replies dropped."""
-        self.stalled = None
-        upstream = self.upstream
-        if upstream is None or not upstream.held:
-            return
-        if not self.stream.finished:
-            self.connection.drop_pending(self.stream)
-            self.finish(StatusCode.RESOURCE_EXHAUSTED, f"gateway: the client took too few of the stream's replies "
-                        f"for {self.connection.limits.stalled_timeout:g} s (grpc_stalled_stream_timeout_s)")
-        upstream.cancel()
 
     def on_close(self, code: int, details: str) -> None:
-        self._unstall()
         if code:
             timeout = None if self.deadline is None else self.deadline - self.opened
             past = client_deadline_ran_out(code, timeout, asyncio.get_running_loop().time() - self.opened)

@@ -155,6 +155,9 @@ class Endpoint(asyncio.Protocol):
     def _on_drained(self, stream: StreamState) -> None:
         """Part of what is queued on ``stream`` went out; the rest still waits for window."""
 
+    def _on_blocked(self, stream: StreamState) -> None:
+        """``stream`` has DATA waiting for window (it was sending all it had)."""
+
     def _on_header_list_too_large(self, stream_id: int, end_stream: bool, error: HeaderListTooLarge) -> None:
         raise ProtocolError(str(error), ENHANCE_YOUR_CALM)
 
@@ -527,6 +530,7 @@ class Endpoint(asyncio.Protocol):
         if stream.pending is None:
             stream.pending = Queued()
             self._blocked.append(stream)
+            self._on_blocked(stream)
         stream.pending.add(data)
         stream.end = stream.end or end
         stream.trailer = trailer if trailer is not None else stream.trailer

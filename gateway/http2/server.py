@@ -53,6 +53,7 @@ from gateway.http2.endpoint import (
 )
 from gateway.http2.hpack_codec import HeaderListTooLarge
 from gateway.http2.server_stream import Limits, ServerStream, StreamHandler, read_request
+from gateway.http2.stall import StallWatch
 from gateway.sweep import TICKS_PER_S, Sweep
 
 _RESET_MEMORY = 64  # streams we reset whose late frames are ignored
@@ -108,6 +109,8 @@ class Http2ServerConnection(Endpoint):
         self._timer: asyncio.TimerHandle | None = None  # a refusal's answer, a lingering close's end
         self._reset_ids: dict[int, None] = {}
         self.write_paused = False  # the client is not reading: its socket is past write_high_water
+        # answers the client leaves unread; one tick more: a stamp is the sweep's clock, up to a tick behind
+        self._stall = StallWatch(Sweep.ticks(limits.stalled_timeout) + 1)
         self._refused = ""  # why this connection is one too many (a cap's reason): see _refuse
         self.write_closed = False  # our FIN is sent (a lingering close): the transport is shut, reads are dropped
 
@@ -182,12 +185,15 @@ class Http2ServerConnection(Endpoint):
     def pause_writing(self) -> None:
         self.write_paused = True
         self._stop_reading()
+        assert self.transport is not None
+        self._stall.paused(self._sweep.tick, self.transport.get_write_buffer_size())
+        self._file_stall(self._stall.bound)
 
     def resume_writing(self) -> None:
         self.write_paused = False
         self._continue_reading()
         for stream in list(self.streams.values()):  # their answers may flow again (the handlers' on_sent)
-            self._on_drained(stream)
+            self._tell_sent(stream)
 
     def _yield_reading(self) -> None:
         """Thousands of tiny requests in one read must not hold the loop: the rest wait one turn."""
@@ -243,6 +249,9 @@ class Http2ServerConnection(Endpoint):
                 return
         else:
             block_due = 0
+        stall_due = self._stalls(now)
+        if self.transport.is_closing():
+            return
         idle_ticks = Sweep.ticks(limits.idle_timeout)
         if self.streams:  # not idle while a call is open: looked at again an idle bound from now
             idle_due = now + idle_ticks
@@ -251,7 +260,33 @@ class Http2ServerConnection(Endpoint):
             if now >= idle_due:
                 self.goaway(NO_ERROR, "idle")
                 return
-        self._sweep.at(self, (min(idle_due, block_due) if block_due else idle_due) - now)
+        self._sweep.at(self, min(due for due in (idle_due, block_due, stall_due) if due) - now)
+
+    def _stalls(self, now: int) -> int:
+        """Answers the client left unread past ``stalled_timeout`` (``http2.stall``): a stream whose
+        queue did not move is reset ENHANCE_YOUR_CALM (gRPC clients read RESOURCE_EXHAUSTED; a reset
+        needs no window and may cut a message half sent, where a status may not), and a paused socket
+        that took nothing is closed. Returns the tick the next may fall due (0: none)."""
+        blocked: list[ServerStream] = self._blocked  # type: ignore[assignment]  # this role's streams
+        stalled, due = self._stall.streams_due(blocked, now)
+        for stream in stalled:
+            self.reset_id(stream.id, ENHANCE_YOUR_CALM)
+            self._drop(stream)  # its queue is dropped; a call still running stops (left to finish upstream)
+        if self.closing and not self.streams and self.transport is not None:
+            self.transport.close()
+        if self.write_paused and self.transport is not None:
+            socket_due = self._stall.socket_due(now, self.transport.get_write_buffer_size())
+            if socket_due <= now:
+                self.transport.abort()  # nothing taken: what waits for it (and any status) would never be read
+                return 0
+            due = min(due, socket_due) if due else socket_due
+        return due
+
+    def _file_stall(self, ticks: int) -> None:
+        """The sweep visits no later than ``ticks`` from now (it may be filed earlier already)."""
+        due = self._sweep.tick + ticks
+        if not self.sweep_due or due < self.sweep_due:
+            self._sweep.at(self, ticks)
 
     # -- frames in ------------------------------------------------------------------------------
     def _on_headers(self, stream_id: int, headers: Headers, end_stream: bool) -> None:
@@ -501,9 +536,17 @@ class Http2ServerConnection(Endpoint):
             self._on_drained(call)
 
     def _on_drained(self, stream: StreamState) -> None:
+        stream.moved = self._sweep.tick  # type: ignore[attr-defined]  # a ServerStream: the client took some
+        self._tell_sent(stream)
+
+    def _tell_sent(self, stream: StreamState) -> None:
         handler = stream.handler  # type: ignore[attr-defined]  # a ServerStream
         if handler is not None:
             handler.on_sent()
+
+    def _on_blocked(self, stream: StreamState) -> None:
+        stream.moved = self._sweep.tick  # type: ignore[attr-defined]  # a ServerStream: its queue's wait begins
+        self._file_stall(self._stall.bound)
 
     # -- frames out -----------------------------------------------------------------------------
     def _forget(self, stream: ServerStream) -> None:

@@ -49,7 +49,7 @@ class Limits:
     preface_timeout: float = 10.0
     header_timeout: float = 10.0
     idle_timeout: float = 300.0
-    stalled_timeout: float = 30.0  # a stream's answers waiting for the client, its source paused, this long: cut
+    stalled_timeout: float = 30.0  # answers queued for the client, none taken this long: cut (http2.stall)
     max_connections: int = 16384  # client connections of the whole server; the next is refused with GOAWAY
     max_connections_per_client: int = 4096  # from one client address; the next is refused the same way
     # per second; past them: GOAWAY ENHANCE_YOUR_CALM
@@ -71,7 +71,7 @@ class StreamHandler(Protocol):
 class ServerStream(StreamState):
     __slots__ = ("path", "headers", "pieces", "gathered", "filling", "filled", "fill_compressed", "handler",
                  "responded", "finished", "compression", "recv_window", "reserved", "admitted", "remote_closed",
-                 "inflating", "end_pending", "handed", "charged")
+                 "inflating", "end_pending", "handed", "charged", "moved")
 
     def __init__(self, stream_id: int, window: int, headers: Headers, path: str, compression: bytes,
                  recv_window: int) -> None:
@@ -98,6 +98,7 @@ class ServerStream(StreamState):
         # held (StreamState): the upstream has not taken what was handed over: no stream credit (see hold)
         self.handed = False  # the reservation is for a message handed over while held: kept until release
         self.charged = 0  # bytes of the gateway's budget this stream holds besides its reservation (see _charge)
+        self.moved = 0  # while DATA is queued for its windows: the tick the client last took some (http2.stall)
 
 
 _PSEUDO = frozenset([b":method", b":scheme", b":path", b":authority"])

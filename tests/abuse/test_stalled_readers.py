@@ -11,6 +11,7 @@ client that reads slowly is paced the same way and still gets every token.
 
 from __future__ import annotations
 
+import re
 import socket
 import struct
 import time
@@ -24,13 +25,17 @@ from gateway.grpc.wire import grpc_frame
 from tests.abuse.attack import (
     DATA,
     END_STREAM,
+    ENHANCE_YOUR_CALM,
     HEADERS,
     MB,
     PREFACE,
+    RST_STREAM,
     SETTINGS,
     WINDOW_UPDATE,
     Attacker,
+    Frame,
     frame,
+    infer_message,
     request_headers,
     server_side,
     watch,
@@ -124,9 +129,9 @@ def test_a_client_that_reads_no_replies_parks_a_few_windows_per_stream(gateway: 
 def test_a_stream_stalled_past_its_bound_is_answered_and_left(triton: LocalTriton) -> None:
     """Triton keeps what it generates for a held stream (measured with 8 streams of 50,000 tokens:
     its RSS grew by ~30 MB a second while the gateway held 2.25 MiB, ~19 MB a second when they
-    were read as fast as they came), so a stream held for
-    ``grpc_stalled_stream_timeout_s`` (1 s here) is ended: its client gets RESOURCE_EXHAUSTED
-    though its window is 0 (the status is a HEADERS frame, its queued replies are dropped), and the
+    were read as fast as they came), so a stream whose client takes none of its queued replies for
+    ``grpc_stalled_stream_timeout_s`` (1 s here) is ended: RST_STREAM ENHANCE_YOUR_CALM (gRPC
+    clients read RESOURCE_EXHAUSTED; a reset needs no window), its queued replies dropped, and the
     call is left to finish on Triton, its replies dropped, so Triton ends it soon after."""
     settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url, grpc_stalled_stream_timeout_s=1.0,
                                 policies={"qc": {"weights": {"2": 100}}})
@@ -137,12 +142,57 @@ def test_a_stream_stalled_past_its_bound_is_answered_and_left(triton: LocalTrito
         started = time.monotonic()
         attacker.send(settings_frames(0) + b"".join(attacker.headers(s, request_headers(STREAM_INFER))
                                                     + frame(DATA, END_STREAM, s, message) for s in streams))
-        statuses = attacker.statuses(*streams, until=10)
+        resets = stall_resets(attacker, streams, until=10)
         answered = time.monotonic() - started
-        assert statuses == {s: 8 for s in streams}, statuses  # RESOURCE_EXHAUSTED
+        assert resets == {s: ENHANCE_YOUR_CALM for s in streams}, resets
         assert 1.0 <= answered < 5.0, f"answered after {answered:.1f} s"
         wait_for(lambda: client_streams(gateway) == 0, 30, what="Triton to end the left streams")
         attacker.close()
+
+
+def stall_resets(attacker: Attacker, streams: list[int], until: float) -> dict[int, int]:
+    """The RST_STREAM codes the streams got, read until each has one (or ``until`` s pass)."""
+    def reset(frames: list[Frame]) -> dict[int, int]:
+        return {f.stream_id: f.code for f in frames if f.kind == RST_STREAM and f.stream_id in streams}
+
+    return reset(attacker.frames(until, stop=None, done=lambda frames: len(reset(frames)) == len(streams)))
+
+
+def test_replies_of_ended_calls_are_dropped_past_the_stall_bound(triton: LocalTriton) -> None:
+    """Calls that END on Triton while their client reads nothing (windows at 0): four streams of
+    3,000 tokens (~225 KB each: under a stream window, so Triton's stream is never held) and a
+    unary ModelInfer. Their replies wait in the gateway with no call running on Triton (the
+    client's ``grpc_max_streams_per_client`` count drops back), so the stall bound is the
+    queue's, not the upstream call's: past ``grpc_stalled_stream_timeout_s`` (1 s here) with
+    nothing taken, every stream is reset ENHANCE_YOUR_CALM, nothing is queued and no stream
+    slot is taken. Before, the bound ran only while Triton's stream was held: ~0.9 MB stayed
+    queued and the five streams stayed open, with no time limit."""
+    settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url, grpc_stalled_stream_timeout_s=1.0,
+                                policies={"qc": {"weights": {"2": 100}}})
+    streams, unary = [1, 3, 5, 7], 9
+    message = grpc_frame(tokens_request(3_000))
+    with GatewayThread(settings) as gateway:
+        attacker = Attacker(gateway.settings.grpc_port, preface=False)
+        attacker.send(settings_frames(0))
+        connection = wait_for(lambda: server_side(gateway, attacker), 5, what="the attacker's connection")
+        attacker.send(b"".join(attacker.headers(s, request_headers(STREAM_INFER)) + frame(DATA, END_STREAM, s, message)
+                               for s in streams)
+                      + attacker.headers(unary, request_headers()) + frame(DATA, END_STREAM, unary, infer_message()))
+        wait_for(lambda: client_streams(gateway) == 0, 30, what="Triton to end the streams")
+        resets = stall_resets(attacker, [*streams, unary], until=10)
+        queued, _ = held(gateway, connection)
+        still_open = open_streams(gateway, connection)
+        attacker.close()
+    assert (queued, still_open) == (0, 0), f"{queued} bytes still queued on {still_open} streams"
+    assert resets == {s: ENHANCE_YOUR_CALM for s in [*streams, unary]}, resets
+
+
+def open_streams(gateway: GatewayThread, connection: GrpcServerConnection) -> int:
+    async def count() -> int:
+        return len(connection.streams)
+
+    counted: int = gateway.call(count())
+    return counted
 
 
 def test_held_token_replies_cost_about_their_bytes(gateway: GatewayThread, triton: LocalTriton) -> None:
@@ -247,6 +297,33 @@ def test_a_slow_reader_gets_every_token(gateway: GatewayThread, triton: LocalTri
     wait_for(lambda: client_streams(gateway) == 0, 10, what="the streams to end on Triton")
 
 
+def test_a_reader_slower_than_the_release_is_not_cut(triton: LocalTriton) -> None:
+    """The stall bound measures progress, not time held: a client reading one stream at ~16 KB/s
+    (4 KiB of window every 0.25 s) drains its held queue (2,500 tokens, ~190 KB, past a 64 KiB
+    stream window, Triton's stream held meanwhile) slower than the 1 s bound would let a held
+    stream last, yet it takes bytes well within every second, so it gets every token, in order,
+    and the OK status. Before, the bound ran from the first hold until the queue was down to
+    half a window (a reader under ~32 KB/s here, ~5 KB/s with the defaults): cut after 1 s."""
+    settings = gateway_settings(triton.http_url, triton_grpc_url=triton.grpc_url, grpc_stalled_stream_timeout_s=1.0,
+                                grpc_stream_window_bytes=65535, policies={"qc": {"weights": {"2": 100}}})
+    tokens = 2_500
+    with GatewayThread(settings) as gateway:
+        attacker = Attacker(gateway.settings.grpc_port, preface=False, timeout=60)
+        attacker.send(settings_frames(4 << 10))
+        connection = wait_for(lambda: server_side(gateway, attacker), 5, what="the attacker's connection")
+        attacker.send(attacker.headers(1, request_headers(STREAM_INFER))
+                      + frame(DATA, END_STREAM, 1, grpc_frame(tokens_request(tokens))))
+        wait_for(lambda: upstream_held(gateway, connection), 20, what="Triton's stream to be held")
+        reader = _Reader(attacker, chunk=4 << 10)
+        ends = time.monotonic() + 60
+        while not reader.statuses and time.monotonic() < ends:
+            reader.read()
+            time.sleep(0.25)
+        attacker.close()
+    assert (reader.statuses, reader.messages.get(1, 0)) == ({1: b"0"}, tokens), (reader.statuses, reader.messages)
+    assert reader.order == {1: tokens - 1} and reader.unordered == 0, (reader.order, reader.unordered)
+
+
 def upstream_held(gateway: GatewayThread, connection: GrpcServerConnection) -> bool:
     """Some stream's upstream call is held (its replies wait for the client)."""
     async def read() -> bool:
@@ -261,19 +338,22 @@ class _Reader:
     """Reads what came, counts each stream's gRPC messages and its grpc-status, and gives back
     as much window (stream and connection) as it took."""
 
-    def __init__(self, attacker: Attacker) -> None:
+    def __init__(self, attacker: Attacker, chunk: int = 2 << 10) -> None:
         self.attacker = attacker
+        self.chunk = chunk  # bytes read at most at a time
         self.buffer = bytearray()
         self.decoder = hpack.Decoder()
         self.replies: dict[int, bytearray] = {}
         self.messages: dict[int, int] = {}
         self.statuses: dict[int, bytes] = {}
+        self.order: dict[int, int] = {}  # each stream's last token index (tok's replies say ``v<version>:<i>``)
+        self.unordered = 0  # replies whose index was not the one after the last
 
     def read(self) -> None:
         sock = self.attacker.sock
         sock.settimeout(0.05)
         try:
-            chunk = sock.recv(2 << 10)
+            chunk = sock.recv(self.chunk)
         except TimeoutError:
             return
         if not chunk:
@@ -302,5 +382,10 @@ class _Reader:
         replies = self.replies.setdefault(stream_id, bytearray())
         replies += payload
         while len(replies) >= 5 and len(replies) >= 5 + (length := int.from_bytes(replies[1:5], "big")):
+            token = re.search(rb"v\d+:(\d+)", bytes(replies[5:5 + length]))
             del replies[:5 + length]
             self.messages[stream_id] = self.messages.get(stream_id, 0) + 1
+            if token is not None:
+                index = int(token.group(1))
+                self.unordered += index != self.order.get(stream_id, -1) + 1
+                self.order[stream_id] = index
