@@ -71,7 +71,9 @@ EXPECTED_S = {
     "tests/console/test_console.py": 5,
     "tests/console/test_operator_view.py": 7,
     "tests/abuse/test_messages.py::test_inflations_on_many_streams": 10,
-    "tests/abuse/test_stalled_readers.py": 10,  # each of its 4 tests polls a stalled client ~8 s
+    "tests/abuse/test_stalled_readers.py::test_held_token_replies_cost_about_their_bytes": 15,
+    "tests/abuse/test_stalled_readers.py::test_a_reader_slower_than_the_release_is_not_cut": 15,
+    "tests/abuse/test_stalled_readers.py": 10,  # most of its tests poll a stalled client ~8 s
     "tests/integration/test_http_proxy.py::test_split_80_20_over_10000": 12,
     "tests/integration/test_fleet.py::test_http_and_grpc_requests_split_evenly_between_two_servers": 35,
     "tests/integration/test_workers_trust.py::test_sighup_applies_tokens_ends_removed_sessions": 50,
