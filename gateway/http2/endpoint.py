@@ -554,7 +554,9 @@ class Endpoint(asyncio.Protocol):
                 stream.window -= size
                 ended = bool(flags)
             if pending:
-                if len(pending) < queued:
+                if len(pending) < queued:  # the others go first next time: none starves behind a busy one
+                    self._blocked.remove(stream)
+                    self._blocked.append(stream)
                     self._on_drained(stream)
                 continue
             self._blocked.remove(stream)
