@@ -7,8 +7,7 @@ not end with one worker alone on a minute-long test. A unit is:
 - the tests of the ``HEAVY`` modules, in ``HEAVY_STREAMS`` units of about equal length: they drive
   ~150 req/s or start multi-process gateways and judge rates and latencies, so no more of them run
   at once than there are streams (two, for two cores) while the light tests fill the other workers;
-- a module whose tests share a fixture wider than a test (a gateway per module, say), or listed in
-  ``WHOLE``, whole;
+- a module whose tests share a fixture wider than a test (a gateway per module, say), whole;
 - otherwise one test.
 
 The lengths are the ones measured in full runs (``EXPECTED_S``, seconds on a quiet 2-core
@@ -96,10 +95,6 @@ HEAVY = ("tests/integration/test_judge_acceptance.py", "tests/integration/test_j
          "tests/integration/test_workers_rolling.py", "tests/integration/test_workers_up.py",
          "tests/integration/test_workers_trust.py", "tests/integration/test_lease_failover.py")
 HEAVY_STREAMS = 2
-# modules whose tests run one after another on one worker: each of test_stalled_readers' has Triton generate
-# tokens at full speed for a client that reads none; two at once on two workers, with the suite around them,
-# left the bystander's 2 s ModelInfer unanswered (ci-59: both of its failures, on gw0 and gw1)
-WHOLE = ("tests/abuse/test_stalled_readers.py",)
 BY_DIRECTORY_S = {"tests/integration/": 2.0, "tests/console/": 3.0, "tests/abuse/": 0.5, "tests/compat/": 0.3}
 UNIT_S = 0.05
 PAIR_START_S = 20.0  # two Tritons started for the triton_pair unit
@@ -139,7 +134,7 @@ def unit_of(item: pytest.Item) -> str:
     module = item.nodeid.split("::", 1)[0]
     if module in HEAVY:
         return "heavy"  # split into HEAVY_STREAMS units below
-    return module if module in WHOLE or _shares_wider_fixture(item) else item.nodeid
+    return module if _shares_wider_fixture(item) else item.nodeid
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -15,6 +15,7 @@ import re
 import socket
 import struct
 import time
+from collections.abc import Callable
 
 import hpack
 import pytest
@@ -113,16 +114,7 @@ def test_a_client_that_reads_no_replies_parks_a_few_windows_per_stream(gateway: 
         small_socket_buffers(gateway, connection, attacker)
         attacker.send(b"".join(attacker.headers(s, request_headers(STREAM_INFER)) + frame(DATA, END_STREAM, s, message)
                                for s in streams))
-        peak, samples = 0, []
-        ends = time.monotonic() + 12.0
-        while time.monotonic() < ends:
-            queued, buffered = held(gateway, connection)
-            samples.append(queued + buffered)
-            peak = max(peak, queued + buffered)
-            time.sleep(0.1)
-        assert peak <= bound, f"the gateway held {peak / MB:.1f} MiB for the client (bound {bound / MB:.0f} MiB); " \
-                              f"last samples {[round(s / MB, 1) for s in samples[-5:]]}"
-        assert peak >= MB, f"only {peak} bytes were ever held: were the replies streamed at all?"
+        assert_held_within(lambda: sum(held(gateway, connection)), bound, "the gateway held {} for the client")
         attacker.close()
     # the streams' calls go on to their end on Triton (never reset), their replies dropped
     wait_for(lambda: client_streams(gateway) == 0, 60, what="Triton to end the left streams")
@@ -245,18 +237,24 @@ def test_grpcio_server_holds_replies_for_a_client_that_reads_none(triton: LocalT
         attacker = Attacker(gateway.settings.grpc_port, preface=False)
         attacker.send(settings_frames(0) + b"".join(attacker.headers(s, request_headers(STREAM_INFER))
                                                     + frame(DATA, END_STREAM, s, message) for s in streams))
-        peak, samples = 0, []
-        ends = time.monotonic() + 12.0
-        while time.monotonic() < ends:
-            samples.append(relayed(gateway))
-            peak = max(peak, samples[-1])
-            time.sleep(0.1)
-        assert peak <= bound, f"the relays held {peak / MB:.1f} MiB of replies (bound {bound / MB:.0f} MiB); " \
-                              f"last samples {[round(s / MB, 1) for s in samples[-5:]]}"
-        assert peak >= MB, f"only {peak} bytes were ever held: were the replies streamed at all?"
+        assert_held_within(lambda: relayed(gateway), bound, "the relays held {} of replies")
         attacker.close()
         wait_for(lambda: client_streams(gateway) == 0, 60, what="Triton to end the left streams")
 
+
+def assert_held_within(bytes_held: Callable[[], int], bound: int, what: str, seconds: float = 12.0) -> None:
+    """Sampled every 0.1 s for ``seconds``: the most ever held is within ``bound``, and at least a
+    MiB (else the replies were not streamed and the bound says nothing). ``what``: the failure's
+    words, ``{}`` for the amount."""
+    peak, samples = 0, []
+    ends = time.monotonic() + seconds
+    while time.monotonic() < ends:
+        samples.append(bytes_held())
+        peak = max(peak, samples[-1])
+        time.sleep(0.1)
+    assert peak <= bound, f"{what.format(f'{peak / MB:.1f} MiB')} (bound {bound / MB:.0f} MiB); " \
+                          f"last samples {[round(s / MB, 1) for s in samples[-5:]]}"
+    assert peak >= MB, f"only {peak} bytes were ever held: were the replies streamed at all?"
 
 def relayed(gateway: GatewayThread) -> int:
     """Reply bytes waiting in grpcio's stream handlers for their clients: the relay queue of
